@@ -1,0 +1,40 @@
+# The two commands of the README: `make run` runs the agent with its built-in defaults, `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+LISTEN ?= :9477
+
+.PHONY: run test test-fast lint bench system-deps clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# Debian packages the real-part tests start (promtool, node_exporter, chromium, FUSE, mkfs.ext4).
+system-deps:
+	./scripts/system-deps
+
+run: $(STAMP)
+	$(BIN)/storwatch agent --listen $(LISTEN)
+
+test: $(STAMP) system-deps
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -m 'not realpart'
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP) system-deps
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,87 @@
+"""The helper process behind ``storwatch.blocking``: runs system calls that can hang in the kernel.
+
+It is started as ``python -I -S _blocking_worker.py`` (stdlib only, nothing of the agent imported). A request is one
+line ``ID OP ARG...`` (arguments hex-encoded bytes); each runs on its own thread and answers ``ID ok VALUES...`` or
+``ID err ERRNO MESSAGE``. A call stuck in the kernel strands only its own thread, in this process, never in the
+agent: the agent can always exit, and a hung mount costs it nothing but one thread here.
+It exits as soon as its standard input closes, stuck threads or not.
+"""
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+_out_lock = threading.Lock()
+
+
+def _statvfs(path: bytes) -> list[str]:
+    st = os.statvfs(path)
+    return [str(v) for v in (st.f_frsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files, st.f_ffree, st.f_flag)]
+
+
+def _probe(directory: bytes, size: str) -> list[str]:
+    """Write, fsync and read back a small file in ``directory``; return the three durations in seconds."""
+    payload = os.urandom(int(size))
+    name = os.path.join(directory, b".storwatch-probe-%d" % os.getpid())
+    t0 = time.monotonic()
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, payload)
+        t1 = time.monotonic()
+        os.fsync(fd)
+        t2 = time.monotonic()
+    finally:
+        os.close(fd)
+    fd = os.open(name, os.O_RDONLY)
+    try:
+        # Drop this file's cached pages so the read goes to the storage, not to memory.
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        back = os.read(fd, len(payload))
+        t3 = time.monotonic()
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    if back != payload:
+        raise OSError(0, "read back differs from what was written")
+    return [repr(t1 - t0), repr(t2 - t1), repr(t3 - t2)]
+
+
+OPS: dict[str, Callable[..., list[str]]] = {"statvfs": _statvfs, "probe": _probe}
+
+
+def _reply(line: str) -> None:
+    data = (line + "\n").encode()
+    with _out_lock:
+        os.write(1, data)
+
+
+def _run(req_id: str, op: str, args: list[str]) -> None:
+    try:
+        decoded: list[object] = [bytes.fromhex(a) if i == 0 else a for i, a in enumerate(args)]
+        values = OPS[op](*decoded)
+        _reply(" ".join([req_id, "ok", *values]))
+    except OSError as err:
+        msg = (err.strerror or str(err)).replace("\n", " ")
+        _reply(f"{req_id} err {err.errno or 0} {msg}")
+    except Exception as err:  # a bad request must not end the worker
+        _reply(f"{req_id} err 0 {type(err).__name__}: {err}".replace("\n", " "))
+
+
+def main() -> None:
+    for raw in sys.stdin.buffer:
+        parts = raw.decode("ascii", "replace").split()
+        if len(parts) < 2:
+            continue
+        req_id, op, args = parts[0], parts[1], parts[2:]
+        if op not in OPS:
+            _reply(f"{req_id} err 0 unknown operation {op}")
+            continue
+        threading.Thread(target=_run, args=(req_id, op, args), daemon=True).start()
+    # Standard input closed: the agent is gone or shutting down. Leave at once, stuck threads included.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

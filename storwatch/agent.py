@@ -1,0 +1,226 @@
+"""The agent: sources on their own cadences in their own workers, a tick that builds the View, and the server.
+
+Signals: SIGTERM/SIGINT stop it (within a couple of seconds whatever the mounts do: nothing here waits on one);
+SIGHUP reloads the configuration file and keeps the last good one when the new one is invalid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from storwatch.analysis.view import build_view
+from storwatch.classify import Classifier, detect_platform
+from storwatch.config import Config, ConfigError, load_config
+from storwatch.exporter import Exporter
+from storwatch.history import History
+from storwatch.model import CollectorStatus, Mount, Platform, Snapshot, View
+from storwatch.sources import Source
+from storwatch.sources.mounts import MountSource
+from storwatch.web import ServedState, StatusHTTPServer
+
+log = logging.getLogger(__name__)
+
+ConfigTransform = Callable[[Config], Config]
+
+
+def resolve_platform(config: Config, environ: dict[str, str] | None = None) -> Platform:
+    if config.platform != "auto":
+        return Platform(config.platform, "configured")
+    return detect_platform(config.host_paths(), os.environ if environ is None else environ)
+
+
+@dataclass
+class _SourceState:
+    source: Source
+    facts: Any = None
+    status: CollectorStatus | None = None
+    last_error: str | None = None
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        config_path: str | None = None,
+        flags: ConfigTransform = lambda c: c,
+        clock: Callable[[], float] = time.time,
+        sources: list[Source] | None = None,
+        process_metrics: bool = True,
+    ) -> None:
+        self.config_path = config_path
+        self.flags = flags
+        self.clock = clock
+        self.config = config
+        self.platform = resolve_platform(config)
+        self.classifier = Classifier(self.platform.name, config.overrides())
+        self.history = History(config.history_size)
+        self.exporter = Exporter(process_metrics=process_metrics)
+        self.mount_source: MountSource | None = None
+        if sources is None:
+            self.mount_source = MountSource(config.host_paths(), config.mounts)
+            sources = [self.mount_source]
+        self._sources = [_SourceState(s) for s in sources]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._dirty = threading.Event()
+        self._served = ServedState(None, self.exporter.render(None))
+        self._threads: list[threading.Thread] = []
+        self.server: StatusHTTPServer | None = None
+        log.info("platform %s (%s)", self.platform.name, self.platform.detected_by)
+
+    # -- what consumers read
+
+    def served(self) -> ServedState:
+        return self._served
+
+    @property
+    def view(self) -> View | None:
+        return self._served.view
+
+    # -- workers
+
+    def _run_source(self, st: _SourceState) -> None:
+        src = st.source
+        last_success: float | None = None
+        while not self._stop.is_set():
+            started = time.monotonic()
+            error: str | None = None
+            facts: Any = None
+            try:
+                facts = src.collect()
+            except Exception as err:  # a failing source reports itself and the agent goes on
+                error = f"{type(err).__name__}: {err}"
+            duration = time.monotonic() - started
+            now = self.clock()
+            if error is None:
+                last_success = now
+                if st.last_error is not None:
+                    log.info("collector %s recovered", src.name)
+            elif error != st.last_error:
+                log.warning("collector %s failed: %s", src.name, error)
+            with self._lock:
+                if error is None:
+                    st.facts = facts
+                st.last_error = error
+                st.status = CollectorStatus(src.name, error is None, duration, last_success, error)
+            self._dirty.set()
+            self._stop.wait(max(0.0, src.interval_seconds - duration))
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            mounts: tuple[Mount, ...] = ()
+            collectors = []
+            for st in self._sources:
+                if st.status is not None:
+                    collectors.append(st.status)
+                if isinstance(st.source, MountSource) and st.facts is not None:
+                    mounts = st.facts
+        return Snapshot(timestamp=self.clock(), mounts=mounts, collectors=tuple(collectors))
+
+    def tick(self) -> View:
+        """Build one Snapshot, keep it in History, derive the View and render the exposition once."""
+        snap = self.snapshot()
+        self.history.append(snap)
+        with self._lock:
+            ready = all(st.status is not None for st in self._sources)
+            classifier, platform = self.classifier, self.platform
+        view = build_view(snap, classifier, platform, ready=ready)
+        self._served = ServedState(view, self.exporter.render(view))
+        return view
+
+    def _run_ticker(self) -> None:
+        while not self._stop.is_set():
+            self._dirty.wait(self.config.tick_seconds)
+            self._dirty.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.tick()
+            except Exception:
+                log.exception("tick failed; serving the previous view")
+
+    # -- lifecycle
+
+    def start(self, serve: bool = True) -> None:
+        for st in self._sources:
+            t = threading.Thread(target=self._run_source, args=(st,), name=f"source-{st.source.name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        t = threading.Thread(target=self._run_ticker, name="ticker", daemon=True)
+        t.start()
+        self._threads.append(t)
+        if serve:
+            self.server = StatusHTTPServer(self.config.listen, self.served, self.config.tls)
+            self.server.start()
+            log.info("serving on %s (port %d)", self.config.listen, self.server.port)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+        for st in self._sources:
+            try:
+                st.source.close()
+            except Exception:
+                log.exception("closing source %s", st.source.name)
+        for t in self._threads:
+            t.join(timeout=1.0)
+
+    def reload(self) -> bool:
+        """Re-read the configuration file; on any problem keep the running configuration."""
+        if self.config_path is None:
+            log.info("SIGHUP: no configuration file to reload")
+            return False
+        try:
+            new = self.flags(load_config(self.config_path))
+            new.validate(self.config_path)
+            platform = resolve_platform(new)
+            classifier = Classifier(platform.name, new.overrides())
+        except (ConfigError, ValueError) as err:
+            log.error("reload failed, keeping the last good configuration:\n%s", err)
+            return False
+        for name in ("listen", "tls", "paths"):
+            if getattr(new, name) != getattr(self.config, name):
+                log.warning("reload: %s changed; it takes effect on restart", name)
+                new = dataclasses.replace(new, **{name: getattr(self.config, name)})
+        with self._lock:
+            self.config = new
+            self.platform, self.classifier = platform, classifier
+            self.history.resize(new.history_size)
+            if self.mount_source is not None:
+                self.mount_source.configure(new.mounts)
+        self._dirty.set()
+        log.info("configuration reloaded from %s", self.config_path)
+        return True
+
+    def run_until_signalled(self) -> None:
+        """Serve until SIGTERM or SIGINT; SIGHUP reloads. Must be called from the main thread."""
+        hup = threading.Event()
+
+        def on_stop(signum: int, frame: FrameType | None) -> None:
+            log.info("received %s, stopping", signal.Signals(signum).name)
+            self._stop.set()
+
+        def on_hup(signum: int, frame: FrameType | None) -> None:
+            hup.set()
+
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, on_hup)
+        self.start()
+        while not self._stop.wait(0.2):
+            if hup.is_set():
+                hup.clear()
+                self.reload()
+        self.stop()

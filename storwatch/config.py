@@ -1,0 +1,216 @@
+"""The agent's YAML configuration: every field has a default, and a bad file names its line and field.
+
+Files are data: loaded with ``yaml.compose`` (safe, and it keeps line numbers) and validated against the dataclasses
+below. A running agent that is given a bad file keeps its last good configuration (see ``agent.Agent.reload``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import yaml
+
+from storwatch.classify import PLATFORMS, Override
+from storwatch.model import Durability
+from storwatch.paths import DEFAULT_PROCFS, DEFAULT_ROOTFS, DEFAULT_SYSFS, HostPaths
+
+DEFAULT_LISTEN = ":9477"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, already phrased as ``FILE:LINE: FIELD: what is wrong``."""
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    procfs: str = DEFAULT_PROCFS
+    sysfs: str = DEFAULT_SYSFS
+    rootfs: str = DEFAULT_ROOTFS
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""
+    """When set, clients must present a certificate signed by this CA."""
+
+
+@dataclass(frozen=True)
+class OverrideConfig:
+    mountpoint: str
+    durability: Durability
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class MountsConfig:
+    interval_seconds: float = 10.0
+    statvfs_timeout_seconds: float = 1.0
+    max_inflight: int = 16
+    """At most this many statvfs calls in flight at once (stuck ones included): the bound on threads."""
+    exclude_fstypes: tuple[str, ...] = ()
+    """Filesystem types to skip on top of the built-in pseudo filesystems."""
+    overrides: tuple[OverrideConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: str = DEFAULT_LISTEN
+    platform: str = "auto"
+    log_level: str = "info"
+    tick_seconds: float = 1.0
+    history_size: int = 300
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    mounts: MountsConfig = field(default_factory=MountsConfig)
+
+    def host_paths(self) -> HostPaths:
+        return HostPaths(self.paths.procfs, self.paths.sysfs, self.paths.rootfs)
+
+    def overrides(self) -> tuple[Override, ...]:
+        return tuple(Override(o.mountpoint, o.durability, o.reason) for o in self.mounts.overrides)
+
+    def validate(self, where: str = "config", lines: dict[str, int] | None = None) -> None:
+        problems: list[str] = []
+        if self.platform != "auto" and self.platform not in PLATFORMS:
+            problems.append(f"platform: {self.platform!r} is not one of auto, {', '.join(PLATFORMS)}")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            problems.append(f"log_level: {self.log_level!r} is not one of debug, info, warning, error")
+        for name, value in (
+            ("tick_seconds", self.tick_seconds),
+            ("mounts.interval_seconds", self.mounts.interval_seconds),
+            ("mounts.statvfs_timeout_seconds", self.mounts.statvfs_timeout_seconds),
+        ):
+            if value <= 0:
+                problems.append(f"{name}: must be greater than 0, got {value}")
+        if self.history_size < 1:
+            problems.append(f"history_size: must be at least 1, got {self.history_size}")
+        if self.mounts.max_inflight < 1:
+            problems.append(f"mounts.max_inflight: must be at least 1, got {self.mounts.max_inflight}")
+        if bool(self.tls.cert_file) != bool(self.tls.key_file):
+            problems.append("tls: cert_file and key_file go together")
+        if self.tls.client_ca_file and not self.tls.cert_file:
+            problems.append("tls.client_ca_file: needs tls.cert_file and tls.key_file")
+        try:
+            parse_listen(self.listen)
+        except ValueError as err:
+            problems.append(f"listen: {err}")
+        if problems:
+
+            def located(problem: str) -> str:
+                line = (lines or {}).get(problem.split(":", 1)[0])
+                return f"{where}:{line}: {problem}" if line else f"{where}: {problem}"
+
+            raise ConfigError("\n".join(located(p) for p in problems))
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``:PORT`` or ``[v6]:PORT`` -> (host, port); an empty host means all addresses."""
+    host, sep, port_s = listen.rpartition(":")
+    if not sep or not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
+        raise ValueError(f"{listen!r} is not HOST:PORT")
+    return host.strip("[]"), int(port_s)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _build(tp: Any, node: yaml.Node, where: str, field_path: str, lines: dict[str, int]) -> Any:
+    """Turn a YAML node into a value of type ``tp``, or raise ConfigError naming the line and field."""
+    line = node.start_mark.line + 1
+    lines[field_path] = line
+
+    def fail(msg: str) -> ConfigError:
+        return ConfigError(f"{where}:{line}: {field_path or '(top level)'}: {msg}")
+
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return None
+        return _build(args[0], node, where, field_path, lines)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(node, yaml.MappingNode):
+            raise fail("expected a mapping of fields")
+        hints = typing.get_type_hints(tp)
+        known = {f.name: f for f in dataclasses.fields(tp)}
+        values: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            sub = f"{field_path}.{key}" if field_path else str(key)
+            if key not in known:
+                line = key_node.start_mark.line + 1
+                raise ConfigError(f"{where}:{line}: {sub}: unknown field; known: {', '.join(sorted(known))}")
+            values[key] = _build(hints[key], value_node, where, sub, lines)
+        missing = [
+            n
+            for n, f in known.items()
+            if n not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise fail(f"missing required field(s): {', '.join(missing)}")
+        return typing.cast(Any, tp)(**values)
+    if origin is tuple:
+        (item_tp, _) = typing.get_args(tp)
+        if not isinstance(node, yaml.SequenceNode):
+            raise fail("expected a list")
+        return tuple(_build(item_tp, n, where, f"{field_path}[{i}]", lines) for i, n in enumerate(node.value))
+    if not isinstance(node, yaml.ScalarNode):
+        raise fail(f"expected a {_type_name(tp)}, got a {'list' if isinstance(node, yaml.SequenceNode) else 'mapping'}")
+    value = yaml.safe_load(yaml.serialize(node))
+    if isinstance(tp, type) and issubclass(tp, Durability):
+        try:
+            return Durability(value)
+        except ValueError:
+            raise fail(f"{value!r} is not one of {', '.join(d.value for d in Durability)}") from None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise fail(f"expected true or false, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail(f"expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail(f"expected a whole number, got {value!r}")
+        return value
+    if tp is str:
+        if value is None or isinstance(value, (list, dict)):
+            raise fail(f"expected a string, got {value!r}")
+        return str(value)
+    raise fail(f"unsupported type {_type_name(tp)}")  # pragma: no cover - a bug in the schema above
+
+
+def parse_config(text: str, where: str = "config") -> Config:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"{where}{line}: invalid YAML: {problem}") from None
+    lines: dict[str, int] = {}
+    config = Config() if node is None else _build(Config, node, where, "", lines)
+    config.validate(where, lines)
+    return config
+
+
+def load_config(path: str | None) -> Config:
+    """Load ``path``, or the built-in defaults when it is None."""
+    if path is None:
+        return Config()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text: {err}") from None
+    return parse_config(text, path)

@@ -1,0 +1,131 @@
+"""Typed facts that flow from sources through Snapshot and History to the View every consumer reads."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Durability(str, enum.Enum):
+    """How long data on a mount survives (DESIGN.md, "Durability classes")."""
+
+    VOLATILE = "volatile"
+    """Nothing: a reboot or pod restart loses it."""
+    NODE = "node"
+    """Pod restarts on the same node; lost with the node."""
+    CLUSTER = "cluster"
+    """Node loss."""
+    REGION = "region"
+    """Cluster loss."""
+
+    @property
+    def ephemeral(self) -> bool:
+        return self in (Durability.VOLATILE, Durability.NODE)
+
+
+class EvidenceSource(enum.IntEnum):
+    """Where a piece of durability evidence comes from; a larger value is stronger evidence."""
+
+    DEVICE = 10
+    FILESYSTEM = 20
+    PLATFORM = 30
+    KUBERNETES = 40
+    OVERRIDE = 50
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    source: EvidenceSource
+    durability: Durability
+    reason: str
+    """A sentence a person can read, saying what was seen and what it means for the data."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    durability: Durability
+    reason: str
+    evidence: tuple[Evidence, ...]
+    """Every piece of evidence seen, strongest first; the first decided the verdict."""
+
+
+@dataclass(frozen=True)
+class FsUsage:
+    """statvfs(2) of a mount, in bytes and inodes."""
+
+    size_bytes: int
+    free_bytes: int
+    avail_bytes: int
+    files: int
+    files_free: int
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One mount as the mount source saw it."""
+
+    mount_id: int
+    mountpoint: str
+    device: str
+    fstype: str
+    root: str
+    major: int
+    minor: int
+    readonly: bool
+    options: tuple[str, ...]
+    super_options: tuple[str, ...]
+    usage: FsUsage | None
+    """None while statvfs has not answered yet, is stuck, or failed."""
+    stuck: bool
+    """A statvfs on this mount has not returned within its deadline and is still in flight."""
+    stuck_seconds: float
+    usage_error: str | None = None
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    name: str
+    success: bool
+    duration_seconds: float
+    last_success_timestamp: float | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str
+    """generic, together-k8s, together-slurm or gradient."""
+    detected_by: str
+    """Why this platform: "config", "flag", or the evidence auto-detection saw."""
+
+
+@dataclass(frozen=True)
+class MountView:
+    mount: Mount
+    verdict: Verdict
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One consistent picture of the node at a tick: the latest facts of every source."""
+
+    timestamp: float
+    mounts: tuple[Mount, ...] = ()
+    collectors: tuple[CollectorStatus, ...] = ()
+
+
+@dataclass(frozen=True)
+class View:
+    """What every consumer (exporter, web, cli, policy) reads."""
+
+    timestamp: float
+    platform: Platform
+    mounts: tuple[MountView, ...]
+    collectors: tuple[CollectorStatus, ...]
+    ready: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,38 @@
+"""Host paths: the one place that knows where procfs, sysfs and the host root are.
+
+Every other module asks a ``HostPaths`` for a path; none writes "/proc", "/sys" or "/host" itself, so tests point
+the whole agent at fixture trees and the DaemonSet at the host's mounts under /host.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DEFAULT_PROCFS = "/proc"
+DEFAULT_SYSFS = "/sys"
+DEFAULT_ROOTFS = "/"
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    procfs: str = DEFAULT_PROCFS
+    sysfs: str = DEFAULT_SYSFS
+    rootfs: str = DEFAULT_ROOTFS
+
+    def proc(self, *parts: str) -> str:
+        return os.path.join(self.procfs, *parts)
+
+    def sys(self, *parts: str) -> str:
+        return os.path.join(self.sysfs, *parts)
+
+    def root(self, host_path: str) -> str:
+        """Where a path of the host (as mountinfo names it) is reachable from this process."""
+        if self.rootfs in ("", "/"):
+            return host_path
+        return os.path.join(self.rootfs, host_path.lstrip("/"))
+
+    def mountinfo_candidates(self) -> tuple[str, ...]:
+        # PID 1's view is the host's mount namespace when /proc is the host's (hostPID or /host/proc);
+        # "self" is the fallback where PID 1 is not readable (unprivileged runs, some sandboxes).
+        return (self.proc("1", "mountinfo"), self.proc("self", "mountinfo"))

@@ -1,0 +1,1 @@
+"""Pure parsers for kernel text files: text in, frozen dataclasses out, no I/O."""

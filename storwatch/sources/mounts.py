@@ -1,0 +1,127 @@
+"""The mount source: every mount in the host's mount table, with statvfs usage that never waits on a hung mount."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from storwatch.blocking import BlockingCalls
+from storwatch.config import MountsConfig
+from storwatch.model import FsUsage, Mount
+from storwatch.paths import HostPaths
+from storwatch.procfs.mountinfo import MountInfo, parse_mountinfo
+
+log = logging.getLogger(__name__)
+
+# Kernel and virtual filesystems that hold no user data. tmpfs, overlay and FUSE are kept on purpose.
+PSEUDO_FSTYPES = frozenset({
+    "proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "devpts", "devtmpfs", "mqueue",
+    "hugetlbfs", "pstore", "bpf", "configfs", "fusectl", "binfmt_misc", "autofs", "rpc_pipefs", "nsfs",
+    "efivarfs", "selinuxfs", "nfsd", "ramfs_internal", "sockfs", "pipefs", "anon_inodefs", "cpuset",
+})  # fmt: skip
+
+# statvfs(3) f_flag bit for a read-only filesystem (ST_RDONLY).
+_ST_RDONLY = 1
+
+
+class MountSource:
+    name = "mounts"
+
+    def __init__(self, paths: HostPaths, config: MountsConfig, calls: BlockingCalls | None = None) -> None:
+        self.paths = paths
+        self.configure(config)
+        self.calls = calls if calls is not None else BlockingCalls(config.max_inflight)
+        self._logged_errors: set[str] = set()
+        self._last_usage: dict[str, FsUsage] = {}
+
+    def configure(self, config: MountsConfig) -> None:
+        self.config = config
+        self.interval_seconds = config.interval_seconds
+        self.skip = PSEUDO_FSTYPES | set(config.exclude_fstypes)
+        if hasattr(self, "calls"):
+            self.calls.max_inflight = config.max_inflight
+
+    def read_mountinfo(self) -> bytes:
+        errors = []
+        for path in self.paths.mountinfo_candidates():
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except OSError as err:
+                errors.append(f"{path}: {err.strerror}")
+        raise OSError("cannot read the mount table: " + "; ".join(errors))
+
+    def visible_mounts(self, data: bytes) -> list[MountInfo]:
+        """Parse, drop pseudo filesystems, and keep the top mount where several stack on one mountpoint."""
+        infos, errors = parse_mountinfo(data)
+        for err in errors:
+            key = err.line
+            if key not in self._logged_errors and len(self._logged_errors) < 1000:
+                self._logged_errors.add(key)
+                log.warning("mountinfo: skipping malformed %s", err)
+        by_point: dict[str, MountInfo] = {}
+        for info in infos:
+            if info.fstype in self.skip:
+                continue
+            # mountinfo lists mounts in mount order: a later one on the same point hides the earlier.
+            by_point.pop(info.mountpoint, None)
+            by_point[info.mountpoint] = info
+        return list(by_point.values())
+
+    def collect(self) -> tuple[Mount, ...]:
+        infos = self.visible_mounts(self.read_mountinfo())
+        requests = {info.mountpoint: (self.paths.root(info.mountpoint),) for info in infos}
+        outcomes = self.calls.call_many("statvfs", requests, self.config.statvfs_timeout_seconds)
+        mounts = []
+        usage_now: dict[str, FsUsage] = {}
+        for info in infos:
+            outcome = outcomes.get(info.mountpoint)
+            usage: FsUsage | None = None
+            error: str | None = None
+            readonly = info.readonly
+            stuck = False
+            stuck_seconds = 0.0
+            if outcome is None:
+                error = "no answer"
+            elif outcome.values is not None:
+                frsize, blocks, bfree, bavail, files, ffree, flag = (int(v) for v in outcome.values)
+                usage = FsUsage(blocks * frsize, bfree * frsize, bavail * frsize, files, ffree)
+                readonly = readonly or bool(flag & _ST_RDONLY)
+            elif outcome.error is not None:
+                error = outcome.error
+            else:
+                stuck = outcome.stuck
+                stuck_seconds = outcome.in_flight_seconds
+                error = "statvfs has not returned" if stuck else "statvfs in flight"
+                # Still in flight but within its deadline (it started in an earlier round): keep the last answer.
+                usage = None if stuck else self._last_usage.get(info.mountpoint)
+            if usage is not None:
+                usage_now[info.mountpoint] = usage
+            mounts.append(
+                Mount(
+                    mount_id=info.mount_id,
+                    mountpoint=info.mountpoint,
+                    device=info.source,
+                    fstype=info.fstype,
+                    root=info.root,
+                    major=info.major,
+                    minor=info.minor,
+                    readonly=readonly,
+                    options=info.mount_options,
+                    super_options=info.super_options,
+                    usage=usage,
+                    stuck=stuck,
+                    stuck_seconds=stuck_seconds,
+                    usage_error=error,
+                )
+            )
+        self._last_usage = usage_now
+        return tuple(mounts)
+
+    def close(self) -> None:
+        self.calls.close()
+
+
+def display_path(path: str) -> str:
+    """A path fit for a label or a terminal: bytes that are not UTF-8 shown as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")

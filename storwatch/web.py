@@ -1,0 +1,182 @@
+"""One HTTP server: /metrics (cached bytes), /healthz, /readyz, /status (HTML) and /api/status (JSON)."""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from storwatch.config import TLSConfig, parse_listen
+from storwatch.model import View
+from storwatch.report import human_bytes, mount_state, usage_percent, view_to_dict
+
+log = logging.getLogger(__name__)
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class ServedState:
+    """What the server hands out; swapped whole once per tick, so a request never sees half an update."""
+
+    view: View | None
+    metrics: bytes
+
+
+StateProvider = Callable[[], ServedState]
+
+
+def render_status_page(data: dict[str, Any]) -> str:
+    e = html.escape
+    rows = []
+    for m in data["mounts"]:
+        state = mount_state(m)
+        rows.append(
+            "<tr class='{cls}'><td class='mountpoint'>{mp}</td><td>{dev}</td><td>{fs}</td>"
+            "<td class='durability'><span class='d-{dur}'>{dur}</span></td><td class='reason'>{reason}</td>"
+            "<td class='num'>{used}</td><td class='num'>{size}</td><td class='num'>{avail}</td>"
+            "<td class='state'>{state}</td></tr>".format(
+                cls="stuck" if m["stuck"] else "",
+                mp=e(m["mountpoint"]),
+                dev=e(m["device"]),
+                fs=e(m["fstype"]),
+                dur=e(m["durability"]),
+                reason=e(m["reason"]),
+                used=usage_percent(m),
+                size=human_bytes(m["size_bytes"]),
+                avail=human_bytes(m["avail_bytes"]),
+                state=e(state),
+            )
+        )
+    collectors = ", ".join(
+        "{}: {}".format(e(c["name"]), "ok" if c["success"] else "FAILED " + e(c["error"] or ""))
+        for c in data["collectors"]
+    )
+    plat = data["platform"]
+    stuck_count = sum(1 for m in data["mounts"] if m["stuck"])
+    ephemeral = sum(1 for m in data["mounts"] if m["ephemeral"])
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="10">
+<title>storwatch status</title>
+<style>
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }}
+table {{ border-collapse: collapse; width: 100%; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }}
+th {{ background: #f3f3f3; }} td.num {{ text-align: right; white-space: nowrap; }}
+tr.stuck {{ background: #fde2e2; }} .mountpoint {{ font-family: monospace; }}
+.d-volatile {{ color: #b00020; font-weight: bold; }} .d-node {{ color: #b36b00; font-weight: bold; }}
+.d-cluster {{ color: #1b5e20; font-weight: bold; }} .d-region {{ color: #0d47a1; font-weight: bold; }}
+.summary span {{ margin-right: 2em; }}
+</style></head><body>
+<h1>storwatch</h1>
+<p class="summary"><span>platform: <b id="platform">{e(plat["name"])}</b> ({e(plat["detected_by"])})</span>
+<span>mounts: <b>{len(data["mounts"])}</b></span><span>ephemeral: <b>{ephemeral}</b></span>
+<span>stuck: <b id="stuck-count">{stuck_count}</b></span></p>
+<h2>Mounts</h2>
+<table id="mounts"><thead><tr><th>Mountpoint</th><th>Device</th><th>Type</th><th>Durability</th><th>Reason</th>
+<th>Used</th><th>Size</th><th>Avail</th><th>State</th></tr></thead>
+<tbody>
+{chr(10).join(rows)}
+</tbody></table>
+<p>Collectors: {collectors}</p>
+<p><a href="/metrics">/metrics</a> · <a href="/api/status">/api/status</a></p>
+</body></html>
+"""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: StatusHTTPServer
+    protocol_version = "HTTP/1.1"
+    timeout = 15  # a client that stops mid-request frees its thread after this
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http %s " + format, self.client_address[0], *args)
+
+    def _send(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        state = self.server.state()
+        if path == "/metrics":
+            self._send(200, state.metrics, METRICS_CONTENT_TYPE)
+        elif path == "/healthz":
+            self._send(200, b"ok\n", "text/plain; charset=utf-8")
+        elif path == "/readyz":
+            ready = state.view is not None and state.view.ready
+            self._send(200 if ready else 503, b"ready\n" if ready else b"not ready\n", "text/plain; charset=utf-8")
+        elif path in ("/status", "/"):
+            if state.view is None:
+                self._send(503, b"storwatch is starting; no data yet\n", "text/plain; charset=utf-8")
+                return
+            page = render_status_page(view_to_dict(state.view))
+            self._send(200, page.encode("utf-8"), "text/html; charset=utf-8")
+        elif path == "/api/status":
+            if state.view is None:
+                self._send(503, b'{"error": "starting"}\n', "application/json")
+                return
+            self._send(200, json.dumps(view_to_dict(state.view)).encode(), "application/json")
+        else:
+            self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+    do_HEAD = do_GET
+
+
+class StatusHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, listen: str, state: StateProvider, tls: TLSConfig | None = None) -> None:
+        host, port = parse_listen(listen)
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        self.state = state
+        self._tls = _tls_context(tls) if tls is not None and tls.cert_file else None
+        super().__init__((host, port), _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = self.socket.accept()
+        if self._tls is not None:
+            # The handshake happens on the request's own thread, so a slow client never blocks accept().
+            sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if isinstance(request, ssl.SSLSocket):
+            request.settimeout(_Handler.timeout)
+            request.do_handshake()
+        super().finish_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("http: error serving %s", client_address, exc_info=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True)
+        thread.start()
+        return thread
+
+
+def _tls_context(tls: TLSConfig) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.client_ca_file:
+        ctx.load_verify_locations(tls.client_ca_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
