@@ -108,32 +108,17 @@ class BlockingCalls:
         The first argument of each request is a path (bytes or str); the rest are plain words.
         """
         deadline = self._clock() + timeout
-        sent: list[str] = []
         with self._lock:
             if self._closed:
                 return {k: CallOutcome(error="shutting down") for k in requests}
-            proc = self._ensure_worker()
-            assert proc.stdin is not None
-            lines = []
-            for key, args in requests.items():
-                if key in self._by_key:
-                    continue  # one call per key: the earlier one has not returned
-                if len(self._pending) >= self.max_inflight:
-                    self._done[key] = CallOutcome(error=f"not called: {self.max_inflight} calls already in flight")
-                    continue
-                req_id = str(next(self._ids))
-                path = os.fsencode(args[0]).hex() if args else ""
-                words = [req_id, op, path, *(str(a) for a in args[1:])]
-                lines.append(" ".join(words) + "\n")
-                self._pending[req_id] = _Pending(key, self._clock())
-                self._by_key[key] = req_id
-                sent.append(key)
-            try:
-                proc.stdin.write("".join(lines).encode())
-                proc.stdin.flush()
-            except OSError as err:
-                self._fail_all(f"helper process unreachable: {err}")
-            while any(k in self._by_key for k in sent):
+            # One call per key: a key whose earlier call has not returned gets no second one.
+            queue = [k for k in requests if k not in self._by_key]
+            queue.reverse()
+            while True:
+                # Send as many as the bound allows; quick calls free their slots for the rest of the queue.
+                self._send(op, requests, queue)
+                if not queue and not any(k in self._by_key for k in requests):
+                    break
                 left = deadline - self._clock()
                 if left <= 0:
                     break
@@ -144,9 +129,34 @@ class BlockingCalls:
                 if key in self._done:
                     result[key] = self._done.pop(key)
                 elif key in self._by_key:
+                    # Still out after a whole deadline of waiting: stuck, however long ago it started.
                     age = now - self._pending[self._by_key[key]].started
-                    result[key] = CallOutcome(stuck=age >= timeout, in_flight_seconds=age)
+                    result[key] = CallOutcome(stuck=True, in_flight_seconds=age)
+                else:
+                    result[key] = CallOutcome(
+                        error=f"not called: {len(self._pending)} calls already in flight (limit {self.max_inflight})"
+                    )
             return result
+
+    def _send(self, op: str, requests: Mapping[str, Sequence[bytes | str]], queue: list[str]) -> None:
+        if not queue or len(self._pending) >= self.max_inflight:
+            return
+        proc = self._ensure_worker()
+        assert proc.stdin is not None
+        lines = []
+        while queue and len(self._pending) < self.max_inflight:
+            key = queue.pop()
+            args = requests[key]
+            req_id = str(next(self._ids))
+            path = os.fsencode(args[0]).hex() if args else ""
+            lines.append(" ".join([req_id, op, path, *(str(a) for a in args[1:])]) + "\n")
+            self._pending[req_id] = _Pending(key, self._clock())
+            self._by_key[key] = req_id
+        try:
+            proc.stdin.write("".join(lines).encode())
+            proc.stdin.flush()
+        except OSError as err:
+            self._fail_all(f"helper process unreachable: {err}")
 
     def in_flight(self) -> int:
         with self._lock:

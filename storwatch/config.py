@@ -197,7 +197,12 @@ def parse_config(text: str, where: str = "config") -> Config:
         problem = getattr(err, "problem", None) or str(err)
         raise ConfigError(f"{where}{line}: invalid YAML: {problem}") from None
     lines: dict[str, int] = {}
-    config = Config() if node is None else _build(Config, node, where, "", lines)
+    # A document with no content ("---" alone, as templating tools render an empty config) composes to a null
+    # scalar rather than None; both mean "all defaults".
+    if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
+        config = Config()
+    else:
+        config = _build(Config, node, where, "", lines)
     config.validate(where, lines)
     return config
 

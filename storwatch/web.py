@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from storwatch.config import TLSConfig, parse_listen
+from storwatch.config import ConfigError, TLSConfig, parse_listen
 from storwatch.model import View
 from storwatch.report import human_bytes, mount_state, usage_percent, view_to_dict
 
@@ -175,8 +175,19 @@ class StatusHTTPServer(ThreadingHTTPServer):
 def _tls_context(tls: TLSConfig) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    try:
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    except (OSError, ssl.SSLError) as err:
+        why = _why(err)
+        raise ConfigError(f"tls: cannot load cert_file {tls.cert_file} / key_file {tls.key_file}: {why}") from None
     if tls.client_ca_file:
-        ctx.load_verify_locations(tls.client_ca_file)
+        try:
+            ctx.load_verify_locations(tls.client_ca_file)
+        except (OSError, ssl.SSLError) as err:
+            raise ConfigError(f"tls: cannot load client_ca_file {tls.client_ca_file}: {_why(err)}") from None
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
+
+
+def _why(err: Exception) -> str:
+    return getattr(err, "strerror", None) or getattr(err, "reason", None) or str(err)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from typing import ContextManager, TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -18,3 +22,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"real-part test skipped in CI (CI=true makes this a failure): {reason}"
+
+
+@pytest.fixture
+def real_mounts() -> Generator[Callable[[ContextManager[T]], T], None, None]:
+    """Enter real-mount context managers (tests/realmounts.py); skip with the reason when a part is unavailable.
+
+    Everything entered is torn down when the test ends, failed or not, in reverse order.
+    """
+    from tests.realmounts import RealPartUnavailable
+
+    with contextlib.ExitStack() as stack:
+
+        def enter(cm: ContextManager[T]) -> T:
+            try:
+                return stack.enter_context(cm)
+            except RealPartUnavailable as err:
+                pytest.skip(str(err))
+
+        yield enter

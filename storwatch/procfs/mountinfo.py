@@ -65,7 +65,10 @@ def unescape(field: bytes) -> str:
 
 
 def parse_line(line: bytes, lineno: int = 1) -> MountInfo:
-    fields = line.split()
+    # The kernel separates fields with exactly one space and escapes only space, tab, newline and backslash: a path
+    # may hold a raw \r, \v or \f, and a source given as "" prints as an empty field ("- tmpfs  rw"). Splitting on
+    # any whitespace would cut such a path in two or shift the source into the super options.
+    fields = line.split(b" ")
     shown = line.decode("utf-8", "backslashreplace")
     try:
         sep = fields.index(b"-", 6)

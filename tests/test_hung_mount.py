@@ -1,0 +1,192 @@
+"""A mount whose statfs hangs in the kernel (a FUSE daemon that never answers, like a dead NFS server).
+
+The agent must mark it stuck, keep every scrape fast, keep its threads bounded, and still stop on SIGTERM in 5 s.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from storwatch.blocking import BlockingCalls
+from tests.agentproc import running_agent
+from tests.realmounts import fuse_mount
+
+pytestmark = pytest.mark.realpart
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))  # type: ignore[union-attr]
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            kids += [int(x) for x in f.read().split()]
+    return kids
+
+
+def _get(port: int, path: str) -> tuple[int, bytes, float]:
+    started = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        body = resp.read()
+    finally:
+        conn.close()
+    return resp.status, body, time.perf_counter() - started
+
+
+def _wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_blocking_calls_mark_a_hung_statvfs_stuck_and_never_call_twice(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
+    hung = real_mounts(fuse_mount(tmp_path / "hung", block_statfs=True))
+    calls = BlockingCalls(max_inflight=4)
+    try:
+        key = str(hung.mountpoint)
+        started = time.monotonic()
+        first = calls.call_many("statvfs", {key: [key], "/": ["/"]}, timeout=0.3)
+        assert time.monotonic() - started < 1.0
+        assert first[key].stuck and first[key].values is None
+        assert first["/"].values is not None  # the healthy mount is not held up by the hung one
+        for _ in range(5):
+            again = calls.call_many("statvfs", {key: [key]}, timeout=0.1)
+            assert again[key].stuck
+        assert calls.in_flight() == 1  # one call per key, however often it is asked
+        assert again[key].in_flight_seconds >= first[key].in_flight_seconds
+        hung.abort()  # the daemon "dies": the stuck call fails and the key is free again
+        released = calls.call_many("statvfs", {key: [key]}, 2.0)[key]
+        assert not released.stuck
+        # The stuck call itself comes back, failed (ECONNABORTED); a new one would fail with ENOTCONN.
+        assert released.error in ("Software caused connection abort", "Transport endpoint is not connected")
+        assert calls.in_flight() == 0
+    finally:
+        calls.close()
+
+
+def test_agent_with_a_hung_mount(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
+    hung = real_mounts(fuse_mount(tmp_path / "hung", block_statfs=True))
+    mp = str(hung.mountpoint)
+    config = tmp_path / "storwatch.yaml"
+    config.write_text(
+        "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.5\n  statvfs_timeout_seconds: 0.3\n  max_inflight: 8\n"
+    )
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
+        port = agent.port
+        stuck_line = f'storwatch_mount_stuck{{mountpoint="{mp}"}} 1.0'
+        _wait_for(lambda: stuck_line in _get(port, "/metrics")[1].decode(), 10, "the hung mount to show stuck")
+
+        threads_before = _threads(agent.proc.pid)
+        latencies = []
+        for _ in range(100):
+            status, body, seconds = _get(port, "/metrics")
+            assert status == 200
+            latencies.append(seconds)
+        p99 = statistics.quantiles(latencies, n=100)[98]
+        assert p99 < 0.050, f"p99 scrape latency {p99 * 1000:.1f} ms with a hung mount"
+        text = body.decode()
+        assert stuck_line in text
+        assert 'storwatch_mount_size_bytes{mountpoint="/"}' in text  # the healthy mounts keep reporting
+        assert 'storwatch_collector_success{collector="mounts"} 1.0' in text
+
+        # Many more rounds of the mount source pass; no thread piles up, here or in the helper.
+        time.sleep(3)
+        threads_after = _threads(agent.proc.pid)
+        assert threads_after <= threads_before + 2, (threads_before, threads_after)
+        assert threads_after < 20
+        helpers = _children(agent.proc.pid)
+        assert len(helpers) == 1
+        assert _threads(helpers[0]) <= 8 + 1  # max_inflight statvfs threads at most, plus its main thread
+
+        status, body, _ = _get(port, "/api/status")
+        entry = next(m for m in json.loads(body)["mounts"] if m["mountpoint"] == mp)
+        assert entry["stuck"] is True and entry["size_bytes"] is None and entry["stuck_seconds"] > 0.3
+
+        # SIGTERM ends the agent within 5 s although one of its statvfs calls is stuck in the kernel.
+        started = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        code = agent.proc.wait(timeout=5)
+        assert time.monotonic() - started < 5
+        assert code == 0
+
+
+def test_scan_with_a_hung_mount_returns_promptly(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    hung = real_mounts(fuse_mount(tmp_path / "hung", block_statfs=True))
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "storwatch", "scan", "--json", "--timeout", "0.3"],
+        capture_output=True,
+        timeout=10,
+        check=True,
+    )
+    assert time.monotonic() - started < 3
+    mounts = {m["mountpoint"]: m for m in json.loads(out.stdout)["mounts"]}
+    assert mounts[str(hung.mountpoint)]["stuck"] is True
+    assert mounts["/"]["size_bytes"] > 0
+
+
+def test_scrapes_continue_while_statvfs_threads_are_stuck(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
+    """Several hung mounts at once, more than max_inflight allows: still bounded, still answering."""
+    hung = [real_mounts(fuse_mount(tmp_path / f"hung{i}", block_statfs=True)) for i in range(3)]
+    config = tmp_path / "storwatch.yaml"
+    config.write_text(
+        "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.2\n  max_inflight: 2\n"
+    )
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
+
+        def stuck_count() -> int:
+            lines = _get(agent.port, "/metrics")[1].decode().splitlines()
+            return sum(1 for line in lines if line.startswith("storwatch_mount_stuck{") and line.endswith(" 1.0"))
+
+        # Every slot ends up held by a stuck call (ours, or any other hung mount on the machine) and no more.
+        _wait_for(lambda: stuck_count() == 2, 10, "two stuck mounts")
+        time.sleep(1.5)
+        helper = _children(agent.proc.pid)[0]
+        assert _threads(helper) <= 2 + 1
+        assert stuck_count() == 2
+        text = _get(agent.port, "/metrics")[1].decode()
+        assert (
+            sum(
+                'storwatch_mount_info{device="storwatch-fusefs"' in line and str(h.mountpoint) in line
+                for h in hung
+                for line in text.splitlines()
+            )
+            == 3
+        )  # all three are listed, stuck or not
+        errors: list[str] = []
+
+        def scrape() -> None:
+            for _ in range(20):
+                status, _, seconds = _get(agent.port, "/metrics")
+                if status != 200 or seconds > 0.5:
+                    errors.append(f"{status} in {seconds:.3f} s")
+
+        workers = [threading.Thread(target=scrape) for _ in range(4)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(30)
+        assert errors == []
