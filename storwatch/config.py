@@ -136,6 +136,8 @@ def _build(tp: Any, node: yaml.Node, where: str, field_path: str, lines: dict[st
             return None
         return _build(args[0], node, where, field_path, lines)
     if dataclasses.is_dataclass(tp):
+        if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+            return typing.cast(Any, tp)()  # "mounts:" with every entry commented out: the defaults
         if not isinstance(node, yaml.MappingNode):
             raise fail("expected a mapping of fields")
         hints = typing.get_type_hints(tp)

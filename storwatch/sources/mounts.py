@@ -61,12 +61,11 @@ class MountSource:
                 log.warning("mountinfo: skipping malformed %s", err)
         by_point: dict[str, MountInfo] = {}
         for info in infos:
-            if info.fstype in self.skip:
-                continue
-            # mountinfo lists mounts in mount order: a later one on the same point hides the earlier.
+            # mountinfo lists mounts in mount order: a later one on the same point hides the earlier,
+            # also when the later one is a pseudo filesystem (then nothing there is shown).
             by_point.pop(info.mountpoint, None)
             by_point[info.mountpoint] = info
-        return list(by_point.values())
+        return [info for info in by_point.values() if info.fstype not in self.skip]
 
     def collect(self) -> tuple[Mount, ...]:
         infos = self.visible_mounts(self.read_mountinfo())

@@ -1,0 +1,307 @@
+"""The YAML configuration: defaults, a full file, errors that name file, line and field, and the agent's reload."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from storwatch.agent import Agent
+from storwatch.classify import Override
+from storwatch.config import (
+    Config,
+    ConfigError,
+    MountsConfig,
+    OverrideConfig,
+    PathsConfig,
+    TLSConfig,
+    load_config,
+    parse_config,
+)
+from storwatch.model import Durability, Mount
+
+
+def write(tmp_path: Path, text: str, name: str = "storwatch.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_defaults_without_a_file() -> None:
+    config = load_config(None)
+    assert config == Config()
+    assert config.listen == ":9477"
+    assert config.platform == "auto"
+    assert config.log_level == "info"
+    assert config.tick_seconds == 1.0
+    assert config.history_size == 300
+    assert config.paths == PathsConfig("/proc", "/sys", "/")
+    assert config.tls == TLSConfig("", "", "")
+    assert config.mounts == MountsConfig(10.0, 1.0, 16, (), ())
+    assert config.overrides() == ()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "\n\n", "# nothing configured yet\n", "---\n", "--- # rendered by helm\n", "null\n"],
+    ids=["empty", "blank", "comment", "empty-document", "empty-document-with-comment", "null"],
+)
+def test_defaults_with_an_empty_file(tmp_path: Path, text: str) -> None:
+    assert load_config(write(tmp_path, text)) == Config()
+
+
+FULL = """\
+listen: "127.0.0.1:9500"
+platform: together-k8s
+log_level: debug
+tick_seconds: 0.5
+history_size: 600
+paths:
+  procfs: /host/proc
+  sysfs: /host/sys
+  rootfs: /host
+tls:
+  cert_file: /etc/storwatch/tls.crt
+  key_file: /etc/storwatch/tls.key
+  client_ca_file: /etc/storwatch/ca.crt
+mounts:
+  interval_seconds: 15
+  statvfs_timeout_seconds: 2.5
+  max_inflight: 8
+  exclude_fstypes: [squashfs, vfat]
+  overrides:
+    - mountpoint: /mnt/local-nvme
+      durability: cluster
+      reason: replicated by DRBD
+    - mountpoint: "/var/lib/kubelet/pods/*/volumes/kubernetes.io~empty-dir/*"
+      durability: node
+"""
+
+
+def test_full_valid_file(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, FULL))
+    assert config == Config(
+        listen="127.0.0.1:9500",
+        platform="together-k8s",
+        log_level="debug",
+        tick_seconds=0.5,
+        history_size=600,
+        paths=PathsConfig("/host/proc", "/host/sys", "/host"),
+        tls=TLSConfig("/etc/storwatch/tls.crt", "/etc/storwatch/tls.key", "/etc/storwatch/ca.crt"),
+        mounts=MountsConfig(
+            interval_seconds=15.0,
+            statvfs_timeout_seconds=2.5,
+            max_inflight=8,
+            exclude_fstypes=("squashfs", "vfat"),
+            overrides=(
+                OverrideConfig("/mnt/local-nvme", Durability.CLUSTER, "replicated by DRBD"),
+                OverrideConfig("/var/lib/kubelet/pods/*/volumes/kubernetes.io~empty-dir/*", Durability.NODE, ""),
+            ),
+        ),
+    )
+    assert isinstance(config.mounts.interval_seconds, float)
+    assert config.host_paths().proc("1", "mountinfo") == "/host/proc/1/mountinfo"
+    assert config.overrides() == (
+        Override("/mnt/local-nvme", Durability.CLUSTER, "replicated by DRBD"),
+        Override("/var/lib/kubelet/pods/*/volumes/kubernetes.io~empty-dir/*", Durability.NODE, ""),
+    )
+
+
+def test_shipped_example_is_valid_and_says_the_defaults() -> None:
+    example = Path(__file__).parent.parent / "docs" / "config.example.yaml"
+    if not example.exists():
+        pytest.skip(f"{example} is not in this checkout")
+    # Its header promises "these are the defaults": hold it to that.
+    assert load_config(str(example)) == Config()
+
+
+# text -> (line, field, what the message says). Each file is otherwise valid.
+ERRORS = [
+    pytest.param("platform: generic\nmounts:\n  intervl_seconds: 5\n", 3, "mounts.intervl_seconds",
+                 "unknown field; known: exclude_fstypes, interval_seconds, max_inflight", id="unknown-field"),
+    pytest.param("lisen: ':9000'\n", 1, "lisen", "unknown field", id="unknown-top-level-field"),
+    pytest.param("platform: generic\nmounts:\n  interval_seconds: \"10\"\n", 3, "mounts.interval_seconds",
+                 "expected a number, got '10'", id="string-for-a-number"),
+    pytest.param("history_size: 2.5\n", 1, "history_size", "expected a whole number, got 2.5", id="float-for-an-int"),
+    pytest.param("mounts:\n  max_inflight: true\n", 2, "mounts.max_inflight", "expected a whole number, got True",
+                 id="bool-for-an-int"),
+    pytest.param("mounts:\n  exclude_fstypes: squashfs\n", 2, "mounts.exclude_fstypes", "expected a list",
+                 id="scalar-for-a-list"),
+    pytest.param("paths: /host\n", 1, "paths", "expected a mapping of fields", id="scalar-for-a-section"),
+    pytest.param(
+        "mounts:\n  overrides:\n    - mountpoint: /home\n      durability: node\n"
+        "    - mountpoint: /mnt/s3\n      durability: forever\n",
+        6, "mounts.overrides[1].durability", "'forever' is not one of volatile, node, cluster, region",
+        id="bad-durability-in-overrides-1",
+    ),
+    pytest.param("mounts:\n  overrides:\n    - durability: node\n      reason: scratch\n", 3, "mounts.overrides[0]",
+                 "missing required field(s): mountpoint", id="override-without-mountpoint"),
+    pytest.param("listen: localhost\n", 1, "listen", "'localhost' is not HOST:PORT", id="listen-without-port"),
+    pytest.param("platform: generic\nlisten: \":99999\"\n", 2, "listen", "is not HOST:PORT", id="listen-port-range"),
+    pytest.param("platform: generic\nmounts:\n  interval_seconds: 0\n", 3, "mounts.interval_seconds",
+                 "must be greater than 0, got 0.0", id="zero-interval"),
+    pytest.param("mounts:\n  statvfs_timeout_seconds: -1\n", 2, "mounts.statvfs_timeout_seconds",
+                 "must be greater than 0", id="negative-timeout"),
+    pytest.param("tick_seconds: -0.5\n", 1, "tick_seconds", "must be greater than 0", id="negative-tick"),
+    pytest.param("log_level: chatty\n", 1, "log_level", "'chatty' is not one of debug", id="bad-log-level"),
+    pytest.param("platform: aws\n", 1, "platform", "'aws' is not one of auto, generic", id="bad-platform"),
+    pytest.param("tls:\n  cert_file: /tls.crt\n", 2, "tls", "cert_file and key_file go together", id="tls-half"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "line", "field", "message"), ERRORS)
+def test_errors_name_file_line_and_field(tmp_path: Path, text: str, line: int, field: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    text_of_error = str(excinfo.value)
+    assert text_of_error.startswith(f"{path}:{line}: {field}: "), text_of_error
+    assert message in text_of_error
+
+
+def test_several_problems_are_reported_together_each_with_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "listen: nowhere\nmounts:\n  max_inflight: 0\n  interval_seconds: -3\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    lines = str(excinfo.value).splitlines()
+    assert lines == [
+        f"{path}:4: mounts.interval_seconds: must be greater than 0, got -3.0",
+        f"{path}:3: mounts.max_inflight: must be at least 1, got 0",
+        f"{path}:1: listen: 'nowhere' is not HOST:PORT",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        pytest.param("platform: generic\nmounts:\n  interval_seconds: [1, 2\n", 4, id="unclosed-flow-list"),
+        pytest.param("platform: generic\nmounts:\n  overrides:\n   - mountpoint: /a\n  - bad\n", 5, id="bad-indent"),
+        pytest.param("listen: ':9477'\nplatform: 'generic\n", 3, id="unclosed-quote"),
+        pytest.param("mounts:\n\tinterval_seconds: 5\n", 2, id="tab-indent"),
+    ],
+)
+def test_broken_yaml_names_the_line(tmp_path: Path, text: str, line: int) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    assert str(excinfo.value).startswith(f"{path}:{line}: invalid YAML: "), str(excinfo.value)
+
+
+@pytest.mark.parametrize("text", ["- listen: ':9477'\n", "just a string\n"], ids=["list", "scalar"])
+def test_top_level_must_be_a_mapping(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"^cfg\.yaml:1: \(top level\): expected a mapping of fields$"):
+        parse_config(text, "cfg.yaml")
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    path = str(tmp_path / "etc" / "storwatch.yaml")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    assert str(excinfo.value).startswith(f"{path}: cannot read: ")
+    assert "No such file or directory" in str(excinfo.value)
+
+
+def test_non_utf8_file_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"platform: generic\n# caf\xe9\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(str(path))
+
+
+# -- reload in a running agent
+
+
+def nvme_mount() -> Mount:
+    return Mount(
+        mount_id=97,
+        mountpoint="/mnt/local-nvme",
+        device="/dev/nvme1n1",
+        fstype="xfs",
+        root="/",
+        major=259,
+        minor=4,
+        readonly=False,
+        options=("rw",),
+        super_options=("rw",),
+        usage=None,
+        stuck=False,
+        stuck_seconds=0.0,
+    )
+
+
+GOOD_WITH_OVERRIDE = """\
+platform: together-k8s
+history_size: 50
+mounts:
+  interval_seconds: 20
+  overrides:
+    - mountpoint: /mnt/local-nvme
+      durability: cluster
+      reason: replicated by DRBD
+"""
+
+
+def test_agent_reload_applies_a_good_file_and_keeps_it_when_the_next_is_bad(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path, "platform: together-k8s\n")
+    # No sources: nothing reads this machine's mounts; only the configuration and classifier are exercised.
+    agent = Agent(load_config(path), config_path=path, sources=[], process_metrics=False)
+    try:
+        assert agent.platform.name == "together-k8s"
+        assert agent.classifier.classify(nvme_mount()).durability is Durability.NODE
+
+        write(tmp_path, GOOD_WITH_OVERRIDE)
+        assert agent.reload() is True
+        assert agent.config.mounts.interval_seconds == 20.0
+        assert agent.history.capacity == 50
+        assert agent.classifier.overrides == (Override("/mnt/local-nvme", Durability.CLUSTER, "replicated by DRBD"),)
+        verdict = agent.classifier.classify(nvme_mount())
+        assert verdict.durability is Durability.CLUSTER
+        assert verdict.reason == "replicated by DRBD"
+        good_config, good_classifier = agent.config, agent.classifier
+
+        write(tmp_path, "platform: together-k8s\nmounts:\n  interval_seconds: -1\n")
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="storwatch.agent"):
+            assert agent.reload() is False
+        assert agent.config is good_config
+        assert agent.classifier is good_classifier
+        assert agent.classifier.classify(nvme_mount()).durability is Durability.CLUSTER
+        assert agent.history.capacity == 50
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1
+        message = errors[0].getMessage()
+        assert "keeping the last good configuration" in message
+        assert f"{path}:3: mounts.interval_seconds: must be greater than 0" in message
+        assert not [r for r in caplog.records if "configuration reloaded" in r.getMessage()]
+
+        write(tmp_path, "platform: together-k8s\nmounts:\n  overrides: [\n")
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="storwatch.agent"):
+            assert agent.reload() is False
+        assert agent.config is good_config
+        assert [r.levelno for r in caplog.records] == [logging.ERROR]
+        assert f"{path}:4: invalid YAML" in caplog.records[0].getMessage()
+
+        # The file is fixed again: the reload goes through.
+        write(tmp_path, GOOD_WITH_OVERRIDE.replace("cluster", "region"))
+        assert agent.reload() is True
+        assert agent.classifier.classify(nvme_mount()).durability is Durability.REGION
+    finally:
+        agent.stop()
+
+
+def test_agent_reload_keeps_config_when_the_file_disappears(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tmp_path, GOOD_WITH_OVERRIDE)
+    agent = Agent(load_config(path), config_path=path, sources=[], process_metrics=False)
+    try:
+        before = agent.config
+        Path(path).unlink()
+        with caplog.at_level(logging.ERROR, logger="storwatch.agent"):
+            assert agent.reload() is False
+        assert agent.config is before
+        assert f"{path}: cannot read" in caplog.records[-1].getMessage()
+    finally:
+        agent.stop()
