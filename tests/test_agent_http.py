@@ -1,0 +1,313 @@
+"""The agent as a real process: its HTTP endpoints, the once-per-tick /metrics, signals, and configuration files."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.agentproc import REPO_ROOT, AgentProcess, AgentStartError, Response, fetch, running_agent, wait_until
+
+LISTEN = ("--listen", "127.0.0.1:0")
+
+MOUNT_KEYS = {"mountpoint", "device", "fstype", "durability", "reason", "stuck", "size_bytes", "avail_bytes"}
+
+
+def samples(exposition: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample called ``name`` in an exposition text, as (labels, value)."""
+    return [
+        (s.labels, s.value)
+        for family in text_string_to_metric_families(exposition)
+        for s in family.samples
+        if s.name == name
+    ]
+
+
+def api_status(agent: AgentProcess) -> dict[str, Any] | None:
+    """/api/status as data once the agent has a View (None while it answers 503)."""
+    resp = agent.fetch("/api/status")
+    if resp.status != 200:
+        return None
+    data: dict[str, Any] = json.loads(resp.body)
+    return data
+
+
+def wait_for_status(agent: AgentProcess, timeout: float = 10.0) -> dict[str, Any]:
+    return wait_until(lambda: api_status(agent), timeout, what="/api/status answering 200")
+
+
+def status_when(
+    agent: AgentProcess, predicate: Callable[[dict[str, Any]], bool], timeout: float, what: str
+) -> dict[str, Any]:
+    """/api/status once ``predicate`` holds for it."""
+
+    def probe() -> dict[str, Any] | None:
+        data = api_status(agent)
+        return data if data is not None and predicate(data) else None
+
+    return wait_until(probe, timeout, what=what)
+
+
+def root_mount(data: dict[str, Any]) -> dict[str, Any]:
+    roots: list[dict[str, Any]] = [m for m in data["mounts"] if m["mountpoint"] == "/"]
+    assert len(roots) == 1, f"expected exactly one '/' in /api/status, got {[m['mountpoint'] for m in data['mounts']]}"
+    return roots[0]
+
+
+def write_config(path: Path, text: str) -> None:
+    # Write and rename, so the agent never reads a half-written file on reload.
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+@pytest.fixture(scope="module")
+def default_agent() -> Iterator[tuple[AgentProcess, float, str]]:
+    """An agent with no config; yields it, the seconds from Popen to the first full /metrics, and that body."""
+    with running_agent(*LISTEN) as agent:
+
+        def full_scrape() -> str | None:
+            resp = agent.fetch("/metrics")
+            text = resp.text()
+            if resp.status == 200 and "storwatch_mount_info{" in text and "storwatch_collector_success{" in text:
+                return text
+            return None
+
+        body = wait_until(full_scrape, timeout=15.0, what="/metrics with storwatch_mount_info")
+        yield agent, time.monotonic() - agent.started_at, body
+
+
+def test_metrics_served_within_10s_of_start(default_agent: tuple[AgentProcess, float, str]) -> None:
+    agent, elapsed, body = default_agent
+    assert elapsed < 10.0, f"first full /metrics took {elapsed:.2f} s from Popen"
+    assert 'storwatch_collector_success{collector="mounts"} 1.0' in body.splitlines()
+    assert samples(body, "storwatch_collector_success") == [({"collector": "mounts"}, 1.0)]
+    roots = [labels for labels, value in samples(body, "storwatch_mount_info") if labels["mountpoint"] == "/"]
+    assert len(roots) == 1, body
+    assert roots[0]["durability"] in ("volatile", "node", "cluster", "region")
+    assert roots[0]["fstype"] and roots[0]["reason"]
+    resp = agent.fetch("/metrics")
+    assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_healthz_and_readyz(default_agent: tuple[AgentProcess, float, str]) -> None:
+    agent, _, _ = default_agent
+    health = agent.fetch("/healthz")
+    assert (health.status, health.body) == (200, b"ok\n")
+
+    def readyz() -> Response | None:
+        resp = agent.fetch("/readyz")
+        return resp if resp.status == 200 else None
+
+    assert wait_until(readyz, timeout=10.0, what="/readyz 200").body == b"ready\n"
+
+
+def test_api_status_lists_mounts(default_agent: tuple[AgentProcess, float, str]) -> None:
+    agent, _, _ = default_agent
+    resp = agent.fetch("/api/status")
+    assert resp.status == 200
+    assert resp.headers["Content-Type"] == "application/json"
+    data = json.loads(resp.body)
+    assert data["ready"] is True
+    assert isinstance(data["mounts"], list) and data["mounts"]
+    for m in data["mounts"]:
+        missing = MOUNT_KEYS - m.keys()
+        assert not missing, f"{m.get('mountpoint')}: missing {missing}"
+        assert isinstance(m["stuck"], bool)
+    root = root_mount(data)
+    assert root["durability"] in ("volatile", "node", "cluster", "region")
+    assert isinstance(root["size_bytes"], int) and root["size_bytes"] > 0
+    assert isinstance(root["avail_bytes"], int) and 0 <= root["avail_bytes"] <= root["size_bytes"]
+    assert [c["name"] for c in data["collectors"]] == ["mounts"]
+
+
+def test_unknown_path_is_404(default_agent: tuple[AgentProcess, float, str]) -> None:
+    agent, _, _ = default_agent
+    for path in ("/nope", "/metrics/extra", "/api/status/x"):
+        assert agent.fetch(path).status == 404, path
+
+
+def test_head_sends_headers_and_no_body(default_agent: tuple[AgentProcess, float, str]) -> None:
+    agent, _, _ = default_agent
+    conn = http.client.HTTPConnection(agent.host, agent.port, timeout=5)
+    try:
+        # HEAD then GET on one keep-alive connection: a HEAD that wrote a body would garble the GET's response.
+        conn.request("HEAD", "/healthz")
+        head = conn.getresponse()
+        assert head.status == 200
+        assert head.getheader("Content-Length") == "3"
+        assert head.read() == b""
+        conn.request("HEAD", "/metrics")
+        head = conn.getresponse()
+        assert head.status == 200
+        assert int(head.getheader("Content-Length") or 0) > 100
+        head.read()
+        conn.request("HEAD", "/nope")
+        head = conn.getresponse()
+        assert head.status == 404
+        head.read()
+        conn.request("GET", "/healthz")
+        get = conn.getresponse()
+        assert (get.status, get.read()) == (200, b"ok\n")
+    finally:
+        conn.close()
+
+
+def test_metrics_rendered_once_per_tick(tmp_path: Path) -> None:
+    config = tmp_path / "storwatch.yaml"
+    write_config(config, "tick_seconds: 5\nmounts:\n  interval_seconds: 60\n")
+    with running_agent(*LISTEN, "--config", str(config)) as agent:
+        wait_for_status(agent)
+        for _ in range(3):
+            before = wait_for_status(agent)["generated_at"]
+            bodies = [agent.fetch("/metrics").body for _ in range(25)]
+            after = wait_for_status(agent)["generated_at"]
+            if before == after:  # no tick between the scrapes (the served state only moves forward)
+                break
+        else:
+            pytest.fail("a tick fell between the scrapes three times in a row with tick_seconds 5")
+        assert all(b == bodies[0] for b in bodies), "two scrapes within one tick returned different bodies"
+        first = bodies[0].decode()
+        assert samples(first, "storwatch_collector_success") == [({"collector": "mounts"}, 1.0)]
+
+        # The next tick comes about tick_seconds later (the source, at 60 s, does not wake the ticker) and
+        # re-renders: the agent's own CPU time can only have grown.
+        later_status = status_when(agent, lambda d: d["generated_at"] > after, timeout=10.0, what="the next tick")
+        gap = later_status["generated_at"] - after
+        assert 4.0 <= gap <= 7.0, f"ticks {gap:.2f} s apart with tick_seconds 5"
+        later = agent.fetch("/metrics").text()
+        assert any(labels["mountpoint"] == "/" for labels, _ in samples(later, "storwatch_mount_info"))
+        cpu_before = samples(first, "process_cpu_seconds_total")
+        cpu_later = samples(later, "process_cpu_seconds_total")
+        assert cpu_before and cpu_later
+        assert cpu_later[0][1] >= cpu_before[0][1]
+
+
+def test_sigterm_exits_zero_within_5s() -> None:
+    with running_agent(*LISTEN) as agent:
+        wait_for_status(agent)
+        sent = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        code = agent.proc.wait(timeout=10)
+        took = time.monotonic() - sent
+        assert code == 0, agent.stderr_text()
+        assert took < 5.0, f"SIGTERM took {took:.2f} s"
+        agent.stop()
+        assert "received SIGTERM, stopping" in agent.stderr_text()
+
+
+def _override_config(durability: str, reason: str) -> str:
+    return (
+        "tick_seconds: 1\n"
+        "mounts:\n"
+        "  interval_seconds: 60\n"
+        "  overrides:\n"
+        f'    - {{mountpoint: "/", durability: {durability}, reason: "{reason}"}}\n'
+    )
+
+
+def test_sighup_reloads_and_keeps_last_good_config(tmp_path: Path) -> None:
+    config = tmp_path / "storwatch.yaml"
+    write_config(config, _override_config("cluster", "pinned by test"))
+    with running_agent(*LISTEN, "--config", str(config)) as agent:
+        root = root_mount(wait_for_status(agent))
+        assert root["durability"] == "cluster"
+        assert "pinned by test" in root["reason"]
+
+        # Invalid YAML: logged with the file's name, the agent goes on with what it had.
+        write_config(config, "mounts:\n  overrides: [unclosed\n")
+        mark = agent.stderr_mark()
+        agent.send_signal(signal.SIGHUP)
+        agent.wait_for_stderr(r"ERROR .*reload failed", timeout=5.0, since=mark)
+        agent.wait_for_stderr(rf"^{re.escape(str(config))}:\d+: invalid YAML", timeout=2.0, since=mark)
+        time.sleep(0.5)
+        assert agent.running(), agent.stderr_text()
+        root = root_mount(wait_for_status(agent))
+        assert (root["durability"], "pinned by test" in root["reason"]) == ("cluster", True)
+
+        # Valid YAML with a bad value: the error names file:line and the field.
+        write_config(config, "tick_seconds: 1\nmounts:\n  interval_seconds: -3\n")
+        mark = agent.stderr_mark()
+        agent.send_signal(signal.SIGHUP)
+        agent.wait_for_stderr(
+            rf"^{re.escape(str(config))}:3: mounts\.interval_seconds: must be greater than 0", since=mark
+        )
+        assert agent.running(), agent.stderr_text()
+        assert root_mount(wait_for_status(agent))["durability"] == "cluster"
+
+        write_config(config, _override_config("region", "moved by test"))
+        mark = agent.stderr_mark()
+        agent.send_signal(signal.SIGHUP)
+        sent = time.monotonic()
+        root = root_mount(
+            status_when(
+                agent,
+                lambda d: root_mount(d)["durability"] == "region",
+                timeout=3.0,
+                what="'/' to become region after SIGHUP",
+            )
+        )
+        assert time.monotonic() - sent < 3.0
+        assert "moved by test" in root["reason"]
+        agent.wait_for_stderr(rf"configuration reloaded from {re.escape(str(config))}$", timeout=2.0, since=mark)
+        assert agent.running()
+
+
+@pytest.mark.parametrize(
+    ("text", "location"),
+    [
+        pytest.param("tick_seconds: 1\nmounts:\n  interval_seconds: abc\n", ":3: mounts.interval_seconds:", id="type"),
+        pytest.param("listen: '127.0.0.1:0'\ntick_seconds: 0\n", ":2: tick_seconds: must be greater", id="range"),
+        pytest.param("mounts:\n  overrides:\n    - {mountpoint: /, durability: forever}\n", ":3: mounts.overrides[0]."
+                     "durability: 'forever' is not one of", id="enum"),
+        pytest.param("log_level: info\nmonuts: {}\n", ":2: monuts: unknown field", id="unknown-field"),
+        pytest.param("mounts: [\n", ":2: invalid YAML", id="yaml"),
+    ],
+)  # fmt: skip
+def test_bad_config_at_start_exits_2_naming_file_line_and_field(tmp_path: Path, text: str, location: str) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(text, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "storwatch", "agent", *LISTEN, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"{config}{location}" in proc.stderr
+    assert "serving on" not in proc.stderr
+
+
+def test_platform_flag_wins_over_config(tmp_path: Path) -> None:
+    config = tmp_path / "storwatch.yaml"
+    write_config(config, "platform: together-k8s\n")
+    with running_agent(*LISTEN, "--config", str(config), "--platform", "gradient") as agent:
+        data = wait_for_status(agent)
+        assert data["platform"] == {"name": "gradient", "detected_by": "configured"}
+        body = fetch(agent.url("/metrics")).text()
+        assert samples(body, "storwatch_platform_info") == [
+            ({"platform": "gradient", "detected_by": "configured"}, 1.0)
+        ]
+
+
+def test_running_agent_reports_an_agent_that_exits_before_serving(tmp_path: Path) -> None:
+    """The harness itself: an agent that dies at start gives AgentStartError with its stderr, fast, not a hang."""
+    config = tmp_path / "bad.yaml"
+    config.write_text("tick_seconds: -1\n", encoding="utf-8")
+    started = time.monotonic()
+    with pytest.raises(AgentStartError) as info, running_agent(*LISTEN, "--config", str(config)):
+        pytest.fail("running_agent yielded for an agent that cannot start")
+    assert time.monotonic() - started < 8.0
+    assert "exited with 2" in str(info.value)
+    assert f"{config}:1: tick_seconds: must be greater than 0" in str(info.value)

@@ -1,0 +1,174 @@
+"""The /status page as headless Chromium renders it: the mounts table matches /api/status, and a screenshot.
+
+The agent runs with ``mounts.interval_seconds: 60`` so its mount list cannot change between the /api/status read
+and the page load, even while other tests mount and unmount things on this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agentproc import AgentProcess, running_agent, wait_until
+
+pytestmark = pytest.mark.realpart
+
+SCREENSHOT_COPY = Path("/tmp/storwatch-status.png")
+CHROMIUM_TIMEOUT = 60.0
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+class TableParser(HTMLParser):
+    """Collects the text of every cell of the table with a given id: header rows and body rows apart."""
+
+    def __init__(self, table_id: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.table_id = table_id
+        self.found = False
+        self.head_rows: list[list[str]] = []
+        self.body_rows: list[list[str]] = []
+        self.row_classes: list[str] = []
+        self._table_depth = 0  # >0 while inside the table (nested tables counted)
+        self._section = ""
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            if self._table_depth:
+                self._table_depth += 1
+            elif dict(attrs).get("id") == self.table_id:
+                self.found = True
+                self._table_depth = 1
+            return
+        if self._table_depth != 1:
+            return
+        if tag in ("thead", "tbody", "tfoot"):
+            self._section = tag
+        elif tag == "tr":
+            self._row = []
+            if self._section == "tbody":
+                self.row_classes.append(dict(attrs).get("class") or "")
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table" and self._table_depth:
+            self._table_depth -= 1
+            return
+        if self._table_depth != 1:
+            return
+        if tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._row.append(" ".join("".join(self._cell).split()))
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            (self.head_rows if self._section == "thead" else self.body_rows).append(self._row)
+            self._row = None
+        elif tag in ("thead", "tbody", "tfoot"):
+            self._section = ""
+
+    def handle_data(self, data: str) -> None:
+        if self._table_depth == 1 and self._cell is not None:
+            self._cell.append(data)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path is not None:
+            return path
+    pytest.skip("chromium not found on PATH (Debian package 'chromium')")
+
+
+def run_chromium(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """Headless Chromium in a session of its own, so a timeout kills the browser's whole process tree."""
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=CHROMIUM_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"chromium did not finish within {CHROMIUM_TIMEOUT} s: {err.decode(errors='replace')[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def status_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AgentProcess, dict[str, Any]]]:
+    config = tmp_path_factory.mktemp("status-config") / "storwatch.yaml"
+    config.write_text("tick_seconds: 1\nmounts:\n  interval_seconds: 60\n", encoding="utf-8")
+    with running_agent("--listen", "127.0.0.1:0", "--config", str(config)) as agent:
+
+        def ready_status() -> dict[str, Any] | None:
+            resp = agent.fetch("/api/status")
+            data: dict[str, Any] | None = json.loads(resp.body) if resp.status == 200 else None
+            return data if data is not None and data["ready"] else None
+
+        yield agent, wait_until(ready_status, timeout=15.0, what="/api/status ready")
+
+
+def test_status_page_table_matches_api_status(
+    chromium: str, status_agent: tuple[AgentProcess, dict[str, Any]], tmp_path: Path
+) -> None:
+    agent, api = status_agent
+    url = agent.url("/status")
+    shot = tmp_path / "status.png"
+    # The DOM dump and the screenshot are independent browser runs; run them side by side.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        dom_run = pool.submit(run_chromium, chromium, tmp_path / "profile-dom", "--dump-dom", url)
+        shot_run = pool.submit(
+            run_chromium, chromium, tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1400,900", url
+        )
+        dom, screenshot = dom_run.result(), shot_run.result()
+
+    assert dom.returncode == 0, dom.stderr.decode(errors="replace")[-2000:]
+    parser = TableParser("mounts")
+    parser.feed(dom.stdout.decode("utf-8"))
+    parser.close()
+    assert parser.found, "no <table id='mounts'> in the DOM:\n" + dom.stdout.decode(errors="replace")[:2000]
+    assert len(parser.head_rows) == 1
+    header = parser.head_rows[0]
+    for column in ("Mountpoint", "Durability", "Reason"):
+        assert column in header, header
+    mp_col, dur_col, reason_col = (header.index(c) for c in ("Mountpoint", "Durability", "Reason"))
+
+    expected = [(m["mountpoint"], m["durability"], m["reason"]) for m in api["mounts"]]
+    shown = [(row[mp_col], row[dur_col], row[reason_col]) for row in parser.body_rows]
+    assert len(expected) > 0
+    assert [e[:2] for e in shown] == [e[:2] for e in expected]
+    assert [e[2] for e in shown] == [" ".join(e[2].split()) for e in expected]
+    assert all(len(row) == len(header) for row in parser.body_rows)
+    assert "/" in [mp for mp, _, _ in shown]
+
+    assert screenshot.returncode == 0, screenshot.stderr.decode(errors="replace")[-2000:]
+    assert shot.is_file(), "chromium wrote no screenshot"
+    png = shot.read_bytes()
+    assert png.startswith(PNG_SIGNATURE)
+    # IHDR: width and height as big-endian 32-bit integers right after the signature and chunk header.
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (1400, 900)
+    assert len(png) > 20_000, f"screenshot only {len(png)} bytes: a blank page?"
+    shutil.copyfile(shot, SCREENSHOT_COPY)
