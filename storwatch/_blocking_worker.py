@@ -7,6 +7,7 @@ agent: the agent can always exit, and a hung mount costs it nothing but one thre
 It exits as soon as its standard input closes, stuck threads or not.
 """
 
+import contextlib
 import os
 import sys
 import threading
@@ -21,28 +22,53 @@ def _statvfs(path: bytes) -> list[str]:
     return [str(v) for v in (st.f_frsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files, st.f_ffree, st.f_flag)]
 
 
-def _probe(directory: bytes, size: str) -> list[str]:
-    """Write, fsync and read back a small file in ``directory``; return the three durations in seconds."""
+def _probe(mountpoint: bytes, scratch: str, size: str) -> list[str]:
+    """Write, fsync and read back a small file in ``mountpoint/scratch``; return the three durations in seconds.
+
+    The scratch directory is opened relative to the mountpoint without following symlinks and must be on the
+    mount's own filesystem, so a path from configuration or from the mount's contents never leads elsewhere.
+    """
     payload = os.urandom(int(size))
-    name = os.path.join(directory, b".storwatch-probe-%d" % os.getpid())
-    t0 = time.monotonic()
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC
+    mfd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.write(fd, payload)
-        t1 = time.monotonic()
-        os.fsync(fd)
-        t2 = time.monotonic()
+        dfd = mfd
+        for part in scratch.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                raise OSError(0, "scratch directory must not contain '..'")
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o700, dir_fd=dfd)
+            nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=dfd)
+            if dfd != mfd:
+                os.close(dfd)
+            dfd = nfd
+        if os.fstat(dfd).st_dev != os.fstat(mfd).st_dev:
+            raise OSError(0, "scratch directory is on another filesystem than the mount")
+        name = f"probe-{os.getpid()}"
+        t0 = time.monotonic()
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | nofollow, 0o600, dir_fd=dfd)
+        try:
+            os.write(fd, payload)
+            t1 = time.monotonic()
+            os.fsync(fd)
+            t2 = time.monotonic()
+        finally:
+            os.close(fd)
+        fd = os.open(name, os.O_RDONLY | nofollow, dir_fd=dfd)
+        try:
+            # Drop the file's cached pages so the read goes to the storage, not to memory.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            back = os.read(fd, len(payload))
+            t3 = time.monotonic()
+        finally:
+            os.close(fd)
+            os.unlink(name, dir_fd=dfd)
+        if dfd != mfd:
+            os.close(dfd)
     finally:
-        os.close(fd)
-    fd = os.open(name, os.O_RDONLY)
-    try:
-        # Drop this file's cached pages so the read goes to the storage, not to memory.
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        back = os.read(fd, len(payload))
-        t3 = time.monotonic()
-    finally:
-        os.close(fd)
-        os.unlink(name)
+        os.close(mfd)
     if back != payload:
         raise OSError(0, "read back differs from what was written")
     return [repr(t1 - t0), repr(t2 - t1), repr(t3 - t2)]

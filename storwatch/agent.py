@@ -17,19 +17,26 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from storwatch.analysis.io import WindowFeeder
+from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.view import build_view
 from storwatch.classify import Classifier, detect_platform
 from storwatch.config import Config, ConfigError, load_config
 from storwatch.exporter import Exporter
 from storwatch.history import History
-from storwatch.model import CollectorStatus, Mount, Platform, Snapshot, View
+from storwatch.model import CollectorStatus, Platform, Snapshot, View
 from storwatch.sources import Source
+from storwatch.sources.diskio import DiskIOSource
 from storwatch.sources.mounts import MountSource
+from storwatch.sources.nfs import NFSSource
+from storwatch.sources.probe import ProbeSource, ProbeTarget
 from storwatch.web import ServedState, StatusHTTPServer
 
 log = logging.getLogger(__name__)
 
 ConfigTransform = Callable[[Config], Config]
+# Which config section each source takes on reload.
+_CONFIG_SECTION = {"mounts": "mounts", "diskstats": "diskio", "nfs": "nfs", "probe": "probes"}
 
 
 def resolve_platform(config: Config, environ: dict[str, str] | None = None) -> Platform:
@@ -64,10 +71,10 @@ class Agent:
         self.classifier = Classifier(self.platform.name, config.overrides())
         self.history = History(config.history_size)
         self.exporter = Exporter(process_metrics=process_metrics)
-        self.mount_source: MountSource | None = None
+        self.windows = LatencyWindows()
+        self._feeder = WindowFeeder(self.windows)
         if sources is None:
-            self.mount_source = MountSource(config.host_paths(), config.mounts)
-            sources = [self.mount_source]
+            sources = self._default_sources(config)
         self._sources = [_SourceState(s) for s in sources]
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -76,6 +83,32 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self.server: StatusHTTPServer | None = None
         log.info("platform %s (%s)", self.platform.name, self.platform.detected_by)
+
+    def _default_sources(self, config: Config) -> list[Source]:
+        paths = config.host_paths()
+        return [
+            MountSource(paths, config.mounts),
+            DiskIOSource(paths, config.diskio, self.clock),
+            NFSSource(paths, config.nfs, self.clock),
+            ProbeSource(paths, config.probes, self._probe_targets, self.clock),
+        ]
+
+    def _probe_targets(self) -> list[ProbeTarget]:
+        view = self.view
+        if view is None:
+            return []
+        # A mount whose statvfs is stuck would only strand one more call: leave it until it answers.
+        return [
+            ProbeTarget(mv.mount.mountpoint, mv.verdict.durability, mv.mount.readonly)
+            for mv in view.mounts
+            if not mv.mount.stuck
+        ]
+
+    def _facts(self, name: str) -> Any:
+        for st in self._sources:
+            if st.source.name == name:
+                return st.facts
+        return None
 
     # -- what consumers read
 
@@ -117,23 +150,25 @@ class Agent:
 
     def snapshot(self) -> Snapshot:
         with self._lock:
-            mounts: tuple[Mount, ...] = ()
-            collectors = []
-            for st in self._sources:
-                if st.status is not None:
-                    collectors.append(st.status)
-                if isinstance(st.source, MountSource) and st.facts is not None:
-                    mounts = st.facts
-        return Snapshot(timestamp=self.clock(), mounts=mounts, collectors=tuple(collectors))
+            collectors = tuple(st.status for st in self._sources if st.status is not None)
+            return Snapshot(
+                timestamp=self.clock(),
+                mounts=self._facts("mounts") or (),
+                collectors=collectors,
+                disks=self._facts("diskstats"),
+                nfs=self._facts("nfs"),
+                probes=self._facts("probe") or (),
+            )
 
     def tick(self) -> View:
         """Build one Snapshot, keep it in History, derive the View and render the exposition once."""
         snap = self.snapshot()
         self.history.append(snap)
+        self._feeder.feed(snap)
         with self._lock:
             ready = all(st.status is not None for st in self._sources)
             classifier, platform = self.classifier, self.platform
-        view = build_view(snap, classifier, platform, ready=ready)
+        view = build_view(snap, classifier, platform, ready=ready, windows=self.windows)
         self._served = ServedState(view, self.exporter.render(view))
         return view
 
@@ -198,8 +233,11 @@ class Agent:
             self.config = new
             self.platform, self.classifier = platform, classifier
             self.history.resize(new.history_size)
-            if self.mount_source is not None:
-                self.mount_source.configure(new.mounts)
+            for st in self._sources:
+                section = getattr(new, _CONFIG_SECTION.get(st.source.name, ""), None)
+                configure = getattr(st.source, "configure", None)
+                if section is not None and configure is not None:
+                    configure(section)
         self._dirty.set()
         log.info("configuration reloaded from %s", self.config_path)
         return True

@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument(
         "--timeout", type=float, default=0.3, metavar="SECONDS", help="deadline for each mount's statvfs (default 0.3)"
     )
+    scan.add_argument(
+        "--sample",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="read block and NFS I/O counters twice this far apart to show latency (default 0: no latency)",
+    )
     return parser
 
 
@@ -101,35 +108,62 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def scan_view(config: Config, timeout: float) -> Any:
-    """Collect every source once, synchronously, and build the View."""
+def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> Any:
+    """Collect every source once, synchronously, and build the View.
+
+    With ``sample_seconds`` > 0, diskstats and mountstats are read twice that far apart, so the View has latency.
+    """
     from storwatch.agent import resolve_platform
+    from storwatch.analysis.io import WindowFeeder
+    from storwatch.analysis.latency import LatencyWindows
     from storwatch.analysis.view import build_view
     from storwatch.classify import Classifier
     from storwatch.model import CollectorStatus, Snapshot
+    from storwatch.sources.diskio import DiskIOSource
     from storwatch.sources.mounts import MountSource
+    from storwatch.sources.nfs import NFSSource
 
+    log = logging.getLogger("storwatch")
     platform = resolve_platform(config)
+    paths = config.host_paths()
     mounts_cfg = dataclasses.replace(config.mounts, statvfs_timeout_seconds=timeout)
-    source = MountSource(config.host_paths(), mounts_cfg)
+    source = MountSource(paths, mounts_cfg)
     started = time.monotonic()
     try:
         mounts = source.collect()
         status = CollectorStatus(source.name, True, time.monotonic() - started, time.time())
     except OSError as err:
-        logging.getLogger("storwatch").error("%s", err)
+        log.error("%s", err)
         mounts = ()
         status = CollectorStatus(source.name, False, time.monotonic() - started, None, str(err))
     finally:
         source.close()
-    snap = Snapshot(timestamp=time.time(), mounts=mounts, collectors=(status,))
-    return build_view(snap, Classifier(platform.name, config.overrides()), platform)
+    disks = nfs = None
+    windows: LatencyWindows | None = None
+    if sample_seconds > 0:
+        disk_source, nfs_source = DiskIOSource(paths, config.diskio), NFSSource(paths, config.nfs)
+        try:
+            disk_source.collect()
+            nfs_source.collect()
+            time.sleep(sample_seconds)
+            disks, nfs = disk_source.collect(), nfs_source.collect()
+        except OSError as err:
+            log.error("%s", err)
+        windows = LatencyWindows(capacity=4)
+    snap = Snapshot(timestamp=time.time(), mounts=mounts, collectors=(status,), disks=disks, nfs=nfs)
+    if windows is not None:
+        WindowFeeder(windows).feed(snap)
+    return build_view(snap, Classifier(platform.name, config.overrides()), platform, windows=windows)
 
 
 def format_table(data: dict[str, Any], width: int) -> str:
-    from storwatch.report import human_bytes, mount_state, usage_percent
+    from storwatch.report import human_bytes, latency_cell, mount_state, usage_percent
 
-    headers = ("MOUNTPOINT", "TYPE", "DURABILITY", "USED", "SIZE", "AVAIL", "STATE", "REASON")
+    with_io = any(m["io"]["latency"] for m in data["mounts"])
+    headers: tuple[str, ...] = ("MOUNTPOINT", "TYPE", "DURABILITY", "USED", "SIZE", "AVAIL", "STATE")
+    if with_io:
+        headers += ("READ ms", "WRITE ms", "FSYNC ms")
+    headers += ("REASON",)
     rows = [
         (
             m["mountpoint"],
@@ -139,12 +173,13 @@ def format_table(data: dict[str, Any], width: int) -> str:
             human_bytes(m["size_bytes"]),
             human_bytes(m["avail_bytes"]),
             mount_state(m),
+            *((latency_cell(m, "read"), latency_cell(m, "write"), latency_cell(m, "fsync")) if with_io else ()),
             m["reason"],
         )
         for m in data["mounts"]
     ]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers[:-1])]
-    right = {3, 4, 5}
+    right = {3, 4, 5, 7, 8, 9}
 
     def line(cells: Sequence[str]) -> str:
         parts = [
@@ -159,6 +194,8 @@ def format_table(data: dict[str, Any], width: int) -> str:
     stuck = sum(1 for m in data["mounts"] if m["stuck"])
     eph = sum(1 for m in data["mounts"] if m["ephemeral"])
     out += ["", f"{len(rows)} mounts, {eph} ephemeral (volatile or node), {stuck} stuck"]
+    if with_io:
+        out.append("latency: p50/p95/max of the per-interval averages over the sample, in milliseconds")
     return "\n".join(out)
 
 
@@ -167,7 +204,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     config, _ = _load(args)
     _setup_logging(config.log_level if args.log_level else "warning")
-    data = view_to_dict(scan_view(config, args.timeout))
+    data = view_to_dict(scan_view(config, args.timeout, args.sample))
     if args.json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")

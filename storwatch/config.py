@@ -7,6 +7,7 @@ below. A running agent that is given a bad file keeps its last good configuratio
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -59,6 +60,31 @@ class MountsConfig:
 
 
 @dataclass(frozen=True)
+class ProbesConfig:
+    """Active probes: write, fsync and read back a small file on chosen mounts. Off unless something is chosen."""
+
+    classes: tuple[Durability, ...] = ()
+    """Probe every writable mount of these durability classes (e.g. [cluster])."""
+    mountpoints: tuple[str, ...] = ()
+    """Probe these mountpoints (exact paths or globs) too."""
+    scratch_dir: str = ".storwatch-probe"
+    """Directory on each probed mount for the probe's file, relative to the mountpoint; created when missing."""
+    interval_seconds: float = 30.0
+    timeout_seconds: float = 5.0
+    size_bytes: int = 4096
+
+
+@dataclass(frozen=True)
+class DiskIOConfig:
+    interval_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
+class NFSConfig:
+    interval_seconds: float = 1.0
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = DEFAULT_LISTEN
     platform: str = "auto"
@@ -68,6 +94,9 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
     mounts: MountsConfig = field(default_factory=MountsConfig)
+    diskio: DiskIOConfig = field(default_factory=DiskIOConfig)
+    nfs: NFSConfig = field(default_factory=NFSConfig)
+    probes: ProbesConfig = field(default_factory=ProbesConfig)
 
     def host_paths(self) -> HostPaths:
         return HostPaths(self.paths.procfs, self.paths.sysfs, self.paths.rootfs)
@@ -85,6 +114,10 @@ class Config:
             ("tick_seconds", self.tick_seconds),
             ("mounts.interval_seconds", self.mounts.interval_seconds),
             ("mounts.statvfs_timeout_seconds", self.mounts.statvfs_timeout_seconds),
+            ("diskio.interval_seconds", self.diskio.interval_seconds),
+            ("nfs.interval_seconds", self.nfs.interval_seconds),
+            ("probes.interval_seconds", self.probes.interval_seconds),
+            ("probes.timeout_seconds", self.probes.timeout_seconds),
         ):
             if value <= 0:
                 problems.append(f"{name}: must be greater than 0, got {value}")
@@ -92,6 +125,11 @@ class Config:
             problems.append(f"history_size: must be at least 1, got {self.history_size}")
         if self.mounts.max_inflight < 1:
             problems.append(f"mounts.max_inflight: must be at least 1, got {self.mounts.max_inflight}")
+        if not 1 <= self.probes.size_bytes <= 1 << 20:
+            problems.append(f"probes.size_bytes: must be 1 to 1048576, got {self.probes.size_bytes}")
+        scratch = self.probes.scratch_dir
+        if not scratch or os.path.isabs(scratch) or ".." in scratch.split("/") or "\0" in scratch:
+            problems.append(f"probes.scratch_dir: {scratch!r} must be a relative path inside the mount, without '..'")
         if bool(self.tls.cert_file) != bool(self.tls.key_file):
             problems.append("tls: cert_file and key_file go together")
         if self.tls.client_ca_file and not self.tls.cert_file:

@@ -6,14 +6,162 @@ import platform as _platform
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from storwatch import __version__
 from storwatch.model import Durability, View
+from storwatch.procfs.diskstats import DiskStats
+from storwatch.procfs.mountstats import NFSMount, NFSOperation, NFSTransport
 from storwatch.sources.mounts import display_path
+from storwatch.sources.probe import BUCKETS
 
 EMPTY_VIEW_TIMESTAMP = 0.0
+
+
+def _counter(name: str, help_: str, labels: list[str]) -> CounterMetricFamily:
+    # CounterMetricFamily adds the _total suffix itself.
+    return CounterMetricFamily(name.removesuffix("_total"), help_, labels=labels)
+
+
+_MS = 0.001
+
+# (metric, help) for per-device counters, named as node_exporter names them so dashboards carry over.
+_DISK_COUNTERS = (
+    ("storwatch_disk_reads_completed_total", "Reads completed successfully."),
+    ("storwatch_disk_reads_merged_total", "Adjacent reads merged before being issued."),
+    ("storwatch_disk_read_bytes_total", "Bytes read."),
+    ("storwatch_disk_read_time_seconds_total", "Time spent on reads (sum over all reads)."),
+    ("storwatch_disk_writes_completed_total", "Writes completed successfully."),
+    ("storwatch_disk_writes_merged_total", "Adjacent writes merged before being issued."),
+    ("storwatch_disk_written_bytes_total", "Bytes written."),
+    ("storwatch_disk_write_time_seconds_total", "Time spent on writes (sum over all writes)."),
+    ("storwatch_disk_discards_completed_total", "Discards completed successfully."),
+    ("storwatch_disk_discarded_bytes_total", "Bytes discarded."),
+    ("storwatch_disk_discard_time_seconds_total", "Time spent on discards."),
+    ("storwatch_disk_flush_requests_total", "Flush requests completed successfully."),
+    ("storwatch_disk_flush_requests_time_seconds_total", "Time spent on flush requests."),
+    ("storwatch_disk_io_time_seconds_total", "Time the device had I/O in flight."),
+    ("storwatch_disk_io_time_weighted_seconds_total", "I/O time weighted by the number of I/Os in flight."),
+)
+
+
+def _disk_values(d: DiskStats) -> list[tuple[str, float | None]]:
+    def ms(v: int | None) -> float | None:
+        return None if v is None else v * _MS
+
+    return [
+        ("storwatch_disk_reads_completed_total", d.reads_completed),
+        ("storwatch_disk_reads_merged_total", d.reads_merged),
+        ("storwatch_disk_read_bytes_total", d.read_bytes),
+        ("storwatch_disk_read_time_seconds_total", ms(d.read_time_ms)),
+        ("storwatch_disk_writes_completed_total", d.writes_completed),
+        ("storwatch_disk_writes_merged_total", d.writes_merged),
+        ("storwatch_disk_written_bytes_total", d.written_bytes),
+        ("storwatch_disk_write_time_seconds_total", ms(d.write_time_ms)),
+        ("storwatch_disk_discards_completed_total", d.discards_completed),
+        ("storwatch_disk_discarded_bytes_total", d.discarded_bytes),
+        ("storwatch_disk_discard_time_seconds_total", ms(d.discard_time_ms)),
+        ("storwatch_disk_flush_requests_total", d.flushes_completed),
+        ("storwatch_disk_flush_requests_time_seconds_total", ms(d.flush_time_ms)),
+        ("storwatch_disk_io_time_seconds_total", ms(d.io_time_ms)),
+        ("storwatch_disk_io_time_weighted_seconds_total", ms(d.weighted_io_time_ms)),
+    ]
+
+
+# Per-mount counters: the block device's under it, or for NFS the READ/WRITE/COMMIT procedures' (execute time).
+_MOUNT_COUNTERS = (
+    ("storwatch_mount_reads_completed_total", "Reads completed on the mount's device (NFS: READ requests)."),
+    ("storwatch_mount_read_bytes_total", "Bytes read from the mount's device (NFS: bytes received by READ)."),
+    ("storwatch_mount_read_time_seconds_total", "Time spent on reads (NFS: READ execute time)."),
+    ("storwatch_mount_writes_completed_total", "Writes completed on the mount's device (NFS: WRITE requests)."),
+    ("storwatch_mount_written_bytes_total", "Bytes written to the mount's device (NFS: bytes sent by WRITE)."),
+    ("storwatch_mount_write_time_seconds_total", "Time spent on writes (NFS: WRITE execute time)."),
+    ("storwatch_mount_flushes_completed_total", "Flushes completed on the mount's device (NFS: COMMIT requests)."),
+    ("storwatch_mount_flush_time_seconds_total", "Time spent on flushes (NFS: COMMIT execute time)."),
+)
+
+
+def _mount_disk_values(d: DiskStats) -> list[tuple[str, float | None]]:
+    return [
+        ("storwatch_mount_reads_completed_total", d.reads_completed),
+        ("storwatch_mount_read_bytes_total", d.read_bytes),
+        ("storwatch_mount_read_time_seconds_total", d.read_time_ms * _MS),
+        ("storwatch_mount_writes_completed_total", d.writes_completed),
+        ("storwatch_mount_written_bytes_total", d.written_bytes),
+        ("storwatch_mount_write_time_seconds_total", d.write_time_ms * _MS),
+        ("storwatch_mount_flushes_completed_total", d.flushes_completed),
+        ("storwatch_mount_flush_time_seconds_total", None if d.flush_time_ms is None else d.flush_time_ms * _MS),
+    ]
+
+
+def _mount_nfs_values(nfs: NFSMount) -> list[tuple[str, float | None]]:
+    out: list[tuple[str, float | None]] = []
+    for name, ops_metric, bytes_metric, time_metric, use_sent in (
+        ("READ", "reads_completed", "read_bytes", "read_time_seconds", False),
+        ("WRITE", "writes_completed", "written_bytes", "write_time_seconds", True),
+        ("COMMIT", "flushes_completed", None, "flush_time_seconds", False),
+    ):
+        op = nfs.operation(name)
+        if op is None:
+            continue
+        out.append((f"storwatch_mount_{ops_metric}_total", op.requests))
+        out.append((f"storwatch_mount_{time_metric}_total", op.execute_time_ms * _MS))
+        if bytes_metric is not None:
+            out.append((f"storwatch_mount_{bytes_metric}_total", op.bytes_sent if use_sent else op.bytes_received))
+    return out
+
+
+_NFS_OP_COUNTERS = (
+    ("storwatch_nfs_operations_total", "RPC requests made, per NFS operation."),
+    ("storwatch_nfs_transmissions_total", "RPC transmissions, retransmissions included."),
+    ("storwatch_nfs_major_timeouts_total", "Requests that hit a major timeout (server not responding)."),
+    ("storwatch_nfs_sent_bytes_total", "Bytes sent for these requests, headers included."),
+    ("storwatch_nfs_received_bytes_total", "Bytes received in replies, headers included."),
+    ("storwatch_nfs_queue_seconds_total", "Time requests waited before transmission."),
+    ("storwatch_nfs_rtt_seconds_total", "Time from transmission to reply."),
+    ("storwatch_nfs_execute_seconds_total", "Time from creation to completion (queue + RTT + client processing)."),
+    ("storwatch_nfs_errors_total", "Requests that completed with an error status."),
+)
+
+
+def _nfs_op_values(op: NFSOperation) -> list[tuple[str, float | None]]:
+    return [
+        ("storwatch_nfs_operations_total", op.requests),
+        ("storwatch_nfs_transmissions_total", op.transmissions),
+        ("storwatch_nfs_major_timeouts_total", op.major_timeouts),
+        ("storwatch_nfs_sent_bytes_total", op.bytes_sent),
+        ("storwatch_nfs_received_bytes_total", op.bytes_received),
+        ("storwatch_nfs_queue_seconds_total", op.queue_time_ms * _MS),
+        ("storwatch_nfs_rtt_seconds_total", op.rtt_ms * _MS),
+        ("storwatch_nfs_execute_seconds_total", op.execute_time_ms * _MS),
+        ("storwatch_nfs_errors_total", op.errors),
+    ]
+
+
+_XPRT_COUNTERS = (
+    ("storwatch_nfs_transport_sends_total", "RPC requests sent on the transport."),
+    ("storwatch_nfs_transport_receives_total", "RPC replies received on the transport."),
+    ("storwatch_nfs_transport_bad_xids_total", "Replies that matched no outstanding request."),
+    ("storwatch_nfs_transport_connects_total", "Connections made (a rise means reconnects)."),
+    (
+        "storwatch_nfs_transport_requests_in_flight_sum_total",
+        "Sum over sends of requests in flight; / sends = average.",
+    ),
+    ("storwatch_nfs_transport_backlog_sum_total", "Sum over sends of the backlog queue length; / sends = average."),
+)
+
+
+def _xprt_values(t: NFSTransport) -> list[tuple[str, float | None]]:
+    return [
+        ("storwatch_nfs_transport_sends_total", t.sends),
+        ("storwatch_nfs_transport_receives_total", t.recvs),
+        ("storwatch_nfs_transport_bad_xids_total", t.bad_xids),
+        ("storwatch_nfs_transport_connects_total", t.connect_count),
+        ("storwatch_nfs_transport_requests_in_flight_sum_total", t.req_u),
+        ("storwatch_nfs_transport_backlog_sum_total", t.backlog_u),
+    ]
 
 
 class ViewCollector(Collector):
@@ -22,7 +170,7 @@ class ViewCollector(Collector):
     def __init__(self) -> None:
         self.view: View | None = None
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         view = self.view
         build = GaugeMetricFamily(
             "storwatch_build_info", "storwatch version and Python runtime.", labels=["version", "python"]
@@ -37,9 +185,13 @@ class ViewCollector(Collector):
         plat.add_metric([view.platform.name, view.platform.detected_by], 1)
         yield plat
         yield from self._mounts(view)
+        yield from self._disks(view)
+        yield from self._mount_io(view)
+        yield from self._nfs(view)
+        yield from self._probes(view)
         yield from self._collectors(view)
 
-    def _mounts(self, view: View) -> Iterator[GaugeMetricFamily]:
+    def _mounts(self, view: View) -> Iterator[Metric]:
         info = GaugeMetricFamily(
             "storwatch_mount_info",
             "A mount on this node with its durability class and the reason for it.",
@@ -84,12 +236,146 @@ class ViewCollector(Collector):
                 avail.add_metric([mp], m.usage.avail_bytes)
                 files.add_metric([mp], m.usage.files)
                 files_free.add_metric([mp], m.usage.files_free)
-            stuck.add_metric([mp], 1 if m.stuck else 0)
+            stuck.add_metric([mp], 1 if mv.stuck else 0)
             stuck_for.add_metric([mp], m.stuck_seconds)
             readonly.add_metric([mp], 1 if m.readonly else 0)
         yield from (info, durability, size, free, avail, files, files_free, stuck, stuck_for, readonly)
 
-    def _collectors(self, view: View) -> Iterator[GaugeMetricFamily]:
+    def _disks(self, view: View) -> Iterator[Metric]:
+        disks = view.disks
+        if disks is None:
+            return
+        counters = {name: _counter(name, help_, ["device"]) for name, help_ in _DISK_COUNTERS}
+        in_flight = GaugeMetricFamily("storwatch_disk_io_now", "I/Os in flight on the device.", labels=["device"])
+        util = GaugeMetricFamily(
+            "storwatch_disk_utilization_ratio", "Share of the last interval the device was busy.", labels=["device"]
+        )
+        for name, d in sorted(disks.counters.items()):
+            if d.reads_completed == 0 and d.writes_completed == 0:
+                continue  # never used (spare loop devices, empty drives): not worth a series
+            for metric, value in _disk_values(d):
+                if value is not None:
+                    counters[metric].add_metric([name], value)
+            in_flight.add_metric([name], d.in_flight)
+            delta = disks.deltas.get(name)
+            if delta is not None:
+                util.add_metric([name], delta.utilisation)
+        yield from counters.values()
+        yield from (in_flight, util)
+
+    def _mount_io(self, view: View) -> Iterator[Metric]:
+        device = GaugeMetricFamily(
+            "storwatch_mount_device_info",
+            "The block device a mount's I/O counters come from, and the devices at the bottom of its stack.",
+            labels=["mountpoint", "device", "physical"],
+        )
+        counters = {name: _counter(name, help_, ["mountpoint"]) for name, help_ in _MOUNT_COUNTERS}
+        latency = GaugeMetricFamily(
+            "storwatch_mount_latency_seconds",
+            "Per-mount operation latency over a window: p50, p95 and max of per-interval averages, and the mean.",
+            labels=["mountpoint", "op", "window", "stat"],
+        )
+        for mv in view.mounts:
+            mp = display_path(mv.mount.mountpoint)
+            io = mv.io
+            block = mv.mount.block
+            if block is not None:
+                device.add_metric([mp, block.device, ",".join(block.physical)], 1)
+            values: list[tuple[str, float | None]] = []
+            if io.counters is not None:
+                values = _mount_disk_values(io.counters)
+            elif io.nfs is not None:
+                values = _mount_nfs_values(io.nfs)
+            for metric, value in values:
+                if value is not None:
+                    counters[metric].add_metric([mp], value)
+            for op, summary in sorted(io.latency.items()):
+                for window, stats in (("1m", summary.minute), ("1h", summary.hour)):
+                    for stat, value in (
+                        ("p50", stats.p50_seconds),
+                        ("p95", stats.p95_seconds),
+                        ("max", stats.max_seconds),
+                        ("mean", stats.mean_seconds),
+                    ):
+                        if value is not None:
+                            latency.add_metric([mp, op, window, stat], value)
+        yield device
+        yield from counters.values()
+        yield latency
+
+    def _nfs(self, view: View) -> Iterator[Metric]:
+        if view.nfs is None:
+            return
+        ops = {name: _counter(name, help_, ["mountpoint", "operation"]) for name, help_ in _NFS_OP_COUNTERS}
+        xprt = {name: _counter(name, help_, ["mountpoint", "transport", "protocol"]) for name, help_ in _XPRT_COUNTERS}
+        io_bytes = _counter(
+            "storwatch_nfs_bytes_total", "Bytes through the NFS client by kind (bytes: line).", ["mountpoint", "kind"]
+        )
+        for mp_raw, nfs in sorted(view.nfs.mounts.items()):
+            mp = display_path(mp_raw)
+            for op in nfs.operations:
+                if op.requests == 0:
+                    continue
+                for metric, value in _nfs_op_values(op):
+                    if value is not None:
+                        ops[metric].add_metric([mp, op.name], value)
+            for i, t in enumerate(nfs.transports):
+                for metric, value in _xprt_values(t):
+                    if value is not None:
+                        xprt[metric].add_metric([mp, str(i), t.protocol], value)
+            if nfs.bytes is not None:
+                b = nfs.bytes
+                for kind, value in (
+                    ("normal_read", b.normal_read),
+                    ("normal_write", b.normal_write),
+                    ("direct_read", b.direct_read),
+                    ("direct_write", b.direct_write),
+                    ("server_read", b.server_read),
+                    ("server_write", b.server_write),
+                ):
+                    io_bytes.add_metric([mp, kind], value)
+        yield from ops.values()
+        yield from xprt.values()
+        yield io_bytes
+
+    def _probes(self, view: View) -> Iterator[Metric]:
+        hist = HistogramMetricFamily(
+            "storwatch_probe_duration_seconds",
+            "Active probe latency per operation (write, fsync, read back) of a small file on the mount.",
+            labels=["mountpoint", "op"],
+        )
+        success = GaugeMetricFamily(
+            "storwatch_probe_success",
+            "1 when the mount's last probe completed and read back what it wrote.",
+            labels=["mountpoint"],
+        )
+        stuck = GaugeMetricFamily(
+            "storwatch_probe_stuck",
+            "1 when the mount's probe has not returned within its deadline.",
+            labels=["mountpoint"],
+        )
+        last = GaugeMetricFamily(
+            "storwatch_probe_last_timestamp_seconds",
+            "Unix time of the mount's last probe round.",
+            labels=["mountpoint"],
+        )
+        any_probe = False
+        for mv in view.mounts:
+            probe = mv.io.probe
+            if probe is None:
+                continue
+            any_probe = True
+            mp = display_path(mv.mount.mountpoint)
+            for op, h in sorted(probe.histograms.items()):
+                bounds = [*(str(b) for b in BUCKETS), "+Inf"]
+                hist.add_metric([mp, op], list(zip(bounds, (float(c) for c in h.buckets), strict=True)), h.sum)
+            success.add_metric([mp], 1 if probe.seconds is not None else 0)
+            stuck.add_metric([mp], 1 if probe.stuck else 0)
+            last.add_metric([mp], probe.timestamp)
+        if any_probe:
+            yield from (hist, success, stuck, last)
+
+    def _collectors(self, view: View) -> Iterator[Metric]:
         success = GaugeMetricFamily(
             "storwatch_collector_success", "1 when the collector's last run succeeded.", labels=["collector"]
         )

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from storwatch.sources.blockdev import MountDevice
+
+if TYPE_CHECKING:
+    from storwatch.analysis.latency import LatencySummary
+    from storwatch.procfs.diskstats import DiskStats
+    from storwatch.procfs.mountstats import NFSMount
+    from storwatch.sources.diskio import DiskIO
+    from storwatch.sources.nfs import NFSStats
+    from storwatch.sources.probe import ProbeResult
 
 
 class Durability(str, enum.Enum):
@@ -85,6 +95,8 @@ class Mount:
     """A statvfs on this mount has not returned within its deadline and is still in flight."""
     stuck_seconds: float
     usage_error: str | None = None
+    block: MountDevice | None = None
+    """The block device under the filesystem and what it is built on; None for network and memory filesystems."""
 
 
 @dataclass(frozen=True)
@@ -105,9 +117,28 @@ class Platform:
 
 
 @dataclass(frozen=True)
+class MountIO:
+    """A mount's I/O, joined from the block device under it, its NFS statistics and its probe."""
+
+    device: str | None = None
+    """The block device whose counters are the mount's (shared by every mount on that device)."""
+    counters: DiskStats | None = None
+    nfs: NFSMount | None = None
+    probe: ProbeResult | None = None
+    latency: dict[str, LatencySummary] = field(default_factory=dict)
+    """Windows by operation: read, write, fsync (from diskstats or NFS) and probe_write, probe_fsync, probe_read."""
+
+
+@dataclass(frozen=True)
 class MountView:
     mount: Mount
     verdict: Verdict
+    io: MountIO = field(default_factory=MountIO)
+
+    @property
+    def stuck(self) -> bool:
+        """statvfs or the probe has not returned within its deadline."""
+        return self.mount.stuck or bool(self.io.probe and self.io.probe.stuck)
 
 
 @dataclass(frozen=True)
@@ -117,6 +148,9 @@ class Snapshot:
     timestamp: float
     mounts: tuple[Mount, ...] = ()
     collectors: tuple[CollectorStatus, ...] = ()
+    disks: DiskIO | None = None
+    nfs: NFSStats | None = None
+    probes: tuple[ProbeResult, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,5 +161,7 @@ class View:
     platform: Platform
     mounts: tuple[MountView, ...]
     collectors: tuple[CollectorStatus, ...]
+    disks: DiskIO | None = None
+    nfs: NFSStats | None = None
     ready: bool = True
     extra: dict[str, Any] = field(default_factory=dict)

@@ -32,7 +32,10 @@ class HostPaths:
             return host_path
         return os.path.join(self.rootfs, host_path.lstrip("/"))
 
-    def mountinfo_candidates(self) -> tuple[str, ...]:
+    def host_process_file(self, name: str) -> tuple[str, ...]:
         # PID 1's view is the host's mount namespace when /proc is the host's (hostPID or /host/proc);
         # "self" is the fallback where PID 1 is not readable (unprivileged runs, some sandboxes).
-        return (self.proc("1", "mountinfo"), self.proc("self", "mountinfo"))
+        return (self.proc("1", name), self.proc("self", name))
+
+    def mountinfo_candidates(self) -> tuple[str, ...]:
+        return self.host_process_file("mountinfo")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from storwatch.model import View
+from storwatch.analysis.latency import WindowStats
+from storwatch.model import MountView, View
 from storwatch.sources.mounts import display_path
 
 
@@ -25,7 +26,7 @@ def view_to_dict(view: View) -> dict[str, Any]:
                     {"source": e.source.label, "durability": e.durability.value, "reason": e.reason}
                     for e in mv.verdict.evidence
                 ],
-                "stuck": m.stuck,
+                "stuck": mv.stuck,
                 "stuck_seconds": round(m.stuck_seconds, 3),
                 "readonly": m.readonly,
                 "size_bytes": u.size_bytes if u else None,
@@ -37,6 +38,8 @@ def view_to_dict(view: View) -> dict[str, Any]:
                 "usage_error": m.usage_error,
                 "root": display_path(m.root),
                 "device_number": f"{m.major}:{m.minor}",
+                "stuck_probe": bool(mv.io.probe and mv.io.probe.stuck),
+                "io": _io_dict(mv),
             }
         )
     return {
@@ -55,6 +58,53 @@ def view_to_dict(view: View) -> dict[str, Any]:
             for c in view.collectors
         ],
     }
+
+
+def _window(stats: WindowStats) -> dict[str, Any]:
+    return {
+        "samples": stats.samples,
+        "ops": stats.ops,
+        "p50_seconds": stats.p50_seconds,
+        "p95_seconds": stats.p95_seconds,
+        "max_seconds": stats.max_seconds,
+        "mean_seconds": stats.mean_seconds,
+    }
+
+
+def _io_dict(mv: MountView) -> dict[str, Any]:
+    io = mv.io
+    block = mv.mount.block
+    probe = io.probe
+    return {
+        "device": io.device,
+        "physical_devices": list(block.physical) if block else [],
+        "backing_file": display_path(block.backing_file) if block and block.backing_file else None,
+        "nfs": io.nfs is not None,
+        "latency": {op: {"1m": _window(s.minute), "1h": _window(s.hour)} for op, s in sorted(io.latency.items())},
+        "probe": None
+        if probe is None
+        else {
+            "timestamp": probe.timestamp,
+            "seconds": probe.seconds,
+            "stuck": probe.stuck,
+            "error": probe.error,
+        },
+    }
+
+
+def latency_cell(mount: dict[str, Any], op: str, window: str = "1m") -> str:
+    """``p50/p95/max`` in milliseconds for one operation, or ``-`` when the mount did none in the window."""
+    w = mount["io"]["latency"].get(op, {}).get(window)
+    if not w or not w["samples"]:
+        return "-"
+    return "/".join(_ms(w[k]) for k in ("p50_seconds", "p95_seconds", "max_seconds"))
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    ms = seconds * 1000
+    return f"{ms:.2f}" if ms < 10 else f"{ms:.0f}"
 
 
 def human_bytes(n: int | None) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from storwatch.config import ConfigError, TLSConfig, parse_listen
 from storwatch.model import View
-from storwatch.report import human_bytes, mount_state, usage_percent, view_to_dict
+from storwatch.report import human_bytes, latency_cell, mount_state, usage_percent, view_to_dict
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,28 @@ def render_status_page(data: dict[str, Any]) -> str:
                 state=e(state),
             )
         )
+    io_rows = []
+    for m in data["mounts"]:
+        cells = [latency_cell(m, op, win) for op in ("read", "write", "fsync") for win in ("1m", "1h")]
+        probe = m["io"]["probe"]
+        if probe is None:
+            probe_cell = "-"
+        elif probe["stuck"]:
+            probe_cell = "STUCK"
+        elif probe["seconds"] is None:
+            probe_cell = "failed: " + (probe["error"] or "")
+        else:
+            probe_cell = "/".join(f"{probe['seconds'][k] * 1000:.2f}" for k in ("write", "fsync", "read"))
+        if all(c == "-" for c in cells) and probe_cell == "-":
+            continue
+        io_rows.append(
+            "<tr><td class='mountpoint'>{}</td><td>{}</td>{}<td class='num'>{}</td></tr>".format(
+                e(m["mountpoint"]),
+                e(m["io"]["device"] or ("nfs" if m["io"]["nfs"] else "-")),
+                "".join(f"<td class='num'>{c}</td>" for c in cells),
+                e(probe_cell),
+            )
+        )
     collectors = ", ".join(
         "{}: {}".format(e(c["name"]), "ok" if c["success"] else "FAILED " + e(c["error"] or ""))
         for c in data["collectors"]
@@ -84,6 +106,14 @@ tr.stuck {{ background: #fde2e2; }} .mountpoint {{ font-family: monospace; }}
 <th>Used</th><th>Size</th><th>Avail</th><th>State</th></tr></thead>
 <tbody>
 {chr(10).join(rows)}
+</tbody></table>
+<h2>Latency</h2>
+<p>Milliseconds, p50/p95/max of per-second averages, over the last minute and hour; probe: write/fsync/read of
+its last round.</p>
+<table id="latency"><thead><tr><th>Mountpoint</th><th>Device</th><th>Read 1m</th><th>Read 1h</th>
+<th>Write 1m</th><th>Write 1h</th><th>Fsync 1m</th><th>Fsync 1h</th><th>Probe</th></tr></thead>
+<tbody>
+{chr(10).join(io_rows)}
 </tbody></table>
 <p>Collectors: {collectors}</p>
 <p><a href="/metrics">/metrics</a> · <a href="/api/status">/api/status</a></p>

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Generator
-from typing import ContextManager, TypeVar
+from contextlib import AbstractContextManager as ContextManager
+from typing import TypeVar
 
 import pytest
 

@@ -1,17 +1,27 @@
-"""Build the View from a Snapshot: each mount gets its durability verdict."""
+"""Build the View from a Snapshot: each mount gets its durability verdict and its I/O."""
 
 from __future__ import annotations
 
+from storwatch.analysis.io import mount_io
+from storwatch.analysis.latency import LatencyWindows
 from storwatch.classify import Classifier
 from storwatch.model import MountView, Platform, Snapshot, View
 
 
-def build_view(snapshot: Snapshot, classifier: Classifier, platform: Platform, ready: bool = True) -> View:
-    mounts = tuple(MountView(m, classifier.classify(m)) for m in snapshot.mounts)
+def build_view(
+    snapshot: Snapshot,
+    classifier: Classifier,
+    platform: Platform,
+    ready: bool = True,
+    windows: LatencyWindows | None = None,
+) -> View:
+    mounts = tuple(MountView(m, classifier.classify(m), mount_io(m, snapshot, windows)) for m in snapshot.mounts)
     return View(
         timestamp=snapshot.timestamp,
         platform=platform,
         mounts=mounts,
         collectors=snapshot.collectors,
+        disks=snapshot.disks,
+        nfs=snapshot.nfs,
         ready=ready,
     )

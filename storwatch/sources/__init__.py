@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 
@@ -15,3 +17,30 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release what the source holds (helper processes, library handles)."""
+
+
+class OnceLog:
+    """Logs each distinct problem once (a malformed line is seen again on every read), bounded in memory."""
+
+    def __init__(self, logger: logging.Logger, limit: int = 1000) -> None:
+        self.logger = logger
+        self.limit = limit
+        self._seen: set[str] = set()
+
+    def warning(self, key: str, message: str, *args: object) -> None:
+        if key in self._seen or len(self._seen) >= self.limit:
+            return
+        self._seen.add(key)
+        self.logger.warning(message, *args)
+
+
+def read_first(paths: Sequence[str], what: str) -> bytes:
+    """The contents of the first readable file of ``paths``; an OSError naming them all when none is."""
+    errors = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as err:
+            errors.append(f"{path}: {err.strerror}")
+    raise OSError(f"cannot read {what}: " + "; ".join(errors))

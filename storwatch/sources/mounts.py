@@ -10,6 +10,8 @@ from storwatch.config import MountsConfig
 from storwatch.model import FsUsage, Mount
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import MountInfo, parse_mountinfo
+from storwatch.sources import OnceLog, read_first
+from storwatch.sources.blockdev import BlockDevices
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +33,9 @@ class MountSource:
         self.paths = paths
         self.configure(config)
         self.calls = calls if calls is not None else BlockingCalls(config.max_inflight)
-        self._logged_errors: set[str] = set()
+        self._bad_lines = OnceLog(log)
         self._last_usage: dict[str, FsUsage] = {}
+        self.devices = BlockDevices(paths)
 
     def configure(self, config: MountsConfig) -> None:
         self.config = config
@@ -42,23 +45,13 @@ class MountSource:
             self.calls.max_inflight = config.max_inflight
 
     def read_mountinfo(self) -> bytes:
-        errors = []
-        for path in self.paths.mountinfo_candidates():
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
-            except OSError as err:
-                errors.append(f"{path}: {err.strerror}")
-        raise OSError("cannot read the mount table: " + "; ".join(errors))
+        return read_first(self.paths.mountinfo_candidates(), "the mount table")
 
     def visible_mounts(self, data: bytes) -> list[MountInfo]:
         """Parse, drop pseudo filesystems, and keep the top mount where several stack on one mountpoint."""
         infos, errors = parse_mountinfo(data)
         for err in errors:
-            key = err.line
-            if key not in self._logged_errors and len(self._logged_errors) < 1000:
-                self._logged_errors.add(key)
-                log.warning("mountinfo: skipping malformed %s", err)
+            self._bad_lines.warning(err.line, "mountinfo: skipping malformed %s", err)
         by_point: dict[str, MountInfo] = {}
         for info in infos:
             # mountinfo lists mounts in mount order: a later one on the same point hides the earlier,
@@ -112,6 +105,9 @@ class MountSource:
                     stuck=stuck,
                     stuck_seconds=stuck_seconds,
                     usage_error=error,
+                    block=self.devices.for_mount(info.major, info.minor, info.source)
+                    if info.source.startswith("/dev/") or info.major != 0
+                    else None,
                 )
             )
         self._last_usage = usage_now

@@ -1,0 +1,60 @@
+"""Join I/O facts onto mounts: the block device's counters, NFS statistics, probes, and the latency windows."""
+
+from __future__ import annotations
+
+from storwatch.analysis.latency import LatencyWindows
+from storwatch.model import Mount, MountIO, Snapshot
+from storwatch.sources.nfs import OpDelta
+
+# NFS procedures that stand for a mount's reads, writes and fsyncs (COMMIT makes unstable writes durable).
+NFS_OPS = {"read": "READ", "write": "WRITE", "fsync": "COMMIT"}
+
+
+class WindowFeeder:
+    """Feeds each source's new facts into the latency windows exactly once, whatever the tick rate."""
+
+    def __init__(self, windows: LatencyWindows) -> None:
+        self.windows = windows
+        self._fed: dict[str, float] = {}
+
+    def _new(self, source: str, timestamp: float) -> bool:
+        if self._fed.get(source) == timestamp:
+            return False
+        self._fed[source] = timestamp
+        return True
+
+    def feed(self, snapshot: Snapshot) -> None:
+        w = self.windows
+        disks = snapshot.disks
+        if disks is not None and disks.deltas and self._new("diskstats", disks.timestamp):
+            for mount in snapshot.mounts:
+                if mount.block is None:
+                    continue
+                d = disks.deltas.get(mount.block.device)
+                if d is None:
+                    continue
+                t, mp = disks.timestamp, mount.mountpoint
+                w.add(mp, "read", t, d.reads, d.read_time_seconds)
+                w.add(mp, "write", t, d.writes, d.write_time_seconds)
+                if d.flushes is not None and d.flush_time_seconds is not None:
+                    w.add(mp, "fsync", t, d.flushes, d.flush_time_seconds)
+        nfs = snapshot.nfs
+        if nfs is not None and nfs.deltas and self._new("nfs", nfs.timestamp):
+            for mp, ops in nfs.deltas.items():
+                for op, name in NFS_OPS.items():
+                    delta: OpDelta | None = ops.get(name)
+                    if delta is not None:
+                        w.add(mp, op, nfs.timestamp, delta.requests, delta.execute_seconds)
+        for probe in snapshot.probes:
+            if probe.seconds is not None and self._new(f"probe:{probe.mountpoint}", probe.timestamp):
+                for op, seconds in probe.seconds.items():
+                    w.add(probe.mountpoint, f"probe_{op}", probe.timestamp, 1, seconds)
+
+
+def mount_io(mount: Mount, snapshot: Snapshot, windows: LatencyWindows | None) -> MountIO:
+    device = mount.block.device if mount.block is not None else None
+    counters = snapshot.disks.counters.get(device) if snapshot.disks is not None and device else None
+    nfs = snapshot.nfs.mounts.get(mount.mountpoint) if snapshot.nfs is not None else None
+    probe = next((p for p in snapshot.probes if p.mountpoint == mount.mountpoint), None)
+    latency = windows.summaries_for(mount.mountpoint, snapshot.timestamp) if windows is not None else {}
+    return MountIO(device=device, counters=counters, nfs=nfs, probe=probe, latency=latency)

@@ -1,0 +1,151 @@
+"""Active probes: write, fsync and read back a small file on chosen mounts, with the statvfs deadline handling.
+
+Opt-in per durability class or mountpoint (``probes:`` in the config), never on read-only mounts. A probe that does
+not return within its deadline marks the mount stuck; no second probe starts on it until the first returns.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from storwatch.blocking import BlockingCalls
+from storwatch.config import ProbesConfig
+from storwatch.model import Durability
+from storwatch.paths import HostPaths
+
+PROBE_OPS = ("write", "fsync", "read")
+# Latency buckets from a local NVMe fsync (~100 us) to a struggling network filesystem (seconds).
+BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    mountpoint: str
+    durability: Durability
+    readonly: bool
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative bucket counts (one per BUCKETS bound, then +Inf), the sum and the count."""
+
+    buckets: tuple[int, ...]
+    sum: float
+    count: int
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    mountpoint: str
+    timestamp: float
+    seconds: dict[str, float] | None
+    """write, fsync and read durations of this round's probe; None when it failed or is stuck."""
+    stuck: bool
+    in_flight_seconds: float
+    error: str | None
+    histograms: dict[str, Histogram]
+    """Every probe of this mount so far, per operation."""
+
+
+class _Hist:
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(BUCKETS):
+            if value <= bound:
+                self.counts[i] += 1
+                break
+        else:
+            self.counts[-1] += 1
+        self.sum += value
+        self.count += 1
+
+    def freeze(self) -> Histogram:
+        cumulative, running = [], 0
+        for c in self.counts:
+            running += c
+            cumulative.append(running)
+        return Histogram(tuple(cumulative), self.sum, self.count)
+
+
+def selected(config: ProbesConfig, target: ProbeTarget) -> bool:
+    if target.readonly:
+        return False
+    if target.durability in config.classes:
+        return True
+    return any(target.mountpoint == p or fnmatch.fnmatchcase(target.mountpoint, p) for p in config.mountpoints)
+
+
+class ProbeSource:
+    name = "probe"
+
+    def __init__(
+        self,
+        paths: HostPaths,
+        config: ProbesConfig,
+        targets: Callable[[], Sequence[ProbeTarget]],
+        clock: Callable[[], float],
+        calls: BlockingCalls | None = None,
+    ) -> None:
+        self.paths = paths
+        self.targets = targets
+        self.clock = clock
+        self.calls = calls if calls is not None else BlockingCalls(max_inflight=16)
+        self._hists: dict[tuple[str, str], _Hist] = {}
+        self._lock = threading.Lock()
+        self.configure(config)
+
+    def configure(self, config: ProbesConfig) -> None:
+        self.config = config
+        self.interval_seconds = config.interval_seconds
+
+    def collect(self) -> tuple[ProbeResult, ...]:
+        config = self.config
+        chosen = [t for t in self.targets() if selected(config, t)]
+        if not chosen:
+            return ()
+        requests = {
+            t.mountpoint: (self.paths.root(t.mountpoint), config.scratch_dir, str(config.size_bytes)) for t in chosen
+        }
+        outcomes = self.calls.call_many("probe", requests, config.timeout_seconds)
+        now = self.clock()
+        results = []
+        with self._lock:
+            for t in chosen:
+                out = outcomes.get(t.mountpoint)
+                seconds: dict[str, float] | None = None
+                error = None
+                if out is not None and out.values is not None:
+                    try:
+                        seconds = dict(zip(PROBE_OPS, (float(v) for v in out.values), strict=True))
+                    except ValueError:
+                        error = f"unreadable probe answer {out.values!r}"
+                    else:
+                        for op, value in seconds.items():
+                            self._hists.setdefault((t.mountpoint, op), _Hist()).observe(value)
+                elif out is not None and out.error is not None:
+                    error = out.error
+                elif out is not None and out.stuck:
+                    error = "probe has not returned"
+                hists = {op: h.freeze() for (mp, op), h in self._hists.items() if mp == t.mountpoint}
+                results.append(
+                    ProbeResult(
+                        t.mountpoint,
+                        now,
+                        seconds,
+                        bool(out and out.stuck),
+                        out.in_flight_seconds if out else 0.0,
+                        error,
+                        hists,
+                    )
+                )
+        return tuple(results)
+
+    def close(self) -> None:
+        self.calls.close()
