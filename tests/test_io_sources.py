@@ -1,0 +1,99 @@
+"""The diskstats and NFS sources on fixture trees: deltas between reads, and bad lines skipped with one log line."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from storwatch.config import DiskIOConfig, NFSConfig
+from storwatch.paths import HostPaths
+from storwatch.sources.diskio import DiskIOSource
+from storwatch.sources.nfs import NFSSource
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _proc(tmp_path: Path) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "1").mkdir(parents=True)
+    return proc
+
+
+def _bump_diskstats(text: str, name: str, writes: int, write_ms: int) -> str:
+    out = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 14 and f[2] == name:
+            f[7] = str(int(f[7]) + writes)
+            f[10] = str(int(f[10]) + write_ms)
+            line = " ".join(f)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def test_diskstats_source_reports_deltas_and_skips_garbled_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    proc = _proc(tmp_path)
+    good = (FIXTURES / "diskstats" / "linux-6.8").read_text()
+    garbled = good + " 259 9 nvme9n1 12 oops\n 259 10 nvme9n2 1 2 3\n"
+    (proc / "diskstats").write_text(garbled)
+    source = DiskIOSource(HostPaths(procfs=str(proc)), DiskIOConfig(), clock=lambda: 1000.0)
+    with caplog.at_level(logging.WARNING, logger="storwatch.sources.diskio"):
+        first = source.collect()
+        (proc / "diskstats").write_text(_bump_diskstats(garbled, "nvme0n1", 10, 250))
+        second = source.collect()
+    names = [line.split()[2] for line in good.splitlines() if line.strip()]
+    assert sorted(first.counters) == sorted(names)  # every good device reports
+    assert first.deltas == {}
+    delta = second.deltas["nvme0n1"]
+    assert delta.writes == 10
+    assert delta.write_time_seconds == pytest.approx(0.25)
+    assert delta.write_latency_seconds == pytest.approx(0.025)
+    warnings = [r for r in caplog.records if "diskstats" in r.getMessage()]
+    assert len(warnings) == 2, [r.getMessage() for r in warnings]  # one per bad line, not one per read
+    assert "nvme9n1" in warnings[0].getMessage() or "nvme9n1" in warnings[1].getMessage()
+
+
+def test_nfs_source_reports_op_deltas_and_skips_garbled_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    proc = _proc(tmp_path)
+    text = (FIXTURES / "mountstats" / "nfsv3").read_bytes()
+    (proc / "1" / "mountstats").write_bytes(text)
+    source = NFSSource(HostPaths(procfs=str(proc)), NFSConfig(), clock=lambda: 1000.0)
+    first = source.collect()
+    assert first.mounts and first.deltas == {}
+    mountpoint, mount = next(iter(first.mounts.items()))
+    write = mount.operation("WRITE")
+    assert write is not None
+    old = f"WRITE: {write.requests} {write.transmissions} ".encode()
+    new = f"WRITE: {write.requests + 4} {write.transmissions + 4} ".encode()
+    assert old in text
+    bumped = text.replace(old, new, 1)
+    # the execute time is the line's 8th number: add 400 ms for the 4 new WRITEs
+    lines = bumped.split(b"\n")
+    for i, line in enumerate(lines):
+        if line.strip().startswith(b"WRITE:"):
+            nums = line.split()
+            nums[8] = str(int(nums[8]) + 400).encode()
+            lines[i] = b"\t" + b" ".join(nums)
+    nfs_line = next(i for i, line in enumerate(lines) if b"with fstype nfs" in line)
+    lines.insert(nfs_line + 1, b"\tevents:\tgarbage here")
+    (proc / "1" / "mountstats").write_bytes(b"\n".join(lines))
+    with caplog.at_level(logging.WARNING, logger="storwatch.sources.nfs"):
+        second = source.collect()
+        source.collect()
+    delta = second.deltas[mountpoint]["WRITE"]
+    assert delta.requests == 4
+    assert delta.execute_seconds == pytest.approx(0.4)
+    assert len([r for r in caplog.records if "mountstats" in r.getMessage()]) == 1
+
+
+def test_sources_fall_back_and_fail_clearly(tmp_path: Path) -> None:
+    proc = _proc(tmp_path)
+    shutil.copy(FIXTURES / "mountstats" / "nfsv3", proc / "1" / "mountstats")
+    assert NFSSource(HostPaths(procfs=str(proc)), NFSConfig()).collect().mounts
+    with pytest.raises(OSError, match="cannot read diskstats"):
+        DiskIOSource(HostPaths(procfs=str(proc)), DiskIOConfig()).collect()
