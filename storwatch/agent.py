@@ -7,8 +7,8 @@ SIGHUP reloads the configuration file and keeps the last good one when the new o
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
-import os
 import signal
 import threading
 import time
@@ -20,11 +20,11 @@ from typing import Any
 from storwatch.analysis.io import WindowFeeder
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.view import build_view
-from storwatch.classify import Classifier, detect_platform
+from storwatch.classify import Classifier, resolve_platform
 from storwatch.config import Config, ConfigError, load_config
 from storwatch.exporter import Exporter
 from storwatch.history import History
-from storwatch.model import CollectorStatus, Platform, Snapshot, View
+from storwatch.model import CollectorStatus, Snapshot, View
 from storwatch.sources import Source
 from storwatch.sources.diskio import DiskIOSource
 from storwatch.sources.mounts import MountSource
@@ -35,14 +35,10 @@ from storwatch.web import ServedState, StatusHTTPServer
 log = logging.getLogger(__name__)
 
 ConfigTransform = Callable[[Config], Config]
+# How long the first View waits for every source's first report before going out without the slow ones.
+STARTUP_GRACE_SECONDS = 5.0
 # Which config section each source takes on reload.
 _CONFIG_SECTION = {"mounts": "mounts", "diskstats": "diskio", "nfs": "nfs", "probe": "probes"}
-
-
-def resolve_platform(config: Config, environ: dict[str, str] | None = None) -> Platform:
-    if config.platform != "auto":
-        return Platform(config.platform, "configured")
-    return detect_platform(config.host_paths(), os.environ if environ is None else environ)
 
 
 @dataclass
@@ -67,7 +63,7 @@ class Agent:
         self.flags = flags
         self.clock = clock
         self.config = config
-        self.platform = resolve_platform(config)
+        self.platform = resolve_platform(config.platform, config.host_paths())
         self.classifier = Classifier(self.platform.name, config.overrides())
         self.history = History(config.history_size)
         self.exporter = Exporter(process_metrics=process_metrics)
@@ -77,8 +73,10 @@ class Agent:
             sources = self._default_sources(config)
         self._sources = [_SourceState(s) for s in sources]
         self._lock = threading.Lock()
+        self._render_lock = threading.Lock()
         self._stop = threading.Event()
         self._dirty = threading.Event()
+        """Set to tick now rather than at the next tick_seconds: start-up, reload, stop."""
         self._served = ServedState(None, self.exporter.render(None))
         self._threads: list[threading.Thread] = []
         self.server: StatusHTTPServer | None = None
@@ -113,7 +111,18 @@ class Agent:
     # -- what consumers read
 
     def served(self) -> ServedState:
-        return self._served
+        """The View and its exposition text. The text is rendered at most once per tick, by the first scrape that
+        asks after the tick, so a node nobody scrapes every second does not pay for a render every second."""
+        state = self._served
+        if state.metrics is None:
+            with self._render_lock:
+                state = self._served
+                if state.metrics is None:
+                    state = ServedState(state.view, self.exporter.render(state.view))
+                    with self._lock:
+                        if self._served.view is state.view:
+                            self._served = state
+        return state
 
     @property
     def view(self) -> View | None:
@@ -145,7 +154,8 @@ class Agent:
                     st.facts = facts
                 st.last_error = error
                 st.status = CollectorStatus(src.name, error is None, duration, last_success, error)
-            self._dirty.set()
+            if self._served.view is None:
+                self._dirty.set()  # until the first View, every first report may complete it
             self._stop.wait(max(0.0, src.interval_seconds - duration))
 
     def snapshot(self) -> Snapshot:
@@ -169,19 +179,30 @@ class Agent:
             ready = all(st.status is not None for st in self._sources)
             classifier, platform = self.classifier, self.platform
         view = build_view(snap, classifier, platform, ready=ready, windows=self.windows)
-        self._served = ServedState(view, self.exporter.render(view))
+        self._served = ServedState(view, None)
         return view
 
     def _run_ticker(self) -> None:
+        started = time.monotonic()
+        frozen = False
         while not self._stop.is_set():
             self._dirty.wait(self.config.tick_seconds)
             self._dirty.clear()
             if self._stop.is_set():
                 break
+            with self._lock:
+                everyone = all(st.status is not None for st in self._sources)
+            if not everyone and time.monotonic() - started < STARTUP_GRACE_SECONDS:
+                continue  # a first View with every source in it, unless one of them is slow to start
             try:
                 self.tick()
             except Exception:
                 log.exception("tick failed; serving the previous view")
+            if not frozen:
+                # What start-up made (modules, parsers' tables, the first facts) lives as long as the agent: keep
+                # it out of every later garbage collection pass.
+                gc.freeze()
+                frozen = True
 
     # -- lifecycle
 
@@ -220,7 +241,7 @@ class Agent:
         try:
             new = self.flags(load_config(self.config_path))
             new.validate(self.config_path)
-            platform = resolve_platform(new)
+            platform = resolve_platform(new.platform, new.host_paths())
             classifier = Classifier(platform.name, new.overrides())
         except (ConfigError, ValueError) as err:
             log.error("reload failed, keeping the last good configuration:\n%s", err)
@@ -257,7 +278,7 @@ class Agent:
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_hup)
         self.start()
-        while not self._stop.wait(0.2):
+        while not self._stop.wait(1.0):  # signal handlers run at once; SIGHUP is looked at each second
             if hup.is_set():
                 hup.clear()
                 self.reload()

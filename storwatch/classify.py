@@ -313,3 +313,10 @@ def detect_platform(paths: HostPaths, environ: Mapping[str, str]) -> Platform:
     if exists("/var/lib/kubelet"):
         return Platform(TOGETHER_K8S, "kubelet directory /var/lib/kubelet present")
     return Platform(GENERIC, "no platform layout detected")
+
+
+def resolve_platform(config_platform: str, paths: HostPaths, environ: Mapping[str, str] | None = None) -> Platform:
+    """The configured platform, or the detected one when the configuration says ``auto``."""
+    if config_platform != "auto":
+        return Platform(config_platform, "configured")
+    return detect_platform(paths, os.environ if environ is None else environ)

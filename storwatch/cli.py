@@ -113,18 +113,17 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
 
     With ``sample_seconds`` > 0, diskstats and mountstats are read twice that far apart, so the View has latency.
     """
-    from storwatch.agent import resolve_platform
     from storwatch.analysis.io import WindowFeeder
     from storwatch.analysis.latency import LatencyWindows
     from storwatch.analysis.view import build_view
-    from storwatch.classify import Classifier
+    from storwatch.classify import Classifier, resolve_platform
     from storwatch.model import CollectorStatus, Snapshot
     from storwatch.sources.diskio import DiskIOSource
     from storwatch.sources.mounts import MountSource
     from storwatch.sources.nfs import NFSSource
 
     log = logging.getLogger("storwatch")
-    platform = resolve_platform(config)
+    platform = resolve_platform(config.platform, config.host_paths())
     paths = config.host_paths()
     mounts_cfg = dataclasses.replace(config.mounts, statvfs_timeout_seconds=timeout)
     source = MountSource(paths, mounts_cfg)

@@ -27,7 +27,8 @@ class ServedState:
     """What the server hands out; swapped whole once per tick, so a request never sees half an update."""
 
     view: View | None
-    metrics: bytes
+    metrics: bytes | None
+    """None until the first scrape after a tick renders it (see Agent.served)."""
 
 
 StateProvider = Callable[[], ServedState]
@@ -124,24 +125,28 @@ its last round.</p>
 class _Handler(BaseHTTPRequestHandler):
     server: StatusHTTPServer
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
     timeout = 15  # a client that stops mid-request frees its thread after this
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s " + format, self.client_address[0], *args)
 
     def _send(self, code: int, body: bytes, content_type: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        # Status line, headers and body in one write: in two, Nagle's algorithm holds the body back until the
+        # client acknowledges the headers, which a keep-alive client delays by ~40 ms.
+        self.log_request(code)
+        head = (
+            f"{self.protocol_version} {code} {self.responses[code][0]}\r\n"
+            f"Server: {self.version_string()}\r\nDate: {self.date_time_string()}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode("latin-1")
+        self.wfile.write(head if self.command == "HEAD" else head + body)
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         state = self.server.state()
         if path == "/metrics":
-            self._send(200, state.metrics, METRICS_CONTENT_TYPE)
+            self._send(200, state.metrics or b"", METRICS_CONTENT_TYPE)
         elif path == "/healthz":
             self._send(200, b"ok\n", "text/plain; charset=utf-8")
         elif path == "/readyz":
@@ -197,7 +202,7 @@ class StatusHTTPServer(ThreadingHTTPServer):
         return int(self.server_address[1])
 
     def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True)
+        thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.5}, name="http", daemon=True)
         thread.start()
         return thread
 

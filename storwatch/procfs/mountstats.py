@@ -24,6 +24,7 @@ number cut in half still looks like a number.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -239,8 +240,21 @@ def _numbers(fields: list[bytes], lineno: int, line: bytes, what: str, signed: i
     return [int(f) for f in fields]
 
 
+# The common case in one match: a name, a colon, then 8 or 9 plain decimals (the kernel prints no signs).
+_OP_LINE = re.compile(rb"\s*([^\s:]+): +((?:\d+ +){7}\d+)(?: +(\d+))?\s*")
+
+
 def parse_operation_line(line: bytes, lineno: int = 1) -> NFSOperation:
     """Parse one ``per-op statistics`` line: ``NAME: ops trans timeouts sent recv queue rtt execute [errors]``."""
+    # A host with many NFS mounts has thousands of these lines a second: parse the well-formed ones fast and leave
+    # the precise complaint to the slow path below.
+    m = _OP_LINE.fullmatch(line)
+    if m is not None:
+        v = [int(x) for x in m.group(2).split()]
+        errors = m.group(3)
+        return NFSOperation(
+            os.fsdecode(m.group(1)), v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], int(errors) if errors else None
+        )
     name, sep, rest = line.strip().partition(b":")
     fields = rest.split()
     if not sep or len(name.split()) != 1 or len(fields) not in (8, 9):
@@ -393,8 +407,12 @@ def _parse_device_line(line: bytes, lineno: int) -> _DeviceLine:
 
 
 class _MountBuilder:
-    def __init__(self, head: _DeviceLine) -> None:
+    def __init__(self, head: _DeviceLine, cache: OperationCache | None = None) -> None:
         self.head = head
+        self.cache = cache
+        self.section_start: int | None = None
+        self.section_lines: list[bytes] = []
+        self.section_clean = True
         self.options: tuple[str, ...] = ()
         self.age_seconds: int | None = None
         self.events: dict[str, int] = {}
@@ -423,9 +441,14 @@ class _MountBuilder:
             # lines print "NAME: " with a space, so they never land here.
             pass
         else:
-            self.operations.append(parse_operation_line(line, lineno))
+            op = self.cache.parse(line, lineno) if self.cache is not None else parse_operation_line(line, lineno)
+            self.operations.append(op)
 
     def build(self) -> NFSMount:
+        if self.cache is not None and self.section_start is not None and self.section_clean:
+            ops = tuple(self.operations[self.section_start :])
+            if len(ops) == len(self.section_lines):
+                self.cache.remember_section(b"\n".join(self.section_lines), ops)
         return NFSMount(
             device=self.head.device,
             mountpoint=self.head.mountpoint,
@@ -440,19 +463,74 @@ class _MountBuilder:
         )
 
 
-def parse_mountstats(data: bytes) -> tuple[list[NFSMount], list[MountStatsError]]:
+class OperationCache:
+    """Parsed per-op lines of the previous read, by their exact bytes.
+
+    Most per-op lines do not change from one second to the next (idle procedures, idle mounts); re-reading
+    mountstats every second then costs a dictionary lookup per line instead of a parse. It holds the lines of the
+    last read only, so it never grows beyond one mountstats file.
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[bytes, NFSOperation] = {}
+        self._current: dict[bytes, NFSOperation] = {}
+        self._sections: dict[bytes, tuple[NFSOperation, ...]] = {}
+        self._sections_now: dict[bytes, tuple[NFSOperation, ...]] = {}
+
+    def known_section(self, section: bytes) -> tuple[NFSOperation, ...] | None:
+        ops = self._sections.get(section)
+        if ops is not None:
+            self._sections_now[section] = ops
+        return ops
+
+    def remember_section(self, section: bytes, ops: tuple[NFSOperation, ...]) -> None:
+        self._sections_now[section] = ops
+
+    def parse(self, line: bytes, lineno: int) -> NFSOperation:
+        op = self._previous.get(line) or self._current.get(line)
+        if op is None:
+            op = parse_operation_line(line, lineno)
+        self._current[line] = op
+        return op
+
+    def next_read(self) -> None:
+        self._previous, self._current = self._current, {}
+        self._sections, self._sections_now = self._sections_now, {}
+
+
+def parse_mountstats(data: bytes, cache: OperationCache | None = None) -> tuple[list[NFSMount], list[MountStatsError]]:
     """Parse a whole /proc/<pid>/mountstats into its NFS mounts (nfs and nfs4; other mounts are passed over).
 
     Bad lines are returned as errors and skip only themselves; a bad ``device`` line skips its mount's block. Good
-    lines and other mounts are never lost to them.
+    lines and other mounts are never lost to them. A caller that reads the file repeatedly passes the same
+    ``cache`` each time.
     """
+    if cache is not None:
+        cache.next_read()
     mounts: list[NFSMount] = []
     errors: list[MountStatsError] = []
     current: _MountBuilder | None = None
     # True inside the block of a mount we do not report: a non-NFS mount, or one whose device line was bad.
     skipping = False
     lines = data.split(b"\n")
-    for lineno, line in enumerate(lines, start=1):
+    last = len(lines)
+    i = 0
+    while i < last:
+        line = lines[i]
+        i += 1
+        lineno = i
+        if cache is not None and current is not None and line.endswith(b"per-op statistics"):
+            # The per-op table of an idle mount is the same bytes as last time: take it whole from the cache.
+            end = i
+            while end < last - 1 and lines[end][:1] in (b"\t", b" "):
+                end += 1
+            ops = cache.known_section(b"\n".join(lines[i:end]))
+            if ops is not None:
+                current.operations.extend(ops)
+                i = end
+                continue
+            current.section_start = len(current.operations)
+            current.section_lines = lines[i:end]
         if not line.strip():
             continue
         if lineno == len(lines):
@@ -469,7 +547,7 @@ def parse_mountstats(data: bytes) -> tuple[list[NFSMount], list[MountStatsError]
                     errors.append(err)
                     continue
                 if head.fstype in NFS_FSTYPES:
-                    current, skipping = _MountBuilder(head), False
+                    current, skipping = _MountBuilder(head, cache), False
                 continue
             # Not a device line and not indented: a stray or mangled line; the mount around it carries on.
             errors.append(
@@ -484,6 +562,7 @@ def parse_mountstats(data: bytes) -> tuple[list[NFSMount], list[MountStatsError]
         try:
             current.add(line, lineno)
         except MountStatsError as err:
+            current.section_clean = False
             errors.append(err)
     if current is not None:
         mounts.append(current.build())

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from storwatch.config import NFSConfig
 from storwatch.paths import HostPaths
-from storwatch.procfs.mountstats import NFSMount, NFSOperation, parse_mountstats
+from storwatch.procfs.mountstats import NFSMount, NFSOperation, OperationCache, parse_mountstats
 from storwatch.sources import OnceLog, read_first
 
 log = logging.getLogger(__name__)
@@ -57,13 +57,14 @@ class NFSSource:
         self.configure(config)
         self._prev: dict[str, NFSMount] = {}
         self._bad_lines = OnceLog(log)
+        self._op_cache = OperationCache()
 
     def configure(self, config: NFSConfig) -> None:
         self.interval_seconds = config.interval_seconds
 
     def collect(self) -> NFSStats:
         data = read_first(self.paths.host_process_file("mountstats"), "mountstats")
-        parsed, errors = parse_mountstats(data)
+        parsed, errors = parse_mountstats(data, self._op_cache)
         for err in errors:
             self._bad_lines.warning(str(err), "mountstats: skipping malformed %s", err)
         mounts = {m.mountpoint: m for m in parsed}
@@ -75,7 +76,10 @@ class NFSSource:
             prev_ops = {op.name: op for op in prev.operations}
             per_op = {}
             for op in cur.operations:
-                d = _op_delta(prev_ops.get(op.name), op)
+                before = prev_ops.get(op.name)
+                if before is op:
+                    continue  # the very same line as last time: nothing happened
+                d = _op_delta(before, op)
                 if d is not None:
                     per_op[op.name] = d
             if per_op:
