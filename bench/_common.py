@@ -1,0 +1,228 @@
+"""Helpers shared by the benchmarks: percentiles, /proc readings, free ports, starting and stopping processes.
+
+Standard library only, so the benchmarks run with any Python 3.10+, the project's virtual environment included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = ROOT / ".venv" / "bin"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class HarnessError(RuntimeError):
+    """The benchmark itself could not run (a process did not start, a port did not answer): exit non-zero."""
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The p-th percentile (0..100), linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        raise ValueError("no values")
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    k = (len(xs) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "min": min(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values),
+        "mean": sum(values) / len(values),
+    }
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the kernel picks it; a race with another program is possible but rare)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+# -- /proc
+
+
+def rss_kib(pid: int) -> int | None:
+    """VmRSS of a process in KiB, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a process (all its threads) in seconds, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = data[data.rindex(")") + 2 :].split()
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
+    return (utime + stime) / CLK_TCK
+
+
+def children(pid: int) -> list[int]:
+    """Direct child processes, from /proc/PID/task/*/children (every thread can be a parent)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return sorted(set(found))
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rindex(")") + 2 :].split()[0] != "Z"
+
+
+def kernel() -> str:
+    u = os.uname()
+    return f"{u.sysname} {u.release} {u.machine}"
+
+
+def machine_info() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": kernel(),
+        "date": time.strftime("%Y-%m-%d"),
+        "loadavg": os.getloadavg()[0],
+    }
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]), idle
+
+
+def cpu_busy_fraction(seconds: float) -> float | None:
+    """Share of all CPUs' time spent busy over ``seconds`` (the load average also counts tasks in D state, which a
+    hung mount leaves behind without using any CPU, so it is no measure of a busy machine)."""
+    a = _cpu_ticks()
+    time.sleep(seconds)
+    b = _cpu_ticks()
+    if a is None or b is None or b[0] == a[0]:
+        return None
+    return 1.0 - (b[1] - a[1]) / (b[0] - a[0])
+
+
+def quiet_machine_warnings() -> list[str]:
+    """Things that make figures unrepresentative: load from other work, FUSE mounts (a test run may be going on;
+    a FUSE mount whose statfs hangs stalls node_exporter's filesystem collector for its 5 s mount timeout)."""
+    warnings = []
+    busy = cpu_busy_fraction(1.0)
+    if busy is not None and busy > 0.15:
+        warnings.append(f"the CPUs were {busy:.0%} busy over 1 s before the run: other work is running; figures noisy")
+    fuse = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if right.startswith("fuse") and not right.startswith("fusectl"):
+                fuse.append(left.split()[4])
+    if fuse:
+        warnings.append(
+            f"{len(fuse)} FUSE mount(s) present ({', '.join(fuse[:3])}): a test run may be going on, and a hung one "
+            "delays node_exporter's scrapes"
+        )
+    return warnings
+
+
+# -- processes
+
+
+def terminate(proc: subprocess.Popen[Any], grace: float = 5.0) -> str:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; always reaps. Says how it ended."""
+    if proc.poll() is not None:
+        return f"had exited ({proc.returncode})"
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+        return f"stopped by SIGTERM ({proc.returncode})"
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    proc.wait(timeout=5)
+    return "killed (SIGKILL)"
+
+
+def kill_pid_if_alive(pid: int, grace: float = 2.0) -> str:
+    """For a grandchild we did not Popen ourselves (the agent's helper): wait for it to go, else SIGKILL it by pid."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return "gone"
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return "left behind, killed (SIGKILL)"
+
+
+def write_json(path: str | None, data: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3f}"

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Runs every benchmark (``make bench``) and prints a short summary of the targets.
+
+Each benchmark runs as its own process with the same interpreter and writes its figures as JSON under bench/out/
+(ignored by git). Exit status: 0 when every benchmark ran, whether or not its targets were met; 2 when one of them
+could not run (a harness error). ``--with-variants`` also runs the HTTP investigation (bench/http_variants.py).
+
+Usage: .venv/bin/python bench/run_all.py [--scrapes 500] [--runs 20] [--with-variants] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+
+
+def run_one(script: str, args: list[str], out: Path) -> tuple[int, dict[str, Any] | None]:
+    json_path = out / (Path(script).stem + ".json")
+    json_path.unlink(missing_ok=True)
+    cmd = [sys.executable, str(BENCH / script), *args, "--json", str(json_path)]
+    print(f"\n=== {' '.join(cmd)}", flush=True)
+    t0 = time.monotonic()
+    rc = subprocess.run(cmd, check=False).returncode
+    print(f"=== {script}: exit {rc} after {time.monotonic() - t0:.1f} s", flush=True)
+    if rc != 0 or not json_path.exists():
+        return rc or 2, None
+    return rc, json.loads(json_path.read_text())
+
+
+def mark(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scrapes", type=int, default=500, help="scrapes per server and mode (default 500)")
+    p.add_argument("--runs", type=int, default=20, help="runs of each scan command (default 20)")
+    p.add_argument("--with-variants", action="store_true", help="also run bench/http_variants.py")
+    p.add_argument("--out", default=str(BENCH / "out"), help="where the JSON figures go (default bench/out)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    u = os.uname()
+    print(f"storwatch benchmarks, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, {u.sysname} {u.release}")
+
+    failed: list[str] = []
+    rc, scrape = run_one("scrape_latency.py", ["--scrapes", str(args.scrapes)], out)
+    if scrape is None:
+        failed.append(f"scrape_latency.py (exit {rc})")
+    rc, scan = run_one("scan_time.py", ["--runs", str(args.runs)], out)
+    if scan is None:
+        failed.append(f"scan_time.py (exit {rc})")
+    variants = None
+    if args.with_variants:
+        rc, variants = run_one("http_variants.py", ["--scrapes", str(min(args.scrapes, 300))], out)
+        if variants is None:
+            failed.append(f"http_variants.py (exit {rc})")
+
+    print("\n=== summary (figures are noisy; compare ratios taken in one run only)")
+    if scrape is not None:
+        t = scrape["targets"]
+        sw, ne = scrape["storwatch_fresh"], scrape["node_exporter_fresh"]
+        print(
+            f"  scrape p50, {'fresh connections:':31s} storwatch {sw['p50'] * 1000:.3f} ms, node_exporter "
+            f"{ne['p50'] * 1000:.3f} ms, ratio {t['p50_ratio']['value']:.2f} (target <= 1.0)  "
+            f"{mark(t['p50_ratio']['pass'])}"
+        )
+        for key, label in (("paced", "keep-alive, paced"), ("keepalive", "keep-alive, back to back")):
+            if f"p50_ratio_{key}" not in t:
+                continue
+            ka_sw, ka_ne = scrape[f"storwatch_{key}"], scrape[f"node_exporter_{key}"]
+            print(
+                f"  scrape p50, {label + ':':31s} storwatch {ka_sw['p50'] * 1000:.3f} ms, node_exporter "
+                f"{ka_ne['p50'] * 1000:.3f} ms, ratio {t[f'p50_ratio_{key}']['value']:.2f} (same bound, a check)  "
+                f"{mark(t[f'p50_ratio_{key}']['pass'])}"
+            )
+        m = t["agent_rss_mib"]
+        print(
+            f"  agent RSS {m['value']:.1f} MiB (with helper {m['with_helper_mib']:.1f} MiB; target agent <= 60 MiB)  "
+            f"{mark(m['pass'])}"
+        )
+    if scan is not None:
+        for name, t in scan["targets"].items():
+            print(
+                f"  {name}: p50 {t['p50_seconds']:.3f} s, max {t['max_seconds']:.3f} s (target p50 <= 0.5 s)  "
+                f"{mark(t['pass'])}"
+            )
+        print(f"  python -c pass p50: {scan['stats']['python -c pass']['p50']:.3f} s (floor)")
+        for name, st in scan["stats"].items():
+            if name.startswith("scan without"):
+                print(f"  {name} (hung mounts left out): p50 {st['p50']:.3f} s")
+    if variants is not None:
+        for name, row in variants["variants"].items():
+            print(
+                f"  variant {name:13s} fresh p50 {row['fresh']['p50'] * 1000:7.3f} ms, "
+                f"keep-alive p50 {row['keepalive']['p50'] * 1000:7.3f} ms"
+            )
+    seen: set[str] = set()
+    for r in (scrape, scan, variants):
+        for w in (r or {}).get("warnings", []):
+            if w not in seen:
+                seen.add(w)
+                print(f"  WARNING: {w}")
+    if failed:
+        print(f"  HARNESS ERROR in: {', '.join(failed)}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
