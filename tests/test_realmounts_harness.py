@@ -1,0 +1,225 @@
+"""Tests of the real-mount harness itself (tests/realmounts.py and tests/fusefs.py).
+
+They need root, loop devices, mkfs.ext4, /dev/fuse and libfuse3; without them they skip with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import subprocess
+import threading
+from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from tests.realmounts import (
+    MountError,
+    RealPartUnavailable,
+    average_write_latency_ms,
+    find_mount,
+    fuse_mount,
+    is_mounted,
+    loop_devices_for,
+    loop_ext4_mount,
+    overlay_mount,
+    read_diskstats,
+    tmpfs_mount,
+)
+
+pytestmark = pytest.mark.realpart
+
+T = TypeVar("T")
+
+
+def enter_or_skip(stack: ExitStack, cm: AbstractContextManager[T]) -> T:
+    """Enter a harness context manager; a missing real part becomes a skip with the reason."""
+    try:
+        return stack.enter_context(cm)
+    except RealPartUnavailable as exc:
+        pytest.skip(f"real part unavailable: {exc.reason}")
+
+
+def _thread_state(native_id: int) -> str:
+    """The scheduler state letter (R, S, D ...) of one of this process's threads."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "?"
+
+
+def test_tmpfs_mount_is_in_mountinfo(tmp_path: Path) -> None:
+    with ExitStack() as inner:
+        mnt = enter_or_skip(inner, tmpfs_mount(tmp_path / "tmpfs", size="8m"))
+        entry = find_mount(mnt.mountpoint)
+        assert entry is not None
+        assert entry.fstype == "tmpfs"
+        (mnt.mountpoint / "hello").write_text("hi")
+        assert (mnt.mountpoint / "hello").read_text() == "hi"
+        sv = os.statvfs(mnt.mountpoint)
+        assert sv.f_blocks * sv.f_frsize == 8 * 1024 * 1024
+    assert not is_mounted(mnt.mountpoint)
+    assert not (mnt.mountpoint / "hello").exists()
+
+
+def test_loop_ext4_mount(tmp_path: Path) -> None:
+    with ExitStack() as inner:
+        lm = enter_or_skip(inner, loop_ext4_mount(tmp_path / "ext4", size_mb=32))
+        assert re.fullmatch(r"/dev/loop\d+", lm.loop_device), lm.loop_device
+        entry = find_mount(lm.mountpoint)
+        assert entry is not None
+        assert entry.fstype == "ext4"
+        assert entry.source == lm.loop_device
+        assert loop_devices_for(lm.image) == [lm.loop_device]
+        (lm.mountpoint / "data").write_bytes(b"x" * 4096)
+        read_diskstats(lm.loop_name)  # the loop device has counters
+    assert not is_mounted(lm.mountpoint)
+    assert loop_devices_for(lm.image) == []
+    assert not lm.image.exists()
+    losetup = subprocess.run(["losetup", "-a"], capture_output=True, text=True, timeout=10, check=True)
+    assert os.fspath(lm.image) not in losetup.stdout
+
+
+def test_overlay_mount(tmp_path: Path) -> None:
+    with ExitStack() as inner:
+        ov = enter_or_skip(inner, overlay_mount(tmp_path / "ov"))
+        entry = find_mount(ov.mountpoint)
+        assert entry is not None
+        assert entry.fstype == "overlay"
+        (ov.mountpoint / "new").write_text("upper")
+        assert (ov.upper / "new").read_text() == "upper"
+    assert not is_mounted(ov.mountpoint)
+
+
+def test_overlay_lower_content_is_visible(tmp_path: Path) -> None:
+    (tmp_path / "ov" / "lower").mkdir(parents=True)
+    (tmp_path / "ov" / "lower" / "base").write_text("lower")
+    with ExitStack() as inner:
+        ov = enter_or_skip(inner, overlay_mount(tmp_path / "ov"))
+        assert (ov.mountpoint / "base").read_text() == "lower"
+
+
+def test_fuse_passthrough_write_read(tmp_path: Path) -> None:
+    backing = tmp_path / "backing"
+    with ExitStack() as inner:
+        fm = enter_or_skip(inner, fuse_mount(tmp_path / "fuse", backing=backing))
+        entry = find_mount(fm.mountpoint)
+        assert entry is not None
+        assert entry.fstype.startswith("fuse")
+        assert fm.is_mounted()
+        mnt = fm.mountpoint
+        payload = os.urandom(300_000)
+        with open(mnt / "f.bin", "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        assert (mnt / "f.bin").read_bytes() == payload
+        assert (backing / "f.bin").read_bytes() == payload
+        (mnt / "d").mkdir()
+        os.rename(mnt / "f.bin", mnt / "d" / "g.bin")
+        assert sorted(os.listdir(mnt / "d")) == ["g.bin"]
+        os.truncate(mnt / "d" / "g.bin", 10)
+        assert (mnt / "d" / "g.bin").stat().st_size == 10
+        os.utime(mnt / "d" / "g.bin", ns=(1_600_000_000_000_000_000, 1_600_000_000_123_456_789))
+        assert (backing / "d" / "g.bin").stat().st_mtime_ns == 1_600_000_000_123_456_789
+        os.chmod(mnt / "d" / "g.bin", 0o600)
+        assert (backing / "d" / "g.bin").stat().st_mode & 0o777 == 0o600
+        os.unlink(mnt / "d" / "g.bin")
+        os.rmdir(mnt / "d")
+        assert os.listdir(mnt) == []
+        assert os.statvfs(mnt).f_blocks > 0
+    assert not is_mounted(fm.mountpoint)
+    assert fm.proc.poll() is not None
+
+
+def test_fuse_block_statfs_hangs_and_teardown_releases(tmp_path: Path) -> None:
+    result: dict[str, object] = {}
+
+    def call_statvfs(path: Path) -> None:
+        result["tid"] = threading.get_native_id()
+        try:
+            result["value"] = os.statvfs(path)
+        except OSError as exc:
+            result["error"] = exc
+
+    with ExitStack() as inner:
+        fm = enter_or_skip(inner, fuse_mount(tmp_path / "hung", block_statfs=True))
+        (fm.mountpoint / "still-works").write_text("ok")  # only statfs hangs
+        thread = threading.Thread(target=call_statvfs, args=(fm.mountpoint,), daemon=True)
+        thread.start()
+        thread.join(1.0)
+        assert thread.is_alive(), f"statvfs returned on a hung mount: {result}"
+        state = _thread_state(int(result["tid"]))  # type: ignore[call-overload]
+        print(f"blocked statvfs thread state: {state}")
+        assert state in {"D", "S"}, state
+    # teardown aborted the connection: the blocked statvfs fails now
+    thread.join(5.0)
+    assert not thread.is_alive(), "statvfs still blocked after teardown"
+    error = result.get("error")
+    assert isinstance(error, OSError), result
+    assert error.errno in {errno.ENOTCONN, errno.ECONNABORTED, errno.EIO, errno.ENODEV}, error
+    assert not is_mounted(fm.mountpoint)
+    assert fm.proc.poll() is not None
+
+
+def test_fuse_abort_makes_mount_fail_like_a_dead_server(tmp_path: Path) -> None:
+    with ExitStack() as inner:
+        fm = enter_or_skip(inner, fuse_mount(tmp_path / "dead"))
+        assert fm.abort()
+        with pytest.raises(OSError) as info:
+            os.listdir(fm.mountpoint)
+        assert info.value.errno in {errno.ENOTCONN, errno.ECONNABORTED}
+    assert not is_mounted(fm.mountpoint)
+
+
+def test_loop_on_slow_fuse_has_write_latency(tmp_path: Path, record_property: pytest.RecordProperty) -> None:
+    with ExitStack() as inner:
+        fm = enter_or_skip(inner, fuse_mount(tmp_path / "slow", write_delay_ms=20))
+        lm = enter_or_skip(inner, loop_ext4_mount(tmp_path / "ext4", size_mb=64, image_dir=fm.mountpoint))
+        assert Path(lm.image).parent == fm.mountpoint
+        with contextlib.suppress(OSError):
+            os.sync()
+        before = read_diskstats(lm.loop_name)
+        subprocess.run(
+            [
+                "dd",
+                "if=/dev/zero",
+                f"of={lm.mountpoint / 'f'}",
+                "bs=64k",
+                "count=4",
+                "conv=fsync",
+                "oflag=direct",
+                "status=none",
+            ],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
+        after = read_diskstats(lm.loop_name)
+        latency = average_write_latency_ms(before, after)
+        writes = after.writes_completed - before.writes_completed
+        record_property("loop_write_latency_ms", latency)
+        record_property("loop_writes", writes)
+        print(f"{lm.loop_name}: {writes} writes, average write latency {latency:.1f} ms")
+        assert writes >= 4
+        assert latency > 15.0, f"{writes} writes, {latency:.1f} ms average"
+    assert not is_mounted(lm.mountpoint)
+    assert not is_mounted(fm.mountpoint)
+    assert loop_devices_for(lm.image) == []
+
+
+def test_loop_image_on_statfs_blocking_fuse_is_refused(tmp_path: Path) -> None:
+    # The kernel's LOOP_CONFIGURE calls statfs on the backing file: losetup would hang there.
+    with ExitStack() as inner:
+        fm = enter_or_skip(inner, fuse_mount(tmp_path / "hung", block_statfs=True))
+        with pytest.raises(MountError, match="statfs"):
+            inner.enter_context(loop_ext4_mount(tmp_path / "ext4", image_dir=fm.mountpoint))
+        assert os.listdir(fm.mountpoint) == []
+    assert not is_mounted(fm.mountpoint)
+    assert not is_mounted(tmp_path / "ext4")
