@@ -1,7 +1,9 @@
-"""The golden full scrape: the gpu-node fixture through the mount source, the classifier, the View and the exporter.
+"""The golden full scrape: the gpu-node fixture through the sources, the classifier, the View and the exporter.
 
-The rendered exposition is compared, as a whole text, with ``tests/fixtures/gpu-node/golden.prom``. After an
-intended change to the metrics, rewrite the file with::
+The host is the fixture alone: its mount table, sysfs (block device topology), diskstats and mountstats. The I/O
+sources read twice, 10 s apart on a fake clock (``proc/`` then ``10s-later/``), so deltas and latency windows exist;
+one mount has a probe result. The rendered exposition is compared, as a whole text, with
+``tests/fixtures/gpu-node/golden.prom``. After an intended change to the metrics, rewrite the file with::
 
     STORWATCH_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden.py
 
@@ -20,17 +22,23 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from storwatch.analysis.io import WindowFeeder
+from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.view import build_view
 from storwatch.blocking import CallOutcome
 from storwatch.classify import Classifier
-from storwatch.config import MountsConfig
+from storwatch.config import DiskIOConfig, MountsConfig, NFSConfig
 from storwatch.exporter import Exporter
 from storwatch.model import CollectorStatus, Platform, Snapshot
 from storwatch.paths import HostPaths
+from storwatch.sources.diskio import DiskIOSource
 from storwatch.sources.mounts import MountSource
+from storwatch.sources.nfs import NFSSource
+from storwatch.sources.probe import Histogram, ProbeResult
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GPU_NODE = FIXTURES / "gpu-node"
+LATER = GPU_NODE / "10s-later"
 GOLDEN = GPU_NODE / "golden.prom"
 PROMTOOL = "/usr/bin/promtool"
 UPDATE = os.environ.get("STORWATCH_UPDATE_GOLDEN") == "1"
@@ -39,6 +47,19 @@ GiB = 1 << 30
 TiB = 1 << 40
 
 POD_A = "/var/lib/kubelet/pods/81742e8f-be31-4219-bac3-e2ed48dd4123/volumes"
+PVC = f"{POD_A}/kubernetes.io~csi/pvc-07397231-7729-49b7-8e49-313542c11b05/mount"
+RBD_PVC = (
+    "/var/lib/kubelet/pods/1f9e5735-b8c7-40f1-ac81-51a60e82c99d/volumes/kubernetes.io~csi/"
+    "pvc-b60b439b-5333-4d96-b219-7c3ee460b588/mount"
+)
+
+FIRST_READ = 1_699_999_990.0
+"""When the I/O sources first read diskstats and mountstats (``proc/``)."""
+SECOND_READ = 1_700_000_000.0
+"""The second read, 10 s later (``10s-later/``)."""
+PROBED = 1_699_999_997.0
+"""When the PVC's last probe round ended."""
+SNAPSHOT = 1_700_000_000.5
 
 
 def _statvfs(
@@ -94,13 +115,82 @@ class FakeStatvfs:
         pass
 
 
-def render_scrape() -> str:
-    source = MountSource(HostPaths(procfs=str(GPU_NODE / "proc")), MountsConfig(), calls=FakeStatvfs())  # type: ignore[arg-type]
-    mounts = source.collect()
-    status = CollectorStatus("mounts", True, 0.0125, 1_700_000_000.0)
-    snapshot = Snapshot(timestamp=1_700_000_000.5, mounts=mounts, collectors=(status,))
+# The PVC's probe, three of its 20 rounds so far: a slow one half an hour ago, one 33 s ago and the last, 3 s before
+# the second read. The histograms count all 20 rounds, cumulative per bucket of storwatch.sources.probe.BUCKETS
+# (0.0001 ... 10, +Inf); the slow round is the one between 0.25 and 0.5 s for write and fsync.
+PROBE_HISTOGRAMS = {
+    "write": Histogram((0, 0, 0, 0, 3, 17, 19, 19, 19, 19, 19, 20, 20, 20, 20, 20, 20), 0.375, 20),
+    "fsync": Histogram((0, 0, 0, 0, 0, 2, 12, 19, 19, 19, 19, 20, 20, 20, 20, 20, 20), 0.5, 20),
+    "read": Histogram((0, 0, 3, 18, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20, 20), 0.015625, 20),
+}
+PROBE_ROUNDS = (
+    (SECOND_READ - 1800, {"write": 0.3, "fsync": 0.3, "read": 0.002}),
+    (SECOND_READ - 33, {"write": 0.0025, "fsync": 0.009, "read": 0.0006}),
+    (PROBED, {"write": 0.004, "fsync": 0.012, "read": 0.0008}),
+)
+
+
+def probe_round(timestamp: float, seconds: dict[str, float]) -> ProbeResult:
+    return ProbeResult(PVC, timestamp, seconds, False, 0.0, None, PROBE_HISTOGRAMS)
+
+
+class FakeClock:
+    """Wall clock and monotonic clock in one, moved by hand."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def render_scrape(tmp: Path) -> str:
+    """The whole scrape of the fixture host, with ``tmp`` as scratch space (a procfs copy and an empty rootfs)."""
+    proc, rootfs = tmp / "proc", tmp / "rootfs"
+    (proc / "1").mkdir(parents=True)
+    rootfs.mkdir()
+    for name in ("diskstats", "1/mountinfo", "1/mountstats"):
+        shutil.copy(GPU_NODE / "proc" / name, proc / name)
+    paths = HostPaths(procfs=str(proc), sysfs=str(GPU_NODE / "sys"), rootfs=str(rootfs))
+    mounts = MountSource(paths, MountsConfig(), calls=FakeStatvfs()).collect()  # type: ignore[arg-type]
+
+    clock = FakeClock(FIRST_READ)
+    disks = DiskIOSource(paths, DiskIOConfig(), clock=clock, monotonic=clock.monotonic)
+    nfs = NFSSource(paths, NFSConfig(), clock=clock)
+    disks_first, nfs_first = disks.collect(), nfs.collect()
+    shutil.copy(LATER / "diskstats", proc / "diskstats")
+    shutil.copy(LATER / "mountstats", proc / "1" / "mountstats")
+    clock.now = SECOND_READ
+    disks_second, nfs_second = disks.collect(), nfs.collect()
+
+    windows = LatencyWindows()
+    feeder = WindowFeeder(windows)
+    *earlier, last = (probe_round(t, seconds) for t, seconds in PROBE_ROUNDS)
+    for probe in earlier:
+        feeder.feed(Snapshot(timestamp=probe.timestamp + 0.5, mounts=mounts, probes=(probe,)))
+    feeder.feed(
+        Snapshot(timestamp=FIRST_READ + 0.5, mounts=mounts, disks=disks_first, nfs=nfs_first, probes=earlier[-1:])
+    )
+    collectors = (
+        CollectorStatus("mounts", True, 0.0125, 1_700_000_000.0),
+        CollectorStatus("diskstats", True, 0.0004, SECOND_READ),
+        CollectorStatus("nfs", True, 0.0021, SECOND_READ),
+        CollectorStatus("probe", True, 0.017, PROBED),
+    )
+    snapshot = Snapshot(
+        timestamp=SNAPSHOT,
+        mounts=mounts,
+        collectors=collectors,
+        disks=disks_second,
+        nfs=nfs_second,
+        probes=(last,),
+    )
+    feeder.feed(snapshot)
     platform = Platform("together-k8s", "configured")
-    view = build_view(snapshot, Classifier(platform.name), platform)
+    view = build_view(snapshot, Classifier(platform.name), platform, windows=windows)
     return Exporter(process_metrics=False).render(view).decode("utf-8")
 
 
@@ -109,8 +199,8 @@ def normalise(text: str) -> str:
     return re.sub(r'(storwatch_build_info\{[^}]*python=")[^"]*(")', r"\1PYTHON_VERSION\2", text)
 
 
-def test_golden_scrape() -> None:
-    text = normalise(render_scrape())
+def test_golden_scrape(tmp_path: Path) -> None:
+    text = normalise(render_scrape(tmp_path))
     if UPDATE:
         GOLDEN.write_text(text, encoding="utf-8")
     assert GOLDEN.exists(), f"{GOLDEN} is missing; run with STORWATCH_UPDATE_GOLDEN=1 to create it"
@@ -129,9 +219,9 @@ def _sample(text: str, name: str, labels: dict[str, str]) -> float | None:
     return None
 
 
-def test_golden_scrape_says_what_the_fixture_means() -> None:
+def test_golden_scrape_says_what_the_fixture_means(tmp_path: Path) -> None:
     """Spot checks that hold whatever the golden file says, so a careless rewrite of it cannot hide a regression."""
-    text = render_scrape()
+    text = render_scrape(tmp_path)
     assert _sample(text, "storwatch_platform_info", {"platform": "together-k8s", "detected_by": "configured"}) == 1
     assert _sample(text, "storwatch_mount_stuck", {"mountpoint": "/home"}) == 1
     assert _sample(text, "storwatch_mount_stuck_seconds", {"mountpoint": "/home"}) == 12.5
@@ -163,11 +253,99 @@ def test_golden_scrape_says_what_the_fixture_means() -> None:
     assert "process_" not in text
 
 
+def test_golden_scrape_io_says_what_the_fixture_means(tmp_path: Path) -> None:
+    """Spot checks of the I/O part against the fixture's numbers (diskstats and mountstats of the second read)."""
+    samples = [s for family in text_string_to_metric_families(render_scrape(tmp_path)) for s in family.samples]
+
+    def sample(name: str, **labels: str) -> float | None:
+        found = [s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+        assert len(found) <= 1, f"{name}{labels} matches {len(found)} samples"
+        return found[0] if found else None
+
+    # Block devices come from the fixture's sysfs, not this machine's.
+    assert sample("storwatch_mount_device_info", mountpoint="/", device="nvme0n1p1", physical="nvme0n1") == 1
+    assert sample("storwatch_mount_device_info", mountpoint="/boot/efi", device="nvme0n1p15", physical="nvme0n1") == 1
+    assert sample("storwatch_mount_device_info", mountpoint="/snap/core20/2318", device="loop0", physical="loop0") == 1
+    assert sample("storwatch_mount_device_info", mountpoint=RBD_PVC, device="rbd0", physical="rbd0") == 1
+    assert sample("storwatch_mount_device_info", mountpoint="/mnt/local-nvme/shared data", device="nvme1n1") == 1
+    assert sample("storwatch_mount_device_info", mountpoint="/home") is None  # NFS on top of the ext4 /home
+    assert sample("storwatch_mount_device_info", mountpoint=PVC) is None
+
+    # Disk counters: times in seconds, bytes = 512-byte sectors * 512, gauges of the second read.
+    assert sample("storwatch_disk_reads_completed_total", device="nvme1n1") == 912_873_402
+    assert sample("storwatch_disk_read_bytes_total", device="nvme1n1") == 466_220_584_010 * 512
+    assert sample("storwatch_disk_written_bytes_total", device="nvme0n1p15") == 2 * 512
+    assert sample("storwatch_disk_read_time_seconds_total", device="rbd0") == pytest.approx(90_116.382)
+    assert sample("storwatch_disk_flush_requests_total", device="nvme0n1") == 812_983
+    assert sample("storwatch_disk_flush_requests_time_seconds_total", device="nvme1n1") == pytest.approx(201.387)
+    assert sample("storwatch_disk_discarded_bytes_total", device="nvme0n1p1") == 3_844_210_816 * 512
+    assert sample("storwatch_disk_io_time_weighted_seconds_total", device="dm-0") == pytest.approx(8_631.343)
+    assert sample("storwatch_disk_io_now", device="nvme1n1") == 17
+    assert sample("storwatch_disk_reads_completed_total", device="loop2") is None  # never used: no series
+    # Busy time over the 10 s between the reads.
+    assert sample("storwatch_disk_utilization_ratio", device="nvme0n1p1") == pytest.approx(0.09)
+    assert sample("storwatch_disk_utilization_ratio", device="nvme1n1") == pytest.approx(0.999)
+    assert sample("storwatch_disk_utilization_ratio", device="rbd0") == pytest.approx(0.8)
+    assert sample("storwatch_disk_utilization_ratio", device="dm-0") == 0
+
+    # A mount's counters are its device's; every bind of the data disk shares them.
+    for mp in ("/mnt/local-nvme", "/mnt/local-nvme/users/jos\\xe9", f"{POD_A}/kubernetes.io~empty-dir/cache"):
+        assert sample("storwatch_mount_reads_completed_total", mountpoint=mp) == 912_873_402
+        assert sample("storwatch_mount_written_bytes_total", mountpoint=mp) == 162_716_825_984 * 512
+        assert sample("storwatch_mount_flushes_completed_total", mountpoint=mp) == 402_213
+    assert sample("storwatch_mount_write_time_seconds_total", mountpoint="/") == pytest.approx(19_303.876)
+    # NFS mounts: READ, WRITE and COMMIT per-op counters (execute time, WRITE's bytes sent).
+    assert sample("storwatch_mount_reads_completed_total", mountpoint=PVC) == 813_044
+    assert sample("storwatch_mount_written_bytes_total", mountpoint=PVC) == 3_466_527_956_880
+    assert sample("storwatch_mount_flush_time_seconds_total", mountpoint=PVC) == pytest.approx(112.404)
+    assert sample("storwatch_mount_flushes_completed_total", mountpoint="/home") == 1_203
+
+    # NFS per-op and transport counters.
+    assert sample("storwatch_nfs_operations_total", mountpoint=PVC, operation="WRITE") == 3_305_220
+    assert sample("storwatch_nfs_transmissions_total", mountpoint=PVC, operation="WRITE") == 3_305_223
+    assert sample("storwatch_nfs_rtt_seconds_total", mountpoint=PVC, operation="READ") == pytest.approx(3_609.612)
+    assert sample("storwatch_nfs_errors_total", mountpoint="/home", operation="LOOKUP") == 3_011
+    assert sample("storwatch_nfs_operations_total", mountpoint="/home", operation="RENAME") is None  # never used
+    assert sample("storwatch_nfs_transport_connects_total", mountpoint="/home", transport="0", protocol="tcp") == 4
+    assert sample("storwatch_nfs_transport_sends_total", mountpoint=PVC, transport="7", protocol="tcp") == 528_670
+    assert sample("storwatch_nfs_bytes_total", mountpoint=PVC, kind="server_write") == 3_305_220 * (1 << 20)
+
+    # Latency windows from the deltas: one 10 s interval each (p50 = p95 = max = mean).
+    def latency(mp: str, op: str, window: str, stat: str) -> float | None:
+        return sample("storwatch_mount_latency_seconds", mountpoint=mp, op=op, window=window, stat=stat)
+
+    assert latency("/", "read", "1m", "p50") == pytest.approx(0.100 / 200)
+    assert latency("/", "write", "1h", "mean") == pytest.approx(1.000 / 500)
+    assert latency("/", "fsync", "1m", "mean") is None  # the kernel counts flushes on the whole disk only
+    assert latency("/mnt/local-nvme/shared data", "read", "1m", "max") == pytest.approx(12.0 / 40_000)
+    assert latency(RBD_PVC, "fsync", "1m", "p95") == pytest.approx(3.0 / 60)
+    assert latency(PVC, "write", "1m", "mean") == pytest.approx(60.0 / 4_000)
+    assert latency(PVC, "fsync", "1h", "p50") == pytest.approx(0.400 / 20)
+    assert latency("/home", "read", "1m", "mean") is None  # hung: nothing completed between the reads
+    assert latency("/snap/core20/2318", "read", "1m", "mean") is None  # idle between the reads
+    # The probe's rounds: 0.0025 and 0.004 s in the last minute; 0.3 s half an hour ago, in the hour only.
+    assert latency(PVC, "probe_write", "1m", "p50") == pytest.approx(0.0025)
+    assert latency(PVC, "probe_write", "1m", "p95") == pytest.approx(0.004)
+    assert latency(PVC, "probe_write", "1m", "mean") == pytest.approx(0.00325)
+    assert latency(PVC, "probe_write", "1h", "p50") == pytest.approx(0.004)
+    assert latency(PVC, "probe_write", "1h", "max") == pytest.approx(0.3)
+    assert latency(PVC, "probe_fsync", "1h", "mean") == pytest.approx((0.3 + 0.009 + 0.012) / 3)
+
+    # The probe histogram as the source gave it.
+    assert sample("storwatch_probe_duration_seconds_bucket", mountpoint=PVC, op="fsync", le="0.025") == 19
+    assert sample("storwatch_probe_duration_seconds_bucket", mountpoint=PVC, op="write", le="+Inf") == 20
+    assert sample("storwatch_probe_duration_seconds_count", mountpoint=PVC, op="read") == 20
+    assert sample("storwatch_probe_duration_seconds_sum", mountpoint=PVC, op="write") == 0.375
+    assert sample("storwatch_probe_success", mountpoint=PVC) == 1
+    assert sample("storwatch_probe_last_timestamp_seconds", mountpoint=PVC) == PROBED
+    assert sample("storwatch_probe_success", mountpoint="/") is None
+
+
 @pytest.mark.realpart
-def test_promtool_check_metrics_is_clean_on_the_scrape() -> None:
+def test_promtool_check_metrics_is_clean_on_the_scrape(tmp_path: Path) -> None:
     if not os.path.exists(PROMTOOL) or shutil.which(PROMTOOL) is None:
         pytest.skip(f"{PROMTOOL} not installed (Debian package prometheus)")
-    text = render_scrape()
+    text = render_scrape(tmp_path)
     result = subprocess.run(
         [PROMTOOL, "check", "metrics"], input=text.encode("utf-8"), capture_output=True, timeout=60, check=False
     )

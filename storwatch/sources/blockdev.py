@@ -41,6 +41,8 @@ class MountDevice:
     """The devices at the bottom of the stack: whole disks, or loop devices."""
     backing_file: str | None = None
     """Set when the stack ends in a loop device: the file behind it."""
+    partition: bool = False
+    """The device is a partition: the kernel counts flush requests on the whole disk only, never here."""
 
 
 def _read(path: str) -> str | None:
@@ -117,7 +119,8 @@ class BlockDevices:
             return (device,)
         if device.kind == "partition" and device.parent:
             parent = self.by_name(device.parent)
-            return (parent,) if parent is not None else (device,)
+            # A partition of an md, dm or loop device sits on that device's whole stack.
+            return self.physical(parent, _depth + 1) if parent is not None else (device,)
         if device.slaves:
             found: list[BlockDevice] = []
             for name in device.slaves:
@@ -136,4 +139,4 @@ class BlockDevices:
             return None
         bottom = self.physical(device)
         backing = next((d.backing_file for d in bottom if d.kind == "loop" and d.backing_file), None)
-        return MountDevice(device.name, tuple(d.name for d in bottom), backing)
+        return MountDevice(device.name, tuple(d.name for d in bottom), backing, device.kind == "partition")

@@ -28,9 +28,16 @@ class DiskIO:
 class DiskIOSource:
     name = "diskstats"
 
-    def __init__(self, paths: HostPaths, config: DiskIOConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        paths: HostPaths,
+        config: DiskIOConfig,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.paths = paths
         self.clock = clock
+        self.monotonic = monotonic
         self.configure(config)
         self._prev: dict[str, DiskStats] = {}
         self._prev_mono = 0.0
@@ -41,7 +48,7 @@ class DiskIOSource:
 
     def collect(self) -> DiskIO:
         data = read_first((self.paths.proc("diskstats"),), "diskstats")
-        mono = time.monotonic()
+        mono = self.monotonic()
         disks, errors = parse_diskstats(data)
         for err in errors:
             self._bad_lines.warning(err.line, "diskstats: skipping malformed %s", err)

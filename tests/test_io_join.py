@@ -1,0 +1,374 @@
+"""The I/O join: WindowFeeder feeding latency windows once per source read, the windows' statistics, and mount_io."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from storwatch.analysis.io import WindowFeeder, mount_io
+from storwatch.analysis.latency import EMPTY, HOUR, MINUTE, LatencySummary, LatencyWindows, WindowStats
+from storwatch.model import Mount, Snapshot
+from storwatch.procfs.diskstats import DiskStats, diskstats_delta, parse_line
+from storwatch.procfs.mountstats import NFSMount, parse_mountstats
+from storwatch.sources.blockdev import MountDevice
+from storwatch.sources.diskio import DiskIO
+from storwatch.sources.nfs import NFSStats, OpDelta
+from storwatch.sources.probe import ProbeResult
+
+GPU_NODE = Path(__file__).parent / "fixtures" / "gpu-node"
+PVC = (
+    "/var/lib/kubelet/pods/81742e8f-be31-4219-bac3-e2ed48dd4123/volumes/kubernetes.io~csi/"
+    "pvc-07397231-7729-49b7-8e49-313542c11b05/mount"
+)
+T = 1_700_000_000.0
+
+
+def _mount(mountpoint: str, device: str, fstype: str, block: MountDevice | None = None) -> Mount:
+    return Mount(
+        mount_id=100,
+        mountpoint=mountpoint,
+        device=device,
+        fstype=fstype,
+        root="/",
+        major=0,
+        minor=0,
+        readonly=False,
+        options=("rw",),
+        super_options=("rw",),
+        usage=None,
+        stuck=False,
+        stuck_seconds=0.0,
+        block=block,
+    )
+
+
+DATA = _mount("/mnt/data", "/dev/nvme1n1", "xfs", MountDevice("nvme1n1", ("nvme1n1",)))
+DATA_BIND = _mount("/mnt/data/shared", "/dev/nvme1n1", "xfs", MountDevice("nvme1n1", ("nvme1n1",)))
+ROOT = _mount("/", "/dev/nvme0n1p1", "ext4", MountDevice("nvme0n1p1", ("nvme0n1",), partition=True))
+HOME = _mount("/home", "10.0.0.5:/home", "nfs4")
+SHM = _mount("/dev/shm", "tmpfs", "tmpfs")
+
+# diskstats lines (20 fields): nvme1n1 did 100 reads in 50 ms, 40 writes in 80 ms and 10 flushes in 30 ms between
+# the two; nvme0n1p1 (a partition: flushes always 0) 20 reads in 10 ms and no writes; sdb nothing any mount uses.
+BEFORE = {
+    "nvme1n1": " 259 4 nvme1n1 1000 0 8000 500 400 0 3200 800 0 900 1300 0 0 0 0 100 300",
+    "nvme0n1p1": " 259 2 nvme0n1p1 2000 0 16000 1000 300 0 2400 600 0 1500 1600 0 0 0 0 0 0",
+    "sdb": "   8 16 sdb 5 0 40 1 0 0 0 0 0 1 1 0 0 0 0 0 0",
+}
+AFTER = {
+    "nvme1n1": " 259 4 nvme1n1 1100 0 8800 550 440 0 3520 880 0 1000 1460 0 0 0 0 110 330",
+    "nvme0n1p1": " 259 2 nvme0n1p1 2020 0 16160 1010 300 0 2400 600 0 1510 1610 0 0 0 0 0 0",
+    "sdb": "   8 16 sdb 6 0 48 7 0 0 0 0 0 7 7 0 0 0 0 0 0",
+}
+
+
+def _disk_io(timestamp: float, before: dict[str, str] | None, after: dict[str, str]) -> DiskIO:
+    counters = {name: parse_line(line) for name, line in after.items()}
+    deltas = {}
+    if before is not None:
+        deltas = {name: diskstats_delta(parse_line(before[name]), cur, 1.0) for name, cur in counters.items()}
+    return DiskIO(timestamp, counters, deltas)
+
+
+def _nfs(
+    timestamp: float, deltas: dict[str, dict[str, OpDelta]], mounts: dict[str, NFSMount] | None = None
+) -> NFSStats:
+    return NFSStats(timestamp, mounts or {}, deltas)
+
+
+def _probe(mountpoint: str, timestamp: float, seconds: dict[str, float] | None) -> ProbeResult:
+    return ProbeResult(mountpoint, timestamp, seconds, False, 0.0, None if seconds else "failed", {})
+
+
+def _stats(windows: LatencyWindows, mountpoint: str, op: str, now: float) -> tuple[WindowStats, WindowStats]:
+    summary = windows.summary(mountpoint, op, now)
+    return summary.minute, summary.hour
+
+
+# -- WindowFeeder
+
+
+def test_feeder_feeds_each_source_read_once_however_often_the_snapshot_is_fed() -> None:
+    windows = LatencyWindows()
+    feeder = WindowFeeder(windows)
+    snapshot = Snapshot(
+        timestamp=T + 0.5,
+        mounts=(DATA, DATA_BIND, ROOT, HOME, SHM),
+        disks=_disk_io(T, BEFORE, AFTER),
+        nfs=_nfs(T, {"/home": {"READ": OpDelta(8, 0.4, 0.3, 0), "COMMIT": OpDelta(2, 0.2, 0.1, 0)}}),
+        probes=(_probe("/mnt/data", T - 2, {"write": 0.004, "fsync": 0.01, "read": 0.001}),),
+    )
+    for _ in range(3):
+        feeder.feed(snapshot)
+    now = T + 1
+    minute, _ = _stats(windows, "/mnt/data", "read", now)
+    assert (minute.samples, minute.ops) == (1, 100)
+    assert minute.mean_seconds == pytest.approx(0.050 / 100)
+    assert windows.summary("/mnt/data", "write", now).minute.ops == 40
+    assert windows.summary("/mnt/data", "fsync", now).minute.mean_seconds == pytest.approx(0.030 / 10)
+    # A bind of the same device gets the device's latency too.
+    assert windows.summary("/mnt/data/shared", "read", now).minute.ops == 100
+    # The partition: 20 reads; no writes in the interval and no flushes ever (the kernel counts them on the disk).
+    assert windows.summary("/", "read", now).minute.ops == 20
+    assert windows.summary("/", "write", now) == LatencySummary(EMPTY, EMPTY)
+    assert windows.summary("/", "fsync", now) == LatencySummary(EMPTY, EMPTY)
+    # NFS: READ is the mount's read, COMMIT its fsync; RTT is not what the windows hold, execute time is.
+    home_read = windows.summary("/home", "read", now).minute
+    assert (home_read.samples, home_read.ops, home_read.mean_seconds) == (1, 8, pytest.approx(0.05))
+    assert windows.summary("/home", "fsync", now).minute.mean_seconds == pytest.approx(0.1)
+    assert windows.summary("/home", "write", now) == LatencySummary(EMPTY, EMPTY)
+    # The probe: one sample per operation, one operation each.
+    probe_fsync = windows.summary("/mnt/data", "probe_fsync", now).minute
+    assert (probe_fsync.samples, probe_fsync.ops, probe_fsync.max_seconds) == (1, 1, 0.01)
+    assert set(windows.summaries_for("/mnt/data", now)) == {
+        "read", "write", "fsync", "probe_write", "probe_fsync", "probe_read",
+    }  # fmt: skip
+    assert windows.summaries_for("/dev/shm", now) == {}
+
+
+def test_feeder_feeds_a_new_read_of_one_source_without_refeeding_the_others() -> None:
+    windows = LatencyWindows()
+    feeder = WindowFeeder(windows)
+    nfs = _nfs(T, {"/home": {"WRITE": OpDelta(4, 0.2, 0.1, 0)}})
+    probe = _probe("/home", T, {"write": 0.02, "fsync": 0.05, "read": 0.003})
+    feeder.feed(Snapshot(T + 0.5, (DATA, HOME), disks=_disk_io(T, BEFORE, AFTER), nfs=nfs, probes=(probe,)))
+    # The next tick: diskstats was read again (a second later), NFS and the probe were not.
+    feeder.feed(Snapshot(T + 1.5, (DATA, HOME), disks=_disk_io(T + 1, AFTER, AFTER), nfs=nfs, probes=(probe,)))
+    feeder.feed(Snapshot(T + 2.5, (DATA, HOME), disks=_disk_io(T + 2, BEFORE, AFTER), nfs=nfs, probes=(probe,)))
+    now = T + 3
+    read = windows.summary("/mnt/data", "read", now).minute
+    # The read at T+1 was idle (no reads: skipped); T and T+2 each had 100.
+    assert (read.samples, read.ops) == (2, 200)
+    assert windows.summary("/home", "write", now).minute.samples == 1
+    assert windows.summary("/home", "probe_fsync", now).minute.samples == 1
+    # A later NFS read and probe round are fed.
+    feeder.feed(
+        Snapshot(
+            T + 3.5,
+            (DATA, HOME),
+            nfs=_nfs(T + 3, {"/home": {"WRITE": OpDelta(6, 0.6, 0.5, 0)}}),
+            probes=(_probe("/home", T + 3, {"write": 0.03, "fsync": 0.07, "read": 0.004}),),
+        )
+    )
+    write = windows.summary("/home", "write", T + 4).minute
+    assert (write.samples, write.ops, write.mean_seconds) == (2, 10, pytest.approx(0.08))
+    assert windows.summary("/home", "probe_fsync", T + 4).minute.max_seconds == 0.07
+
+
+def test_feeder_skips_first_reads_failed_probes_and_devices_no_mount_uses() -> None:
+    windows = LatencyWindows()
+    feeder = WindowFeeder(windows)
+    # A first read has counters but no deltas; a failed or stuck probe has no seconds.
+    feeder.feed(
+        Snapshot(
+            T,
+            (DATA, HOME),
+            disks=_disk_io(T, None, BEFORE),
+            nfs=_nfs(T, {}),
+            probes=(_probe("/mnt/data", T, None),),
+        )
+    )
+    assert windows.summaries(T) == {}
+    # The second read is fed although the first (with the same source) was not.
+    feeder.feed(Snapshot(T + 1.5, (DATA, HOME), disks=_disk_io(T + 1, BEFORE, AFTER)))
+    summaries = windows.summaries(T + 2)
+    assert set(summaries) == {"/mnt/data"}  # sdb changed too, but no mount is on it
+    assert summaries["/mnt/data"]["read"].minute.ops == 100
+
+
+# -- LatencyWindows
+
+
+def _add_series(windows: LatencyWindows, mountpoint: str, op: str, samples: list[tuple[float, float, float]]) -> None:
+    for t, ops, seconds in samples:
+        windows.add(mountpoint, op, t, ops, seconds)
+
+
+def test_window_stats_on_known_samples() -> None:
+    windows = LatencyWindows()
+    # Ten one-second intervals with per-operation averages of 1..10 ms; the last one had 91 operations.
+    samples = [(T + i, 1.0, (i + 1) / 1000) for i in range(9)] + [(T + 9, 91.0, 91 * 0.010)]
+    _add_series(windows, "/mnt/data", "read", samples)
+    minute, hour = _stats(windows, "/mnt/data", "read", T + 9)
+    assert minute == hour
+    assert minute.samples == 10
+    assert minute.ops == 100
+    # Nearest rank: the p-th percentile of n values is the ceil(p * n)-th smallest, always one of the values.
+    assert minute.p50_seconds == pytest.approx(0.005)  # ceil(5.0) = 5th, not the interpolated 5.5 ms
+    assert minute.p95_seconds == pytest.approx(0.010)  # ceil(9.5) = 10th
+    assert minute.max_seconds == pytest.approx(0.010)
+    # The mean weights by operations: (1 + ... + 9 ms + 91 * 10 ms) / 100, not the average of the ten averages.
+    assert minute.mean_seconds == pytest.approx((0.045 + 0.91) / 100)
+
+
+@pytest.mark.parametrize(
+    ("n", "p50_rank", "p95_rank"),
+    [(1, 1, 1), (2, 1, 2), (3, 2, 3), (19, 10, 19), (20, 10, 19), (21, 11, 20), (100, 50, 95), (101, 51, 96)],
+    ids=lambda v: str(v),
+)
+def test_nearest_rank_percentiles(n: int, p50_rank: int, p95_rank: int) -> None:
+    windows = LatencyWindows()
+    # 1..n ms, four a second (all within the minute), added in shuffled order: the ranks are of the sorted values.
+    values = list(range(1, n + 1))
+    random.Random(n).shuffle(values)
+    _add_series(windows, "m", "write", [(T + i / 4, 1.0, v / 1000) for i, v in enumerate(values)])
+    minute = windows.summary("m", "write", T + n / 4).minute
+    assert minute.samples == n
+    assert minute.p50_seconds == pytest.approx(p50_rank / 1000)
+    assert minute.p95_seconds == pytest.approx(p95_rank / 1000)
+    assert minute.max_seconds == pytest.approx(n / 1000)
+
+
+def test_an_hour_of_one_second_samples() -> None:
+    windows = LatencyWindows()
+    # Samples at T+1 ... T+3600, the one at T+k averaging k ms over one operation.
+    _add_series(windows, "/mnt/data", "write", [(T + k, 1.0, k / 1000) for k in range(1, 3601)])
+    minute, hour = _stats(windows, "/mnt/data", "write", T + 3600)
+    # The minute is [now - 60, now]: T+3540 ... T+3600, 61 samples.
+    assert minute.samples == 61
+    assert minute.p50_seconds == pytest.approx(3.570)  # 31st of 3540..3600
+    assert minute.p95_seconds == pytest.approx(3.597)  # ceil(0.95 * 61) = 58th
+    assert minute.max_seconds == pytest.approx(3.600)
+    assert minute.mean_seconds == pytest.approx(3.570)
+    # The hour holds all 3600.
+    assert hour.samples == 3600
+    assert hour.ops == 3600
+    assert hour.p50_seconds == pytest.approx(1.800)
+    assert hour.p95_seconds == pytest.approx(3.420)
+    assert hour.max_seconds == pytest.approx(3.600)
+    assert hour.mean_seconds == pytest.approx(1.8005)
+
+
+def test_samples_older_than_the_window_are_left_out() -> None:
+    windows = LatencyWindows()
+    _add_series(windows, "/home", "read", [(T, 1.0, 2.0), (T + 100, 4.0, 0.004)])
+    minute, hour = _stats(windows, "/home", "read", T + 130)
+    assert (minute.samples, minute.ops, minute.max_seconds, minute.mean_seconds) == (1, 4, 0.001, 0.001)
+    assert (hour.samples, hour.ops, hour.max_seconds) == (2, 5, 2.0)
+    assert hour.mean_seconds == pytest.approx(2.004 / 5)
+    # A minute and a bit after the last sample, the minute is empty; the hour still has both.
+    minute, hour = _stats(windows, "/home", "read", T + 100 + MINUTE + 1)
+    assert minute == EMPTY
+    assert hour.samples == 2
+    # An hour and a bit after the first, it has left the hour.
+    minute, hour = _stats(windows, "/home", "read", T + HOUR + 1)
+    assert minute == EMPTY
+    assert (hour.samples, hour.max_seconds) == (1, 0.001)
+    # And after the last too: nothing, with no statistics at all.
+    minute, hour = _stats(windows, "/home", "read", T + 100 + HOUR + 1)
+    assert hour == EMPTY
+    assert (hour.p50_seconds, hour.p95_seconds, hour.max_seconds, hour.mean_seconds) == (None, None, None, None)
+
+
+def test_idle_intervals_and_impossible_samples_are_not_recorded() -> None:
+    windows = LatencyWindows()
+    windows.add("/", "read", T, 0, 0.0)
+    windows.add("/", "read", T, 5, -1.0)
+    assert windows.summaries_for("/", T) == {}
+    windows.add("/", "read", T, 5, 0.0)
+    assert windows.summary("/", "read", T).minute.mean_seconds == 0.0
+
+
+def test_a_full_ring_keeps_the_newest_samples() -> None:
+    windows = LatencyWindows(capacity=10)
+    _add_series(windows, "/", "read", [(T + k, 1.0, k / 1000) for k in range(1, 26)])
+    minute = windows.summary("/", "read", T + 25).minute
+    assert (minute.samples, minute.max_seconds) == (10, 0.025)
+    assert minute.mean_seconds == pytest.approx(sum(range(16, 26)) / 10 / 1000)
+
+
+def test_forget_idle_drops_only_keys_idle_for_an_hour() -> None:
+    windows = LatencyWindows()
+    windows.add("/old", "read", T, 1, 0.001)
+    windows.add("/old", "write", T + 2000, 1, 0.001)
+    windows.add("/busy", "read", T + 3000, 1, 0.001)
+    windows.forget_idle(T + HOUR)  # /old read is exactly an hour old: kept
+    assert set(windows.summaries_for("/old", T + HOUR)) == {"read", "write"}
+    windows.forget_idle(T + HOUR + 1)
+    assert set(windows.summaries_for("/old", T + HOUR + 1)) == {"write"}
+    assert set(windows.summaries_for("/busy", T + HOUR + 1)) == {"read"}
+    windows.forget_idle(T + 3000 + HOUR + 1)
+    assert windows.summaries_for("/old", T + 3000 + HOUR + 1) == {}
+    assert windows.summaries_for("/busy", T + 3000 + HOUR + 1) == {}
+    # A forgotten key starts afresh when its mount does I/O again.
+    windows.add("/old", "read", T + 9000, 2, 0.010)
+    assert windows.summary("/old", "read", T + 9000).hour.samples == 1
+
+
+def test_summaries_forget_idle_keys_too() -> None:
+    windows = LatencyWindows()
+    windows.add("/old", "read", T, 1, 0.001)
+    windows.add("/busy", "read", T + 3000, 1, 0.001)
+    assert set(windows.summaries(T + 3000)) == {"/old", "/busy"}
+    assert set(windows.summaries(T + HOUR + 1)) == {"/busy"}
+    assert windows.summaries_for("/old", T + HOUR + 1) == {}
+
+
+# -- mount_io
+
+
+@pytest.fixture
+def nfs_mounts() -> dict[str, NFSMount]:
+    parsed, errors = parse_mountstats((GPU_NODE / "proc" / "1" / "mountstats").read_bytes())
+    assert errors == []
+    return {m.mountpoint: m for m in parsed}
+
+
+def test_mount_io_joins_the_device_counters_nfs_stats_and_probe(nfs_mounts: dict[str, NFSMount]) -> None:
+    pvc = _mount(PVC, "10.0.0.5:/exports/pvc-07397231-7729-49b7-8e49-313542c11b05", "nfs4")
+    disks = _disk_io(T, BEFORE, AFTER)
+    probe = _probe(PVC, T - 3, {"write": 0.004, "fsync": 0.012, "read": 0.0008})
+    other_probe = _probe("/mnt/data", T - 1, {"write": 0.001, "fsync": 0.002, "read": 0.0001})
+    snapshot = Snapshot(
+        T + 0.5,
+        (DATA, ROOT, HOME, pvc, SHM),
+        disks=disks,
+        nfs=_nfs(T, {}, nfs_mounts),
+        probes=(other_probe, probe),
+    )
+    windows = LatencyWindows()
+    WindowFeeder(windows).feed(snapshot)
+
+    data = mount_io(DATA, snapshot, windows)
+    assert data.device == "nvme1n1"
+    assert data.counters is disks.counters["nvme1n1"]
+    assert isinstance(data.counters, DiskStats) and data.counters.reads_completed == 1100
+    assert data.nfs is None
+    assert data.probe is other_probe
+    assert set(data.latency) == {"read", "write", "fsync", "probe_write", "probe_fsync", "probe_read"}
+    assert data.latency["read"].minute.ops == 100
+
+    root = mount_io(ROOT, snapshot, windows)
+    assert (root.device, root.counters, root.probe) == ("nvme0n1p1", disks.counters["nvme0n1p1"], None)
+    assert set(root.latency) == {"read"}
+
+    home = mount_io(HOME, snapshot, windows)
+    assert home.device is None and home.counters is None
+    assert home.nfs is nfs_mounts["/home"]
+    read = home.nfs.operation("READ")
+    assert read is not None and read.requests == 120_331
+    assert home.probe is None
+    assert home.latency == {}
+
+    pvc_io = mount_io(pvc, snapshot, windows)
+    assert pvc_io.nfs is nfs_mounts[PVC]
+    assert pvc_io.probe is probe
+    assert set(pvc_io.latency) == {"probe_write", "probe_fsync", "probe_read"}
+    assert pvc_io.latency["probe_fsync"].minute.max_seconds == 0.012
+
+    shm = mount_io(SHM, snapshot, windows)
+    assert (shm.device, shm.counters, shm.nfs, shm.probe, shm.latency) == (None, None, None, None, {})
+
+
+def test_mount_io_without_facts_or_windows() -> None:
+    snapshot = Snapshot(T, (DATA, HOME))
+    for mount in (DATA, HOME):
+        io = mount_io(mount, snapshot, None)
+        assert (io.counters, io.nfs, io.probe, io.latency) == (None, None, None, {})
+    assert mount_io(DATA, snapshot, None).device == "nvme1n1"
+    # A device that has vanished from diskstats (a detached loop device) has no counters.
+    gone = _mount("/mnt/img", "/dev/loop9", "ext4", MountDevice("loop9", ("loop9",), "/srv/img"))
+    io = mount_io(gone, Snapshot(T, (gone,), disks=_disk_io(T, BEFORE, AFTER)), LatencyWindows())
+    assert (io.device, io.counters, io.latency) == ("loop9", None, {})
