@@ -27,9 +27,11 @@ from storwatch.history import History
 from storwatch.model import CollectorStatus, Snapshot, View
 from storwatch.sources import Source
 from storwatch.sources.diskio import DiskIOSource
+from storwatch.sources.gpu import GPUSource
 from storwatch.sources.mounts import MountSource
 from storwatch.sources.nfs import NFSSource
 from storwatch.sources.probe import ProbeSource, ProbeTarget
+from storwatch.sources.processes import ProcessSource
 from storwatch.web import ServedState, StatusHTTPServer
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,14 @@ ConfigTransform = Callable[[Config], Config]
 # How long the first View waits for every source's first report before going out without the slow ones.
 STARTUP_GRACE_SECONDS = 5.0
 # Which config section each source takes on reload.
-_CONFIG_SECTION = {"mounts": "mounts", "diskstats": "diskio", "nfs": "nfs", "probe": "probes"}
+_CONFIG_SECTION = {
+    "mounts": "mounts",
+    "diskstats": "diskio",
+    "nfs": "nfs",
+    "probe": "probes",
+    "gpu": "gpu",
+    "processes": "gpu",
+}
 
 
 @dataclass
@@ -89,7 +98,22 @@ class Agent:
             DiskIOSource(paths, config.diskio, self.clock),
             NFSSource(paths, config.nfs, self.clock),
             ProbeSource(paths, config.probes, self._probe_targets, self.clock),
+            *(
+                (
+                    GPUSource(config.gpu.interval_seconds, config.gpu.call_timeout_seconds, self.clock),
+                    ProcessSource(paths, self._gpu_pids, config.gpu.interval_seconds),
+                )
+                if config.gpu.enabled
+                else ()
+            ),
         ]
+
+    def _gpu_pids(self) -> list[int]:
+        with self._lock:
+            facts = self._facts("gpu")
+        if facts is None:
+            return []
+        return sorted({p.pid for g in facts.gpus for p in g.processes})
 
     def _probe_targets(self) -> list[ProbeTarget]:
         view = self.view
@@ -139,6 +163,8 @@ class Agent:
             facts: Any = None
             try:
                 facts = src.collect()
+                # A source may answer and still have failed (a stuck NVML call): its facts say so and are kept.
+                error = getattr(facts, "failure", None)
             except Exception as err:  # a failing source reports itself and the agent goes on
                 error = f"{type(err).__name__}: {err}"
             duration = time.monotonic() - started
@@ -150,7 +176,7 @@ class Agent:
             elif error != st.last_error:
                 log.warning("collector %s failed: %s", src.name, error)
             with self._lock:
-                if error is None:
+                if facts is not None:
                     st.facts = facts
                 st.last_error = error
                 st.status = CollectorStatus(src.name, error is None, duration, last_success, error)
@@ -168,6 +194,8 @@ class Agent:
                 disks=self._facts("diskstats"),
                 nfs=self._facts("nfs"),
                 probes=self._facts("probe") or (),
+                gpus=self._facts("gpu"),
+                containers=self._facts("processes") or {},
             )
 
     def tick(self) -> View:

@@ -149,7 +149,27 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
         except OSError as err:
             log.error("%s", err)
         windows = LatencyWindows(capacity=4)
-    snap = Snapshot(timestamp=time.time(), mounts=mounts, collectors=(status,), disks=disks, nfs=nfs)
+    gpus, containers = None, {}
+    if config.gpu.enabled:
+        from storwatch.sources.gpu import GPUSource
+        from storwatch.sources.processes import ProcessSource
+
+        gpu_source = GPUSource(call_timeout_seconds=min(config.gpu.call_timeout_seconds, 2.0))
+        try:
+            gpus = gpu_source.collect()
+        finally:
+            gpu_source.close()
+        pids = [p.pid for g in gpus.gpus for p in g.processes]
+        containers = ProcessSource(paths, lambda: pids).collect()
+    snap = Snapshot(
+        timestamp=time.time(),
+        mounts=mounts,
+        collectors=(status,),
+        disks=disks,
+        nfs=nfs,
+        gpus=gpus,
+        containers=containers,
+    )
     if windows is not None:
         WindowFeeder(windows).feed(snap)
     return build_view(snap, Classifier(platform.name, config.overrides()), platform, windows=windows)

@@ -85,6 +85,15 @@ class NFSConfig:
 
 
 @dataclass(frozen=True)
+class GPUConfig:
+    enabled: bool = True
+    """Read GPUs through NVML. On a node without the NVIDIA driver the source reports nvml_up 0 and retries."""
+    interval_seconds: float = 1.0
+    call_timeout_seconds: float = 2.0
+    """Past this an NVML call is stuck: the GPUs show as down and no second sampling starts."""
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = DEFAULT_LISTEN
     platform: str = "auto"
@@ -97,6 +106,7 @@ class Config:
     diskio: DiskIOConfig = field(default_factory=DiskIOConfig)
     nfs: NFSConfig = field(default_factory=NFSConfig)
     probes: ProbesConfig = field(default_factory=ProbesConfig)
+    gpu: GPUConfig = field(default_factory=GPUConfig)
 
     def host_paths(self) -> HostPaths:
         return HostPaths(self.paths.procfs, self.paths.sysfs, self.paths.rootfs)
@@ -118,6 +128,8 @@ class Config:
             ("nfs.interval_seconds", self.nfs.interval_seconds),
             ("probes.interval_seconds", self.probes.interval_seconds),
             ("probes.timeout_seconds", self.probes.timeout_seconds),
+            ("gpu.interval_seconds", self.gpu.interval_seconds),
+            ("gpu.call_timeout_seconds", self.gpu.call_timeout_seconds),
         ):
             if value <= 0:
                 problems.append(f"{name}: must be greater than 0, got {value}")

@@ -83,7 +83,9 @@ _MOUNT_COUNTERS = (
 )
 
 
-def _mount_disk_values(d: DiskStats) -> list[tuple[str, float | None]]:
+def _mount_disk_values(d: DiskStats, partition: bool = False) -> list[tuple[str, float | None]]:
+    flushes = None if partition else d.flushes_completed
+    flush_ms = None if partition else d.flush_time_ms
     return [
         ("storwatch_mount_reads_completed_total", d.reads_completed),
         ("storwatch_mount_read_bytes_total", d.read_bytes),
@@ -91,8 +93,8 @@ def _mount_disk_values(d: DiskStats) -> list[tuple[str, float | None]]:
         ("storwatch_mount_writes_completed_total", d.writes_completed),
         ("storwatch_mount_written_bytes_total", d.written_bytes),
         ("storwatch_mount_write_time_seconds_total", d.write_time_ms * _MS),
-        ("storwatch_mount_flushes_completed_total", d.flushes_completed),
-        ("storwatch_mount_flush_time_seconds_total", None if d.flush_time_ms is None else d.flush_time_ms * _MS),
+        ("storwatch_mount_flushes_completed_total", flushes),
+        ("storwatch_mount_flush_time_seconds_total", None if flush_ms is None else flush_ms * _MS),
     ]
 
 
@@ -164,6 +166,28 @@ def _xprt_values(t: NFSTransport) -> list[tuple[str, float | None]]:
     ]
 
 
+_GPU_GAUGES = (
+    ("storwatch_gpu_utilization_ratio", "Share of the last sample period in which a kernel ran on the GPU."),
+    ("storwatch_gpu_memory_utilization_ratio", "Share of the last sample period in which device memory was accessed."),
+    ("storwatch_gpu_memory_used_bytes", "Device memory allocated."),
+    ("storwatch_gpu_memory_total_bytes", "Device memory in all."),
+    ("storwatch_gpu_power_watts", "Board power draw."),
+    ("storwatch_gpu_temperature_celsius", "GPU core temperature."),
+)
+# nvmlClocksEventReason* bits (nvml.h).
+_THROTTLE_REASONS = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal", 0x20),
+    ("hw_thermal", 0x40),
+    ("hw_power_brake", 0x80),
+    ("display_clocks", 0x100),
+)
+
+
 class ViewCollector(Collector):
     """Builds fresh metric families from the View it is given (client_python's custom collector pattern)."""
 
@@ -189,6 +213,7 @@ class ViewCollector(Collector):
         yield from self._mount_io(view)
         yield from self._nfs(view)
         yield from self._probes(view)
+        yield from self._gpus(view)
         yield from self._collectors(view)
 
     def _mounts(self, view: View) -> Iterator[Metric]:
@@ -283,7 +308,7 @@ class ViewCollector(Collector):
                 device.add_metric([mp, block.device, ",".join(block.physical)], 1)
             values: list[tuple[str, float | None]] = []
             if io.counters is not None:
-                values = _mount_disk_values(io.counters)
+                values = _mount_disk_values(io.counters, partition=bool(block and block.partition))
             elif io.nfs is not None:
                 values = _mount_nfs_values(io.nfs)
             for metric, value in values:
@@ -374,6 +399,66 @@ class ViewCollector(Collector):
             last.add_metric([mp], probe.timestamp)
         if any_probe:
             yield from (hist, success, stuck, last)
+
+    def _gpus(self, view: View) -> Iterator[Metric]:
+        facts = view.gpus
+        if facts is None:
+            return
+        nvml_up = GaugeMetricFamily("storwatch_nvml_up", "1 when NVML is loaded and answering on this node.")
+        nvml_up.add_metric([], 1 if facts.nvml_up else 0)
+        yield nvml_up
+        gpu_labels = ["gpu", "uuid"]
+        info = GaugeMetricFamily(
+            "storwatch_gpu_info", "A GPU on this node (NVML index, UUID, model).", labels=["gpu", "uuid", "name"]
+        )
+        up = GaugeMetricFamily(
+            "storwatch_gpu_up", "1 when the GPU answers NVML; 0 when lost or stuck.", labels=gpu_labels
+        )
+        gauges = {name: GaugeMetricFamily(name, help_, labels=gpu_labels) for name, help_ in _GPU_GAUGES}
+        throttled = GaugeMetricFamily(
+            "storwatch_gpu_clock_throttled",
+            "1 while clocks are held down for this reason.",
+            labels=[*gpu_labels, "reason"],
+        )
+        xid = _counter(
+            "storwatch_gpu_xid_errors_total", "Xid critical errors since the agent started.", [*gpu_labels, "xid"]
+        )
+        processes = GaugeMetricFamily("storwatch_gpu_processes", "Compute processes on the GPU.", labels=gpu_labels)
+        pod_memory = GaugeMetricFamily(
+            "storwatch_gpu_pod_memory_used_bytes",
+            "GPU memory held by a pod's processes (pod_uid empty: processes outside any pod).",
+            labels=[*gpu_labels, "pod_uid"],
+        )
+        for g in facts.gpus:
+            labels = [str(g.index), g.uuid or ""]
+            info.add_metric([*labels, g.name or ""], 1)
+            up.add_metric(labels, 1 if g.up else 0)
+            if not g.up:
+                continue
+            for name, value in (
+                ("storwatch_gpu_utilization_ratio", g.utilization_ratio),
+                ("storwatch_gpu_memory_utilization_ratio", g.memory_utilization_ratio),
+                ("storwatch_gpu_memory_used_bytes", g.memory_used_bytes),
+                ("storwatch_gpu_memory_total_bytes", g.memory_total_bytes),
+                ("storwatch_gpu_power_watts", g.power_watts),
+                ("storwatch_gpu_temperature_celsius", g.temperature_celsius),
+            ):
+                if value is not None:
+                    gauges[name].add_metric(labels, value)
+            if g.throttle_reasons is not None:
+                for reason, bit in _THROTTLE_REASONS:
+                    throttled.add_metric([*labels, reason], 1 if g.throttle_reasons & bit else 0)
+            for code, count in sorted(g.xid_counts.items()):
+                xid.add_metric([*labels, str(code)], count)
+            processes.add_metric(labels, len(g.processes))
+            by_pod: dict[str, int] = {}
+            for proc in g.processes:
+                ref = view.containers.get(proc.pid)
+                pod = (ref.pod_uid or "") if ref is not None else ""
+                by_pod[pod] = by_pod.get(pod, 0) + (proc.used_memory_bytes or 0)
+            for pod, used in sorted(by_pod.items()):
+                pod_memory.add_metric([*labels, pod], used)
+        yield from (info, up, *gauges.values(), throttled, xid, processes, pod_memory)
 
     def _collectors(self, view: View) -> Iterator[Metric]:
         success = GaugeMetricFamily(

@@ -10,9 +10,11 @@ from storwatch.sources.blockdev import MountDevice
 
 if TYPE_CHECKING:
     from storwatch.analysis.latency import LatencySummary
+    from storwatch.procfs.cgroup import ContainerRef
     from storwatch.procfs.diskstats import DiskStats
     from storwatch.procfs.mountstats import NFSMount
     from storwatch.sources.diskio import DiskIO
+    from storwatch.sources.gpu import GPUFacts
     from storwatch.sources.nfs import NFSStats
     from storwatch.sources.probe import ProbeResult
 
@@ -151,6 +153,9 @@ class Snapshot:
     disks: DiskIO | None = None
     nfs: NFSStats | None = None
     probes: tuple[ProbeResult, ...] = ()
+    gpus: GPUFacts | None = None
+    containers: dict[int, ContainerRef | None] = field(default_factory=dict)
+    """GPU process PID -> its container and pod, where it runs in one."""
 
 
 @dataclass(frozen=True)
@@ -163,5 +168,7 @@ class View:
     collectors: tuple[CollectorStatus, ...]
     disks: DiskIO | None = None
     nfs: NFSStats | None = None
+    gpus: GPUFacts | None = None
+    containers: dict[int, ContainerRef | None] = field(default_factory=dict)
     ready: bool = True
     extra: dict[str, Any] = field(default_factory=dict)

@@ -44,6 +44,8 @@ def view_to_dict(view: View) -> dict[str, Any]:
         )
     return {
         "generated_at": view.timestamp,
+        "gpus": _gpus_dict(view),
+        "nvml": nvml_status(view),
         "ready": view.ready,
         "platform": {"name": view.platform.name, "detected_by": view.platform.detected_by},
         "mounts": mounts,
@@ -58,6 +60,56 @@ def view_to_dict(view: View) -> dict[str, Any]:
             for c in view.collectors
         ],
     }
+
+
+def _gpus_dict(view: View) -> list[dict[str, Any]]:
+    facts = view.gpus
+    if facts is None:
+        return []
+    out = []
+    for g in facts.gpus:
+        procs = []
+        for p in g.processes:
+            ref = view.containers.get(p.pid)
+            procs.append(
+                {
+                    "pid": p.pid,
+                    "used_memory_bytes": p.used_memory_bytes,
+                    "sm_utilization": p.sm_utilization,
+                    "container_id": ref.container_id if ref else None,
+                    "pod_uid": ref.pod_uid if ref else None,
+                    "runtime": ref.runtime if ref else None,
+                }
+            )
+        out.append(
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "up": g.up,
+                "error": g.error,
+                "utilization_ratio": g.utilization_ratio,
+                "memory_utilization_ratio": g.memory_utilization_ratio,
+                "memory_used_bytes": g.memory_used_bytes,
+                "memory_total_bytes": g.memory_total_bytes,
+                "power_watts": g.power_watts,
+                "temperature_celsius": g.temperature_celsius,
+                "throttle_reasons": g.throttle_reasons,
+                "xid_counts": {str(k): v for k, v in g.xid_counts.items()},
+                "processes": procs,
+                "mig_devices": [
+                    {"index": m.index, "uuid": m.uuid, "memory_used_bytes": m.memory_used_bytes} for m in g.mig_devices
+                ],
+            }
+        )
+    return out
+
+
+def nvml_status(view: View) -> dict[str, Any]:
+    facts = view.gpus
+    if facts is None:
+        return {"nvml_up": False, "error": "GPU source off", "driver_version": None}
+    return {"nvml_up": facts.nvml_up, "error": facts.error, "driver_version": facts.driver_version}
 
 
 def _window(stats: WindowStats) -> dict[str, Any]:

@@ -78,6 +78,31 @@ def render_status_page(data: dict[str, Any]) -> str:
                 e(probe_cell),
             )
         )
+    gpu_rows = []
+    for g in data["gpus"]:
+
+        def pct(v: float | None) -> str:
+            return "-" if v is None else f"{v * 100:.0f}%"
+
+        pods = sorted({p["pod_uid"] or "(host)" for p in g["processes"]})
+        gpu_rows.append(
+            "<tr class='{cls}'><td>{idx}</td><td>{name}</td><td>{up}</td><td class='num'>{util}</td>"
+            "<td class='num'>{mem}</td><td class='num'>{used} / {total}</td><td class='num'>{power}</td>"
+            "<td>{pods}</td></tr>".format(
+                cls="" if g["up"] else "stuck",
+                idx=g["index"],
+                name=e(g["name"] or "?"),
+                up="up" if g["up"] else "DOWN " + e(g["error"] or ""),
+                util=pct(g["utilization_ratio"]),
+                mem=pct(g["memory_utilization_ratio"]),
+                used=human_bytes(g["memory_used_bytes"]),
+                total=human_bytes(g["memory_total_bytes"]),
+                power="-" if g["power_watts"] is None else f"{g['power_watts']:.0f} W",
+                pods=e(", ".join(pods)),
+            )
+        )
+    nvml = data["nvml"]
+    gpu_note = "" if nvml["nvml_up"] else f"<p>NVML not available: {e(nvml['error'] or 'unknown')}</p>"
     collectors = ", ".join(
         "{}: {}".format(e(c["name"]), "ok" if c["success"] else "FAILED " + e(c["error"] or ""))
         for c in data["collectors"]
@@ -107,6 +132,13 @@ tr.stuck {{ background: #fde2e2; }} .mountpoint {{ font-family: monospace; }}
 <th>Used</th><th>Size</th><th>Avail</th><th>State</th></tr></thead>
 <tbody>
 {chr(10).join(rows)}
+</tbody></table>
+<h2>GPUs</h2>
+{gpu_note}
+<table id="gpus"><thead><tr><th>GPU</th><th>Name</th><th>State</th><th>Util</th><th>Mem util</th>
+<th>Memory</th><th>Power</th><th>Pods</th></tr></thead>
+<tbody>
+{chr(10).join(gpu_rows)}
 </tbody></table>
 <h2>Latency</h2>
 <p>Milliseconds, p50/p95/max of per-second averages, over the last minute and hour; probe: write/fsync/read of

@@ -23,5 +23,7 @@ def build_view(
         collectors=snapshot.collectors,
         disks=snapshot.disks,
         nfs=snapshot.nfs,
+        gpus=snapshot.gpus,
+        containers=snapshot.containers,
         ready=ready,
     )

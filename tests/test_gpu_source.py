@@ -1,0 +1,496 @@
+"""GPUSource through the real nvidia-ml-py bindings, on a fake libnvidia-ml.so.1 built from C (tests/nvml).
+
+Each test runs the source in a subprocess (tests/nvml/gpu_source_driver.py) whose LD_LIBRARY_PATH names the fake, and
+scripts the fake's answers; a test can rewrite the script between collects. The backoff and the worker are also tested
+in-process, without the library.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storwatch.sources import gpu
+from tests.nvml import FakeNVML, FakeNVMLUnavailable, GPUSourceProcess, build_fake_nvml
+
+GIB = 1 << 30
+
+# Eight GPUs of a training node, every value distinct, so a value read from the wrong GPU or field shows.
+EIGHT_GPUS = "\n".join(
+    [
+        "driver 550.54.15",
+        *(
+            f"gpu {i} uuid=GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x} name=NVIDIA_H100_80GB_HBM3 util={70 + i} "
+            f"mem_util={40 + i} mem_used={(10 + i) * GIB} mem_reserved={GIB // 2} mem_total={80 * GIB} "
+            f"power_mw={300000 + i * 1111} temp={50 + i} throttle={1 << i}"
+            for i in range(8)
+        ),
+        "gpu 2 uuid=GPU-00000002-aaaa-bbbb-cccc-000000000002 name=NVIDIA_H100_80GB_HBM3 util=72 mem_util=42 "
+        f"mem_used={12 * GIB} mem_reserved={GIB // 2} mem_total={80 * GIB} power_mw=302222 temp=52 throttle=4 "
+        "xid=79:1,48:2",
+        "gpu 5 uuid=GPU-00000005-aaaa-bbbb-cccc-000000000005 name=NVIDIA_H100_80GB_HBM3 util=75 mem_util=45 "
+        f"mem_used={15 * GIB} mem_reserved={GIB // 2} mem_total={80 * GIB} power_mw=305555 temp=55 throttle=32 "
+        "samples=1700000000000000:50,1700000000166666:60,1700000000333333:100",
+        "gpu 7 uuid=GPU-00000007-aaaa-bbbb-cccc-000000000007 name=NVIDIA_H100_80GB_HBM3 util=77 mem_util=47 "
+        f"mem_used={17 * GIB} mem_reserved={GIB // 2} mem_total={80 * GIB} power_mw=307777 temp=57 throttle=128",
+        f"proc 0 pid=4242 used={9 * GIB} sm=55",
+        f"proc 0 pid=4243 used={GIB}",
+        "proc 3 pid=777 used=na sm=12",
+        f"mig 7 slot=0 uuid=MIG-aaaa-0 mem_used={GIB} mem_total={10 * GIB}",
+        f"mig 7 slot=3 uuid=MIG-aaaa-3 mem_used={2 * GIB} mem_total={20 * GIB}",
+        "",
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def fake_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        return build_fake_nvml(tmp_path_factory.mktemp("fake-nvml")).parent
+    except FakeNVMLUnavailable as err:
+        pytest.skip(str(err))
+
+
+@pytest.fixture
+def nvml(fake_nvml_lib: Path, tmp_path: Path) -> FakeNVML:
+    return FakeNVML(fake_nvml_lib, tmp_path)
+
+
+@pytest.fixture
+def run_source(nvml: FakeNVML) -> Iterator[Any]:
+    """Start GPUSource processes on the fake (torn down at the end of the test)."""
+    started: list[GPUSourceProcess] = []
+
+    def start(*args: str) -> GPUSourceProcess:
+        proc = GPUSourceProcess(nvml.env(), args)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def facts(answer: dict[str, Any]) -> dict[str, Any]:
+    f: dict[str, Any] = answer["facts"]
+    return f
+
+
+def by_index(answer: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {g["index"]: g for g in facts(answer)["gpus"]}
+
+
+def wait_for(probe: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# -- without the library or the bindings: these need no compiler
+
+
+def test_no_library_reports_nvml_down_and_does_not_raise(tmp_path: Path) -> None:
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has a real libnvidia-ml: cannot test its absence")
+    with GPUSourceProcess({"LD_LIBRARY_PATH": str(tmp_path)}) as proc:
+        first = proc.collect()
+        again = proc.collect()
+        log = proc.stop()
+    for answer in (first, again):
+        f = facts(answer)
+        assert f["nvml_up"] is False
+        assert f["gpus"] == []
+        assert "libnvidia-ml.so.1 not found" in f["error"]
+        assert answer["failure"] is None  # no GPUs here is a fact, not a failure of the source
+    assert "next try in" in facts(again)["error"]
+    assert log.count("NVML unavailable") == 1
+
+
+def test_no_bindings_reports_nvml_down(tmp_path: Path) -> None:
+    with GPUSourceProcess({"LD_LIBRARY_PATH": str(tmp_path)}, ["--hide-pynvml"]) as proc:
+        f = facts(proc.collect())
+    assert f["nvml_up"] is False
+    assert "nvidia-ml-py" in f["error"]
+
+
+def test_backoff_doubles_to_five_minutes() -> None:
+    waits = [gpu.INIT_BACKOFF_FIRST_SECONDS]
+    for _ in range(12):
+        waits.append(gpu.next_backoff(waits[-1]))
+    assert waits[:10] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
+    assert waits[-1] == gpu.INIT_BACKOFF_MAX_SECONDS == 300
+
+
+def test_worker_starts_no_second_job_while_one_is_stuck() -> None:
+    worker = gpu._Worker("test-worker")
+    release = threading.Event()
+    started: list[str] = []
+
+    def stuck() -> str:
+        started.append("stuck")
+        release.wait(10)
+        return "late"
+
+    threads_before = threading.active_count()
+    t0 = time.monotonic()
+    assert worker.run(stuck, timeout=0.2) is None
+    assert 0.2 <= time.monotonic() - t0 < 1.0
+    t0 = time.monotonic()
+    assert worker.run(lambda: started.append("second"), timeout=0.2) is None  # busy: not started, no wait
+    assert time.monotonic() - t0 < 0.1
+    assert started == ["stuck"]
+    assert threading.active_count() == threads_before + 1
+    release.set()
+    wait_for(lambda: not worker.busy, 5, "the stuck job to return")
+    assert worker.run(lambda: 42, timeout=1.0) == (42, None)
+    _, err = worker.run(lambda: 1 / 0, timeout=1.0) or (None, None)
+    assert isinstance(err, ZeroDivisionError)
+    assert threading.active_count() == threads_before + 1
+
+    # close() waits for a sampling in flight (the agent's source thread may be in collect()) within its timeout.
+    short = threading.Thread(target=worker.run, args=(lambda: time.sleep(0.2), 1.0))
+    short.start()
+    wait_for(lambda: worker.busy, 2, "the short job to start")
+    assert worker.run(lambda: "after", timeout=1.0, wait_idle=True) == ("after", None)
+    short.join()
+    worker.stop()
+
+
+# -- on the fake library
+
+
+@pytest.mark.realpart
+def test_zero_gpus(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script("driver 535.183.01\n")
+    f = facts(run_source().collect())
+    assert f["nvml_up"] is True
+    assert f["error"] is None
+    assert f["driver_version"] == "535.183.01"
+    assert f["gpus"] == []
+
+
+@pytest.mark.realpart
+def test_eight_gpus_every_value_as_scripted(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(EIGHT_GPUS)
+    proc = run_source()
+    answer = proc.collect()
+    f = facts(answer)
+    assert f["nvml_up"] is True and f["error"] is None and answer["failure"] is None
+    assert f["driver_version"] == "550.54.15"
+    gpus = by_index(answer)
+    assert sorted(gpus) == list(range(8))
+    for i, g in gpus.items():
+        assert g["up"] is True and g["error"] is None
+        assert g["uuid"] == f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}"
+        assert g["name"] == "NVIDIA H100 80GB HBM3"
+        assert g["utilization_ratio"] == pytest.approx((70 + i) / 100)
+        assert g["memory_utilization_ratio"] == pytest.approx((40 + i) / 100)
+        assert g["memory_used_bytes"] == (10 + i) * GIB  # nvmlMemory_v2: without the driver's reservation
+        assert g["memory_total_bytes"] == 80 * GIB
+        assert g["power_watts"] == pytest.approx((300000 + i * 1111) / 1000)
+        assert g["temperature_celsius"] == 50 + i
+        assert g["throttle_reasons"] == 1 << i
+    assert gpus[2]["xid_counts"] == {"79": 1, "48": 2}
+    assert all(g["xid_counts"] == {} for i, g in gpus.items() if i != 2)
+    assert gpus[0]["processes"] == [
+        {"pid": 4242, "used_memory_bytes": 9 * GIB, "sm_utilization": pytest.approx(0.55)},
+        {"pid": 4243, "used_memory_bytes": GIB, "sm_utilization": None},
+    ]
+    assert gpus[3]["processes"] == [{"pid": 777, "used_memory_bytes": None, "sm_utilization": pytest.approx(0.12)}]
+    assert all(gpus[i]["processes"] == [] for i in (1, 2, 4, 5, 6, 7))
+    assert gpus[5]["utilization_samples"] == [
+        [pytest.approx(1700000000.0), pytest.approx(0.5)],
+        [pytest.approx(1700000000.166666), pytest.approx(0.6)],
+        [pytest.approx(1700000000.333333), pytest.approx(1.0)],
+    ]
+    assert gpus[7]["mig_devices"] == [
+        {"index": 0, "uuid": "MIG-aaaa-0", "memory_used_bytes": GIB, "memory_total_bytes": 10 * GIB},
+        {"index": 3, "uuid": "MIG-aaaa-3", "memory_used_bytes": 2 * GIB, "memory_total_bytes": 20 * GIB},
+    ]
+    assert all(gpus[i]["mig_devices"] == [] for i in range(7))
+
+    # Samples are those since the last read; Xid counts are cumulative, raised by new events only.
+    second = by_index(proc.collect())
+    assert second[5]["utilization_samples"] == []
+    assert second[2]["xid_counts"] == {"79": 1, "48": 2}
+    nvml.write_script(
+        EIGHT_GPUS.replace("xid=79:1,48:2", "xid=79:3,48:2,13:1").replace(
+            "1700000000333333:100", "1700000000333333:100,1700000000500000:25"
+        )
+    )
+    third = by_index(proc.collect())
+    assert third[2]["xid_counts"] == {"79": 3, "48": 2, "13": 1}
+    assert third[5]["utilization_samples"] == [[pytest.approx(1700000000.5), pytest.approx(0.25)]]
+    assert third[0]["utilization_ratio"] == pytest.approx(0.70)
+
+
+@pytest.mark.realpart
+def test_made_up_samples_come_once_each(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script("gpu 0 util=64 sample_ms=50\n")
+    proc = run_source()
+    proc.collect()  # nvmlInit: the driver samples from then on
+    seen: list[float] = []
+    for _ in range(4):
+        proc.request("sleep 0.2")
+        samples = by_index(proc.collect())[0]["utilization_samples"]
+        assert samples, "a sample every 50 ms, 200 ms apart: some must be new"
+        assert all(ratio == pytest.approx(0.64) for _, ratio in samples)
+        seen.extend(ts for ts, _ in samples)
+    assert seen == sorted(set(seen))  # no sample twice, none out of order
+
+
+@pytest.mark.realpart
+def test_one_gpu_lost_mid_run_the_others_keep_reporting(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(EIGHT_GPUS)
+    proc = run_source()
+    assert all(g["up"] for g in facts(proc.collect())["gpus"])
+
+    nvml.write_script(EIGHT_GPUS + "lost 3 after_calls=0\n")
+    answer = proc.collect()
+    assert facts(answer)["nvml_up"] is True and answer["failure"] is None
+    gpus = by_index(answer)
+    assert gpus[3]["up"] is False
+    assert "GPU is lost" in gpus[3]["error"]
+    assert gpus[3]["uuid"] == "GPU-00000003-aaaa-bbbb-cccc-000000000003"  # still named, from before
+    assert gpus[3]["utilization_ratio"] is None and gpus[3]["processes"] == []
+    for i in (0, 1, 2, 4, 5, 6, 7):
+        assert gpus[i]["up"] is True
+        assert gpus[i]["power_watts"] == pytest.approx((300000 + i * 1111) / 1000)
+
+    # Back from a reset: it answers again, with a handle asked for afresh.
+    nvml.write_script(EIGHT_GPUS)
+    gpus = by_index(proc.collect())
+    assert gpus[3]["up"] is True and gpus[3]["temperature_celsius"] == 53
+
+
+@pytest.mark.realpart
+def test_lost_after_some_calls(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(EIGHT_GPUS + "lost 6 after_calls=40\n")
+    proc = run_source()
+    states = [by_index(proc.collect())[6]["up"] for _ in range(6)]
+    assert states[0] is True
+    assert states[-1] is False
+    assert states == sorted(states, reverse=True)  # up, then down for good
+
+
+@pytest.mark.realpart
+def test_unknown_error_marks_only_that_gpu_and_other_errors_only_that_value(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(
+        EIGHT_GPUS
+        + "error nvmlDeviceGetPowerUsage code=999 gpu=5\n"  # NVML_ERROR_UNKNOWN
+        + "error nvmlDeviceGetTemperatureV code=2 gpu=1\n"  # NVML_ERROR_INVALID_ARGUMENT
+        + "error nvmlDeviceGetTemperature code=2 gpu=1\n"
+    )
+    proc = run_source()
+    gpus = by_index(proc.collect())
+    assert gpus[5]["up"] is False and "Unknown Error" in gpus[5]["error"]
+    assert gpus[1]["up"] is True and gpus[1]["temperature_celsius"] is None
+    assert gpus[1]["power_watts"] == pytest.approx(301.111)
+    assert all(gpus[i]["up"] for i in range(8) if i != 5)
+
+
+@pytest.mark.realpart
+def test_not_supported_gives_none_and_is_logged_once(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(
+        EIGHT_GPUS
+        + "notsupported nvmlDeviceGetPowerUsage\n"
+        + "notsupported nvmlDeviceGetSamples\n"
+        + "notsupported nvmlDeviceGetProcessUtilization\n"
+        + "notsupported nvmlDeviceGetCurrentClocksEventReasons\n"
+        + "notsupported nvmlDeviceGetCurrentClocksThrottleReasons\n"
+        + "missing nvmlDeviceGetTemperatureV\n"  # an older driver: the older function answers
+        + "missing nvmlDeviceGetMemoryInfo_v2\n"
+        + "notsupported nvmlDeviceRegisterEvents\n"
+        + "notsupported nvmlDeviceGetMigMode\n"
+    )
+    proc = run_source()
+    answers = [proc.collect() for _ in range(5)]
+    log = proc.stop()
+    for answer in answers:
+        assert facts(answer)["nvml_up"] is True
+        gpus = by_index(answer)
+        for i, g in gpus.items():
+            assert g["up"] is True
+            assert g["power_watts"] is None
+            assert g["throttle_reasons"] is None
+            assert g["temperature_celsius"] == 50 + i
+            assert g["memory_used_bytes"] == (10 + i) * GIB + GIB // 2  # v1's used includes the reservation
+            assert g["mig_devices"] == []
+            assert g["xid_counts"] == {}
+            # Without nvmlDeviceGetSamples, the polled utilisation is the one sample.
+            assert [ratio for _, ratio in g["utilization_samples"]] == [pytest.approx(g["utilization_ratio"])]
+        assert gpus[0]["processes"][0]["sm_utilization"] is None
+    for fn in (
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetSamples",
+        "nvmlDeviceGetProcessUtilization",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceRegisterEvents",
+        "nvmlDeviceGetMigMode",
+    ):
+        assert log.count(f"NVML {fn} unavailable") == 1, (fn, log)
+    # A newer function with an older one to fall back on is not worth a warning.
+    for fn in ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetCurrentClocksEventReasons"):
+        assert fn not in log
+
+
+@pytest.mark.realpart
+def test_binding_missing_from_older_nvidia_ml_py(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(EIGHT_GPUS)
+    proc = run_source("--drop-binding", "nvmlDeviceGetSamples", "--drop-binding", "nvmlDeviceGetPowerUsage")
+    answers = [proc.collect() for _ in range(3)]
+    log = proc.stop()
+    for answer in answers:
+        gpus = by_index(answer)
+        assert all(g["up"] and g["power_watts"] is None for g in gpus.values())
+        assert gpus[5]["utilization_samples"][0][1] == pytest.approx(0.75)
+    assert log.count("NVML nvmlDeviceGetPowerUsage unavailable") == 1
+    assert "not in the installed nvidia-ml-py" in log
+
+
+@pytest.mark.realpart
+def test_mig_errors_never_break_the_source(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(EIGHT_GPUS + "error nvmlDeviceGetMigDeviceHandleByIndex code=999 gpu=7\n")
+    gpus = by_index(run_source().collect())
+    assert gpus[7]["up"] is True
+    assert gpus[7]["mig_devices"] == []
+    assert gpus[7]["memory_used_bytes"] == 17 * GIB
+
+
+@pytest.mark.realpart
+def test_hung_call_returns_within_the_deadline_and_starts_no_second_sampling(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(EIGHT_GPUS)
+    proc = run_source("--call-timeout", "0.5")
+    first = proc.collect()
+    assert all(g["up"] for g in facts(first)["gpus"])
+    threads = first["threads"]
+
+    nvml.write_script(EIGHT_GPUS + "slow nvmlDeviceGetPowerUsage ms=2500 gpu=4 times=1\n")
+    stuck = proc.collect()
+    assert 0.45 <= stuck["wall"] < 1.0
+    f = facts(stuck)
+    assert f["stuck"] is True and f["nvml_up"] is False
+    assert "nvmlDeviceGetPowerUsage on GPU 4 has not returned" in f["error"]
+    assert stuck["failure"] == f["error"]
+    assert len(f["gpus"]) == 8
+    for g in f["gpus"]:
+        assert g["up"] is False and "stuck" in g["error"]
+        assert g["uuid"] is not None  # known GPUs, unknown values
+        assert g["utilization_ratio"] is None and g["power_watts"] is None
+
+    # Still stuck: the next collects return at once, start no sampling and no thread.
+    for _ in range(3):
+        again = proc.collect()
+        assert again["wall"] < 0.1
+        assert facts(again)["stuck"] is True
+        assert facts(again)["stuck_seconds"] >= facts(stuck)["stuck_seconds"]
+        assert again["threads"] == threads
+    assert nvml.counts()["slow_entered"] == 1
+
+    # Once the call returns, sampling resumes (the slow rule was for one time only).
+    wait_for(lambda: nvml.counts()["slow_returned"] == 1, 5, "the slow call to return")
+    answer = wait_for(lambda: (a := proc.collect()) and not facts(a)["stuck"] and a, 3, "sampling to resume")
+    assert facts(answer)["nvml_up"] is True
+    assert all(g["up"] for g in facts(answer)["gpus"])
+    assert answer["threads"] == threads
+
+
+@pytest.mark.realpart
+def test_slow_nvml_init_is_not_stuck_until_its_own_timeout(nvml: FakeNVML, run_source: Any) -> None:
+    # Without persistence mode nvmlInit wakes every GPU and can take seconds: that is not a hung call.
+    nvml.write_script(EIGHT_GPUS + "slow nvmlInitWithFlags ms=1200 times=1\n")
+    proc = run_source("--call-timeout", "0.3")
+    answer = proc.collect()
+    assert answer["wall"] < 0.6
+    f = facts(answer)
+    assert f["nvml_up"] is False and f["stuck"] is False and answer["failure"] is None
+    assert "nvmlInit in progress" in f["error"]
+    answer = wait_for(lambda: (a := proc.collect()) and facts(a)["nvml_up"] and a, 5, "nvmlInit to finish")
+    assert len(facts(answer)["gpus"]) == 8
+    assert nvml.counts()["init"] == 1
+
+
+@pytest.mark.realpart
+def test_close_calls_nvml_shutdown(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(EIGHT_GPUS)
+    proc = run_source()
+    proc.collect()
+    proc.collect()
+    assert nvml.counts()["init"] == 1 and nvml.counts()["shutdown"] == 0
+    proc.close()
+    assert nvml.counts()["shutdown"] == 1
+    after = facts(proc.collect())
+    assert after["nvml_up"] is False and after["error"] == "source closed"
+    assert nvml.counts()["init"] == 1
+
+
+@pytest.mark.realpart
+def test_close_while_stuck_does_not_wait_or_shut_down_under_the_call(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(EIGHT_GPUS + "slow nvmlDeviceGetUtilizationRates ms=3000 gpu=0\n")
+    proc = run_source("--call-timeout", "0.3")
+    assert facts(proc.collect())["stuck"] is True
+    closed = proc.close()
+    assert closed["wall"] < 0.3 + 0.2  # waits at most call_timeout for the call, then gives up
+    assert nvml.counts()["shutdown"] == 0
+    assert "not calling nvmlShutdown" in proc.stop()
+
+
+@pytest.mark.realpart
+def test_init_failure_retries_with_backoff_then_comes_up(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(EIGHT_GPUS + "init error=9\n")  # NVML_ERROR_DRIVER_NOT_LOADED
+    proc = run_source("--init-backoff", "0.25")
+    t0 = time.monotonic()
+    collects = 0
+    while time.monotonic() - t0 < 2.0:
+        answer = proc.collect()
+        collects += 1
+        f = facts(answer)
+        assert f["nvml_up"] is False and "kernel driver is not loaded" in f["error"]
+        assert answer["failure"] is None
+        time.sleep(0.02)
+    attempts = nvml.counts()["init_attempts"]
+    # Tries at 0, 0.25, 0.75, 1.75 s: four in two seconds, not one per collect.
+    assert 3 <= attempts <= 5 < collects
+
+    nvml.write_script(EIGHT_GPUS)
+    answer = wait_for(lambda: (a := proc.collect()) and facts(a)["nvml_up"] and a, 5, "NVML to come up")
+    assert len(facts(answer)["gpus"]) == 8
+    assert nvml.counts()["init"] == 1
+    assert proc.stop().count("NVML unavailable") == 1
+
+
+@pytest.mark.realpart
+def test_nvml_gone_mid_run_is_released_and_initialised_again(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script(EIGHT_GPUS)
+    proc = run_source("--init-backoff", "0.25")
+    assert facts(proc.collect())["nvml_up"] is True
+
+    nvml.write_script(EIGHT_GPUS + "error nvmlDeviceGetCount_v2 code=18\n")  # NVML_ERROR_LIB_RM_VERSION_MISMATCH
+    f = facts(proc.collect())
+    assert f["nvml_up"] is False and "nvmlDeviceGetCount_v2" in f["error"]
+    assert nvml.counts()["shutdown"] == 1  # released, so a driver upgrade can unload the module
+
+    # nvmlInit works but the next call fails: initialised again with backoff, not on every collect.
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2.0:
+        assert facts(proc.collect())["nvml_up"] is False
+        time.sleep(0.02)
+    counts = nvml.counts()
+    assert 2 <= counts["init"] - 1 <= 4  # again at 0.25, 0.75, 1.75 s
+    assert counts["shutdown"] == counts["init"]  # each released
+
+    nvml.write_script(EIGHT_GPUS)
+    answer = wait_for(lambda: (a := proc.collect()) and facts(a)["nvml_up"] and a, 5, "NVML to come back")
+    assert all(g["up"] for g in facts(answer)["gpus"])
+    assert nvml.counts()["init"] == counts["init"] + 1
+    assert proc.stop().count("NVML stopped answering") == 1
