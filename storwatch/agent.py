@@ -56,6 +56,8 @@ class _SourceState:
     facts: Any = None
     status: CollectorStatus | None = None
     last_error: str | None = None
+    paused: bool = False
+    """Switched off by a reload (gpu.enabled: false releases the NVIDIA driver); its worker idles."""
 
 
 class Agent:
@@ -155,9 +157,12 @@ class Agent:
     # -- workers
 
     def _run_source(self, st: _SourceState) -> None:
-        src = st.source
         last_success: float | None = None
         while not self._stop.is_set():
+            if st.paused:
+                self._stop.wait(1.0)
+                continue
+            src = st.source  # a reload may have replaced it
             started = time.monotonic()
             error: str | None = None
             facts: Any = None
@@ -287,9 +292,26 @@ class Agent:
                 configure = getattr(st.source, "configure", None)
                 if section is not None and configure is not None:
                     configure(section)
+            self._switch_gpu(new)
         self._dirty.set()
         log.info("configuration reloaded from %s", self.config_path)
         return True
+
+    def _switch_gpu(self, new: Config) -> None:
+        """gpu.enabled false on reload: shut NVML down so the driver can be unloaded (upgrades); true: start again."""
+        for st in self._sources:
+            if st.source.name == "gpu" and st.paused == new.gpu.enabled:
+                if new.gpu.enabled:
+                    st.source = GPUSource(new.gpu.interval_seconds, new.gpu.call_timeout_seconds, self.clock)
+                    st.paused = False
+                    log.info("GPU source enabled again")
+                else:
+                    st.paused = True
+                    st.source.close()
+                    st.facts = None
+                    log.info("GPU source disabled: NVML shut down, the NVIDIA driver is no longer held")
+            elif st.source.name == "processes":
+                st.paused = not new.gpu.enabled
 
     def run_until_signalled(self) -> None:
         """Serve until SIGTERM or SIGINT; SIGHUP reloads. Must be called from the main thread."""

@@ -202,3 +202,31 @@ def test_one_gpu_lost_the_other_seven_keep_reporting(tmp_path: Path, fake_lib: P
             assert m[_series("storwatch_gpu_utilization_ratio", i)] == pytest.approx((10 + i * 11) / 100)
         assert _series("storwatch_gpu_utilization_ratio", 3) not in m
         assert m["storwatch_nvml_up"] == 1
+
+
+def test_agent_releases_the_driver_on_reload_and_on_sigterm(tmp_path: Path, fake_lib: Path) -> None:
+    """gpu.enabled: false + SIGHUP shuts NVML down (driver upgrades); true starts it again; SIGTERM shuts it down."""
+    import signal
+
+    fake = FakeNVML(fake_lib.parent, tmp_path)
+    fake.write_script(SCRIPT_8)
+    cfg = _config(tmp_path)
+    text = cfg.read_text()
+    with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=fake.env()) as agent:
+        url = agent.url("/metrics")
+        _wait(url, lambda s: s.get("storwatch_nvml_up") == 1)
+        assert fake.counts()["shutdown"] == 0
+        cfg.write_text(text.replace("gpu: {interval_seconds", "gpu: {enabled: false, interval_seconds"))
+        agent.proc.send_signal(signal.SIGHUP)
+        _wait(url, lambda s: "storwatch_nvml_up" not in s)
+        assert fake.counts()["shutdown"] == 1
+        inits = fake.counts()["init"]
+        time.sleep(1.5)
+        assert fake.counts()["init"] == inits  # released means released: no retry behind our back
+        cfg.write_text(text)
+        agent.proc.send_signal(signal.SIGHUP)
+        _wait(url, lambda s: s.get("storwatch_nvml_up") == 1)
+        assert fake.counts()["init"] == inits + 1
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(timeout=5) == 0
+    assert fake.counts()["shutdown"] == 2
