@@ -524,13 +524,28 @@ def parse_mountstats(data: bytes, cache: OperationCache | None = None) -> tuple[
             end = i
             while end < last - 1 and lines[end][:1] in (b"\t", b" "):
                 end += 1
-            ops = cache.known_section(b"\n".join(lines[i:end]))
+            section = lines[i:end]
+            ops = cache.known_section(b"\n".join(section))
             if ops is not None:
                 current.operations.extend(ops)
                 i = end
                 continue
             current.section_start = len(current.operations)
-            current.section_lines = lines[i:end]
+            current.section_lines = section
+            # A busy mount: its op lines, each unchanged one from the cache, the others parsed.
+            for k, op_line in enumerate(section, start=i + 1):
+                if not op_line.strip():
+                    continue
+                try:
+                    current.operations.append(cache.parse(op_line, k))
+                except MountStatsError:
+                    try:
+                        current.add(op_line, k)  # a "key:<TAB>value" line among the ops, or a bad one
+                    except MountStatsError as err:
+                        errors.append(err)
+                    current.section_clean = False
+            i = end
+            continue
         if not line.strip():
             continue
         if lineno == len(lines):
