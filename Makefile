@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# torch for the checkpoint tests: 2.13.0 is a local CPU wheel here; a plain 'torch' would pull GBs of CUDA.
+	$(BIN)/pip install --quiet torch==2.13.0
 	touch $(STAMP)
 
 # Debian packages the real-part tests start (promtool, node_exporter, chromium, FUSE, mkfs.ext4).

@@ -26,6 +26,7 @@ from storwatch.exporter import Exporter
 from storwatch.history import History
 from storwatch.model import CollectorStatus, Snapshot, View
 from storwatch.sources import Source
+from storwatch.sources.checkpoints import CheckpointSource, default_roots
 from storwatch.sources.diskio import DiskIOSource
 from storwatch.sources.gpu import GPUSource
 from storwatch.sources.mounts import MountSource
@@ -47,6 +48,7 @@ _CONFIG_SECTION = {
     "probe": "probes",
     "gpu": "gpu",
     "processes": "gpu",
+    "checkpoints": "checkpoints",
 }
 
 
@@ -100,6 +102,17 @@ class Agent:
             DiskIOSource(paths, config.diskio, self.clock),
             NFSSource(paths, config.nfs, self.clock),
             ProbeSource(paths, config.probes, self._probe_targets, self.clock),
+            CheckpointSource(
+                default_roots(paths, config.checkpoints.roots, config.checkpoints.kubelet),
+                interval_seconds=config.checkpoints.interval_seconds,
+                settle_seconds=config.checkpoints.settle_seconds,
+                deep_per_scan=config.checkpoints.deep_per_scan,
+                deep_max_bytes=config.checkpoints.deep_max_bytes,
+                clock=self.clock,
+                max_entries=config.checkpoints.max_entries,
+                max_depth=config.checkpoints.max_depth,
+                max_seconds=config.checkpoints.max_seconds,
+            ),
             *(
                 (
                     GPUSource(config.gpu.interval_seconds, config.gpu.call_timeout_seconds, self.clock),
@@ -201,6 +214,7 @@ class Agent:
                 probes=self._facts("probe") or (),
                 gpus=self._facts("gpu"),
                 containers=self._facts("processes") or {},
+                checkpoints=self._facts("checkpoints"),
             )
 
     def tick(self) -> View:
@@ -211,7 +225,7 @@ class Agent:
         with self._lock:
             ready = all(st.status is not None for st in self._sources)
             classifier, platform = self.classifier, self.platform
-        view = build_view(snap, classifier, platform, ready=ready, windows=self.windows)
+        view = build_view(snap, classifier, platform, ready=ready, windows=self.windows, paths=self.config.host_paths())
         self._served = ServedState(view, None)
         return view
 

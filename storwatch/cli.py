@@ -49,7 +49,29 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="read block and NFS I/O counters twice this far apart to show latency (default 0: no latency)",
     )
+    verify = sub.add_parser("verify", help="check checkpoint files or directories: complete, incomplete or corrupt")
+    verify.add_argument("paths", nargs="+", metavar="PATH", help="checkpoint file or directory")
+    verify.add_argument("--deep", action="store_true", help="read every byte (CRC32s) and load with torch if present")
+    verify.add_argument("--json", action="store_true", help="print JSON instead of lines")
     return parser
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from storwatch.checkpoints import check
+
+    missing = [p for p in args.paths if not os.path.lexists(p)]
+    if missing:
+        print(f"storwatch verify: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+        return EXIT_USAGE
+    results = [check(p, deep=args.deep) for p in args.paths]
+    if args.json:
+        keys = ("path", "format", "verdict", "reason", "size_bytes", "deep")
+        json.dump([{k: r.to_dict()[k] for k in keys} for r in results], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for r in results:
+            print(f"{r.verdict.upper():<10}  {r.format or 'unknown':<19}  {r.path}\n            {r.reason}")
+    return EXIT_OK if all(r.verdict == "complete" for r in results) else EXIT_FINDINGS
 
 
 def apply_flags(args: argparse.Namespace) -> Any:
@@ -240,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "agent":
             return cmd_agent(args)
+        if args.command == "verify":
+            return cmd_verify(args)
         return cmd_scan(args)
     except ConfigError as err:
         print(f"storwatch: configuration error:\n{err}", file=sys.stderr)

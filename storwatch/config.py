@@ -94,6 +94,24 @@ class GPUConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointsConfig:
+    roots: tuple[str, ...] = ()
+    """Host directories to search for checkpoints (the kubelet's pod volumes are added on Kubernetes nodes)."""
+    kubelet: bool = True
+    """Search /var/lib/kubelet/pods under the host root when it exists."""
+    interval_seconds: float = 30.0
+    settle_seconds: float = 60.0
+    """A Hugging Face Trainer directory is complete once nothing in it changed for this long."""
+    deep_per_scan: int = 1
+    """Complete checkpoints read in full (every CRC; torch.load with torch installed) per scan, newest first."""
+    deep_max_bytes: int = 1 << 30
+    """Larger checkpoints are read in full only on demand (storwatch verify --deep)."""
+    max_entries: int = 200_000
+    max_depth: int = 12
+    max_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = DEFAULT_LISTEN
     platform: str = "auto"
@@ -107,6 +125,7 @@ class Config:
     nfs: NFSConfig = field(default_factory=NFSConfig)
     probes: ProbesConfig = field(default_factory=ProbesConfig)
     gpu: GPUConfig = field(default_factory=GPUConfig)
+    checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
 
     def host_paths(self) -> HostPaths:
         return HostPaths(self.paths.procfs, self.paths.sysfs, self.paths.rootfs)
@@ -130,6 +149,8 @@ class Config:
             ("probes.timeout_seconds", self.probes.timeout_seconds),
             ("gpu.interval_seconds", self.gpu.interval_seconds),
             ("gpu.call_timeout_seconds", self.gpu.call_timeout_seconds),
+            ("checkpoints.interval_seconds", self.checkpoints.interval_seconds),
+            ("checkpoints.max_seconds", self.checkpoints.max_seconds),
         ):
             if value <= 0:
                 problems.append(f"{name}: must be greater than 0, got {value}")
@@ -137,6 +158,9 @@ class Config:
             problems.append(f"history_size: must be at least 1, got {self.history_size}")
         if self.mounts.max_inflight < 1:
             problems.append(f"mounts.max_inflight: must be at least 1, got {self.mounts.max_inflight}")
+        for root in self.checkpoints.roots:
+            if not os.path.isabs(root):
+                problems.append(f"checkpoints.roots: {root!r} must be an absolute path on the host")
         if not 1 <= self.probes.size_bytes <= 1 << 20:
             problems.append(f"probes.size_bytes: must be 1 to 1048576, got {self.probes.size_bytes}")
         scratch = self.probes.scratch_dir

@@ -166,6 +166,17 @@ def _xprt_values(t: NFSTransport) -> list[tuple[str, float | None]]:
     ]
 
 
+_CHECKPOINT_GAUGES = (
+    ("storwatch_checkpoint_size_bytes", "Size of the run's newest complete checkpoint."),
+    ("storwatch_checkpoint_write_duration_seconds", "How long the newest timed complete checkpoint took to write."),
+    ("storwatch_checkpoint_write_bytes_per_second", "Its size over its write duration."),
+    ("storwatch_checkpoint_interval_seconds", "Time between the run's two newest complete checkpoints."),
+    ("storwatch_checkpoint_kept", "Complete checkpoints the run keeps on disk."),
+    ("storwatch_checkpoint_incomplete", "The run's incomplete checkpoints (being written, or abandoned mid-write)."),
+    ("storwatch_checkpoint_corrupt", "The run's corrupt checkpoints (finished, then damaged, or never valid)."),
+    ("storwatch_checkpoint_write_in_progress", "1 while the run's newest checkpoint is incomplete."),
+)
+
 _GPU_GAUGES = (
     ("storwatch_gpu_utilization_ratio", "Share of the last sample period in which a kernel ran on the GPU."),
     ("storwatch_gpu_memory_utilization_ratio", "Share of the last sample period in which device memory was accessed."),
@@ -214,6 +225,7 @@ class ViewCollector(Collector):
         yield from self._nfs(view)
         yield from self._probes(view)
         yield from self._gpus(view)
+        yield from self._checkpoints(view)
         yield from self._collectors(view)
 
     def _mounts(self, view: View) -> Iterator[Metric]:
@@ -459,6 +471,37 @@ class ViewCollector(Collector):
             for pod, used in sorted(by_pod.items()):
                 pod_memory.add_metric([*labels, pod], used)
         yield from (info, up, *gauges.values(), throttled, xid, processes, pod_memory)
+
+    def _checkpoints(self, view: View) -> Iterator[Metric]:
+        last = GaugeMetricFamily(
+            "storwatch_checkpoint_last_complete_timestamp_seconds",
+            "Modification time of the run's newest complete checkpoint, with the durability of the mount it is on.",
+            labels=["run", "durability", "mountpoint"],
+        )
+        gauges = {name: GaugeMetricFamily(name, help_, labels=["run"]) for name, help_ in _CHECKPOINT_GAUGES}
+        for rv in view.checkpoints:
+            run = rv.run
+            newest = run.newest_complete
+            if newest is not None:
+                durability = rv.mount.verdict.durability.value if rv.mount else "unknown"
+                mountpoint = display_path(rv.mount.mount.mountpoint) if rv.mount else ""
+                last.add_metric([rv.label, durability, mountpoint], newest.mtime)
+                gauges["storwatch_checkpoint_size_bytes"].add_metric([rv.label], newest.size_bytes)
+                timed = next((c for c in reversed(run.complete) if c.write_seconds is not None), None)
+                if timed is not None and timed.write_seconds is not None:
+                    gauges["storwatch_checkpoint_write_duration_seconds"].add_metric([rv.label], timed.write_seconds)
+                    if timed.write_bytes_per_second is not None:
+                        gauges["storwatch_checkpoint_write_bytes_per_second"].add_metric(
+                            [rv.label], timed.write_bytes_per_second
+                        )
+            if run.interval_seconds is not None:
+                gauges["storwatch_checkpoint_interval_seconds"].add_metric([rv.label], run.interval_seconds)
+            gauges["storwatch_checkpoint_kept"].add_metric([rv.label], len(run.complete))
+            gauges["storwatch_checkpoint_incomplete"].add_metric([rv.label], run.incomplete)
+            gauges["storwatch_checkpoint_corrupt"].add_metric([rv.label], run.corrupt)
+            gauges["storwatch_checkpoint_write_in_progress"].add_metric([rv.label], 1 if run.write_in_progress else 0)
+        yield last
+        yield from gauges.values()
 
     def _collectors(self, view: View) -> Iterator[Metric]:
         success = GaugeMetricFamily(

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from storwatch.procfs.cgroup import ContainerRef
     from storwatch.procfs.diskstats import DiskStats
     from storwatch.procfs.mountstats import NFSMount
+    from storwatch.sources.checkpoints import CheckpointFacts
     from storwatch.sources.diskio import DiskIO
     from storwatch.sources.gpu import GPUFacts
     from storwatch.sources.nfs import NFSStats
@@ -156,6 +157,19 @@ class Snapshot:
     gpus: GPUFacts | None = None
     containers: dict[int, ContainerRef | None] = field(default_factory=dict)
     """GPU process PID -> its container and pod, where it runs in one."""
+    checkpoints: CheckpointFacts | None = None
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A checkpoint run joined with the mount it is on."""
+
+    run: Any
+    """storwatch.sources.checkpoints.RunState."""
+    label: str
+    """A short, stable name for the run: its path below the scan root."""
+    mount: MountView | None
+    """The mount holding the run's directory (its durability is the checkpoints')."""
 
 
 @dataclass(frozen=True)
@@ -170,5 +184,6 @@ class View:
     nfs: NFSStats | None = None
     gpus: GPUFacts | None = None
     containers: dict[int, ContainerRef | None] = field(default_factory=dict)
+    checkpoints: tuple[RunView, ...] = ()
     ready: bool = True
     extra: dict[str, Any] = field(default_factory=dict)

@@ -45,6 +45,7 @@ def view_to_dict(view: View) -> dict[str, Any]:
     return {
         "generated_at": view.timestamp,
         "gpus": _gpus_dict(view),
+        "checkpoints": _checkpoints_dict(view),
         "nvml": nvml_status(view),
         "ready": view.ready,
         "platform": {"name": view.platform.name, "detected_by": view.platform.detected_by},
@@ -103,6 +104,55 @@ def _gpus_dict(view: View) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
+    out = []
+    for rv in view.checkpoints:
+        run = rv.run
+        newest = run.newest_complete
+        out.append(
+            {
+                "run": rv.label,
+                "path": display_path(run.path),
+                "mountpoint": display_path(rv.mount.mount.mountpoint) if rv.mount else None,
+                "durability": rv.mount.verdict.durability.value if rv.mount else None,
+                "newest_complete": None if newest is None else display_path(newest.path),
+                "newest_complete_age_seconds": None if newest is None else view.timestamp - newest.mtime,
+                "newest_complete_size_bytes": None if newest is None else newest.size_bytes,
+                "interval_seconds": run.interval_seconds,
+                "kept": len(run.complete),
+                "incomplete": run.incomplete,
+                "corrupt": run.corrupt,
+                "write_in_progress": run.write_in_progress,
+                "checkpoints": [
+                    {
+                        "path": display_path(c.path),
+                        "format": c.format,
+                        "verdict": c.verdict,
+                        "reason": c.reason,
+                        "size_bytes": c.size_bytes,
+                        "mtime": c.mtime,
+                        "age_seconds": view.timestamp - c.mtime,
+                        "deep_checked": c.deep_checked,
+                        "write_seconds": c.write_seconds,
+                        "write_bytes_per_second": c.write_bytes_per_second,
+                    }
+                    for c in run.checkpoints
+                ],
+            }
+        )
+    return out
+
+
+def human_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def nvml_status(view: View) -> dict[str, Any]:

@@ -15,7 +15,14 @@ from typing import Any
 
 from storwatch.config import ConfigError, TLSConfig, parse_listen
 from storwatch.model import View
-from storwatch.report import human_bytes, latency_cell, mount_state, usage_percent, view_to_dict
+from storwatch.report import (
+    human_bytes,
+    human_seconds,
+    latency_cell,
+    mount_state,
+    usage_percent,
+    view_to_dict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +108,29 @@ def render_status_page(data: dict[str, Any]) -> str:
                 pods=e(", ".join(pods)),
             )
         )
+    ckpt_rows = []
+    for r in data["checkpoints"]:
+        problems = []
+        if r["incomplete"]:
+            problems.append(f"{r['incomplete']} incomplete")
+        if r["corrupt"]:
+            bad = next((c for c in r["checkpoints"] if c["verdict"] == "corrupt"), None)
+            problems.append(f"{r['corrupt']} corrupt" + (f": {bad['reason']}" if bad else ""))
+        ckpt_rows.append(
+            "<tr class='{cls}'><td class='mountpoint'>{run}</td>"
+            "<td class='durability'><span class='d-{dur}'>{dur}</span></td><td class='num'>{age}</td>"
+            "<td class='num'>{size}</td><td class='num'>{interval}</td>"
+            "<td class='num'>{kept}</td><td>{state}</td></tr>".format(
+                cls="stuck" if r["corrupt"] else "",
+                run=e(r["run"]),
+                dur=e(r["durability"] or "unknown"),
+                age=human_seconds(r["newest_complete_age_seconds"]),
+                size=human_bytes(r["newest_complete_size_bytes"]),
+                interval=human_seconds(r["interval_seconds"]),
+                kept=r["kept"],
+                state=e("writing; " if r["write_in_progress"] else "") + e("; ".join(problems) or "ok"),
+            )
+        )
     nvml = data["nvml"]
     gpu_note = "" if nvml["nvml_up"] else f"<p>NVML not available: {e(nvml['error'] or 'unknown')}</p>"
     collectors = ", ".join(
@@ -139,6 +169,12 @@ tr.stuck {{ background: #fde2e2; }} .mountpoint {{ font-family: monospace; }}
 <th>Memory</th><th>Power</th><th>Pods</th></tr></thead>
 <tbody>
 {chr(10).join(gpu_rows)}
+</tbody></table>
+<h2>Checkpoints</h2>
+<table id="checkpoints"><thead><tr><th>Run</th><th>Durability</th><th>Newest complete, age</th><th>Size</th>
+<th>Interval</th><th>Kept</th><th>State</th></tr></thead>
+<tbody>
+{chr(10).join(ckpt_rows)}
 </tbody></table>
 <h2>Latency</h2>
 <p>Milliseconds, p50/p95/max of per-second averages, over the last minute and hour; probe: write/fsync/read of

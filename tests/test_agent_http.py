@@ -92,7 +92,15 @@ def test_metrics_served_within_10s_of_start(default_agent: tuple[AgentProcess, f
     assert elapsed < 10.0, f"first full /metrics took {elapsed:.2f} s from Popen"
     assert 'storwatch_collector_success{collector="mounts"} 1.0' in body.splitlines()
     success = dict((labels["collector"], value) for labels, value in samples(body, "storwatch_collector_success"))
-    assert success == {"mounts": 1.0, "diskstats": 1.0, "nfs": 1.0, "probe": 1.0, "gpu": 1.0, "processes": 1.0}
+    assert success == {
+        "mounts": 1.0,
+        "diskstats": 1.0,
+        "nfs": 1.0,
+        "probe": 1.0,
+        "checkpoints": 1.0,
+        "gpu": 1.0,
+        "processes": 1.0,
+    }
     roots = [labels for labels, value in samples(body, "storwatch_mount_info") if labels["mountpoint"] == "/"]
     assert len(roots) == 1, body
     assert roots[0]["durability"] in ("volatile", "node", "cluster", "region")
@@ -129,7 +137,15 @@ def test_api_status_lists_mounts(default_agent: tuple[AgentProcess, float, str])
     assert root["durability"] in ("volatile", "node", "cluster", "region")
     assert isinstance(root["size_bytes"], int) and root["size_bytes"] > 0
     assert isinstance(root["avail_bytes"], int) and 0 <= root["avail_bytes"] <= root["size_bytes"]
-    assert [c["name"] for c in data["collectors"]] == ["mounts", "diskstats", "nfs", "probe", "gpu", "processes"]
+    assert [c["name"] for c in data["collectors"]] == [
+        "mounts",
+        "diskstats",
+        "nfs",
+        "probe",
+        "checkpoints",
+        "gpu",
+        "processes",
+    ]
 
 
 def test_unknown_path_is_404(default_agent: tuple[AgentProcess, float, str]) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from storwatch.analysis.checkpoints import run_views
 from storwatch.analysis.io import mount_io
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.classify import Classifier
 from storwatch.model import MountView, Platform, Snapshot, View
+from storwatch.paths import HostPaths
 
 
 def build_view(
@@ -14,8 +16,10 @@ def build_view(
     platform: Platform,
     ready: bool = True,
     windows: LatencyWindows | None = None,
+    paths: HostPaths | None = None,
 ) -> View:
     mounts = tuple(MountView(m, classifier.classify(m), mount_io(m, snapshot, windows)) for m in snapshot.mounts)
+    checkpoints = run_views(snapshot.checkpoints, mounts, paths or HostPaths())
     return View(
         timestamp=snapshot.timestamp,
         platform=platform,
@@ -25,5 +29,6 @@ def build_view(
         nfs=snapshot.nfs,
         gpus=snapshot.gpus,
         containers=snapshot.containers,
+        checkpoints=checkpoints,
         ready=ready,
     )

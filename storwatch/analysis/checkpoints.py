@@ -1,0 +1,33 @@
+"""Join checkpoint runs with the mounts they are on: a run's durability is its mount's."""
+
+from __future__ import annotations
+
+import os
+
+from storwatch.model import MountView, RunView
+from storwatch.paths import HostPaths
+from storwatch.sources.checkpoints import CheckpointFacts
+
+MAX_RUNS = 100
+"""Runs exported and shown, newest first: the run label stays bounded whatever the node holds."""
+
+
+def run_label(path: str, root: str) -> str:
+    rel = os.path.relpath(path, root) if path != root else os.path.basename(path)
+    return os.fsencode(rel).decode("utf-8", "backslashreplace")[-160:]
+
+
+def run_views(facts: CheckpointFacts | None, mounts: tuple[MountView, ...], paths: HostPaths) -> tuple[RunView, ...]:
+    if facts is None:
+        return ()
+    # The longest mountpoint that is a prefix of the run's path, seen from this process (under the host root).
+    local = sorted(((paths.root(mv.mount.mountpoint).rstrip("/"), mv) for mv in mounts), key=lambda t: -len(t[0]))
+
+    def mount_of(path: str) -> MountView | None:
+        for prefix, mv in local:
+            if path == prefix or path.startswith(prefix + "/") or prefix == "":
+                return mv
+        return None
+
+    runs = sorted(facts.runs, key=lambda r: max((c.mtime for c in r.checkpoints), default=0.0), reverse=True)
+    return tuple(RunView(r, run_label(r.path, r.root), mount_of(r.path)) for r in runs[:MAX_RUNS])

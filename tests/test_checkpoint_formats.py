@@ -1,0 +1,427 @@
+"""Checkpoint format identification and checks: real torch.save, safetensors and DCP output, and hand-built layouts."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storwatch.checkpoints import CheckResult, check, identify
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - depends on the environment
+    torch = None  # type: ignore[assignment]
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (pip install torch==2.13.0, CPU wheel)")
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int8", "bool")
+
+
+def safetensors_bytes(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
+    """A safetensors file built by hand, for tests that run without torch."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    data = b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def torch_like_zip(path: Path, entries: int = 3) -> None:
+    """A ZIP laid out as torch.save lays it out (stored entries under one archive folder), built without torch."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        for i in range(entries):
+            z.writestr(f"archive/data/{i}", bytes(64))
+        z.writestr("archive/version", b"3\n")
+
+
+def random_state(rng: random.Random, target_bytes: int) -> dict[str, Any]:
+    assert torch is not None
+    state: dict[str, Any] = {}
+    left, i = target_bytes, 0
+    while left > 0:
+        dtype = getattr(torch, rng.choice(DTYPES))
+        n = max(1, min(left, rng.randint(16, 64 * 1024)) // 4)
+        t = torch.randn(n).to(dtype) if dtype.is_floating_point else torch.randint(0, 100, (n,)).to(dtype)
+        state[f"layer{i}.weight"] = t
+        left -= t.numel() * t.element_size()
+        i += 1
+    return state
+
+
+def save_safetensors(tensors: dict[str, Any], path: Path) -> None:
+    """Write with the safetensors library's own serialiser (safetensors.torch.save_file would also need numpy)."""
+    from safetensors import TensorSpec, serialize_file
+
+    specs = {
+        name: TensorSpec(
+            dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape), data_ptr=t.data_ptr(), data_len=t.nbytes
+        )
+        for name, t in tensors.items()
+    }
+    serialize_file(specs, str(path), None)
+
+
+def assert_not_complete(result: CheckResult) -> None:
+    assert result.verdict in ("incomplete", "corrupt"), result
+    assert result.reason and result.reason != "all checks passed"
+
+
+# ---- identification ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("layout", "target", "expected"),
+    [
+        ({"m.pt": b"PK\x03\x04"}, "m.pt", "torch-zip"),
+        ({"m.ckpt": b""}, "m.ckpt", "torch-zip"),
+        ({"noext": b"PK\x03\x04rest"}, "noext", "torch-zip"),
+        ({"notes.txt": b"hello"}, "notes.txt", None),
+        ({"m.safetensors": b""}, "m.safetensors", "safetensors"),
+        ({"model.safetensors.index.json": b"{}"}, "model.safetensors.index.json", "safetensors-sharded"),
+        ({"d/model.safetensors.index.json": b"{}"}, "d", "safetensors-sharded"),
+        ({"d/.metadata": b"x", "d/__0_0.distcp": b"x"}, "d", "torch-dcp"),
+        ({"d/__0_0.distcp": b"x"}, "d", "torch-dcp"),
+        ({"d/.snapshot_metadata": b"x"}, "d", "torchsnapshot"),
+        ({"d/latest": b"global_step5", "d/global_step5/x.pt": b""}, "d", "deepspeed"),
+        ({"d/global_step5/x.pt": b""}, "d/global_step5", "deepspeed"),
+        ({"d/checkpoint-500/trainer_state.json": b"{}"}, "d/checkpoint-500", "hf-trainer"),
+        ({"d/100.orbax-checkpoint-tmp-17/x": b""}, "d/100.orbax-checkpoint-tmp-17", "orbax"),
+        ({"d/100/commit_success.txt": b""}, "d/100", "orbax"),
+        ({"d/latest_checkpointed_iteration.txt": b"10"}, "d", "megatron"),
+        ({"d/iter_0000010/x": b""}, "d/iter_0000010", "megatron"),
+        ({"d/readme": b""}, "d", None),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_identify(tmp_path: Path, layout: dict[str, bytes], target: str, expected: str | None) -> None:
+    for rel, content in layout.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(content)
+    assert identify(str(tmp_path / target)) == expected
+
+
+def test_unknown_is_reported_not_raised(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    result = check(str(tmp_path / "notes.txt"))
+    assert (result.format, result.verdict) == (None, "corrupt")
+    assert "not a recognised checkpoint format" in result.reason
+
+
+# ---- torch.save ZIP, hand-built (no torch needed) ------------------------------------------------------------------
+
+
+def test_zip_layout_complete_and_truncated_without_torch(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    torch_like_zip(path)
+    result = check(str(path), deep=True)
+    assert (result.format, result.verdict, result.size_bytes) == ("torch-zip", "complete", path.stat().st_size)
+    data = path.read_bytes()
+    path.write_bytes(data[:-10])
+    result = check(str(path))
+    assert result.verdict == "incomplete"
+    assert result.reason.startswith("ZIP end of central directory not found: the file was truncated during writing")
+    path.write_bytes(b"")
+    assert "empty" in check(str(path)).reason
+
+
+def test_zip_without_data_pkl_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "other.bin"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("readme.txt", b"not a checkpoint")
+    result = check(str(path))
+    assert result.verdict == "corrupt" and "data.pkl" in result.reason
+
+
+def test_zip_central_directory_offset_out_of_range_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    torch_like_zip(path)
+    data = bytearray(path.read_bytes())
+    # cd_offset is at bytes 16..20 of the 22-byte end record.
+    struct.pack_into("<L", data, len(data) - 22 + 16, len(data) + 100)
+    path.write_bytes(bytes(data))
+    result = check(str(path))
+    assert result.verdict == "corrupt" and "central directory" in result.reason
+
+
+def test_zip64_archive_parses(tmp_path: Path) -> None:
+    # More than 65535 entries forces the ZIP64 end records, as torch.save writes for very many tensors.
+    path = tmp_path / "many.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        for i in range(65540):
+            z.writestr(f"archive/data/{i}", b"")
+        z.writestr("archive/version", b"3\n")
+    assert path.read_bytes()[-22 - 20 : -22][:4] == b"PK\x06\x07"
+    assert check(str(path)).verdict == "complete"
+    assert check(str(path), deep=True).verdict == "complete"
+    path.write_bytes(path.read_bytes()[:-30])
+    assert check(str(path)).verdict == "incomplete"
+
+
+def test_symlink_out_of_directory_is_not_followed(tmp_path: Path) -> None:
+    outside, ckpt = tmp_path / "outside", tmp_path / "ckpt"
+    outside.mkdir()
+    ckpt.mkdir()
+    torch_like_zip(outside / "real.pt")
+    (ckpt / "model.pt").symlink_to(outside / "real.pt")
+    result = check(str(ckpt / "model.pt"))
+    assert result.verdict == "incomplete" and "not followed" in result.reason
+    (ckpt / "inside.pt").write_bytes((outside / "real.pt").read_bytes())
+    (ckpt / "alias.pt").symlink_to("inside.pt")
+    assert check(str(ckpt / "alias.pt")).verdict == "complete"
+
+
+def test_device_file_is_never_read(tmp_path: Path) -> None:
+    (tmp_path / "zero.pt").symlink_to(os.devnull)
+    assert check(str(tmp_path / "zero.pt")).verdict != "complete"
+
+
+# ---- torch.save, real ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.realpart
+@needs_torch
+def test_fifty_truncated_torch_saves_are_never_complete(tmp_path: Path) -> None:
+    assert torch is not None
+    rng = random.Random(20261122)
+    for model in range(5):
+        buf = io.BytesIO()
+        torch.save(random_state(rng, rng.randint(150_000, 400_000)), buf)
+        data = buf.getvalue()
+        for cut in range(10):
+            path = tmp_path / f"m{model}-{cut}.pt"
+            path.write_bytes(data[: rng.randrange(0, len(data))])
+            assert_not_complete(check(str(path)))
+            if cut % 5 == 0:
+                assert_not_complete(check(str(path), deep=True))
+
+
+@pytest.mark.realpart
+@needs_torch
+def test_flipped_byte_in_tensor_data_fails_deep_check(tmp_path: Path) -> None:
+    assert torch is not None
+    path = tmp_path / "model.pt"
+    torch.save({"w": torch.randn(256, 256), "b": torch.randn(256)}, path)
+    with zipfile.ZipFile(path) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+        with z.open(info) as member:
+            member.read(1)
+        local = path.read_bytes()[info.header_offset : info.header_offset + 30]
+        name_len, extra_len = struct.unpack("<2H", local[26:30])
+    data = bytearray(path.read_bytes())
+    at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+    data[at] ^= 0x40
+    path.write_bytes(bytes(data))
+    assert check(str(path)).verdict == "complete"  # the structure is intact
+    deep = check(str(path), deep=True)
+    assert deep.verdict == "corrupt" and deep.deep
+    assert "CRC32 mismatch" in deep.reason and info.filename in deep.reason
+
+
+@pytest.mark.realpart
+@needs_torch
+def test_two_hundred_sound_checkpoints_pass(tmp_path: Path) -> None:
+    assert torch is not None
+    rng = random.Random(7)
+    suffixes = (".pt", ".pth", ".bin", ".ckpt")
+    for i in range(200):
+        state = random_state(rng, rng.randint(64, 40_000))
+        obj: Any = state
+        if i % 4 == 3:  # Lightning's layout
+            obj = {"epoch": i, "global_step": i * 10, "state_dict": state, "optimizer_states": [{"lr": 0.1}]}
+        path = tmp_path / f"ckpt{i}{suffixes[i % 4]}"
+        torch.save(obj, path)
+        result = check(str(path), deep=i % 10 == 0)
+        assert result.verdict == "complete", result
+        assert result.format == "torch-zip"
+
+
+# ---- safetensors --------------------------------------------------------------------------------------------------
+
+
+def test_safetensors_hand_built_checks(tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    good = safetensors_bytes({"a": ("F32", [2, 2], bytes(16)), "b": ("I64", [3], bytes(24))})
+    path.write_bytes(good)
+    assert check(str(path), deep=True).verdict == "complete"
+    path.write_bytes(good + b"junk")
+    assert check(str(path)).verdict == "corrupt"
+    path.write_bytes(good.replace(b'"shape": [3]', b'"shape": [4]'))
+    assert check(str(path)).verdict == "corrupt"
+    path.write_bytes(good[:5])
+    assert check(str(path)).verdict == "incomplete"
+    path.write_bytes(struct.pack("<Q", 1 << 40) + good[8:])
+    assert check(str(path)).verdict == "corrupt"
+
+
+@pytest.mark.realpart
+@needs_torch
+def test_safetensors_from_the_library(tmp_path: Path) -> None:
+    assert torch is not None
+    path = tmp_path / "model.safetensors"
+    save_safetensors({"w": torch.randn(64, 64), "b": torch.zeros(64, dtype=torch.bfloat16), "i": torch.arange(5)}, path)
+    good = path.read_bytes()
+    assert check(str(path)).verdict == "complete"
+    assert check(str(path), deep=True).verdict == "complete"
+    header_len = struct.unpack("<Q", good[:8])[0]
+    for cut in (0, 3, 8 + header_len // 2, 8 + header_len + 10, len(good) - 1):
+        path.write_bytes(good[:cut])
+        result = check(str(path))
+        assert result.verdict == "incomplete", (cut, result)
+        assert "truncated" in result.reason
+    bad = bytearray(good)
+    bad[8] = ord("[")  # the header no longer opens an object
+    path.write_bytes(bytes(bad))
+    result = check(str(path))
+    assert result.verdict == "corrupt" and "header" in result.reason
+
+
+@pytest.mark.realpart
+@needs_torch
+def test_sharded_safetensors_with_index(tmp_path: Path) -> None:
+    assert torch is not None
+    shards = {
+        "model-00001-of-00002.safetensors": {"a.weight": torch.randn(32, 32), "a.bias": torch.randn(32)},
+        "model-00002-of-00002.safetensors": {"b.weight": torch.randn(32, 16)},
+    }
+    weight_map = {}
+    for name, tensors in shards.items():
+        save_safetensors(tensors, tmp_path / name)
+        weight_map.update(dict.fromkeys(tensors, name))
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    assert check(str(tmp_path)).verdict == "complete"
+    assert check(str(index), deep=True).verdict == "complete"
+
+    second = tmp_path / "model-00002-of-00002.safetensors"
+    data = second.read_bytes()
+    second.write_bytes(data[:-100])
+    result = check(str(tmp_path))
+    assert result.verdict == "incomplete" and "model-00002-of-00002" in result.reason
+    second.unlink()
+    result = check(str(tmp_path))
+    assert result.verdict == "incomplete" and "missing" in result.reason
+    second.write_bytes(data)
+
+    index.write_text(json.dumps({"weight_map": {**weight_map, "c.weight": "model-00002-of-00002.safetensors"}}))
+    assert check(str(tmp_path)).verdict == "corrupt"
+    index.write_text(json.dumps({"weight_map": {"x": "../elsewhere.safetensors"}}))
+    assert check(str(tmp_path)).verdict == "corrupt"
+    index.write_text('{"weight_map": {"a.weight": "model-0000')
+    assert check(str(tmp_path)).verdict == "corrupt"
+
+
+# ---- torch Distributed Checkpoint ----------------------------------------------------------------------------------
+
+
+@pytest.mark.realpart
+@needs_torch
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_dcp_written_by_torch(tmp_path: Path) -> None:
+    assert torch is not None
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    target = tmp_path / "step-100"
+    state = {"model": {"w": torch.randn(64, 64), "b": torch.randn(64)}, "step": torch.tensor(100)}
+    dcp_save(state, checkpoint_id=str(target))
+    assert identify(str(target)) == "torch-dcp"
+    assert check(str(target)).verdict == "complete"
+    assert check(str(target), deep=True).verdict == "complete"
+
+    distcp = next(target.glob("*.distcp"))
+    data = distcp.read_bytes()
+    distcp.write_bytes(data[: len(data) // 2])
+    assert check(str(target)).verdict == "complete"  # the cheap check reads only the markers
+    assert check(str(target), deep=True).verdict == "incomplete"
+    distcp.write_bytes(data)
+
+    (target / ".metadata").unlink()
+    result = check(str(target))
+    assert result.verdict == "incomplete" and ".metadata" in result.reason
+
+
+# ---- layouts built by hand ----------------------------------------------------------------------------------------
+
+
+def test_hf_trainer_complete_only_after_settle_time(tmp_path: Path) -> None:
+    ckpt = tmp_path / "checkpoint-500"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(safetensors_bytes({"w": ("F32", [2], bytes(8))}))
+    t0 = 1_800_000_000.0
+    result = check(str(ckpt), now=t0)
+    assert result.verdict == "incomplete" and "trainer_state.json" in result.reason
+    (ckpt / "trainer_state.json").write_text("{}")
+    for p in (*ckpt.iterdir(), ckpt):
+        os.utime(p, (t0, t0))
+    assert check(str(ckpt), now=t0 + 10).verdict == "incomplete"
+    assert check(str(ckpt), now=t0 + 59).verdict == "incomplete"
+    assert check(str(ckpt), now=t0 + 61).verdict == "complete"
+    assert check(str(ckpt), now=t0 + 20, settle_seconds=15).verdict == "complete"
+    # A damaged weight file inside a settled directory is still found.
+    (ckpt / "model.safetensors").write_bytes(b"\x01")
+    for p in (*ckpt.iterdir(), ckpt):
+        os.utime(p, (t0, t0))
+    assert check(str(ckpt), now=t0 + 120).verdict == "incomplete"
+
+
+def test_deepspeed_latest_names_the_finished_step(tmp_path: Path) -> None:
+    for step in (10, 20):
+        (tmp_path / f"global_step{step}").mkdir()
+        torch_like_zip(tmp_path / f"global_step{step}" / "mp_rank_00_model_states.pt")
+    assert check(str(tmp_path)).verdict == "incomplete"  # no `latest` yet
+    (tmp_path / "latest").write_text("global_step10")
+    assert check(str(tmp_path)).verdict == "complete"
+    assert check(str(tmp_path / "global_step10")).verdict == "complete"
+    result = check(str(tmp_path / "global_step20"))
+    assert result.verdict == "incomplete" and "latest" in result.reason
+    (tmp_path / "latest").write_text("global_step20")
+    assert check(str(tmp_path / "global_step10")).verdict == "complete"
+    state = tmp_path / "global_step20" / "mp_rank_00_model_states.pt"
+    state.write_bytes(state.read_bytes()[:50])
+    assert check(str(tmp_path)).verdict == "incomplete"
+    (tmp_path / "latest").write_text("global_step30")
+    assert "missing" in check(str(tmp_path)).reason
+
+
+def test_megatron_tracker_file(tmp_path: Path) -> None:
+    for it in (1000, 2000):
+        rank = tmp_path / f"iter_{it:07d}" / "mp_rank_00"
+        rank.mkdir(parents=True)
+        torch_like_zip(rank / "model_optim_rng.pt")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("1000\n")
+    assert check(str(tmp_path)).verdict == "complete"
+    assert check(str(tmp_path / "iter_0001000")).verdict == "complete"
+    assert check(str(tmp_path / "iter_0002000")).verdict == "incomplete"
+    (tmp_path / "iter_0003000").mkdir()
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3000")
+    assert check(str(tmp_path / "iter_0003000")).verdict == "incomplete"  # no files in it
+
+
+def test_orbax_tmp_and_committed(tmp_path: Path) -> None:
+    tmp = tmp_path / "100.orbax-checkpoint-tmp-1763800000"
+    tmp.mkdir()
+    (tmp / "_CHECKPOINT_METADATA").write_text("{}")
+    result = check(str(tmp))
+    assert result.verdict == "incomplete" and "Orbax" in result.reason
+    committed = tmp_path / "200"
+    committed.mkdir()
+    (committed / "commit_success.txt").write_text("")
+    assert check(str(committed)).verdict == "complete"
+
+
+def test_torchsnapshot_metadata(tmp_path: Path) -> None:
+    (tmp_path / "0").mkdir()
+    (tmp_path / ".snapshot_metadata").write_text("version: 0.0.3")
+    assert check(str(tmp_path)).verdict == "complete"
+    assert check(str(tmp_path)).size_bytes == len("version: 0.0.3")

@@ -1,0 +1,58 @@
+"""``storwatch verify``: exit codes 0/1/2, the line output and the JSON shape."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from storwatch.cli import main
+
+
+def write_safetensors(path: Path, truncate: int = 0) -> None:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    data = struct.pack("<Q", len(header)) + header + bytes(16)
+    path.write_bytes(data[: len(data) - truncate])
+
+
+def test_all_complete_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_safetensors(tmp_path / "a.safetensors")
+    assert main(["verify", str(tmp_path / "a.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("COMPLETE") and "safetensors" in out and "all checks passed" in out
+
+
+def test_any_incomplete_exits_1_and_json_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good, bad = tmp_path / "good.safetensors", tmp_path / "bad.safetensors"
+    write_safetensors(good)
+    write_safetensors(bad, truncate=5)
+    assert main(["verify", "--json", "--deep", str(good), str(bad)]) == 1
+    results = json.loads(capsys.readouterr().out)
+    assert [set(r) for r in results] == [{"path", "format", "verdict", "reason", "size_bytes", "deep"}] * 2
+    assert [r["verdict"] for r in results] == ["complete", "incomplete"]
+    assert results[1]["path"] == str(bad) and results[1]["deep"] is True
+    assert results[1]["size_bytes"] == bad.stat().st_size
+    assert "truncated" in results[1]["reason"]
+
+
+def test_incomplete_directory_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "__0_0.distcp").write_bytes(b"x")
+    assert main(["verify", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("INCOMPLETE") and "torch-dcp" in out and ".metadata" in out
+
+
+def test_missing_path_exits_2_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_safetensors(tmp_path / "a.safetensors")
+    missing = tmp_path / "nope.pt"
+    assert main(["verify", str(tmp_path / "a.safetensors"), str(missing)]) == 2
+    captured = capsys.readouterr()
+    assert str(missing) in captured.err and captured.out == ""
+
+
+def test_no_paths_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["verify"])
+    assert exc.value.code == 2
