@@ -58,6 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     rc, scan = run_one("scan_time.py", ["--runs", str(args.runs)], out)
     if scan is None:
         failed.append(f"scan_time.py (exit {rc})")
+    # The I/O sources, NVML sampling and checkpoint scan print their own figures and PASS/MISS lines.
+    for script, extra in (
+        ("io_sources.py", ["--seconds", "30"]),
+        ("io_sources.py", ["--seconds", "30", "--busy-nfs", "8"]),
+        ("gpu_sampling.py", ["--ticks", "20"]),
+        ("checkpoint_scan.py", []),
+    ):
+        rc, _ = run_one(script, extra, out)
+        if rc != 0:
+            failed.append(f"{script} (exit {rc})")
     variants = None
     if args.with_variants:
         rc, variants = run_one("http_variants.py", ["--scrapes", str(min(args.scrapes, 300))], out)
