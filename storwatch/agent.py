@@ -24,11 +24,13 @@ from storwatch.classify import Classifier, resolve_platform
 from storwatch.config import Config, ConfigError, load_config
 from storwatch.exporter import Exporter
 from storwatch.history import History
+from storwatch.kubevolumes import KubeVolumeEvidence
 from storwatch.model import CollectorStatus, Snapshot, View
 from storwatch.sources import Source
 from storwatch.sources.checkpoints import CheckpointSource, default_roots
 from storwatch.sources.diskio import DiskIOSource
 from storwatch.sources.gpu import GPUSource
+from storwatch.sources.kube import KubeSource
 from storwatch.sources.mounts import MountSource
 from storwatch.sources.nfs import NFSSource
 from storwatch.sources.probe import ProbeSource, ProbeTarget
@@ -49,6 +51,7 @@ _CONFIG_SECTION = {
     "gpu": "gpu",
     "processes": "gpu",
     "checkpoints": "checkpoints",
+    "kube": "kube",
 }
 
 
@@ -77,7 +80,9 @@ class Agent:
         self.clock = clock
         self.config = config
         self.platform = resolve_platform(config.platform, config.host_paths())
-        self.classifier = Classifier(self.platform.name, config.overrides())
+        # The Kubernetes volume behind a mount is the strongest evidence after an override.
+        self._kube_evidence = KubeVolumeEvidence()
+        self.classifier = self._classifier(self.platform.name, config)
         self.history = History(config.history_size)
         self.exporter = Exporter(process_metrics=process_metrics)
         self.windows = LatencyWindows()
@@ -94,6 +99,11 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self.server: StatusHTTPServer | None = None
         log.info("platform %s (%s)", self.platform.name, self.platform.detected_by)
+
+    def _classifier(self, platform: str, config: Config) -> Classifier:
+        classifier = Classifier(platform, config.overrides())
+        classifier.add_provider(self._kube_evidence)
+        return classifier
 
     def _default_sources(self, config: Config) -> list[Source]:
         paths = config.host_paths()
@@ -113,6 +123,7 @@ class Agent:
                 max_depth=config.checkpoints.max_depth,
                 max_seconds=config.checkpoints.max_seconds,
             ),
+            *((KubeSource(config.kube.interval_seconds, clock=self.clock),) if config.kube.enabled else ()),
             *(
                 (
                     GPUSource(config.gpu.interval_seconds, config.gpu.call_timeout_seconds, self.clock),
@@ -215,6 +226,7 @@ class Agent:
                 gpus=self._facts("gpu"),
                 containers=self._facts("processes") or {},
                 checkpoints=self._facts("checkpoints"),
+                kube=self._facts("kube"),
             )
 
     def tick(self) -> View:
@@ -222,6 +234,8 @@ class Agent:
         snap = self.snapshot()
         self.history.append(snap)
         self._feeder.feed(snap)
+        if snap.kube is not None:
+            self._kube_evidence.update(snap.kube)
         with self._lock:
             ready = all(st.status is not None for st in self._sources)
             classifier, platform = self.classifier, self.platform
@@ -289,7 +303,7 @@ class Agent:
             new = self.flags(load_config(self.config_path))
             new.validate(self.config_path)
             platform = resolve_platform(new.platform, new.host_paths())
-            classifier = Classifier(platform.name, new.overrides())
+            classifier = self._classifier(platform.name, new)
         except (ConfigError, ValueError) as err:
             log.error("reload failed, keeping the last good configuration:\n%s", err)
             return False

@@ -112,6 +112,14 @@ class CheckpointsConfig:
 
 
 @dataclass(frozen=True)
+class KubeConfig:
+    enabled: bool = True
+    """Watch the Kubernetes API (in-cluster config or a kubeconfig); off by itself where there is neither."""
+    interval_seconds: float = 2.0
+    """How often the latest watched state is taken into the View (the watches themselves are continuous)."""
+
+
+@dataclass(frozen=True)
 class Config:
     listen: str = DEFAULT_LISTEN
     platform: str = "auto"
@@ -126,6 +134,7 @@ class Config:
     probes: ProbesConfig = field(default_factory=ProbesConfig)
     gpu: GPUConfig = field(default_factory=GPUConfig)
     checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
+    kube: KubeConfig = field(default_factory=KubeConfig)
 
     def host_paths(self) -> HostPaths:
         return HostPaths(self.paths.procfs, self.paths.sysfs, self.paths.rootfs)
@@ -151,6 +160,7 @@ class Config:
             ("gpu.call_timeout_seconds", self.gpu.call_timeout_seconds),
             ("checkpoints.interval_seconds", self.checkpoints.interval_seconds),
             ("checkpoints.max_seconds", self.checkpoints.max_seconds),
+            ("kube.interval_seconds", self.kube.interval_seconds),
         ):
             if value <= 0:
                 problems.append(f"{name}: must be greater than 0, got {value}")

@@ -226,6 +226,7 @@ class ViewCollector(Collector):
         yield from self._probes(view)
         yield from self._gpus(view)
         yield from self._checkpoints(view)
+        yield from self._kube(view)
         yield from self._collectors(view)
 
     def _mounts(self, view: View) -> Iterator[Metric]:
@@ -439,7 +440,7 @@ class ViewCollector(Collector):
         pod_memory = GaugeMetricFamily(
             "storwatch_gpu_pod_memory_used_bytes",
             "GPU memory held by a pod's processes (pod_uid empty: processes outside any pod).",
-            labels=[*gpu_labels, "pod_uid"],
+            labels=[*gpu_labels, "pod_uid", "namespace", "pod"],
         )
         for g in facts.gpus:
             labels = [str(g.index), g.uuid or ""]
@@ -468,8 +469,10 @@ class ViewCollector(Collector):
                 ref = view.containers.get(proc.pid)
                 pod = (ref.pod_uid or "") if ref is not None else ""
                 by_pod[pod] = by_pod.get(pod, 0) + (proc.used_memory_bytes or 0)
-            for pod, used in sorted(by_pod.items()):
-                pod_memory.add_metric([*labels, pod], used)
+            for pod_uid, used in sorted(by_pod.items()):
+                pod_info = view.kube.pod_for_uid(pod_uid) if view.kube is not None and pod_uid else None
+                names = [pod_info.namespace, pod_info.name] if pod_info is not None else ["", ""]
+                pod_memory.add_metric([*labels, pod_uid, *names], used)
         yield from (info, up, *gauges.values(), throttled, xid, processes, pod_memory)
 
     def _checkpoints(self, view: View) -> Iterator[Metric]:
@@ -502,6 +505,37 @@ class ViewCollector(Collector):
             gauges["storwatch_checkpoint_write_in_progress"].add_metric([rv.label], 1 if run.write_in_progress else 0)
         yield last
         yield from gauges.values()
+
+    def _kube(self, view: View) -> Iterator[Metric]:
+        kube = view.kube
+        if kube is None:
+            return
+        up = GaugeMetricFamily(
+            "storwatch_kube_api_up", "1 when the Kubernetes API answered the agent's watches (0 also when off)."
+        )
+        up.add_metric([], 1 if kube.api_up else 0)
+        yield up
+        if kube.node is not None:
+            cordoned = GaugeMetricFamily("storwatch_node_cordoned", "1 when this node is cordoned (unschedulable).")
+            cordoned.add_metric([], 1 if kube.node.cordoned else 0)
+            draining = GaugeMetricFamily(
+                "storwatch_node_draining", "1 when this node is being drained or announced for removal."
+            )
+            draining.add_metric([], 1 if kube.node.draining else 0)
+            taints = GaugeMetricFamily(
+                "storwatch_node_removal_taint", "A taint that announces this node's removal.", labels=["taint"]
+            )
+            for key in kube.node.removal_taints:
+                taints.add_metric([key], 1)
+            yield from (cordoned, draining, taints)
+        left = GaugeMetricFamily(
+            "storwatch_pod_deletion_seconds_left",
+            "Seconds before a pod on this node that is being deleted is killed.",
+            labels=["namespace", "pod"],
+        )
+        for pod, seconds in kube.terminating_pods(view.timestamp):
+            left.add_metric([pod.namespace, pod.name], max(0.0, seconds))
+        yield left
 
     def _collectors(self, view: View) -> Iterator[Metric]:
         success = GaugeMetricFamily(

@@ -10,6 +10,7 @@ from storwatch.sources.blockdev import MountDevice
 
 if TYPE_CHECKING:
     from storwatch.analysis.latency import LatencySummary
+    from storwatch.kubevolumes import KubeFacts
     from storwatch.procfs.cgroup import ContainerRef
     from storwatch.procfs.diskstats import DiskStats
     from storwatch.procfs.mountstats import NFSMount
@@ -158,6 +159,7 @@ class Snapshot:
     containers: dict[int, ContainerRef | None] = field(default_factory=dict)
     """GPU process PID -> its container and pod, where it runs in one."""
     checkpoints: CheckpointFacts | None = None
+    kube: KubeFacts | None = None
 
 
 @dataclass(frozen=True)
@@ -185,5 +187,6 @@ class View:
     gpus: GPUFacts | None = None
     containers: dict[int, ContainerRef | None] = field(default_factory=dict)
     checkpoints: tuple[RunView, ...] = ()
+    kube: KubeFacts | None = None
     ready: bool = True
     extra: dict[str, Any] = field(default_factory=dict)

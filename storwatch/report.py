@@ -46,6 +46,7 @@ def view_to_dict(view: View) -> dict[str, Any]:
         "generated_at": view.timestamp,
         "gpus": _gpus_dict(view),
         "checkpoints": _checkpoints_dict(view),
+        "kubernetes": _kube_dict(view),
         "nvml": nvml_status(view),
         "ready": view.ready,
         "platform": {"name": view.platform.name, "detected_by": view.platform.detected_by},
@@ -80,6 +81,7 @@ def _gpus_dict(view: View) -> list[dict[str, Any]]:
                     "container_id": ref.container_id if ref else None,
                     "pod_uid": ref.pod_uid if ref else None,
                     "runtime": ref.runtime if ref else None,
+                    **_pod_names(view, ref.pod_uid if ref else None),
                 }
             )
         out.append(
@@ -104,6 +106,38 @@ def _gpus_dict(view: View) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _pod_names(view: View, pod_uid: str | None) -> dict[str, Any]:
+    pod = view.kube.pod_for_uid(pod_uid) if view.kube is not None and pod_uid else None
+    if pod is None:
+        return {"namespace": None, "pod": None, "owner": None}
+    owner = f"{pod.owner_kind}/{pod.owner_name}" if pod.owner_kind else None
+    return {"namespace": pod.namespace, "pod": pod.name, "owner": owner}
+
+
+def _kube_dict(view: View) -> dict[str, Any]:
+    kube = view.kube
+    if kube is None:
+        return {"enabled": False, "api_up": False}
+    node = kube.node
+    return {
+        "enabled": kube.enabled,
+        "api_up": kube.api_up,
+        "last_error": kube.last_error,
+        "node": None
+        if node is None
+        else {
+            "name": node.name,
+            "cordoned": node.cordoned,
+            "draining": node.draining,
+            "removal_taints": list(node.removal_taints),
+        },
+        "terminating_pods": [
+            {"namespace": p.namespace, "pod": p.name, "seconds_left": left}
+            for p, left in kube.terminating_pods(view.timestamp)
+        ],
+    }
 
 
 def _checkpoints_dict(view: View) -> list[dict[str, Any]]:

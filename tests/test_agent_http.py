@@ -98,6 +98,7 @@ def test_metrics_served_within_10s_of_start(default_agent: tuple[AgentProcess, f
         "nfs": 1.0,
         "probe": 1.0,
         "checkpoints": 1.0,
+        "kube": 1.0,
         "gpu": 1.0,
         "processes": 1.0,
     }
@@ -143,6 +144,7 @@ def test_api_status_lists_mounts(default_agent: tuple[AgentProcess, float, str])
         "nfs",
         "probe",
         "checkpoints",
+        "kube",
         "gpu",
         "processes",
     ]

@@ -143,7 +143,7 @@ def test_eight_gpus_export_exactly_the_scripted_values(tmp_path: Path, fake_lib:
         pods = {k: v for k, v in m.items() if k.startswith("storwatch_gpu_pod_memory_used_bytes")}
         assert len(pods) == 4, pods
         assert sorted(pods.values()) == sorted([2147483648, 1073741824, 3221225472, 1073741824])
-        assert pods[_series("storwatch_gpu_pod_memory_used_bytes", 0, pod_uid="")] == 1073741824
+        assert pods[_series("storwatch_gpu_pod_memory_used_bytes", 0, pod_uid="", namespace="", pod="")] == 1073741824
         status = agent.fetch("/api/status").body.decode()
         assert '"nvml_up": true' in status and '"driver_version": "550.54.15"' in status
 

@@ -30,5 +30,6 @@ def build_view(
         gpus=snapshot.gpus,
         containers=snapshot.containers,
         checkpoints=checkpoints,
+        kube=snapshot.kube,
         ready=ready,
     )

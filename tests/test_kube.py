@@ -1,0 +1,408 @@
+"""Kubernetes enrichment: kubelet path parsing, volume -> durability evidence, and the watch source driven through the
+official client against the local API server (tests/kubeapi.py): drains, deletions, outages, 410 Gone, Events."""
+
+from __future__ import annotations
+
+import calendar
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from storwatch.classify import GENERIC, Classifier
+from storwatch.kubevolumes import (
+    ClusterObjects,
+    KubeFacts,
+    KubeletVolumePath,
+    KubeVolumeEvidence,
+    PodInfo,
+    VolumeInfo,
+    parse_kubelet_volume_path,
+    volume_evidence,
+)
+from storwatch.model import Durability, EvidenceSource, Mount
+from storwatch.procfs.mountinfo import parse_mountinfo
+from storwatch.sources.kube import KubeSource, parse_time, pod_info
+from tests.kubeapi import (
+    LOADER_UID,
+    NODE,
+    PV_EPHEMERAL,
+    PV_LOCAL,
+    PV_NFS,
+    TRAINER_UID,
+    FakeKubeAPI,
+    fake_kube_api,
+    k8s_node_objects,
+)
+
+MOUNTINFO = Path(__file__).parent / "fixtures" / "k8s-node" / "proc" / "1" / "mountinfo"
+POD_DIR = f"/var/lib/kubelet/pods/{TRAINER_UID}/volumes"
+V, N, C = Durability.VOLATILE, Durability.NODE, Durability.CLUSTER
+
+
+def fixture_mounts() -> dict[str, Mount]:
+    infos, errors = parse_mountinfo(MOUNTINFO.read_bytes())
+    assert not errors
+    return {
+        i.mountpoint: Mount(
+            mount_id=i.mount_id,
+            mountpoint=i.mountpoint,
+            device=i.source,
+            fstype=i.fstype,
+            root=i.root,
+            major=i.major,
+            minor=i.minor,
+            readonly=i.readonly,
+            options=i.mount_options,
+            super_options=i.super_options,
+            usage=None,
+            stuck=False,
+            stuck_seconds=0.0,
+        )
+        for i in infos
+    }
+
+
+def wait_for(what: Callable[[], bool], timeout: float) -> float:
+    """Seconds until ``what()`` held; fails after ``timeout``."""
+    start = time.monotonic()
+    while not what():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"not within {timeout} s")
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeAPI]:
+    with fake_kube_api() as server:
+        for obj in k8s_node_objects():
+            server.add(obj)
+        yield server
+
+
+@pytest.fixture
+def source(api: FakeKubeAPI, tmp_path: Path) -> Iterator[KubeSource]:
+    src = KubeSource(environ={}, kubeconfig=str(api.kubeconfig(tmp_path)), node_name=NODE)
+    src.start()
+    wait_for(lambda: src.collect().api_up, 5)
+    yield src
+    src.close()
+
+
+# --- kubelet paths ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        pytest.param(
+            f"{POD_DIR}/kubernetes.io~empty-dir/scratch",
+            KubeletVolumePath(TRAINER_UID, "kubernetes.io~empty-dir", "scratch"),
+            id="empty-dir",
+        ),
+        pytest.param(
+            f"{POD_DIR}/kubernetes.io~csi/{PV_NFS}/mount",
+            KubeletVolumePath(TRAINER_UID, "kubernetes.io~csi", PV_NFS),
+            id="csi",
+        ),
+        pytest.param(
+            f"/host/root{POD_DIR}/kubernetes.io~local-volume/{PV_LOCAL}",
+            KubeletVolumePath(TRAINER_UID, "kubernetes.io~local-volume", PV_LOCAL),
+            id="under-rootfs",
+        ),
+        pytest.param(
+            f"/var/snap/microk8s/common/var/lib/kubelet/pods/{TRAINER_UID}/volumes/kubernetes.io~nfs/data",
+            KubeletVolumePath(TRAINER_UID, "kubernetes.io~nfs", "data"),
+            id="moved-root-dir",
+        ),
+        pytest.param(
+            f"/var/lib/kubelet/pods/{TRAINER_UID}/volume-subpaths/shared/trainer/0",
+            KubeletVolumePath(TRAINER_UID, "", "shared", subpath=True),
+            id="subpath",
+        ),
+        pytest.param(
+            "/var/lib/kubelet/pods/0123456789abcdef0123456789abcdef/volumes/kubernetes.io~host-path/etc",
+            KubeletVolumePath("0123456789abcdef0123456789abcdef", "kubernetes.io~host-path", "etc"),
+            id="static-pod-hash",
+        ),
+        pytest.param(f"/var/lib/kubelet/pods/{TRAINER_UID}/etc-hosts", None, id="not-a-volume"),
+        pytest.param(f"/var/lib/kubelet/pods/{TRAINER_UID}/volumes/kubernetes.io~csi", None, id="plugin-dir-only"),
+        pytest.param("/var/lib/kubelet/pods/not-a-uid/volumes/kubernetes.io~empty-dir/x", None, id="bad-uid"),
+        pytest.param("/mnt/local-nvme", None, id="host-mount"),
+    ],
+)
+def test_parse_kubelet_volume_path(path: str, expected: KubeletVolumePath | None) -> None:
+    assert parse_kubelet_volume_path(path) == expected
+
+
+# --- the six volumes, through the real client and the classifier ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mountpoint", "durability", "words"),
+    [
+        pytest.param(
+            f"{POD_DIR}/kubernetes.io~empty-dir/scratch",
+            N,
+            ["emptyDir", "'scratch'", "train/trainer-0", "deleted with the pod", "lost with the node"],
+            id="emptyDir",
+        ),
+        pytest.param(
+            f"{POD_DIR}/kubernetes.io~empty-dir/dshm",
+            V,
+            ["emptyDir", "'dshm'", "train/trainer-0", "Memory"],
+            id="emptyDir-memory",
+        ),
+        pytest.param(
+            "/mnt/local-nvme", N, ["hostPath", "'nvme'", "train/trainer-0", "lost with the node"], id="hostPath"
+        ),
+        pytest.param(
+            f"{POD_DIR}/kubernetes.io~csi/{PV_NFS}/mount",
+            C,
+            ["'shared'", "train/trainer-0", "PVC train/ckpt-shared", "nfs.csi.k8s.io", "survives"],
+            id="pvc-nfs-csi",
+        ),
+        pytest.param(
+            f"{POD_DIR}/kubernetes.io~local-volume/{PV_LOCAL}",
+            N,
+            ["'local'", "train/trainer-0", "PVC train/ckpt-local", PV_LOCAL, "lost with the node"],
+            id="pvc-local-path",
+        ),
+        pytest.param(
+            f"{POD_DIR}/kubernetes.io~csi/{PV_EPHEMERAL}/mount",
+            N,
+            ["generic ephemeral", "'cache'", "train/trainer-0", "PVC train/trainer-0-cache", "deleted with its pod"],
+            id="generic-ephemeral",
+        ),
+    ],
+)
+def test_volume_classified(source: KubeSource, mountpoint: str, durability: Durability, words: list[str]) -> None:
+    provider = KubeVolumeEvidence()
+    provider.update(source.collect())
+    classifier = Classifier(GENERIC)
+    classifier.add_provider(provider)
+    verdict = classifier.classify(fixture_mounts()[mountpoint])
+    assert verdict.durability is durability, verdict
+    assert verdict.evidence[0].source is EvidenceSource.KUBERNETES
+    missing = [w for w in words if w.lower() not in verdict.reason.lower()]
+    assert not missing, f"reason {verdict.reason!r} lacks {missing}"
+
+
+def test_network_block_pvc_survives_node_loss() -> None:
+    # The ephemeral volume's EBS disk would survive node loss as an ordinary PVC: only the ephemeral lifecycle
+    # (deleted with its pod) makes it node-scoped.
+    from storwatch.kubevolumes import PVCInfo, PVInfo
+
+    pod = PodInfo(TRAINER_UID, "trainer-0", "train", NODE, volumes=(VolumeInfo("cache", "pvc", claim_name="c"),))
+    cluster = ClusterObjects.of(
+        pods=[pod],
+        pvcs=[PVCInfo("train", "c", PV_EPHEMERAL, None)],
+        pvs=[PVInfo(PV_EPHEMERAL, False, "ebs.csi.aws.com", False, None)],
+    )
+    ev = volume_evidence(fixture_mounts()[f"{POD_DIR}/kubernetes.io~csi/{PV_EPHEMERAL}/mount"], cluster)
+    assert ev is not None and ev.durability is C and "network block" in ev.reason
+
+
+def test_unknown_pod_emptydir_and_foreign_mounts() -> None:
+    mounts = fixture_mounts()
+    empty = ClusterObjects()
+    ev = volume_evidence(mounts[f"{POD_DIR}/kubernetes.io~empty-dir/scratch"], empty)
+    assert ev is not None and ev.durability is N and TRAINER_UID in ev.reason
+    assert volume_evidence(mounts["/"], empty) is None
+    assert volume_evidence(mounts[f"{POD_DIR}/kubernetes.io~csi/{PV_NFS}/mount"], empty) is None
+
+
+def test_pod_for_uid(source: KubeSource) -> None:
+    facts = source.collect()
+    trainer = facts.pod_for_uid(TRAINER_UID.upper())
+    assert trainer is not None
+    assert (trainer.namespace, trainer.name, trainer.owner_kind, trainer.owner_name) == (
+        "train",
+        "trainer-0",
+        "StatefulSet",
+        "trainer",
+    )
+    loader = facts.pod_for_uid(LOADER_UID)
+    assert loader is not None and loader.owner_kind == "ReplicaSet"
+    # Only this node's pods are watched.
+    assert {p.name for p in facts.pods} == {"trainer-0", "loader-7d9f"}
+    assert facts.pod_for_uid("00000000-0000-4000-8000-0000000000ff") is None
+
+
+# --- lifecycle: drain, deletion ------------------------------------------------------------------------------------
+
+
+def test_drain_seen_within_2s(api: FakeKubeAPI, source: KubeSource) -> None:
+    assert not source.collect().draining
+    api.modify(
+        "Node",
+        NODE,
+        spec={
+            "unschedulable": True,
+            "taints": [
+                {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+                {"key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000", "effect": "NoSchedule"},
+            ],
+        },
+    )
+    took = wait_for(lambda: source.collect().draining, 2.0)
+    facts = source.collect()
+    assert facts.cordoned and facts.node is not None
+    assert facts.node.removal_taints == ("ToBeDeletedByClusterAutoscaler", "node.kubernetes.io/unschedulable")
+    assert took < 2.0
+
+
+def test_spot_taint_alone_is_draining(api: FakeKubeAPI, source: KubeSource) -> None:
+    api.modify(
+        "Node", NODE, spec={"taints": [{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]}
+    )
+    wait_for(lambda: source.collect().draining, 2.0)
+    assert not source.collect().cordoned
+
+
+def test_pod_deletion_seen_within_2s(api: FakeKubeAPI, tmp_path: Path) -> None:
+    now = [1_800_000_000.0]
+    with_clock = KubeSource(environ={}, kubeconfig=str(api.kubeconfig(tmp_path)), node_name=NODE, clock=lambda: now[0])
+    try:
+        wait_for(lambda: with_clock.collect().api_up, 5)
+        assert with_clock.collect().terminating_pods() == ()
+        api.modify(
+            "Pod",
+            "trainer-0",
+            "train",
+            metadata={"deletionTimestamp": "2027-01-15T08:00:30Z", "deletionGracePeriodSeconds": 30},
+        )
+        deleting_at = parse_time("2027-01-15T08:00:30Z")
+        assert deleting_at is not None
+        now[0] = deleting_at - 25
+        wait_for(lambda: bool(with_clock.collect().terminating_pods()), 2.0)
+        ((pod, left),) = with_clock.collect().terminating_pods()
+        assert pod.ref == "train/trainer-0" and pod.grace_seconds == 30 and left == pytest.approx(25)
+        api.delete("Pod", "trainer-0", "train")
+        wait_for(lambda: with_clock.collect().pod_for_uid(TRAINER_UID) is None, 2.0)
+    finally:
+        with_clock.close()
+
+
+# --- failures: outage, 410 Gone, no configuration ------------------------------------------------------------------
+
+
+def test_api_outage_keeps_mapping_and_recovers(api: FakeKubeAPI, source: KubeSource) -> None:
+    before = source.collect()
+    assert before.api_up and len(before.pods) == 2
+    api.go_away(5.0)
+    wait_for(lambda: not source.collect().api_up, 2.0)
+    slowest = 0.0
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:
+        start = time.monotonic()
+        facts = source.collect()
+        slowest = max(slowest, time.monotonic() - start)
+        assert not facts.api_up
+        assert facts.last_error
+        assert facts.pod_for_uid(TRAINER_UID) is not None
+        assert facts.cluster.pvs.keys() == before.cluster.pvs.keys()
+        time.sleep(0.1)
+    assert slowest < 0.05
+    wait_for(lambda: api.up, 3.0)
+    # Backoff doubles 1, 2, 4 s during a 5 s outage: the next attempt is at most 4 s away (8 s from the start).
+    took = wait_for(lambda: source.collect().api_up, 4.0 + 1.0)
+    assert took <= 5.0
+    api.modify("Node", NODE, spec={"unschedulable": True})
+    wait_for(lambda: source.collect().cordoned, 2.0)
+
+
+def test_watch_410_gone_relists(api: FakeKubeAPI, source: KubeSource) -> None:
+    lists_before = api.count_requests("/api/v1/pods", watch=False)
+    api.gone_on_next_watch(5)
+    api.drop_watches()
+    # A pod added while the watches are answered 410 is found by the relist.
+    api.add(
+        {
+            "kind": "Pod",
+            "metadata": {"name": "late", "namespace": "train", "uid": "11111111-2222-4333-8444-555555555555"},
+            "spec": {"nodeName": NODE, "volumes": []},
+        }
+    )
+    wait_for(lambda: source.collect().pod_for_uid("11111111-2222-4333-8444-555555555555") is not None, 3.0)
+    assert api.count_requests("/api/v1/pods", watch=False) == lists_before + 1
+    assert source.watch_stats()["pods"][0] == 2
+    assert source.collect().api_up
+
+
+def test_compacted_history_relists(api: FakeKubeAPI, source: KubeSource) -> None:
+    api.drop_watches()
+    api.compact()
+    api.modify("Node", NODE, spec={"unschedulable": True})
+    wait_for(lambda: source.collect().cordoned, 3.0)
+
+
+def test_no_kubeconfig_source_off_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="storwatch.sources.kube")
+    src = KubeSource(environ={"HOME": str(tmp_path)})
+    facts = [src.collect() for _ in range(3)]
+    src.close()
+    assert all(
+        f == KubeFacts(enabled=False, api_up=False, last_error=f.last_error, timestamp=f.timestamp) for f in facts
+    )
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "source off" in lines[0] and "kubeconfig" in lines[0]
+    assert src.post_event("R", "m") == "disabled"
+
+
+# --- Events --------------------------------------------------------------------------------------------------------
+
+
+def test_events_deduplicated_and_rate_limited(api: FakeKubeAPI, tmp_path: Path) -> None:
+    now = [1_800_000_000.0]
+    src = KubeSource(
+        environ={},
+        kubeconfig=str(api.kubeconfig(tmp_path)),
+        node_name=NODE,
+        clock=lambda: now[0],
+        event_burst=4,
+        events_per_second=1 / 600,
+    )
+    try:
+        assert src.post_event("CheckpointOnEphemeral", "newest checkpoint is on node storage") == "created"
+        now[0] += 60
+        assert src.post_event("CheckpointOnEphemeral", "still on node storage") == "patched"
+        assert (
+            src.post_event("DrainBeforeCheckpoint", "drain", kind="Pod", name="trainer-0", namespace="train")
+            == "created"
+        )
+        assert src.post_event("CheckpointOnEphemeral", "again") == "patched"
+        assert src.post_event("CheckpointOnEphemeral", "too many") == "rate-limited"
+        (created_node, created_pod) = [r for r in api.recorded if r.verb == "create"]
+        patches = [r for r in api.recorded if r.verb == "patch"]
+        assert created_node.namespace == "default" and created_node.body["involvedObject"]["name"] == NODE
+        assert created_pod.namespace == "train" and created_pod.body["involvedObject"]["kind"] == "Pod"
+        assert [p.body["count"] for p in patches] == [2, 3]
+        assert {p.name for p in patches} == {created_node.name}
+        assert api.events[("default", created_node.name)]["count"] == 3
+        # After 10 minutes the same finding is a new Event (and the bucket has refilled).
+        now[0] += 601
+        assert src.post_event("CheckpointOnEphemeral", "later") == "created"
+    finally:
+        src.close()
+
+
+def test_pod_info_parses_api_pod() -> None:
+    pod = pod_info(
+        {
+            "metadata": {
+                "name": "p",
+                "namespace": "ns",
+                "uid": "ABCDEF01-0000-4000-8000-000000000000",
+                "deletionTimestamp": "2027-01-15T08:00:30.250Z",
+                "deletionGracePeriodSeconds": 30,
+            },
+            "spec": {"nodeName": NODE, "volumes": [{"name": "x", "csi": {"driver": "efs.csi.aws.com"}}]},
+        }
+    )
+    assert pod.uid == "abcdef01-0000-4000-8000-000000000000"
+    assert pod.deletion_timestamp == pytest.approx(calendar.timegm((2027, 1, 15, 8, 0, 30, 0, 0, 0)) + 0.25)
+    assert pod.volumes == (VolumeInfo("x", "other", csi_driver="efs.csi.aws.com"),)

@@ -1,0 +1,128 @@
+"""The Kubernetes source inside the real agent: the official client against the fake API server (tests/kubeapi.py).
+
+Volumes classified by the pod and PVC behind them, GPU processes named by their pod, and a drain seen promptly.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agentproc import running_agent
+from tests.kubeapi import NODE, TRAINER_UID, fake_kube_api, k8s_node_objects
+from tests.nvml import FakeNVML, FakeNVMLUnavailable, build_fake_nvml
+
+pytestmark = pytest.mark.realpart
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GPU_PID = 5150
+CGROUP = (
+    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope\n".format(
+        uid=TRAINER_UID.replace("-", "_"), cid="ab" * 32
+    )
+)
+
+
+def _tree(tmp_path: Path) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "1").mkdir(parents=True)
+    shutil.copy(FIXTURES / "k8s-node" / "proc" / "1" / "mountinfo", proc / "1" / "mountinfo")
+    (proc / str(GPU_PID)).mkdir()
+    (proc / str(GPU_PID) / "cgroup").write_text(CGROUP)
+    (tmp_path / "root").mkdir()
+    cfg = tmp_path / "storwatch.yaml"
+    cfg.write_text(
+        "tick_seconds: 0.2\nplatform: together-k8s\n"
+        f"paths: {{procfs: {proc}, sysfs: {FIXTURES / 'gpu-node' / 'sys'}, rootfs: {tmp_path / 'root'}}}\n"
+        "mounts: {interval_seconds: 5, statvfs_timeout_seconds: 0.2}\n"
+        "kube: {interval_seconds: 0.2}\ngpu: {interval_seconds: 0.2}\n"
+    )
+    return cfg
+
+
+def _status(agent: Any) -> dict[str, Any]:
+    resp = agent.fetch("/api/status")
+    if resp.status != 200:  # 503 until the first View
+        return {"kubernetes": {"api_up": False}, "gpus": []}
+    return json.loads(resp.body)  # type: ignore[no-any-return]
+
+
+def _until(probe, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_agent_maps_volumes_pods_and_sees_a_drain(tmp_path: Path) -> None:
+    try:
+        lib = build_fake_nvml(tmp_path / "nvml")
+    except FakeNVMLUnavailable as err:
+        pytest.skip(str(err))
+    fake = FakeNVML(lib.parent, tmp_path)
+    fake.write_script(f"gpu 0 uuid=GPU-0 name=H100 util=50 mem_total=1000\nproc 0 pid={GPU_PID} used=4096\n")
+    cfg = _tree(tmp_path)
+    with fake_kube_api() as api:
+        for obj in k8s_node_objects():
+            api.add(obj)
+        env = {**fake.env(), "KUBECONFIG": str(api.kubeconfig(tmp_path)), "NODE_NAME": NODE}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=env) as agent:
+            status = _until(
+                lambda: (
+                    (s := _status(agent))["kubernetes"]["api_up"]
+                    and any(p["pod"] for g in s["gpus"] for p in g["processes"])
+                    and s
+                ),
+                15,
+                "the API mapping and the GPU process",
+            )
+            mounts = {m["mountpoint"]: m for m in status["mounts"]}
+            base = f"/var/lib/kubelet/pods/{TRAINER_UID}/volumes"
+            nfs = mounts[f"{base}/kubernetes.io~csi/pvc-0a6f2e1d-3c4b-4a59-8e7f-112233445566/mount"]
+            assert nfs["durability"] == "cluster"
+            assert nfs["evidence"][0]["source"] == "kubernetes"
+            assert "trainer-0" in nfs["reason"] and "ckpt-shared" in nfs["reason"]
+            local = mounts[f"{base}/kubernetes.io~local-volume/pvc-1b7e3f2a-4d5c-4b6a-9f8e-223344556677"]
+            assert local["durability"] == "node" and "ckpt-local" in local["reason"]
+            dshm = mounts[f"{base}/kubernetes.io~empty-dir/dshm"]
+            assert dshm["durability"] == "volatile" and "dshm" in dshm["reason"]
+            (proc,) = status["gpus"][0]["processes"]
+            assert (proc["namespace"], proc["pod"], proc["pod_uid"]) == ("train", "trainer-0", TRAINER_UID)
+            assert proc["owner"] == "StatefulSet/trainer"
+            metrics = agent.fetch("/metrics").body.decode()
+            assert 'namespace="train"' in metrics and 'pod="trainer-0"' in metrics
+            assert "storwatch_kube_api_up 1.0" in metrics
+
+            # kubectl drain: cordon and the unschedulable taint; seen within 2 s.
+            api.modify(
+                "Node",
+                NODE,
+                spec={
+                    "unschedulable": True,
+                    "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+                },
+            )
+            started = time.monotonic()
+            _until(lambda: "storwatch_node_cordoned 1.0" in agent.fetch("/metrics").body.decode(), 5, "cordon")
+            assert time.monotonic() - started < 2.0
+            api.modify(
+                "Node",
+                NODE,
+                spec={
+                    "unschedulable": True,
+                    "taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}],
+                },
+            )
+            started = time.monotonic()
+            _until(lambda: "storwatch_node_draining 1.0" in agent.fetch("/metrics").body.decode(), 5, "drain")
+            assert time.monotonic() - started < 2.0
