@@ -126,3 +126,48 @@ def test_agent_maps_volumes_pods_and_sees_a_drain(tmp_path: Path) -> None:
             started = time.monotonic()
             _until(lambda: "storwatch_node_draining 1.0" in agent.fetch("/metrics").body.decode(), 5, "drain")
             assert time.monotonic() - started < 2.0
+
+
+def test_api_server_gone_for_a_minute(tmp_path: Path) -> None:
+    """Scrapes keep their latency, storwatch_kube_api_up is 0, the mapping is kept, and it comes back after one
+    backoff (at most 30 s) once the API server returns."""
+    import statistics
+
+    cfg = _tree(tmp_path)
+    nfs_mount = (
+        f"/var/lib/kubelet/pods/{TRAINER_UID}/volumes/kubernetes.io~csi/pvc-0a6f2e1d-3c4b-4a59-8e7f-112233445566/mount"
+    )
+    with fake_kube_api() as api:
+        for obj in k8s_node_objects():
+            api.add(obj)
+        env = {"KUBECONFIG": str(api.kubeconfig(tmp_path)), "NODE_NAME": NODE, "LD_LIBRARY_PATH": str(tmp_path)}
+        with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=env) as agent:
+
+            def reason() -> str:
+                mounts = {m["mountpoint"]: m for m in _status(agent).get("mounts", [])}
+                return str(mounts.get(nfs_mount, {}).get("reason", ""))
+
+            _until(lambda: "ckpt-shared" in reason(), 15, "the mapping")
+            baseline = []
+            for _ in range(50):
+                started = time.perf_counter()
+                agent.fetch("/metrics")
+                baseline.append(time.perf_counter() - started)
+            api.go_away(60)
+            gone_at = time.monotonic()
+            _until(lambda: "storwatch_kube_api_up 0.0" in agent.fetch("/metrics").body.decode(), 40, "api_up 0")
+            latencies = []
+            while time.monotonic() - gone_at < 55:
+                started = time.perf_counter()
+                body = agent.fetch("/metrics").body.decode()
+                latencies.append(time.perf_counter() - started)
+                assert "storwatch_kube_api_up 0.0" in body
+                time.sleep(0.25)
+            assert statistics.quantiles(latencies, n=100)[98] < 0.05
+            assert statistics.median(latencies) < 3 * statistics.median(baseline) + 0.002
+            assert "ckpt-shared" in reason()  # the last known mapping is kept
+            _until(lambda: api.up, 15, "the API server back")
+            back = time.monotonic()
+            _until(lambda: "storwatch_kube_api_up 1.0" in agent.fetch("/metrics").body.decode(), 35, "api_up 1")
+            assert time.monotonic() - back <= 31  # one backoff at most (capped at 30 s)
+            assert "ckpt-shared" in reason()
