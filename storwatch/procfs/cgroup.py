@@ -40,6 +40,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from storwatch.procfs import LineError
+
 Runtime = Literal["containerd", "cri-o", "docker"]
 QoSClass = Literal["guaranteed", "burstable", "besteffort"]
 
@@ -114,13 +116,8 @@ class ContainerRef:
     """The cgroup path this was read from."""
 
 
-class CgroupError(ValueError):
+class CgroupError(LineError):
     """A line that is not a valid /proc/<pid>/cgroup record; ``lineno`` is 1-based."""
-
-    def __init__(self, lineno: int, message: str, line: str) -> None:
-        super().__init__(f"line {lineno}: {message}: {line!r}")
-        self.lineno = lineno
-        self.line = line
 
 
 def parse_line(line: str, lineno: int = 1) -> CgroupEntry:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from storwatch.procfs import LineError
+
 SECTOR_BYTES = 512
 """/proc/diskstats counts in 512-byte units whatever the device's logical or physical sector size."""
 
@@ -96,13 +98,8 @@ class DiskStats:
         return f"{self.major}:{self.minor}"
 
 
-class DiskStatsError(ValueError):
+class DiskStatsError(LineError):
     """A line that is not a valid /proc/diskstats record; ``lineno`` is 1-based."""
-
-    def __init__(self, lineno: int, message: str, line: str) -> None:
-        super().__init__(f"line {lineno}: {message}: {line!r}")
-        self.lineno = lineno
-        self.line = line
 
 
 def _is_decimal(field: str) -> bool:

@@ -12,6 +12,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from storwatch.procfs import LineError
+
 _OCTAL = re.compile(rb"\\([0-7]{3})")
 
 
@@ -49,13 +51,8 @@ class MountInfo:
         return f"{self.major}:{self.minor}"
 
 
-class MountInfoError(ValueError):
+class MountInfoError(LineError):
     """A line that is not a valid mountinfo record; ``lineno`` is 1-based."""
-
-    def __init__(self, lineno: int, message: str, line: str) -> None:
-        super().__init__(f"line {lineno}: {message}: {line!r}")
-        self.lineno = lineno
-        self.line = line
 
 
 def unescape(field: bytes) -> str:

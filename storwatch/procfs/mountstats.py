@@ -28,6 +28,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from storwatch.procfs import LineError
 from storwatch.procfs.mountinfo import unescape
 
 NFS_FSTYPES = frozenset({"nfs", "nfs4"})
@@ -217,13 +218,8 @@ class NFSMount:
         return next((op for op in self.operations if op.name == name), None)
 
 
-class MountStatsError(ValueError):
+class MountStatsError(LineError):
     """A line of /proc/<pid>/mountstats that could not be parsed; ``lineno`` is 1-based."""
-
-    def __init__(self, lineno: int, message: str, line: str) -> None:
-        super().__init__(f"line {lineno}: {message}: {line!r}")
-        self.lineno = lineno
-        self.line = line
 
 
 def _shown(line: bytes) -> str:
