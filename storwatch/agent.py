@@ -122,6 +122,7 @@ class Agent:
                 max_entries=config.checkpoints.max_entries,
                 max_depth=config.checkpoints.max_depth,
                 max_seconds=config.checkpoints.max_seconds,
+                stuck_paths=self._stuck_mount_paths,
             ),
             *((KubeSource(config.kube.interval_seconds, clock=self.clock),) if config.kube.enabled else ()),
             *(
@@ -133,6 +134,12 @@ class Agent:
                 else ()
             ),
         ]
+
+    def _stuck_mount_paths(self) -> list[str]:
+        with self._lock:
+            mounts = self._facts("mounts") or ()
+        paths = self.config.host_paths()
+        return [paths.root(m.mountpoint) for m in mounts if m.stuck]
 
     def _gpu_pids(self) -> list[int]:
         with self._lock:

@@ -190,3 +190,51 @@ def test_scrapes_continue_while_statvfs_threads_are_stuck(tmp_path: Path, real_m
         for w in workers:
             w.join(30)
         assert errors == []
+
+
+def test_checkpoint_scan_skips_a_hung_mount_under_its_root(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
+    """A hung mount inside a checkpoint root: once statvfs marks it stuck the walk leaves it alone, the checkpoints
+    beside it are still found, and SIGTERM still ends the agent in 5 s."""
+    from tests.test_checkpoint_source import torch_like_zip
+
+    root = tmp_path / "ckpt-root"
+    run = root / "run"
+    run.mkdir(parents=True)
+    torch_like_zip(run / "step-1.pt")
+    hung = real_mounts(fuse_mount(root / "zz-hung", block_statfs=True))
+    config = tmp_path / "storwatch.yaml"
+    config.write_text(
+        "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.2\n"
+        f"checkpoints:\n  roots: ['{root}']\n  kubelet: false\n  interval_seconds: 0.5\n"
+    )
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
+        _wait_for(
+            lambda: (
+                f'storwatch_mount_stuck{{mountpoint="{hung.mountpoint}"}} 1.0'
+                in _get(agent.port, "/metrics")[1].decode()
+            ),
+            10,
+            "the hung mount to show stuck",
+        )
+        _wait_for(
+            lambda: 'storwatch_checkpoint_kept{run="run"} 1.0' in _get(agent.port, "/metrics")[1].decode(),
+            15,
+            "the run to be found",
+        )
+        status = json.loads(_get(agent.port, "/api/status")[1])
+        assert [r["run"] for r in status["checkpoints"]] == ["run"]
+        # Now the daemon stops answering anything (as a dead server): entering the mount would hang the walk.
+        os.kill(hung.proc.pid, signal.SIGSTOP)
+        try:
+            torch_like_zip(run / "step-2.pt")
+            _wait_for(
+                lambda: 'storwatch_checkpoint_kept{run="run"} 2.0' in _get(agent.port, "/metrics")[1].decode(),
+                15,
+                "later scans to go on beside the hung mount",
+            )
+        finally:
+            os.kill(hung.proc.pid, signal.SIGCONT)
+        started = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(timeout=5) == 0
+        assert time.monotonic() - started < 5

@@ -265,6 +265,8 @@ class CheckpointScanner:
         self.max_seconds = max_seconds
         self.clock = clock
         self.wall_clock = wall_clock
+        self.skip: frozenset[str] = frozenset()
+        """Directories not to enter (set by the caller before a scan: the mountpoints of stuck mounts)."""
         self.settle_seconds = settle_seconds
         self._cache: dict[str, _Listing] = {}
         self.stats = ScanStats(0, 0, 0, 0, 0, 0, 0.0, 0)
@@ -358,6 +360,8 @@ class CheckpointScanner:
         stack: list[tuple[str, int, _DirAcc | None]] = [(root, 0, None)]
         while stack:
             path, depth, owner = stack.pop()
+            if path in self.skip:
+                continue  # a mount whose statvfs is stuck: listing it would hang this walk too
             self._check_time(path)
             name_match = owner is None and _CANDIDATE_DIR_NAME.fullmatch(os.path.basename(path)) is not None
             listing = self._listing(path, owner is not None or name_match)

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from storwatch.checkpoints.formats import CheckResult, check
@@ -127,8 +127,10 @@ class CheckpointSource:
         max_entries: int = 200_000,
         max_depth: int = 12,
         max_seconds: float = 10.0,
+        stuck_paths: Callable[[], Iterable[str]] | None = None,
     ) -> None:
         self.roots = tuple(roots)
+        self.stuck_paths = stuck_paths
         self.interval_seconds = interval_seconds
         self.settle_seconds = settle_seconds
         self.deep_per_scan = deep_per_scan
@@ -239,6 +241,8 @@ class CheckpointSource:
     def collect(self) -> CheckpointFacts:
         if not self.roots:
             return CheckpointFacts(self.clock(), (), False, None, 0.0, ())
+        if self.stuck_paths is not None:
+            self.scanner.skip = frozenset(self.stuck_paths())
         result = self.scanner.scan()
         now = self.clock()
         for cand in result.candidates:
