@@ -6,7 +6,8 @@
 2. The whole agent at a 1 s cadence (diskstats 1 s, NFS 1 s, mounts 10 s, tick 1 s) on that tree for --seconds:
    its CPU as a share of one core. Target: <= 1 %.
 
-Usage: .venv/bin/python bench/io_sources.py [--devices 64] [--nfs 64] [--seconds 30] [--json FILE]
+Usage: .venv/bin/python bench/io_sources.py [--devices 64] [--nfs 64] [--busy-nfs 64] [--seconds 30] [--json FILE]
+BENCH_EXTRA_CONFIG (YAML text) is appended to the agent's config, e.g. to switch sources off while investigating.
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ def agent_cpu(root: Path, devices: int, mounts: int, seconds: float) -> dict[str
         "tick_seconds: 1.0\n"
         f"paths: {{procfs: {root / 'proc'}, sysfs: {root / 'sys'}, rootfs: {root / 'root'}}}\n"
         "diskio: {interval_seconds: 1.0}\nnfs: {interval_seconds: 1.0}\nmounts: {interval_seconds: 10}\n"
+        + os.environ.get("BENCH_EXTRA_CONFIG", "")
     )
     port = free_port()
     proc = subprocess.Popen(
