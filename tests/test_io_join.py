@@ -372,3 +372,17 @@ def test_mount_io_without_facts_or_windows() -> None:
     gone = _mount("/mnt/img", "/dev/loop9", "ext4", MountDevice("loop9", ("loop9",), "/srv/img"))
     io = mount_io(gone, Snapshot(T, (gone,), disks=_disk_io(T, BEFORE, AFTER)), LatencyWindows())
     assert (io.device, io.counters, io.latency) == ("loop9", None, {})
+
+
+def test_hour_window_shows_a_new_maximum_at_once() -> None:
+    """The hour summary is cached for a while; a sample above its maximum must not wait for the refresh."""
+    from storwatch.analysis.latency import LatencyWindows
+
+    w = LatencyWindows()
+    w.add("/m", "write", 100.0, 10, 0.01)  # 1 ms
+    assert w.summary("/m", "write", 100.0).hour.max_seconds == pytest.approx(0.001)
+    w.add("/m", "write", 101.0, 1, 0.5)  # 500 ms, one second later: well within the cache's lifetime
+    summary = w.summary("/m", "write", 101.0)
+    assert summary.minute.max_seconds == pytest.approx(0.5)
+    assert summary.hour.max_seconds == pytest.approx(0.5)
+    assert summary.hour.samples == 2

@@ -56,6 +56,10 @@ class _Ring:
         self.hour_cache: tuple[float, WindowStats] | None = None
 
     def add(self, t: float, ops: float, secs: float) -> None:
+        cached = self.hour_cache
+        if cached is not None and (cached[1].max_seconds is None or secs / ops > cached[1].max_seconds):
+            # A new maximum (or the first sample) must show in the hour at once, not up to HOUR_REFRESH later.
+            self.hour_cache = None
         i = self.next
         self.t[i], self.ops[i], self.secs[i] = t, ops, secs
         self.next = (i + 1) % self.capacity
