@@ -57,13 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from storwatch.checkpoints import check
-
     missing = [p for p in args.paths if not os.path.lexists(p)]
     if missing:
         print(f"storwatch verify: no such file or directory: {', '.join(missing)}", file=sys.stderr)
         return EXIT_USAGE
-    results = [check(p, deep=args.deep) for p in args.paths]
+    results = []
+    for path in args.paths:
+        results.extend(_verify_path(path, args.deep))
     if args.json:
         keys = ("path", "format", "verdict", "reason", "size_bytes", "deep")
         json.dump([{k: r.to_dict()[k] for k in keys} for r in results], sys.stdout, indent=2)
@@ -72,6 +72,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for r in results:
             print(f"{r.verdict.upper():<10}  {r.format or 'unknown':<19}  {r.path}\n            {r.reason}")
     return EXIT_OK if all(r.verdict == "complete" for r in results) else EXIT_FINDINGS
+
+
+def _verify_path(path: str, deep: bool) -> list[Any]:
+    """The check of ``path``; for a directory that is no checkpoint itself (a run directory, a scan root), the check of
+    every checkpoint found below it, oldest first, by the agent's own scanner and bounds."""
+    from storwatch.checkpoints import check, identify
+    from storwatch.checkpoints.scan import CheckpointScanner
+
+    if not os.path.isdir(path) or os.path.islink(path) or identify(path) is not None:
+        return [check(path, deep=deep)]
+    result = CheckpointScanner([path]).scan()
+    if result.truncated_detail:
+        print(f"storwatch verify: {path}: scan stopped early: {result.truncated_detail}", file=sys.stderr)
+    found = sorted(result.candidates, key=lambda c: (c.newest_mtime, c.path))
+    if not found:
+        r = check(path, deep=deep)
+        return [dataclasses.replace(r, reason=f"{r.reason}, and none was found below it")]
+    print(f"storwatch verify: {path}: {len(found)} checkpoints found below it", file=sys.stderr)
+    return [check(c.path, deep=deep) for c in found]
 
 
 def apply_flags(args: argparse.Namespace) -> Any:

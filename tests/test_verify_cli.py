@@ -56,3 +56,29 @@ def test_no_paths_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["verify"])
     assert exc.value.code == 2
+
+
+def test_run_directory_checks_every_checkpoint_below_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A run directory (as a training loop leaves it: several checkpoints, the event log, a request file) is not a
+    # checkpoint itself: verify checks each checkpoint in it, oldest first, instead of calling the directory corrupt.
+    run = tmp_path / "run1"
+    run.mkdir()
+    write_safetensors(run / "step-1.safetensors")
+    write_safetensors(run / "step-2.safetensors", truncate=3)
+    (run / ".storwatch-events.jsonl").write_text("{}\n")
+    (run / ".storwatch-checkpoint-request").write_text("drain\n")
+    assert main(["verify", "--json", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    results = json.loads(captured.out)
+    assert [(Path(r["path"]).name, r["verdict"]) for r in results] == [
+        ("step-1.safetensors", "complete"),
+        ("step-2.safetensors", "incomplete"),
+    ]
+    assert f"{tmp_path}: 2 checkpoints found below it" in captured.err
+
+
+def test_directory_without_checkpoints_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.txt").write_text("no checkpoints here\n")
+    assert main(["verify", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "not a recognised checkpoint format" in out and "none was found below it" in out
