@@ -127,7 +127,7 @@ class Agent:
             *((KubeSource(config.kube.interval_seconds, clock=self.clock),) if config.kube.enabled else ()),
             *(
                 (
-                    GPUSource(config.gpu.interval_seconds, config.gpu.call_timeout_seconds, self.clock),
+                    self._gpu_source(config),
                     ProcessSource(paths, self._gpu_pids, config.gpu.interval_seconds),
                 )
                 if config.gpu.enabled
@@ -332,12 +332,16 @@ class Agent:
         log.info("configuration reloaded from %s", self.config_path)
         return True
 
+    def _gpu_source(self, config: Config) -> GPUSource:
+        gpu = config.gpu
+        return GPUSource(gpu.interval_seconds, gpu.call_timeout_seconds, self.clock, gpu.samples_interval_seconds)
+
     def _switch_gpu(self, new: Config) -> None:
         """gpu.enabled false on reload: shut NVML down so the driver can be unloaded (upgrades); true: start again."""
         for st in self._sources:
             if st.source.name == "gpu" and st.paused == new.gpu.enabled:
                 if new.gpu.enabled:
-                    st.source = GPUSource(new.gpu.interval_seconds, new.gpu.call_timeout_seconds, self.clock)
+                    st.source = self._gpu_source(new)
                     st.paused = False
                     log.info("GPU source enabled again")
                 else:

@@ -84,6 +84,10 @@ class NFSConfig:
     interval_seconds: float = 1.0
 
 
+MAX_BUFFERED_READ_SECONDS = 10.0
+"""The longest gpu.samples_interval_seconds accepted: past it the driver's ring of samples (about 14 s) can overflow."""
+
+
 @dataclass(frozen=True)
 class GPUConfig:
     enabled: bool = True
@@ -91,6 +95,9 @@ class GPUConfig:
     interval_seconds: float = 1.0
     call_timeout_seconds: float = 2.0
     """Past this an NVML call is stuck: the GPUs show as down and no second sampling starts."""
+    samples_interval_seconds: float = 5.0
+    """How often the driver's sample buffers (GPU utilisation samples, per-process SM utilisation) are read: 1.5-3 ms
+    of CPU per GPU a read on an H100, and the driver keeps about 14 s of samples; 0 reads them every tick."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +171,11 @@ class Config:
         ):
             if value <= 0:
                 problems.append(f"{name}: must be greater than 0, got {value}")
+        if not 0 <= self.gpu.samples_interval_seconds <= MAX_BUFFERED_READ_SECONDS:
+            problems.append(
+                f"gpu.samples_interval_seconds: must be 0 to {MAX_BUFFERED_READ_SECONDS:g} (the driver keeps about "
+                f"14 s of samples), got {self.gpu.samples_interval_seconds}"
+            )
         if self.history_size < 1:
             problems.append(f"history_size: must be at least 1, got {self.history_size}")
         if self.mounts.max_inflight < 1:

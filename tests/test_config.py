@@ -144,6 +144,8 @@ ERRORS = [
     pytest.param("mounts:\n  statvfs_timeout_seconds: -1\n", 2, "mounts.statvfs_timeout_seconds",
                  "must be greater than 0", id="negative-timeout"),
     pytest.param("tick_seconds: -0.5\n", 1, "tick_seconds", "must be greater than 0", id="negative-tick"),
+    pytest.param("gpu:\n  samples_interval_seconds: 30\n", 2, "gpu.samples_interval_seconds",
+                 "must be 0 to 10 (the driver keeps about 14 s of samples), got 30.0", id="samples-past-buffer"),
     pytest.param("log_level: chatty\n", 1, "log_level", "'chatty' is not one of debug", id="bad-log-level"),
     pytest.param("platform: aws\n", 1, "platform", "'aws' is not one of auto, generic", id="bad-platform"),
     pytest.param("tls:\n  cert_file: /tls.crt\n", 2, "tls", "cert_file and key_file go together", id="tls-half"),

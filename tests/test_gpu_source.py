@@ -250,6 +250,30 @@ def test_made_up_samples_come_once_each(nvml: FakeNVML, run_source: Any) -> None
 
 
 @pytest.mark.realpart
+def test_sample_buffers_are_read_every_samples_interval_and_none_is_lost(nvml: FakeNVML, run_source: Any) -> None:
+    # On a real driver each read of a sample buffer costs milliseconds of CPU (scripts/gpu_node_check.py), so the
+    # source reads the buffers once per samples interval; the driver keeps the samples, so a later read has them all.
+    script = EIGHT_GPUS.replace("1700000000333333:100", "1700000000333333:100,1700000000500000:25")
+    nvml.write_script(EIGHT_GPUS)
+    proc = run_source("--samples-interval", "0.6")
+    first = by_index(proc.collect())
+    assert len(first[5]["utilization_samples"]) == 3
+    assert first[0]["processes"][0]["sm_utilization"] == pytest.approx(0.55)
+
+    nvml.write_script(script.replace("pid=4242 used=9663676416 sm=55", "pid=4242 used=9663676416 sm=80"))
+    between = by_index(proc.collect())
+    assert between[5]["utilization_samples"] == []  # the buffer is not read yet
+    assert between[5]["utilization_ratio"] == pytest.approx(0.75)  # the polled reading is, every tick
+    assert between[0]["processes"][0]["sm_utilization"] == pytest.approx(0.55)  # held from the last read
+    assert between[0]["processes"][0]["used_memory_bytes"] == 9 * GIB
+
+    proc.request("sleep 0.7")
+    later = by_index(proc.collect())
+    assert later[5]["utilization_samples"] == [[pytest.approx(1700000000.5), pytest.approx(0.25)]]
+    assert later[0]["processes"][0]["sm_utilization"] == pytest.approx(0.80)
+
+
+@pytest.mark.realpart
 def test_one_gpu_lost_mid_run_the_others_keep_reporting(nvml: FakeNVML, run_source: Any) -> None:
     nvml.write_script(EIGHT_GPUS)
     proc = run_source()

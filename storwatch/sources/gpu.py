@@ -40,6 +40,13 @@ INIT_TIMEOUT_SECONDS = 30.0
 MAX_EVENTS_PER_TICK = 256
 """Xid events drained per tick at most, so a GPU storming errors cannot keep one sampling going forever."""
 MAX_MIG_DEVICES = 8
+BUFFERED_READ_SECONDS = 5.0
+"""How often the driver's sample buffers are read (nvmlDeviceGetSamples, nvmlDeviceGetProcessUtilization). Each read
+costs 1.5-3 ms of CPU in the driver whatever it returns (H100, driver 580: scripts/gpu_node_check.py), against
+microseconds for the polled readings, and the buffer holds about 14 s of samples (71 at 5 per second), so a read every
+5 s loses none and costs a fifth."""
+MIG_MODE_SECONDS = 60.0
+"""How often MIG mode is read again (0.2-0.5 ms a call; it changes only with a GPU reset, which new handles catch)."""
 
 
 class NAType(enum.Enum):
@@ -219,6 +226,15 @@ class _Device:
     last_sample_us: int = 0
     last_process_sample_us: int = 0
     xid_counts: dict[int, int] = field(default_factory=dict)
+    next_buffered_read: float = 0.0
+    """When (time.monotonic) the sample buffers are next read; 0: at the next tick."""
+    samples_supported: bool = True
+    """nvmlDeviceGetSamples answered the last time it was asked (else the polled utilisation stands in)."""
+    process_sm: dict[int, float] = field(default_factory=dict)
+    """Per-process SM utilisation from the last buffered read, kept for the ticks between reads."""
+    next_mig_read: float = 0.0
+    """When MIG mode is next read; 0: at the next tick (a new handle resets it)."""
+    mig_enabled: bool = False
 
 
 def next_backoff(seconds: float) -> float:
@@ -249,6 +265,7 @@ class _Sampler:
         self.driver_version: str | None = None
         self.event_set: Any = None
         self.devices: list[_Device] = []
+        self.buffered_read_seconds = BUFFERED_READ_SECONDS
         self.registered: set[int] = set()
         """Handles (by address) registered with the event set: registering one twice would count its Xids twice."""
         self.missing: set[str] = set()
@@ -448,6 +465,7 @@ class _Sampler:
         if handle is NA:
             raise _GPUDown("nvmlDeviceGetHandleByIndex_v2 not available")
         d.handle, d.address = handle, _address(handle)
+        d.next_mig_read = 0.0
         if d.address not in self.registered:
             self._register_xid_events(d)
             if d.address is not None:
@@ -465,7 +483,15 @@ class _Sampler:
             util = self.call("nvmlDeviceGetUtilizationRates", h, gpu=i)
             util_ratio = None if util is NA else util.gpu / 100.0
             mem_util_ratio = None if util is NA else util.memory / 100.0
-            got_samples = self._utilization_samples(d)
+            now = time.monotonic()
+            buffered = now >= d.next_buffered_read
+            if buffered:
+                d.next_buffered_read = now + self.buffered_read_seconds
+                got_samples = self._utilization_samples(d)
+                d.samples_supported = got_samples is not NA
+            else:
+                # Between buffered reads: nothing new yet (the driver keeps the samples for the next read).
+                got_samples = () if d.samples_supported else NA
             samples: tuple[tuple[float, float], ...]
             if got_samples is NA:
                 samples = () if util_ratio is None else ((self.clock(), util_ratio),)
@@ -490,8 +516,8 @@ class _Sampler:
             throttle = self.call("nvmlDeviceGetCurrentClocksEventReasons", h, gpu=i, fallback=True)
             if throttle is NA:
                 throttle = self.call("nvmlDeviceGetCurrentClocksThrottleReasons", h, gpu=i)
-            processes = self._processes(d)
-            mig = self._mig_devices(d)
+            processes = self._processes(d, buffered)
+            mig = self._mig_devices(d, now)
         except _GPUDown as err:
             # Ask for the handle again next tick: a GPU that was reset comes back with a new one.
             d.handle = None
@@ -535,34 +561,43 @@ class _Sampler:
             d.last_sample_us = out[-1][0]
         return tuple((ts / 1e6, ratio) for ts, ratio in out)
 
-    def _processes(self, d: _Device) -> tuple[GPUProcess, ...]:
+    def _processes(self, d: _Device, buffered: bool) -> tuple[GPUProcess, ...]:
+        """Compute processes with their memory (every tick) and SM utilisation: the newest sample of each process in
+        the last buffered read, held until the next one (None when that read had none for it)."""
         h, i = d.handle, d.index
         procs = self.call("nvmlDeviceGetComputeRunningProcesses_v3", h, gpu=i, fallback=True)
         if procs is NA:
             procs = self.call("nvmlDeviceGetComputeRunningProcesses_v2", h, gpu=i)
         if procs is NA or not procs:
+            d.process_sm = {}
             return ()
-        sm: dict[int, tuple[int, float]] = {}
-        samples = self.call("nvmlDeviceGetProcessUtilization", h, d.last_process_sample_us, gpu=i, no_data=())
-        if samples is not NA:
-            for s in samples:
-                ts = int(s.timeStamp)
-                pid = int(s.pid)
-                if ts > sm.get(pid, (-1, 0.0))[0]:
-                    sm[pid] = (ts, min(int(s.smUtil), 100) / 100.0)
-                d.last_process_sample_us = max(d.last_process_sample_us, ts)
+        if buffered:
+            sm: dict[int, tuple[int, float]] = {}
+            samples = self.call("nvmlDeviceGetProcessUtilization", h, d.last_process_sample_us, gpu=i, no_data=())
+            if samples is not NA:
+                for s in samples:
+                    ts = int(s.timeStamp)
+                    pid = int(s.pid)
+                    if ts > sm.get(pid, (-1, 0.0))[0]:
+                        sm[pid] = (ts, min(int(s.smUtil), 100) / 100.0)
+                    d.last_process_sample_us = max(d.last_process_sample_us, ts)
+            d.process_sm = {pid: ratio for pid, (_, ratio) in sm.items()}
         by_pid: dict[int, GPUProcess] = {}
         for p in procs:
             pid = int(p.pid)
             used = p.usedGpuMemory
-            by_pid[pid] = GPUProcess(pid, None if used is None else int(used), sm[pid][1] if pid in sm else None)
+            by_pid[pid] = GPUProcess(pid, None if used is None else int(used), d.process_sm.get(pid))
         return tuple(by_pid[pid] for pid in sorted(by_pid))
 
-    def _mig_devices(self, d: _Device) -> tuple[MIGDevice, ...]:
-        """MIG devices; anything MIG does wrong (old drivers, odd states, a GPU going mid-way) leaves them empty."""
+    def _mig_devices(self, d: _Device, now: float) -> tuple[MIGDevice, ...]:
+        """MIG devices (their memory every tick, the mode every MIG_MODE_SECONDS); anything MIG does wrong (old
+        drivers, odd states, a GPU going mid-way) leaves them empty."""
         try:
-            mode = self.call("nvmlDeviceGetMigMode", d.handle, gpu=d.index)
-            if mode is NA or int(mode[0]) != _NVML_DEVICE_MIG_ENABLE:
+            if now >= d.next_mig_read:
+                d.next_mig_read = now + MIG_MODE_SECONDS
+                mode = self.call("nvmlDeviceGetMigMode", d.handle, gpu=d.index)
+                d.mig_enabled = mode is not NA and int(mode[0]) == _NVML_DEVICE_MIG_ENABLE
+            if not d.mig_enabled:
                 return ()
             count = self.call("nvmlDeviceGetMaxMigDeviceCount", d.handle, gpu=d.index)
             if count is NA:
@@ -720,6 +755,9 @@ class GPUSettings(Protocol):
     @property
     def call_timeout_seconds(self) -> float: ...
 
+    @property
+    def samples_interval_seconds(self) -> float: ...
+
 
 class GPUSource:
     """The Source for NVML: ``collect()`` returns :class:`GPUFacts` within ``call_timeout_seconds`` and raises only
@@ -733,11 +771,13 @@ class GPUSource:
         interval_seconds: float = 1.0,
         call_timeout_seconds: float = 2.0,
         clock: Callable[[], float] = time.time,
+        samples_interval_seconds: float = BUFFERED_READ_SECONDS,
     ) -> None:
         self.interval_seconds = interval_seconds
         self.call_timeout_seconds = call_timeout_seconds
         self.clock = clock
         self._sampler = _Sampler(clock)
+        self._sampler.buffered_read_seconds = samples_interval_seconds
         self._worker = _Worker("gpu-nvml")
         self._closed = False
         self._stuck_logged = False
@@ -746,6 +786,7 @@ class GPUSource:
         """Take a reloaded configuration (the agent calls this on SIGHUP); effective from the next collect()."""
         self.interval_seconds = settings.interval_seconds
         self.call_timeout_seconds = settings.call_timeout_seconds
+        self._sampler.buffered_read_seconds = settings.samples_interval_seconds
 
     def collect(self) -> GPUFacts:
         """One tick's facts, within call_timeout_seconds whatever NVML does; never raises for NVML's sake."""

@@ -4,8 +4,10 @@ Commands: ``collect`` (one collect(): the facts, how long it took in wall and CP
 process has), ``close``, ``sleep SECONDS``, ``quit`` (exit without closing). Started by tests/nvml GPUSourceProcess
 with LD_LIBRARY_PATH naming the fake libnvidia-ml.so.1, or none.
 
-Options: --interval S, --call-timeout S, --init-backoff S (the first nvmlInit retry wait), --hide-pynvml (the
-bindings cannot be imported), --drop-binding NAME (delete pynvml.NAME: bindings older than the code).
+Options: --interval S, --call-timeout S, --samples-interval S (how often the sample buffers are read; 0, the default
+here, every collect, so that each collect shows what the fake scripted since the last), --init-backoff S (the first
+nvmlInit retry wait), --hide-pynvml (the bindings cannot be imported), --drop-binding NAME (delete pynvml.NAME:
+bindings older than the code).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--call-timeout", type=float, default=2.0)
+    p.add_argument("--samples-interval", type=float, default=0.0)
     p.add_argument("--init-backoff", type=float, default=None)
     p.add_argument("--hide-pynvml", action="store_true")
     p.add_argument("--drop-binding", action="append", default=[])
@@ -41,7 +44,11 @@ def main() -> int:
 
     if args.init_backoff is not None:
         gpu.INIT_BACKOFF_FIRST_SECONDS = args.init_backoff
-    source = gpu.GPUSource(interval_seconds=args.interval, call_timeout_seconds=args.call_timeout)
+    source = gpu.GPUSource(
+        interval_seconds=args.interval,
+        call_timeout_seconds=args.call_timeout,
+        samples_interval_seconds=args.samples_interval,
+    )
 
     def answer(obj: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(obj) + "\n")
