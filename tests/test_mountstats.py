@@ -12,6 +12,7 @@ from storwatch.procfs.mountstats import (
     EVENT_NAMES,
     RDMA_COUNTER_NAMES,
     MountStatsError,
+    MountStatsReader,
     NFSBytes,
     NFSMount,
     NFSOperation,
@@ -514,3 +515,67 @@ def test_bad_age_line(line: bytes, message: str) -> None:
     assert message in str(err)
     assert mount.age_seconds is None
     assert mount.operations == parse_clean(NFSV3)[0].operations
+
+
+# ------------------------------------------------------------------------------------- the reader the agent uses
+
+
+def variants() -> dict[str, bytes]:
+    """Clean and damaged files: each must read the same through MountStatsReader as through parse_mountstats."""
+    lines = all_captures()
+    whole = b"\n".join(lines) + b"\n"
+    header = lines.index(b"\tper-op statistics")
+    return {
+        "clean": whole,
+        "truncated-op": replaced(lines, b"\t     GETATTR: 4821093", b"\t     GETATTR: 4821093 4821093 0 5785")[0],
+        "device": replaced(lines, b"device filer01", b"device filer01.example.internal:/vol/check")[0],
+        "xprt": replaced(lines, b"\txprt:\ttcp 1002", b"\txprt:\ttcp 1002 0 2 0 2 3730020 37300")[0],
+        "events": replaced(lines, b"\tevents:\t220331", b"\tevents:\t220331 2402211 4 10")[0],
+        "stray": replaced(lines, b"\t        READ: 2210331", b"\x00\x00 READ: 2210331 2210331 0 47743149")[0],
+        "bad-read": replaced(lines, b"\t        READ: 2210331", b"\t        READ: 2210331 x")[0],
+        "header": b"\n".join([*lines[:header], b"\tper-op statis", *lines[header + 1 :]]) + b"\n",
+        "cut": whole[: whole.index(b" 30190551\n") + 5],
+        "cut-after-newline": whole[: whole.index(b"device filer01") + 3],
+        "before-device": b"\tage:\t5\n" + whole,
+        "others": b"device proc mounted on /proc with fstype proc\nno device mounted on /x with fstype tmpfs\n",
+        "other-with-lines": b"device tmpfs mounted on /tmp with fstype tmpfs\n\tjunk: 1\nstray\n" + whole,
+        "empty": b"",
+    }
+
+
+@pytest.mark.parametrize("name", list(variants()))
+def test_reader_gives_what_a_parse_gives(name: str) -> None:
+    data = variants()[name]
+    expected_mounts, expected_errors = parse_mountstats(data)
+    reported: list[MountStatsError] = []
+    reader = MountStatsReader(reported.extend)
+    mounts, errors = reader.read(data)
+    for m in mounts:
+        m.operations  # noqa: B018 (use the tables, as a scrape does)
+    assert mounts == expected_mounts
+    found = sorted([*errors, *reported], key=lambda e: e.lineno)
+    assert [str(e) for e in found] == [str(e) for e in expected_errors]
+    # The same bytes again: the same objects, their tables already parsed (and their bad lines already reported).
+    reported.clear()
+    again, errors_again = reader.read(data)
+    assert len(again) == len(mounts) and all(a is b for a, b in zip(again, mounts, strict=True))
+    assert [str(e) for e in errors_again] == [str(e) for e in errors] and reported == []
+
+
+def test_reader_reuses_unchanged_mounts_and_parses_tables_only_when_used() -> None:
+    reported: list[MountStatsError] = []
+    reader = MountStatsReader(reported.extend)
+    clean = b"\n".join(all_captures()) + b"\n"
+    first, _ = reader.read(clean)
+    # One GETATTR line garbled in the NFSv4.2 mount; the other mounts' blocks are the same bytes.
+    damaged = replaced(all_captures(), b"\t     GETATTR: 3302191", b"\t     GETATTR: 3302191 x")[0]
+    second, errors = reader.read(damaged)
+    assert errors == []
+    assert [a is b for a, b in zip(first, second, strict=True)] == [True, False, True, True]
+    v4 = second[1]
+    read = v4.operation("READ")  # one line found and parsed; the table (and its bad line) not yet
+    assert read == CLEAN[1].operation("READ") and reported == []
+    assert [o.name for o in v4.operations if o.name == "GETATTR"] == []
+    [err] = reported
+    assert "GETATTR: 3302191 x" in err.line and err.lineno == damaged.split(b"\n").index(err.line.encode()) + 1
+    assert v4.operation("READ") == read and v4.transports == CLEAN[1].transports

@@ -23,9 +23,11 @@ number cut in half still looks like a number.
 
 from __future__ import annotations
 
+import builtins
+import itertools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from storwatch.procfs import LineError
@@ -91,7 +93,7 @@ _RDMA_GENERIC = 10
 _RDMA_MIN = _RDMA_GENERIC + 10
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NFSBytes:
     """The ``bytes:`` line: enum nfs_stat_bytecounters, totals since the mount."""
 
@@ -157,7 +159,7 @@ class NFSTransport:
     kernel prints; empty for other protocols."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NFSOperation:
     """One line of ``per-op statistics``: struct rpc_iostats for one RPC procedure, totals since the mount."""
 
@@ -186,9 +188,29 @@ class NFSOperation:
     kernels backport it). None on older kernels, which print 8 numbers."""
 
 
-@dataclass(frozen=True)
+_TABLE_FIELDS = ("options", "age_seconds", "events", "bytes", "transports", "operations")
+
+
 class NFSMount:
-    """One NFS mount's block of /proc/<pid>/mountstats."""
+    """One NFS mount's block of /proc/<pid>/mountstats.
+
+    ``device``, ``mountpoint``, ``fstype`` and ``statvers`` come from the block's first line. The rest (options, age,
+    events, bytes, transports, per-op table) is either given (:func:`parse_mountstats`) or parsed from the block on
+    first use (:class:`MountStatsReader`): a reader of the file every second then pays for a busy mount's tables only
+    when something (a scrape, the status page) looks at them. Either way the values are the same; two mounts are equal
+    when every field is, and a mount hashes by its fields (the counter maps left out).
+
+    Fields (the table's are properties; ``bytes`` is the ``bytes:`` line, not the type):
+      options: the ``opts:`` line, the NFS mount options in effect (``vers=4.2``, ``nconnect=4``, ``proto=tcp``...).
+      age_seconds: the ``age:`` line, seconds since the superblock was mounted, when every counter here started.
+      events: the ``events:`` line, enum nfs_stat_eventcounters by lower-case name without NFSIOS_ (``vfsopen``,
+        ``shortread``...; see EVENT_NAMES; ``event_N`` for counters a newer kernel adds). Empty if missing or bad.
+      bytes: the ``bytes:`` line (NFSBytes); None if missing or bad.
+      transports: the ``xprt:`` lines, in the kernel's order.
+      operations: the ``per-op statistics`` lines, in the kernel's (procedure number) order.
+    """
+
+    __slots__ = ("_block", "_lineno", "_ops", "_report", "_table", "device", "fstype", "mountpoint", "statvers")
 
     device: str
     """The mount's source (``server:/export``), octal escapes undone."""
@@ -198,24 +220,128 @@ class NFSMount:
     """``nfs`` (NFSv2/v3, and v4 mounted as ``-t nfs`` on some kernels) or ``nfs4``."""
     statvers: str | None
     """NFS_IOSTAT_VERS, ``1.0`` or ``1.1``; None if the device line had no ``statvers=``."""
-    options: tuple[str, ...]
-    """The ``opts:`` line: the NFS mount options in effect (``vers=4.2``, ``nconnect=4``, ``proto=tcp``...)."""
-    age_seconds: int | None
-    """The ``age:`` line: seconds since the superblock was mounted, which is when every counter here started."""
-    events: Mapping[str, int] = field(hash=False)
-    """The ``events:`` line: enum nfs_stat_eventcounters by lower-case name without NFSIOS_ (``inoderevalidate``,
-    ``vfsopen``, ``shortread``, ``pnfs_read``...; see EVENT_NAMES). Counters a newer kernel adds are named
-    ``event_N`` by position. Empty if the line was missing or bad."""
-    bytes: NFSBytes | None
-    """The ``bytes:`` line; None if it was missing or bad."""
-    transports: tuple[NFSTransport, ...]
-    """The ``xprt:`` lines, in the kernel's order."""
-    operations: tuple[NFSOperation, ...]
-    """The ``per-op statistics`` lines, in the kernel's (procedure number) order."""
+
+    def __init__(
+        self,
+        device: str,
+        mountpoint: str,
+        fstype: str,
+        statvers: str | None,
+        options: tuple[str, ...] = (),
+        age_seconds: int | None = None,
+        events: Mapping[str, int] | None = None,
+        bytes: NFSBytes | None = None,
+        transports: tuple[NFSTransport, ...] = (),
+        operations: tuple[NFSOperation, ...] = (),
+    ) -> None:
+        self.device, self.mountpoint, self.fstype, self.statvers = device, mountpoint, fstype, statvers
+        self._table: _Table | None = _Table(options, age_seconds, events or {}, bytes, transports, operations)
+        self._block: builtins.bytes = b""
+        self._lineno = 1
+        self._report: Callable[[list[MountStatsError]], None] | None = None
+        self._ops: dict[str, NFSOperation | None] = {}
+
+    @classmethod
+    def from_block(
+        cls, head: _DeviceLine, block: builtins.bytes, lineno: int, report: Callable[[list[MountStatsError]], None]
+    ) -> NFSMount:
+        """A mount whose tables are parsed from ``block`` (its device line first, every line ending in a newline) on
+        first use. ``lineno`` is the device line's number in the file; bad lines go to ``report`` with their numbers
+        in the file, when the tables are parsed."""
+        mount = cls(head.device, head.mountpoint, head.fstype, head.statvers)
+        mount._table, mount._block, mount._lineno, mount._report = None, block, lineno, report
+        return mount
+
+    def _tables(self) -> _Table:
+        table = self._table
+        if table is None:
+            mounts, errors = parse_mountstats(self._block)
+            table = mounts[0]._tables() if mounts else _Table((), None, {}, None, (), ())
+            if errors and self._report is not None:
+                self._report([_moved(e, self._lineno - 1) for e in errors])
+            self._table = table  # one assignment: a reader in another thread sees the old None or the whole table
+        return table
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return self._tables().options
+
+    @property
+    def age_seconds(self) -> int | None:
+        return self._tables().age_seconds
+
+    @property
+    def events(self) -> Mapping[str, int]:
+        return self._tables().events
+
+    @property
+    def bytes(self) -> NFSBytes | None:
+        return self._tables().bytes
+
+    @property
+    def transports(self) -> tuple[NFSTransport, ...]:
+        return self._tables().transports
+
+    @property
+    def operations(self) -> tuple[NFSOperation, ...]:
+        return self._tables().operations
 
     def operation(self, name: str) -> NFSOperation | None:
-        """The per-op statistics for procedure ``name`` (``READ``), or None if the mount has none."""
-        return next((op for op in self.operations if op.name == name), None)
+        """The per-op statistics for procedure ``name`` (``READ``), or None if the mount has none. On a mount read
+        by :class:`MountStatsReader` whose tables are not parsed yet, only that one line is found and parsed."""
+        if self._table is not None:
+            return next((op for op in self._table.operations if op.name == name), None)
+        if name not in self._ops:
+            self._ops[name] = self._one_operation(name)
+        return self._ops[name]
+
+    def _one_operation(self, name: str) -> NFSOperation | None:
+        block = self._block
+        key = os.fsencode(name) + b": "
+        i = block.find(key, max(block.find(b"per-op statistics"), 0))
+        while i >= 0:
+            start = block.rfind(b"\n", 0, i) + 1
+            if not block[start:i].strip():  # the name begins its line (after the kernel's padding)
+                end = block.find(b"\n", i)
+                line = block[start : end if end >= 0 else len(block)]
+                try:
+                    return parse_operation_line(line)
+                except MountStatsError:
+                    self._tables()  # a bad line: parse the whole block, which reports it and skips it
+                    return self.operation(name)
+            i = block.find(key, i + 1)
+        return None
+
+    def _key(self) -> tuple[object, ...]:
+        t = self._tables()
+        return (self.device, self.mountpoint, self.fstype, self.statvers, t.options, t.age_seconds, t.bytes,
+                t.transports, t.operations)  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NFSMount):
+            return NotImplemented
+        return self is other or (self._key() == other._key() and self.events == other.events)
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        t = self._tables()
+        return (
+            f"NFSMount(device={self.device!r}, mountpoint={self.mountpoint!r}, fstype={self.fstype!r}, "
+            f"statvers={self.statvers!r}, options={t.options!r}, age_seconds={t.age_seconds!r}, events={t.events!r}, "
+            f"bytes={t.bytes!r}, transports={t.transports!r}, operations={t.operations!r})"
+        )
+
+
+@dataclass(frozen=True)
+class _Table:
+    options: tuple[str, ...]
+    age_seconds: int | None
+    events: Mapping[str, int] = field(hash=False)
+    bytes: NFSBytes | None
+    transports: tuple[NFSTransport, ...]
+    operations: tuple[NFSOperation, ...]
 
 
 class MountStatsError(LineError):
@@ -403,12 +529,8 @@ def _parse_device_line(line: bytes, lineno: int) -> _DeviceLine:
 
 
 class _MountBuilder:
-    def __init__(self, head: _DeviceLine, cache: OperationCache | None = None) -> None:
+    def __init__(self, head: _DeviceLine) -> None:
         self.head = head
-        self.cache = cache
-        self.section_start: int | None = None
-        self.section_lines: list[bytes] = []
-        self.section_clean = True
         self.options: tuple[str, ...] = ()
         self.age_seconds: int | None = None
         self.events: dict[str, int] = {}
@@ -437,14 +559,9 @@ class _MountBuilder:
             # lines print "NAME: " with a space, so they never land here.
             pass
         else:
-            op = self.cache.parse(line, lineno) if self.cache is not None else parse_operation_line(line, lineno)
-            self.operations.append(op)
+            self.operations.append(parse_operation_line(line, lineno))
 
     def build(self) -> NFSMount:
-        if self.cache is not None and self.section_start is not None and self.section_clean:
-            ops = tuple(self.operations[self.section_start :])
-            if len(ops) == len(self.section_lines):
-                self.cache.remember_section(b"\n".join(self.section_lines), ops)
         return NFSMount(
             device=self.head.device,
             mountpoint=self.head.mountpoint,
@@ -459,50 +576,13 @@ class _MountBuilder:
         )
 
 
-class OperationCache:
-    """Parsed per-op lines of the previous read, by their exact bytes.
-
-    Most per-op lines do not change from one second to the next (idle procedures, idle mounts); re-reading
-    mountstats every second then costs a dictionary lookup per line instead of a parse. It holds the lines of the
-    last read only, so it never grows beyond one mountstats file.
-    """
-
-    def __init__(self) -> None:
-        self._previous: dict[bytes, NFSOperation] = {}
-        self._current: dict[bytes, NFSOperation] = {}
-        self._sections: dict[bytes, tuple[NFSOperation, ...]] = {}
-        self._sections_now: dict[bytes, tuple[NFSOperation, ...]] = {}
-
-    def known_section(self, section: bytes) -> tuple[NFSOperation, ...] | None:
-        ops = self._sections.get(section)
-        if ops is not None:
-            self._sections_now[section] = ops
-        return ops
-
-    def remember_section(self, section: bytes, ops: tuple[NFSOperation, ...]) -> None:
-        self._sections_now[section] = ops
-
-    def parse(self, line: bytes, lineno: int) -> NFSOperation:
-        op = self._previous.get(line) or self._current.get(line)
-        if op is None:
-            op = parse_operation_line(line, lineno)
-        self._current[line] = op
-        return op
-
-    def next_read(self) -> None:
-        self._previous, self._current = self._current, {}
-        self._sections, self._sections_now = self._sections_now, {}
-
-
-def parse_mountstats(data: bytes, cache: OperationCache | None = None) -> tuple[list[NFSMount], list[MountStatsError]]:
+def parse_mountstats(data: bytes) -> tuple[list[NFSMount], list[MountStatsError]]:
     """Parse a whole /proc/<pid>/mountstats into its NFS mounts (nfs and nfs4; other mounts are passed over).
 
     Bad lines are returned as errors and skip only themselves; a bad ``device`` line skips its mount's block. Good
-    lines and other mounts are never lost to them. A caller that reads the file repeatedly passes the same
-    ``cache`` each time.
+    lines and other mounts are never lost to them. A caller that reads the file again and again uses
+    :class:`MountStatsReader`, which gives the same mounts and errors for a fraction of the work.
     """
-    if cache is not None:
-        cache.next_read()
     mounts: list[NFSMount] = []
     errors: list[MountStatsError] = []
     current: _MountBuilder | None = None
@@ -515,33 +595,6 @@ def parse_mountstats(data: bytes, cache: OperationCache | None = None) -> tuple[
         line = lines[i]
         i += 1
         lineno = i
-        if cache is not None and current is not None and line.endswith(b"per-op statistics"):
-            # The per-op table of an idle mount is the same bytes as last time: take it whole from the cache.
-            end = i
-            while end < last - 1 and lines[end][:1] in (b"\t", b" "):
-                end += 1
-            section = lines[i:end]
-            ops = cache.known_section(b"\n".join(section))
-            if ops is not None:
-                current.operations.extend(ops)
-                i = end
-                continue
-            current.section_start = len(current.operations)
-            current.section_lines = section
-            # A busy mount: its op lines, each unchanged one from the cache, the others parsed.
-            for k, op_line in enumerate(section, start=i + 1):
-                if not op_line.strip():
-                    continue
-                try:
-                    current.operations.append(cache.parse(op_line, k))
-                except MountStatsError:
-                    try:
-                        current.add(op_line, k)  # a "key:<TAB>value" line among the ops, or a bad one
-                    except MountStatsError as err:
-                        errors.append(err)
-                    current.section_clean = False
-            i = end
-            continue
         if not line.strip():
             continue
         if lineno == len(lines):
@@ -558,7 +611,7 @@ def parse_mountstats(data: bytes, cache: OperationCache | None = None) -> tuple[
                     errors.append(err)
                     continue
                 if head.fstype in NFS_FSTYPES:
-                    current, skipping = _MountBuilder(head, cache), False
+                    current, skipping = _MountBuilder(head), False
                 continue
             # Not a device line and not indented: a stray or mangled line; the mount around it carries on.
             errors.append(
@@ -573,8 +626,88 @@ def parse_mountstats(data: bytes, cache: OperationCache | None = None) -> tuple[
         try:
             current.add(line, lineno)
         except MountStatsError as err:
-            current.section_clean = False
             errors.append(err)
     if current is not None:
         mounts.append(current.build())
     return mounts, errors
+
+
+def _moved(err: MountStatsError, offset: int) -> MountStatsError:
+    """The same error for a block that starts ``offset`` lines into the file."""
+    moved = MountStatsError(err.lineno + offset, "", err.line)
+    moved.args = (str(err).replace(f"line {err.lineno}:", f"line {err.lineno + offset}:", 1),)
+    return moved
+
+
+_BLOCK_STARTS = (b"\ndevice ", b"\nno device ")
+
+
+class MountStatsReader:
+    """Reads /proc/<pid>/mountstats again and again, at a cost that follows what changed and what is looked at.
+
+    The file is cut into one block per mount (at its ``device`` line). A block that is the same bytes as in the
+    previous read gives back the same NFSMount object, so an idle mount costs a dictionary lookup and no delta. A
+    changed NFS block costs its device line; its tables are parsed when first used (:class:`NFSMount`), and one
+    procedure's line can be had without them (``operation("READ")``). Everything else (a file that does not start with
+    a device line, a block with a bad device line, a non-NFS block with more than its device line, the truncated
+    last line) is parsed at once, so its errors come back from :meth:`read`. Errors in a lazily parsed table go to
+    ``report`` when it is parsed. The mounts and errors are those :func:`parse_mountstats` gives (tested).
+    """
+
+    def __init__(self, report: Callable[[list[MountStatsError]], None]) -> None:
+        self._report = report
+        self._known: dict[bytes, NFSMount] = {}
+
+    def read(self, data: bytes) -> tuple[list[NFSMount], list[MountStatsError]]:
+        mounts: list[NFSMount] = []
+        errors: list[MountStatsError] = []
+        known: dict[bytes, NFSMount] = {}
+        truncated: MountStatsError | None = None
+        cut = data.rfind(b"\n") + 1
+        if cut < len(data):
+            # The kernel ends every line with a newline: a last line without one was cut short by the reader.
+            lineno = data.count(b"\n") + 1
+            truncated = MountStatsError(lineno, "truncated: the last line has no newline", _shown(data[cut:]))
+            data = data[:cut]
+        starts = [0]
+        for marker in _BLOCK_STARTS:
+            i = data.find(marker)
+            while i >= 0:
+                starts.append(i + 1)
+                i = data.find(marker, i + 1)
+        starts.sort()
+        starts.append(len(data))
+        lineno = 1
+        for begin, end in itertools.pairwise(starts):
+            block = data[begin:end]
+            if not block:
+                continue
+            mount = self._known.get(block) or self._read_block(block, lineno, mounts, errors)
+            if mount is not None:
+                known[block] = mount
+                mounts.append(mount)
+            lineno += block.count(b"\n")
+        self._known = known
+        if truncated is not None:
+            errors.append(truncated)
+        return mounts, errors
+
+    def _read_block(
+        self, block: bytes, lineno: int, mounts: list[NFSMount], errors: list[MountStatsError]
+    ) -> NFSMount | None:
+        first_end = block.find(b"\n")
+        head: _DeviceLine | None = None
+        if block.startswith((b"device ", b"no device ")):
+            try:
+                head = _parse_device_line(block[:first_end], lineno)
+            except MountStatsError:
+                head = None
+        if head is not None and head.fstype in NFS_FSTYPES:
+            return NFSMount.from_block(head, block, lineno, self._report)
+        if head is not None and first_end == len(block) - 1:
+            return None  # another filesystem's one-line block
+        # Anything unusual: parse it now, so its errors come back with this read.
+        parsed, found = parse_mountstats(block)
+        mounts.extend(parsed)
+        errors.extend(_moved(e, lineno - 1) for e in found)
+        return None

@@ -9,13 +9,17 @@ from dataclasses import dataclass
 
 from storwatch.config import NFSConfig
 from storwatch.paths import HostPaths
-from storwatch.procfs.mountstats import NFSMount, NFSOperation, OperationCache, parse_mountstats
+from storwatch.procfs.mountstats import MountStatsError, MountStatsReader, NFSMount, NFSOperation
 from storwatch.sources import OnceLog, read_first
 
 log = logging.getLogger(__name__)
 
+DELTA_OPERATIONS = ("READ", "WRITE", "COMMIT")
+"""The procedures whose change each read computes: the reads, writes and fsyncs the latency windows join (the other
+procedures' counters are exported as they stand, and Prometheus takes their rates)."""
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class OpDelta:
     """One NFS operation's activity between two reads."""
 
@@ -29,9 +33,9 @@ class OpDelta:
 class NFSStats:
     timestamp: float
     mounts: dict[str, NFSMount]
-    """Every NFS mount's counters since it was mounted, by mountpoint."""
+    """Every NFS mount's counters since it was mounted, by mountpoint (tables parsed when first used)."""
     deltas: dict[str, dict[str, OpDelta]]
-    """Per mountpoint and operation, the change since the previous read (operations with requests only)."""
+    """Per mountpoint and operation in DELTA_OPERATIONS, the change since the previous read (those with requests)."""
 
 
 def _op_delta(prev: NFSOperation | None, cur: NFSOperation) -> OpDelta | None:
@@ -57,31 +61,32 @@ class NFSSource:
         self.configure(config)
         self._prev: dict[str, NFSMount] = {}
         self._bad_lines = OnceLog(log)
-        self._op_cache = OperationCache()
+        self._reader = MountStatsReader(self._log_bad_lines)
 
     def configure(self, config: NFSConfig) -> None:
         self.interval_seconds = config.interval_seconds
 
-    def collect(self) -> NFSStats:
-        data = read_first(self.paths.host_process_file("mountstats"), "mountstats")
-        parsed, errors = parse_mountstats(data, self._op_cache)
+    def _log_bad_lines(self, errors: list[MountStatsError]) -> None:
+        # Called by collect() and, for a table parsed when first used, by whichever thread uses it.
         for err in errors:
             self._bad_lines.warning(str(err), "mountstats: skipping malformed %s", err)
+
+    def collect(self) -> NFSStats:
+        data = read_first(self.paths.host_process_file("mountstats"), "mountstats")
+        parsed, errors = self._reader.read(data)
+        self._log_bad_lines(errors)
         mounts = {m.mountpoint: m for m in parsed}
         deltas: dict[str, dict[str, OpDelta]] = {}
         for mp, cur in mounts.items():
             prev = self._prev.get(mp)
-            if prev is None:
+            if prev is None or prev is cur:  # a new mount, or the very same block as last time
                 continue
-            prev_ops = {op.name: op for op in prev.operations}
             per_op = {}
-            for op in cur.operations:
-                before = prev_ops.get(op.name)
-                if before is op:
-                    continue  # the very same line as last time: nothing happened
-                d = _op_delta(before, op)
+            for name in DELTA_OPERATIONS:
+                op = cur.operation(name)
+                d = None if op is None else _op_delta(prev.operation(name), op)
                 if d is not None:
-                    per_op[op.name] = d
+                    per_op[name] = d
             if per_op:
                 deltas[mp] = per_op
         self._prev = mounts
