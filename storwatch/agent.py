@@ -239,7 +239,7 @@ class Agent:
     def tick(self) -> View:
         """Build one Snapshot, keep it in History, derive the View and render the exposition once."""
         snap = self.snapshot()
-        self.history.append(snap)
+        self.history.append(snap.for_history())
         self._feeder.feed(snap)
         if snap.kube is not None:
             self._kube_evidence.update(snap.kube)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -160,6 +161,14 @@ class Snapshot:
     """GPU process PID -> its container and pod, where it runs in one."""
     checkpoints: CheckpointFacts | None = None
     kube: KubeFacts | None = None
+
+    def for_history(self) -> Snapshot:
+        """This snapshot as History keeps it: what the tick saw change (deltas, samples, states), without the tables of
+        counters since boot (every device's and every NFS operation's), which only the newest snapshot needs. Kept
+        whole, they made History hold about 0.7 MB more each second on a node with 64 busy NFS mounts."""
+        disks = None if self.disks is None else dataclasses.replace(self.disks, counters={})
+        nfs = None if self.nfs is None else dataclasses.replace(self.nfs, mounts={})
+        return dataclasses.replace(self, disks=disks, nfs=nfs)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ SECTOR_BYTES = 512
 _LAYOUTS = (14, 18, 20)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DiskStats:
     """One line of /proc/diskstats: a whole disk or a partition, counters since the device was created."""
 
@@ -160,7 +160,7 @@ def parse_diskstats(data: bytes | str) -> tuple[list[DiskStats], list[DiskStatsE
     return disks, errors
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DiskStatsDelta:
     """What one device did between two samples of /proc/diskstats.
 
