@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import platform as _platform
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator
+from typing import cast
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from storwatch import __version__
 from storwatch.model import Durability, View
@@ -126,6 +129,17 @@ _NFS_OP_COUNTERS = (
     ("storwatch_nfs_execute_seconds_total", "Time from creation to completion (queue + RTT + client processing)."),
     ("storwatch_nfs_errors_total", "Requests that completed with an error status."),
 )
+
+
+class TextFamily(Metric):
+    """A counter family whose sample lines are already written in the text format (labels sorted and escaped, values
+    formatted as render_text formats them): for the NFS per-operation counters, which are most of a large node's
+    series, writing the lines directly costs a tenth of building a Sample for each. ``samples`` stays empty; a
+    consumer other than render_text would see no samples (tests parse the lines back to check them)."""
+
+    def __init__(self, name: str, documentation: str, lines: list[str]) -> None:
+        super().__init__(name.removesuffix("_total"), documentation, "counter")
+        self.lines = lines
 
 
 def _nfs_op_values(op: NFSOperation) -> list[tuple[str, float | None]]:
@@ -344,19 +358,21 @@ class ViewCollector(Collector):
     def _nfs(self, view: View) -> Iterator[Metric]:
         if view.nfs is None:
             return
-        ops = {name: _counter(name, help_, ["mountpoint", "operation"]) for name, help_ in _NFS_OP_COUNTERS}
+        ops: dict[str, list[str]] = {name: [] for name, _ in _NFS_OP_COUNTERS}
         xprt = {name: _counter(name, help_, ["mountpoint", "transport", "protocol"]) for name, help_ in _XPRT_COUNTERS}
         io_bytes = _counter(
             "storwatch_nfs_bytes_total", "Bytes through the NFS client by kind (bytes: line).", ["mountpoint", "kind"]
         )
         for mp_raw, nfs in sorted(view.nfs.mounts.items()):
             mp = display_path(mp_raw)
+            mp_label = f'{{mountpoint="{_label_value(mp)}",operation="'
             for op in nfs.operations:
                 if op.requests == 0:
                     continue
+                labels = f'{mp_label}{_label_value(op.name)}"}} '
                 for metric, value in _nfs_op_values(op):
                     if value is not None:
-                        ops[metric].add_metric([mp, op.name], value)
+                        ops[metric].append(f"{metric}{labels}{_value_text(value)}\n")
             for i, t in enumerate(nfs.transports):
                 for metric, value in _xprt_values(t):
                     if value is not None:
@@ -372,7 +388,7 @@ class ViewCollector(Collector):
                     ("server_write", b.server_write),
                 ):
                     io_bytes.add_metric([mp, kind], value)
-        yield from ops.values()
+        yield from (TextFamily(name, help_, ops[name]) for name, help_ in _NFS_OP_COUNTERS)
         yield from xprt.values()
         yield io_bytes
 
@@ -557,6 +573,84 @@ class ViewCollector(Collector):
         yield from (success, duration, last)
 
 
+# prometheus_client's own number formatting (Go's, as Prometheus writes numbers), so our text is what it would write.
+_float_text = cast(Callable[[float], str], floatToGoString)
+# Names as the text format takes them unquoted (prometheus_client quotes or escapes any other; ours are all these).
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# prometheus_client's generate_latest renames these families and types for the text format.
+_TEXT_NAME_SUFFIX = {"counter": "_total", "info": "_info"}
+_TEXT_TYPE = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+_NEG_INF = float("-inf")
+
+
+def _value_text(value: float) -> str:
+    # prometheus_client writes a number as Python's repr of the float, except infinities, NaN and positive numbers of
+    # more than 6 integer digits (a Go-style exponent). Below 10**6 the repr is the answer: a count is "42.0".
+    if type(value) is int and 0 <= value < 1_000_000:
+        return f"{value}.0"
+    if type(value) is float and _NEG_INF < value < 1_000_000.0:  # NaN fails the comparison
+        return repr(value)
+    return _float_text(value)
+
+
+def render_text(families: Iterable[Metric]) -> bytes:
+    """The text exposition format (0.0.4) of ``families``, byte for byte what prometheus_client's generate_latest
+    writes for them (tested), at a fraction of its cost: it checks each name once per family rather than every label
+    name of every sample, formats each label set once per family and value, and leaves out what our families never
+    have (OpenMetrics-only samples are still placed as generate_latest places them). A node with 64 busy NFS mounts
+    exports about 20,000 series; generate_latest spent about 100 ms a scrape on them."""
+    out: list[str] = []
+    append = out.append
+    label_names: dict[tuple[str, ...], list[str]] = {}
+    label_text: dict[tuple[str, ...], str] = {}  # by label names and values: families share their label sets
+    for metric in families:
+        mtype = metric.type
+        name = metric.name + _TEXT_NAME_SUFFIX.get(mtype, "")
+        if not _METRIC_NAME.fullmatch(name):
+            raise ValueError(f"metric name {name!r} would need escaping, which render_text does not do")
+        doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        append(f"# HELP {name} {doc}\n# TYPE {name} {_TEXT_TYPE.get(mtype, mtype)}\n")
+        if isinstance(metric, TextFamily):
+            out.extend(metric.lines)
+            continue
+        late: dict[str, list[str]] = {}
+        extra = {metric.name + suffix: suffix for suffix in ("_created", "_gsum", "_gcount")}
+        for sample in metric.samples:
+            labels = sample.labels
+            if labels:
+                keys = tuple(labels)
+                names = label_names.get(keys)
+                if names is None:
+                    for key in keys:
+                        if not _LABEL_NAME.fullmatch(key):
+                            raise ValueError(f"label name {key!r} would need escaping, which render_text does not do")
+                    names = label_names[keys] = sorted(keys)
+                values = (*keys, *labels.values())
+                text = label_text.get(values)
+                if text is None:
+                    text = label_text[values] = "{" + ",".join(f'{k}="{_label_value(labels[k])}"' for k in names) + "}"
+            else:
+                text = ""
+            stamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
+            line = f"{sample.name}{text} {_value_text(sample.value)}{stamp}\n"
+            suffix = extra.get(sample.name)
+            if suffix is None:
+                append(line)
+            else:
+                late.setdefault(suffix, []).append(line)
+        for suffix, lines in sorted(late.items()):
+            append(f"# HELP {metric.name}{suffix} {doc}\n# TYPE {metric.name}{suffix} gauge\n")
+            out.extend(lines)
+    return "".join(out).encode("utf-8")
+
+
 class Exporter:
     """Holds the registry; ``render`` turns a View into exposition bytes."""
 
@@ -569,4 +663,4 @@ class Exporter:
 
     def render(self, view: View | None) -> bytes:
         self._view_collector.view = view
-        return generate_latest(self.registry)
+        return render_text(self.registry.collect())
