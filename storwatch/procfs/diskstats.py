@@ -12,7 +12,9 @@ Any other field count is an error, including the 7-field partition lines of kern
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from typing import cast
 
 from storwatch.procfs import LineError
 
@@ -116,7 +118,7 @@ def parse_line(line: str | bytes, lineno: int = 1) -> DiskStats:
     if len(fields) not in _LAYOUTS:
         raise DiskStatsError(lineno, f"expected 14, 18 or 20 fields, got {len(fields)}", text)
     numbers = fields[:2] + fields[3:]
-    if not all(_is_decimal(f) for f in numbers):
+    if not _is_decimal("".join(numbers)):  # one check for all (none is empty: split() gives no empty fields)
         raise DiskStatsError(lineno, "device number or counter is not a non-negative decimal integer", text)
     major, minor, *stats = (int(f) for f in numbers)
     discards: list[int | None] = [*stats[11:15]] if len(stats) >= 15 else [None] * 4
@@ -241,6 +243,9 @@ _COUNTERS = (
 )
 
 
+_counter_values = operator.attrgetter(*_COUNTERS)
+
+
 def _latency(time_ms: int | None, ops: int | None) -> float | None:
     if time_ms is None or not ops:
         return None
@@ -266,52 +271,47 @@ def diskstats_delta(prev: DiskStats, cur: DiskStats, seconds: float) -> DiskStat
         raise ValueError(f"interval must be positive, got {seconds!r} seconds")
     if prev.name != cur.name:
         raise ValueError(f"samples are of different devices: {prev.name!r} and {cur.name!r}")
-    delta: dict[str, int | None] = {}
     reset: list[str] = []
-    for counter in _COUNTERS:
-        before: int | None = getattr(prev, counter)
-        after: int | None = getattr(cur, counter)
+    delta: list[int | None] = []
+    for counter, before, after in zip(_COUNTERS, _counter_values(prev), _counter_values(cur), strict=True):
         if before is None or after is None:
-            delta[counter] = None
+            delta.append(None)
         elif after < before:
-            delta[counter] = after
+            delta.append(after)
             reset.append(counter)
         else:
-            delta[counter] = after - before
-
-    def count(counter: str) -> int:
-        value = delta[counter]
-        assert value is not None, f"{counter} is in every diskstats layout"
-        return value
-
-    sectors_discarded = delta["sectors_discarded"]
+            delta.append(after - before)
+    # The first ten are in every layout (parse_line fills them), the discard and flush ones only in newer ones.
+    (reads, reads_merged, sectors_read, read_ms, writes, writes_merged, sectors_written, write_ms, io_ms,
+     weighted_ms) = cast("list[int]", delta[:10])  # fmt: skip
+    discards, _, sectors_discarded, discard_ms, flushes, flush_ms = delta[10:]
     interval_ms = seconds * 1000.0
     return DiskStatsDelta(
         name=cur.name,
         seconds=seconds,
-        reads=count("reads_completed"),
-        writes=count("writes_completed"),
-        discards=delta["discards_completed"],
-        flushes=delta["flushes_completed"],
-        reads_merged=count("reads_merged"),
-        writes_merged=count("writes_merged"),
-        read_bytes=count("sectors_read") * SECTOR_BYTES,
-        written_bytes=count("sectors_written") * SECTOR_BYTES,
+        reads=reads,
+        writes=writes,
+        discards=discards,
+        flushes=flushes,
+        reads_merged=reads_merged,
+        writes_merged=writes_merged,
+        read_bytes=sectors_read * SECTOR_BYTES,
+        written_bytes=sectors_written * SECTOR_BYTES,
         discarded_bytes=None if sectors_discarded is None else sectors_discarded * SECTOR_BYTES,
-        read_time_seconds=count("read_time_ms") / 1000.0,
-        write_time_seconds=count("write_time_ms") / 1000.0,
-        discard_time_seconds=_seconds(delta["discard_time_ms"]),
-        flush_time_seconds=_seconds(delta["flush_time_ms"]),
-        io_time_seconds=count("io_time_ms") / 1000.0,
-        weighted_io_time_seconds=count("weighted_io_time_ms") / 1000.0,
+        read_time_seconds=read_ms / 1000.0,
+        write_time_seconds=write_ms / 1000.0,
+        discard_time_seconds=_seconds(discard_ms),
+        flush_time_seconds=_seconds(flush_ms),
+        io_time_seconds=io_ms / 1000.0,
+        weighted_io_time_seconds=weighted_ms / 1000.0,
         in_flight=cur.in_flight,
         # io_ticks is sampled at jiffy granularity and updated lazily, so one interval can show a little more busy
         # time than wall time (and the next a little less).
-        utilisation=min(1.0, max(0.0, count("io_time_ms") / interval_ms)),
-        average_queue_depth=count("weighted_io_time_ms") / interval_ms,
-        read_latency_seconds=_latency(delta["read_time_ms"], delta["reads_completed"]),
-        write_latency_seconds=_latency(delta["write_time_ms"], delta["writes_completed"]),
-        discard_latency_seconds=_latency(delta["discard_time_ms"], delta["discards_completed"]),
-        flush_latency_seconds=_latency(delta["flush_time_ms"], delta["flushes_completed"]),
+        utilisation=min(1.0, max(0.0, io_ms / interval_ms)),
+        average_queue_depth=weighted_ms / interval_ms,
+        read_latency_seconds=_latency(read_ms, reads),
+        write_latency_seconds=_latency(write_ms, writes),
+        discard_latency_seconds=_latency(discard_ms, discards),
+        flush_latency_seconds=_latency(flush_ms, flushes),
         reset_counters=tuple(reset),
     )

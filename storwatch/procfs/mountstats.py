@@ -248,8 +248,14 @@ class NFSMount:
         """A mount whose tables are parsed from ``block`` (its device line first, every line ending in a newline) on
         first use. ``lineno`` is the device line's number in the file; bad lines go to ``report`` with their numbers
         in the file, when the tables are parsed."""
-        mount = cls(head.device, head.mountpoint, head.fstype, head.statvers)
-        mount._table, mount._block, mount._lineno, mount._report = None, block, lineno, report
+        mount = cls.__new__(cls)  # not __init__: it would build a table only to drop it, once per busy mount a second
+        mount.device, mount.mountpoint, mount.fstype, mount.statvers = (
+            head.device,
+            head.mountpoint,
+            head.fstype,
+            head.statvers,
+        )
+        mount._table, mount._block, mount._lineno, mount._report, mount._ops = None, block, lineno, report, {}
         return mount
 
     def _tables(self) -> _Table:
@@ -640,6 +646,8 @@ def _moved(err: MountStatsError, offset: int) -> MountStatsError:
 
 
 _BLOCK_STARTS = (b"\ndevice ", b"\nno device ")
+MAX_DEVICE_LINES = 4096
+"""Parsed device lines kept by a reader (mounts come and go; this bounds what they leave behind)."""
 
 
 class MountStatsReader:
@@ -657,6 +665,7 @@ class MountStatsReader:
     def __init__(self, report: Callable[[list[MountStatsError]], None]) -> None:
         self._report = report
         self._known: dict[bytes, NFSMount] = {}
+        self._heads: dict[bytes, _DeviceLine] = {}
 
     def read(self, data: bytes) -> tuple[list[NFSMount], list[MountStatsError]]:
         mounts: list[NFSMount] = []
@@ -696,12 +705,17 @@ class MountStatsReader:
         self, block: bytes, lineno: int, mounts: list[NFSMount], errors: list[MountStatsError]
     ) -> NFSMount | None:
         first_end = block.find(b"\n")
-        head: _DeviceLine | None = None
-        if block.startswith((b"device ", b"no device ")):
+        first = block[:first_end]
+        head = self._heads.get(first)  # a busy mount's device line is the same every read
+        if head is None and block.startswith((b"device ", b"no device ")):
             try:
-                head = _parse_device_line(block[:first_end], lineno)
+                head = _parse_device_line(first, lineno)
             except MountStatsError:
                 head = None
+            else:
+                if len(self._heads) >= MAX_DEVICE_LINES:
+                    self._heads.clear()
+                self._heads[first] = head
         if head is not None and head.fstype in NFS_FSTYPES:
             return NFSMount.from_block(head, block, lineno, self._report)
         if head is not None and first_end == len(block) - 1:
