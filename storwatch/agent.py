@@ -19,7 +19,7 @@ from typing import Any
 
 from storwatch.analysis.io import WindowFeeder
 from storwatch.analysis.latency import LatencyWindows
-from storwatch.analysis.view import build_view
+from storwatch.analysis.view import VerdictCache, build_view
 from storwatch.classify import Classifier, resolve_platform
 from storwatch.config import Config, ConfigError, load_config
 from storwatch.exporter import Exporter
@@ -87,6 +87,7 @@ class Agent:
         self.exporter = Exporter(process_metrics=process_metrics)
         self.windows = LatencyWindows()
         self._feeder = WindowFeeder(self.windows)
+        self._verdicts = VerdictCache()
         if sources is None:
             sources = self._default_sources(config)
         self._sources = [_SourceState(s) for s in sources]
@@ -246,7 +247,15 @@ class Agent:
         with self._lock:
             ready = all(st.status is not None for st in self._sources)
             classifier, platform = self.classifier, self.platform
-        view = build_view(snap, classifier, platform, ready=ready, windows=self.windows, paths=self.config.host_paths())
+        view = build_view(
+            snap,
+            classifier,
+            platform,
+            ready=ready,
+            windows=self.windows,
+            paths=self.config.host_paths(),
+            verdicts=self._verdicts,
+        )
         self._served = ServedState(view, None)
         return view
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -130,8 +131,9 @@ class MountIO:
     counters: DiskStats | None = None
     nfs: NFSMount | None = None
     probe: ProbeResult | None = None
-    latency: dict[str, LatencySummary] = field(default_factory=dict)
-    """Windows by operation: read, write, fsync (from diskstats or NFS) and probe_write, probe_fsync, probe_read."""
+    latency: Mapping[str, LatencySummary] = field(default_factory=dict)
+    """Windows by operation: read, write, fsync (from diskstats or NFS) and probe_write, probe_fsync, probe_read
+    (summarised when first read: analysis.latency.MountLatency)."""
 
 
 @dataclass(frozen=True)

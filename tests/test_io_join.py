@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from storwatch.analysis.io import WindowFeeder, mount_io
-from storwatch.analysis.latency import EMPTY, HOUR, MINUTE, LatencySummary, LatencyWindows, WindowStats
+from storwatch.analysis.latency import EMPTY, HOUR, MINUTE, LatencySummary, LatencyWindows, MountLatency, WindowStats
 from storwatch.model import Mount, Snapshot
 from storwatch.procfs.diskstats import DiskStats, diskstats_delta, parse_line
 from storwatch.procfs.mountstats import NFSMount, parse_mountstats
@@ -386,3 +386,29 @@ def test_hour_window_shows_a_new_maximum_at_once() -> None:
     assert summary.minute.max_seconds == pytest.approx(0.5)
     assert summary.hour.max_seconds == pytest.approx(0.5)
     assert summary.hour.samples == 2
+
+
+def test_a_wrapped_ring_finds_windows_in_either_half_or_across_both() -> None:
+    windows = LatencyWindows(capacity=10)
+    # Samples 20 s apart: the ring keeps k = 16..25; k = 21..25 sit at the front of its arrays, 16..20 behind them.
+    _add_series(windows, "/", "read", [(T + 20 * k, 1.0, k / 1000) for k in range(1, 26)])
+    ring_stats = windows.summary("/", "read", T + 500).minute  # [T+440, T+500]: k = 22..25, the newer half only
+    assert (ring_stats.samples, ring_stats.max_seconds) == (4, 0.025)
+    assert windows.summary("/", "read", T + 400).minute.samples == 4  # k = 17..20: the older half only
+    across = windows.summary("/", "read", T + 440).minute  # k = 19..22: across both
+    assert (across.samples, across.ops, across.max_seconds) == (4, 4, 0.022)
+    assert across.mean_seconds == pytest.approx((19 + 20 + 21 + 22) / 4 / 1000)
+    assert windows.summary("/", "read", T + 440).hour.samples == 7  # k = 16..22: nothing newer than now
+
+
+def test_mount_latency_is_summarised_when_first_read_as_of_its_view() -> None:
+    windows = LatencyWindows()
+    windows.add("/data", "write", T, 2, 0.004)
+    lazy = MountLatency(windows, "/data", T)
+    windows.add("/data", "write", T + 1, 1, 0.5)  # after the View's time: not in it
+    windows.add("/data", "read", T + 1, 1, 0.5)
+    assert set(lazy) == {"write", "read"}
+    assert lazy["write"].minute.samples == 1 and lazy["write"].minute.max_seconds == pytest.approx(0.002)
+    assert lazy["read"] == LatencySummary(EMPTY, EMPTY)
+    windows.add("/data", "fsync", T, 1, 0.001)  # once read, it stays as read
+    assert len(lazy) == 2 and dict(lazy) == lazy

@@ -18,7 +18,7 @@ def run_label(path: str, root: str) -> str:
 
 
 def run_views(facts: CheckpointFacts | None, mounts: tuple[MountView, ...], paths: HostPaths) -> tuple[RunView, ...]:
-    if facts is None:
+    if facts is None or not facts.runs:
         return ()
     # The longest mountpoint that is a prefix of the run's path, seen from this process (under the host root).
     local = sorted(((paths.root(mv.mount.mountpoint).rstrip("/"), mv) for mv in mounts), key=lambda t: -len(t[0]))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storwatch.analysis.latency import LatencyWindows
+from storwatch.analysis.latency import LatencyWindows, MountLatency
 from storwatch.model import Mount, MountIO, Snapshot
 from storwatch.sources.nfs import OpDelta
 
@@ -56,5 +56,5 @@ def mount_io(mount: Mount, snapshot: Snapshot, windows: LatencyWindows | None) -
     counters = snapshot.disks.counters.get(device) if snapshot.disks is not None and device else None
     nfs = snapshot.nfs.mounts.get(mount.mountpoint) if snapshot.nfs is not None else None
     probe = next((p for p in snapshot.probes if p.mountpoint == mount.mountpoint), None)
-    latency = windows.summaries_for(mount.mountpoint, snapshot.timestamp) if windows is not None else {}
+    latency = MountLatency(windows, mount.mountpoint, snapshot.timestamp) if windows is not None else {}
     return MountIO(device=device, counters=counters, nfs=nfs, probe=probe, latency=latency)

@@ -6,8 +6,31 @@ from storwatch.analysis.checkpoints import run_views
 from storwatch.analysis.io import mount_io
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.classify import Classifier
-from storwatch.model import MountView, Platform, Snapshot, View
+from storwatch.model import Mount, MountView, Platform, Snapshot, Verdict, View
 from storwatch.paths import HostPaths
+
+
+class VerdictCache:
+    """Verdicts kept from one View to the next while nothing they depend on changed: the same Mount objects (the mount
+    source makes new ones when it reads the mounts again), the same classifier and the same Kubernetes facts (from
+    which the volume evidence comes). Classifying a hundred mounts every tick was most of the tick's cost."""
+
+    def __init__(self) -> None:
+        self._basis: tuple[Classifier, object] | None = None
+        self._verdicts: dict[int, tuple[Mount, Verdict]] = {}
+
+    def verdicts(self, classifier: Classifier, snapshot: Snapshot) -> list[Verdict]:
+        basis = self._basis
+        kept = self._verdicts if basis is not None and basis[0] is classifier and basis[1] is snapshot.kube else {}
+        fresh: dict[int, tuple[Mount, Verdict]] = {}
+        out = []
+        for m in snapshot.mounts:
+            hit = kept.get(id(m))
+            verdict = hit[1] if hit is not None and hit[0] is m else classifier.classify(m)
+            fresh[id(m)] = (m, verdict)  # holding the mount keeps its id from being reused while it is a key
+            out.append(verdict)
+        self._basis, self._verdicts = (classifier, snapshot.kube), fresh
+        return out
 
 
 def build_view(
@@ -17,8 +40,12 @@ def build_view(
     ready: bool = True,
     windows: LatencyWindows | None = None,
     paths: HostPaths | None = None,
+    verdicts: VerdictCache | None = None,
 ) -> View:
-    mounts = tuple(MountView(m, classifier.classify(m), mount_io(m, snapshot, windows)) for m in snapshot.mounts)
+    found = (verdicts or VerdictCache()).verdicts(classifier, snapshot)
+    mounts = tuple(
+        MountView(m, verdict, mount_io(m, snapshot, windows)) for m, verdict in zip(snapshot.mounts, found, strict=True)
+    )
     checkpoints = run_views(snapshot.checkpoints, mounts, paths or HostPaths())
     return View(
         timestamp=snapshot.timestamp,
