@@ -3,10 +3,12 @@
 1. In-process: DiskIOSource.collect() and NFSSource.collect() on a synthetic procfs tree whose counters move every
    tick; CPU time per tick (p50/p99), next to node_exporter's CPU per scrape of the same files (its diskstats and
    mountstats collectors, --path.procfs pointed at the tree) measured in the same run.
-2. The whole agent at a 1 s cadence (diskstats 1 s, NFS 1 s, mounts 10 s, tick 1 s) on that tree for --seconds:
-   its CPU as a share of one core. Target: <= 1 %.
+2. The whole agent at a 1 s cadence (diskstats 1 s, NFS 1 s, mounts 10 s, tick 1 s) on that tree for --seconds,
+   scraped every --scrape-interval seconds (15, as Prometheus is commonly set; 0: never) the way Prometheus does:
+   its CPU as a share of one core, and its RSS at the end. Target: <= 1 %.
 
-Usage: .venv/bin/python bench/io_sources.py [--devices 64] [--nfs 64] [--busy-nfs 64] [--seconds 30] [--json FILE]
+Usage: .venv/bin/python bench/io_sources.py [--devices 64] [--nfs 64] [--busy-nfs 64] [--seconds 30]
+       [--scrape-interval 15] [--json FILE]
 BENCH_EXTRA_CONFIG (YAML text) is appended to the agent's config, e.g. to switch sources off while investigating.
 """
 
@@ -32,6 +34,7 @@ from bench._common import (
     HarnessError,
     cpu_seconds,
     free_port,
+    rss_kib,
     summary,
     terminate,
     verdict,
@@ -90,10 +93,18 @@ def make_tree(devices: int, mounts: int) -> Path:
     proc = root / "proc"
     (proc / "1").mkdir(parents=True)
     os.symlink("1", proc / "self")  # node_exporter's procfs reads /proc/self as a link to a PID directory
-    shutil.copy(GPU_NODE_MOUNTINFO, proc / "1" / "mountinfo")
+    # The GPU node's mounts, and the NFS mounts of mountstats, so that the View joins each one's I/O as on a real node.
+    nfs_lines = "".join(
+        f"{2000 + m} 1 0:{500 + m} / /mnt/nfs{m} rw,relatime shared:{900 + m} - nfs4 "
+        f"10.0.0.{m % 250 + 1}:/export/vol{m} rw,vers=4.2,rsize=1048576,wsize=1048576,hard,proto=tcp\n"
+        for m in range(mounts)
+    )
+    (proc / "1" / "mountinfo").write_bytes(GPU_NODE_MOUNTINFO.read_bytes() + nfs_lines.encode())
     write_tick(proc, devices, mounts, 0)
     (root / "sys").mkdir()
-    (root / "root").mkdir()
+    for m in range(mounts):
+        (root / "root" / "mnt" / f"nfs{m}").mkdir(parents=True)  # statvfs answers for them
+    (root / "root").mkdir(exist_ok=True)
     return root
 
 
@@ -173,7 +184,7 @@ def node_exporter_cost(root: Path, scrapes: int) -> dict[str, Any] | None:
         terminate(proc)
 
 
-def agent_cpu(root: Path, devices: int, mounts: int, seconds: float) -> dict[str, Any]:
+def agent_cpu(root: Path, devices: int, mounts: int, seconds: float, scrape_interval: float) -> dict[str, Any]:
     cfg = root / "storwatch.yaml"
     cfg.write_text(
         "tick_seconds: 1.0\n"
@@ -195,7 +206,16 @@ def agent_cpu(root: Path, devices: int, mounts: int, seconds: float) -> dict[str
             write_tick(root / "proc", devices, mounts, tick)
             tick += 1
 
+    scrapes: list[float] = []
+
+    def scraper() -> None:
+        while scrape_interval > 0 and not stop.wait(scrape_interval):
+            t0 = time.monotonic()
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+            scrapes.append(time.monotonic() - t0)
+
     thread = threading.Thread(target=writer, daemon=True)
+    scrape_thread = threading.Thread(target=scraper, daemon=True)
     try:
         deadline = time.monotonic() + 15
         while True:
@@ -209,12 +229,20 @@ def agent_cpu(root: Path, devices: int, mounts: int, seconds: float) -> dict[str
             time.sleep(0.2)
         thread.start()
         time.sleep(3)  # past start-up imports and the first rounds
+        scrape_thread.start()
         c0, w0 = cpu_seconds(proc.pid) or 0.0, time.monotonic()
         time.sleep(seconds)
         c1, w1 = cpu_seconds(proc.pid) or 0.0, time.monotonic()
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
-        return {"cpu_share_of_one_core": (c1 - c0) / (w1 - w0), "seconds": w1 - w0, "series": series}
+        return {
+            "cpu_share_of_one_core": (c1 - c0) / (w1 - w0),
+            "seconds": w1 - w0,
+            "series": series,
+            "scrapes": len(scrapes),
+            "scrape_seconds": summary(scrapes) if scrapes else None,
+            "rss_bytes": (rss_kib(proc.pid) or 0) * 1024 or None,
+        }
     finally:
         stop.set()
         terminate(proc)
@@ -231,6 +259,7 @@ def main() -> int:
     ap.add_argument("--ticks", type=int, default=60)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--busy-nfs", type=int, default=64, help="NFS mounts whose counters move every tick (default all)")
+    ap.add_argument("--scrape-interval", type=float, default=15.0, help="seconds between scrapes (default 15; 0: none)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     BUSY[0] = args.busy_nfs
@@ -252,12 +281,19 @@ def main() -> int:
                 f"{ms(ne['cpu_per_scrape_s'])} ms"
             )
             print(f"  ratio storwatch parse+delta / node_exporter scrape: {ratio:.2f}")
-        agent = agent_cpu(root, args.devices, args.nfs, args.seconds)
+        agent = agent_cpu(root, args.devices, args.nfs, args.seconds, args.scrape_interval)
         result["agent"] = agent
         share = agent["cpu_share_of_one_core"]
+        scraped = (
+            f"{agent['scrapes']} scrapes (p50 {ms(agent['scrape_seconds']['p50'])} ms)"
+            if agent["scrape_seconds"]
+            else "no scrapes"
+        )
+        rss = agent["rss_bytes"]
         print(
-            f"agent at 1 s cadence for {agent['seconds']:.0f} s, {agent['series']} series: "
-            f"{share * 100:.2f}% of one core  [{verdict(share <= 0.01)} target <= 1%]"
+            f"agent at 1 s cadence for {agent['seconds']:.0f} s, {agent['series']} series, {scraped}: "
+            f"{share * 100:.2f}% of one core  [{verdict(share <= 0.01)} target <= 1%], "
+            f"RSS {rss / 2**20 if rss else float('nan'):.1f} MiB"
         )
         write_json(args.json, result)
         return 0
