@@ -412,3 +412,32 @@ def test_mount_latency_is_summarised_when_first_read_as_of_its_view() -> None:
     assert lazy["read"] == LatencySummary(EMPTY, EMPTY)
     windows.add("/data", "fsync", T, 1, 0.001)  # once read, it stays as read
     assert len(lazy) == 2 and dict(lazy) == lazy
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_hour_kept_sorted_between_reads_is_the_hour_computed_afresh(seed: int) -> None:
+    """Random cadences (sub-second ones overwrite samples still in the hour), pauses longer than the hour, reads
+    seldom and often, and reads of an older View: every read equals the statistics computed from the arrays alone."""
+    rng = random.Random(seed)
+    capacity = rng.choice([10, 50, 3600])
+    windows = LatencyWindows(capacity=capacity)
+    t = T
+    for _ in range(600):
+        t += rng.choice([0.25, 1.0, 1.0, 7.0, 400.0, HOUR + 5])
+        windows.add("/m", "write", t, float(rng.randint(1, 50)), rng.choice([0.0, rng.random() / 100]))
+        if rng.random() < 0.3:
+            now = t - rng.choice([0.0, 0.0, 0.5, 30.0]) if rng.random() < 0.2 else t + rng.choice([0.0, 10.0, 900.0])
+            got = windows.summary("/m", "write", now).hour
+            ring = windows._rings["/m"]["write"]
+            want = ring.stats(now - HOUR, now)
+            assert (got.samples, got.p50_seconds, got.p95_seconds, got.max_seconds) == (
+                want.samples,
+                want.p50_seconds,
+                want.p95_seconds,
+                want.max_seconds,
+            )
+            assert got.ops == pytest.approx(want.ops)
+            if want.mean_seconds is None:
+                assert got.mean_seconds is None
+            else:
+                assert got.mean_seconds == pytest.approx(want.mean_seconds, rel=1e-9, abs=1e-15)
