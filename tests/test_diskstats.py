@@ -3,7 +3,6 @@ the per-interval delta of two samples."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -315,7 +314,7 @@ def test_delta_with_no_ops_has_no_latency() -> None:
     ids=["exactly-busy", "jiffy-overshoot", "far-over", "half", "idle"],
 )
 def test_delta_utilisation_is_clamped(io_time_delta_ms: int, seconds: float, expected: float) -> None:
-    cur = replace(PREV, io_time_ms=PREV.io_time_ms + io_time_delta_ms)
+    cur = PREV._replace(io_time_ms=PREV.io_time_ms + io_time_delta_ms)
     assert diskstats_delta(PREV, cur, seconds).utilisation == pytest.approx(expected)
 
 
@@ -345,13 +344,12 @@ def test_delta_rejects_a_non_positive_interval(seconds: float) -> None:
 
 def test_delta_rejects_two_different_devices() -> None:
     with pytest.raises(ValueError, match="different devices"):
-        diskstats_delta(PREV, replace(PREV, name="nvme1n1"), 1.0)
+        diskstats_delta(PREV, PREV._replace(name="nvme1n1"), 1.0)
 
 
 def test_delta_from_two_captures_of_the_same_machine() -> None:
     before = parse_fixture("linux-6.8")["nvme1n1"]
-    after = replace(
-        before,
+    after = before._replace(
         reads_completed=before.reads_completed + 120000,
         sectors_read=before.sectors_read + 120000 * 256,
         read_time_ms=before.read_time_ms + 36000,
