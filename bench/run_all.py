@@ -58,10 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     rc, scan = run_one("scan_time.py", ["--runs", str(args.runs)], out)
     if scan is None:
         failed.append(f"scan_time.py (exit {rc})")
-    # The I/O sources, NVML sampling and checkpoint scan print their own figures and PASS/MISS lines.
+    # The I/O sources, latency windows, NVML sampling and checkpoint scan print their own figures and PASS/MISS lines.
     for script, extra in (
         ("io_sources.py", ["--seconds", "30"]),
         ("io_sources.py", ["--seconds", "30", "--busy-nfs", "8"]),
+        ("latency_windows.py", []),
         ("gpu_sampling.py", ["--ticks", "20"]),
         ("checkpoint_scan.py", []),
     ):
