@@ -1,14 +1,17 @@
 """The helper process behind ``storwatch.blocking``: runs system calls that can hang in the kernel.
 
 It is started as ``python -I -S _blocking_worker.py`` (stdlib only, nothing of the agent imported). A request is one
-line ``ID OP ARG...`` (arguments hex-encoded bytes); each runs on its own thread and answers ``ID ok VALUES...`` or
-``ID err ERRNO MESSAGE``. A call stuck in the kernel strands only its own thread, in this process, never in the
-agent: the agent can always exit, and a hung mount costs it nothing but one thread here.
+line ``ID OP ARG...`` (arguments hex-encoded bytes); each runs on a thread of its own while it runs and answers
+``ID ok VALUES...`` or ``ID err ERRNO MESSAGE``. A call stuck in the kernel strands only its thread, in this process,
+never in the agent: the agent can always exit, and a hung mount costs it nothing but one thread here. Threads are
+kept for the next requests once their call returns (a thread started per call cost about 0.3 ms of CPU, 27 ms for
+each round of statvfs on a node with 90 mounts); the agent bounds the calls in flight, and so the threads.
 It exits as soon as its standard input closes, stuck threads or not.
 """
 
 import contextlib
 import os
+import queue
 import sys
 import threading
 import time
@@ -83,19 +86,48 @@ def _reply(line: str) -> None:
         os.write(1, data)
 
 
-def _run(req_id: str, op: str, args: list[str]) -> None:
+def _run(req_id: str, op: str, args: list[str]) -> str:
+    """The reply line for one request."""
     try:
         decoded: list[object] = [bytes.fromhex(a) if i == 0 else a for i, a in enumerate(args)]
         values = OPS[op](*decoded)
-        _reply(" ".join([req_id, "ok", *values]))
+        return " ".join([req_id, "ok", *values])
     except OSError as err:
         msg = (err.strerror or str(err)).replace("\n", " ")
-        _reply(f"{req_id} err {err.errno or 0} {msg}")
+        return f"{req_id} err {err.errno or 0} {msg}"
     except Exception as err:  # a bad request must not end the worker
-        _reply(f"{req_id} err 0 {type(err).__name__}: {err}".replace("\n", " "))
+        return f"{req_id} err 0 {type(err).__name__}: {err}".replace("\n", " ")
+
+
+class _Threads:
+    """Runs each request on an idle thread, or on a new one when every thread is busy (or stuck in the kernel)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._requests: queue.SimpleQueue[tuple[str, str, list[str]]] = queue.SimpleQueue()
+
+    def submit(self, request: tuple[str, str, list[str]]) -> None:
+        with self._lock:
+            idle = self._idle > 0
+            if idle:
+                self._idle -= 1
+        if idle:
+            self._requests.put(request)  # taken by one of the threads waiting below
+        else:
+            threading.Thread(target=self._serve, args=(request,), daemon=True).start()
+
+    def _serve(self, request: tuple[str, str, list[str]]) -> None:
+        while True:
+            reply = _run(*request)
+            with self._lock:
+                self._idle += 1  # before the reply: the agent's next request (sent on it) finds this thread idle
+            _reply(reply)
+            request = self._requests.get()
 
 
 def main() -> None:
+    threads = _Threads()
     for raw in sys.stdin.buffer:
         parts = raw.decode("ascii", "replace").split()
         if len(parts) < 2:
@@ -104,7 +136,7 @@ def main() -> None:
         if op not in OPS:
             _reply(f"{req_id} err 0 unknown operation {op}")
             continue
-        threading.Thread(target=_run, args=(req_id, op, args), daemon=True).start()
+        threads.submit((req_id, op, args))
     # Standard input closed: the agent is gone or shutting down. Leave at once, stuck threads included.
     os._exit(0)
 

@@ -273,3 +273,17 @@ def test_real_statvfs_of_a_non_utf8_path(tmp_path: Path, blocking_calls: Blockin
         values = outcomes[key].values
         assert values is not None, outcomes[key]
         assert int(values[1]) * int(values[0]) == st.f_blocks * st.f_frsize
+
+
+def test_the_helper_keeps_its_threads_for_later_calls(blocking_calls: BlockingCalls, tmp_path: Path) -> None:
+    dirs = {str(tmp_path / f"d{i}"): (str(tmp_path / f"d{i}"),) for i in range(40)}
+    for path in dirs:
+        os.mkdir(path)
+    for _ in range(5):
+        outcomes = blocking_calls.call_many("statvfs", dirs, timeout=10.0)
+        assert all(o.values is not None for o in outcomes.values())
+    helper = blocking_calls._proc
+    assert helper is not None
+    threads = len(os.listdir(f"/proc/{helper.pid}/task"))
+    # 200 calls, at most 4 in flight at a time: a few threads in all (main + those kept), not one per call.
+    assert 2 <= threads <= 1 + blocking_calls.max_inflight
