@@ -25,7 +25,8 @@ from storwatch.config import Config, ConfigError, load_config
 from storwatch.exporter import Exporter
 from storwatch.history import History
 from storwatch.kubevolumes import KubeVolumeEvidence
-from storwatch.model import CollectorStatus, Snapshot, View
+from storwatch.model import CollectorStatus, Platform, Snapshot, View
+from storwatch.paths import HostPaths
 from storwatch.sources import Source
 from storwatch.sources.checkpoints import CheckpointSource, default_roots
 from storwatch.sources.diskio import DiskIOSource
@@ -35,7 +36,7 @@ from storwatch.sources.mounts import MountSource
 from storwatch.sources.nfs import NFSSource
 from storwatch.sources.probe import ProbeSource, ProbeTarget
 from storwatch.sources.processes import ProcessSource
-from storwatch.web import ServedState, StatusHTTPServer
+from storwatch.web import StatusHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,27 @@ _CONFIG_SECTION = {
     "checkpoints": "checkpoints",
     "kube": "kube",
 }
+
+
+@dataclass(frozen=True)
+class _Ticked:
+    """What one tick saw, from which its View is made."""
+
+    snapshot: Snapshot
+    ready: bool
+    classifier: Classifier
+    platform: Platform
+    paths: HostPaths
+
+
+@dataclass(frozen=True)
+class _Served:
+    """The View of one tick and its exposition text, swapped whole, so a request never sees half an update."""
+
+    ticked: _Ticked | None
+    view: View | None
+    metrics: bytes | None
+    """None until the first scrape after the View was made renders it."""
 
 
 @dataclass
@@ -92,11 +114,14 @@ class Agent:
             sources = self._default_sources(config)
         self._sources = [_SourceState(s) for s in sources]
         self._lock = threading.Lock()
-        self._render_lock = threading.Lock()
+        self._view_lock = threading.Lock()
+        """Held while a View or its exposition is made, so two consumers asking at once make it once."""
         self._stop = threading.Event()
         self._dirty = threading.Event()
         """Set to tick now rather than at the next tick_seconds: start-up, reload, stop."""
-        self._served = ServedState(None, self.exporter.render(None))
+        self._ticked: _Ticked | None = None
+        """What the last tick saw; the View is made from it when first asked for."""
+        self._served = _Served(None, None, self.exporter.render(None))
         self._threads: list[threading.Thread] = []
         self.server: StatusHTTPServer | None = None
         log.info("platform %s (%s)", self.platform.name, self.platform.detected_by)
@@ -168,23 +193,44 @@ class Agent:
 
     # -- what consumers read
 
-    def served(self) -> ServedState:
-        """The View and its exposition text. The text is rendered at most once per tick, by the first scrape that
-        asks after the tick, so a node nobody scrapes every second does not pay for a render every second."""
-        state = self._served
-        if state.metrics is None:
-            with self._render_lock:
-                state = self._served
-                if state.metrics is None:
-                    state = ServedState(state.view, self.exporter.render(state.view))
-                    with self._lock:
-                        if self._served.view is state.view:
-                            self._served = state
-        return state
+    def current_view(self) -> View | None:
+        """The View of the last tick, made by the first consumer that asks for it (a scrape, the status page, the
+        probes), at most once per tick: a tick only records what the sources saw, so a node nobody looks at every
+        second does not pay for a View every second. None before the first tick."""
+        ticked = self._ticked
+        served = self._served
+        if ticked is None or served.ticked is ticked:
+            return served.view
+        with self._view_lock:
+            served = self._served
+            if served.ticked is not ticked:
+                view = build_view(
+                    ticked.snapshot,
+                    ticked.classifier,
+                    ticked.platform,
+                    ready=ticked.ready,
+                    windows=self.windows,
+                    paths=ticked.paths,
+                    verdicts=self._verdicts,
+                )
+                served = self._served = _Served(ticked, view, None)
+        return served.view
+
+    def metrics(self) -> bytes:
+        """The exposition text of the current View, rendered at most once per tick, by the first scrape that asks."""
+        self.current_view()
+        served = self._served
+        if served.metrics is None:
+            with self._view_lock:
+                served = self._served
+                if served.metrics is None:
+                    served = self._served = dataclasses.replace(served, metrics=self.exporter.render(served.view))
+        assert served.metrics is not None
+        return served.metrics
 
     @property
     def view(self) -> View | None:
-        return self._served.view
+        return self.current_view()
 
     # -- workers
 
@@ -217,8 +263,8 @@ class Agent:
                     st.facts = facts
                 st.last_error = error
                 st.status = CollectorStatus(src.name, error is None, duration, last_success, error)
-            if self._served.view is None:
-                self._dirty.set()  # until the first View, every first report may complete it
+            if self._ticked is None:
+                self._dirty.set()  # until the first tick, every first report may complete it
             self._stop.wait(max(0.0, src.interval_seconds - duration))
 
     def snapshot(self) -> Snapshot:
@@ -238,7 +284,15 @@ class Agent:
             )
 
     def tick(self) -> View:
-        """Build one Snapshot, keep it in History, derive the View and render the exposition once."""
+        """Advance one tick and return its View (made now)."""
+        self.advance()
+        view = self.current_view()
+        assert view is not None
+        return view
+
+    def advance(self) -> None:
+        """One tick: build one Snapshot, keep it in History and feed the latency windows; the View follows when a
+        consumer asks for it."""
         snap = self.snapshot()
         self.history.append(snap.for_history())
         self._feeder.feed(snap)
@@ -247,17 +301,7 @@ class Agent:
         with self._lock:
             ready = all(st.status is not None for st in self._sources)
             classifier, platform = self.classifier, self.platform
-        view = build_view(
-            snap,
-            classifier,
-            platform,
-            ready=ready,
-            windows=self.windows,
-            paths=self.config.host_paths(),
-            verdicts=self._verdicts,
-        )
-        self._served = ServedState(view, None)
-        return view
+        self._ticked = _Ticked(snap, ready, classifier, platform, self.config.host_paths())
 
     def _run_ticker(self) -> None:
         started = time.monotonic()
@@ -272,7 +316,7 @@ class Agent:
             if not everyone and time.monotonic() - started < STARTUP_GRACE_SECONDS:
                 continue  # a first View with every source in it, unless one of them is slow to start
             try:
-                self.tick()
+                self.advance()
             except Exception:
                 log.exception("tick failed; serving the previous view")
             if not frozen:
@@ -292,7 +336,7 @@ class Agent:
         t.start()
         self._threads.append(t)
         if serve:
-            self.server = StatusHTTPServer(self.config.listen, self.served, self.config.tls)
+            self.server = StatusHTTPServer(self.config.listen, self.current_view, self.metrics, self.config.tls)
             self.server.start()
             log.info("serving on %s (port %d)", self.config.listen, self.server.port)
 

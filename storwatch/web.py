@@ -9,7 +9,6 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -29,16 +28,10 @@ log = logging.getLogger(__name__)
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-@dataclass(frozen=True)
-class ServedState:
-    """What the server hands out; swapped whole once per tick, so a request never sees half an update."""
-
-    view: View | None
-    metrics: bytes | None
-    """None until the first scrape after a tick renders it (see Agent.served)."""
-
-
-StateProvider = Callable[[], ServedState]
+ViewProvider = Callable[[], "View | None"]
+"""The current View (None while the agent is starting)."""
+MetricsProvider = Callable[[], bytes]
+"""The current exposition text; rendered only when /metrics asks for it."""
 
 
 def render_status_page(data: dict[str, Any]) -> str:
@@ -212,25 +205,27 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
-        state = self.server.state()
         if path == "/metrics":
-            self._send(200, state.metrics or b"", METRICS_CONTENT_TYPE)
+            self._send(200, self.server.metrics(), METRICS_CONTENT_TYPE)
         elif path == "/healthz":
             self._send(200, b"ok\n", "text/plain; charset=utf-8")
         elif path == "/readyz":
-            ready = state.view is not None and state.view.ready
+            view = self.server.view()
+            ready = view is not None and view.ready
             self._send(200 if ready else 503, b"ready\n" if ready else b"not ready\n", "text/plain; charset=utf-8")
         elif path in ("/status", "/"):
-            if state.view is None:
+            view = self.server.view()
+            if view is None:
                 self._send(503, b"storwatch is starting; no data yet\n", "text/plain; charset=utf-8")
                 return
-            page = render_status_page(view_to_dict(state.view))
+            page = render_status_page(view_to_dict(view))
             self._send(200, page.encode("utf-8"), "text/html; charset=utf-8")
         elif path == "/api/status":
-            if state.view is None:
+            view = self.server.view()
+            if view is None:
                 self._send(503, b'{"error": "starting"}\n', "application/json")
                 return
-            self._send(200, json.dumps(view_to_dict(state.view)).encode(), "application/json")
+            self._send(200, json.dumps(view_to_dict(view)).encode(), "application/json")
         else:
             self._send(404, b"not found\n", "text/plain; charset=utf-8")
 
@@ -241,11 +236,12 @@ class StatusHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, listen: str, state: StateProvider, tls: TLSConfig | None = None) -> None:
+    def __init__(self, listen: str, view: ViewProvider, metrics: MetricsProvider, tls: TLSConfig | None = None) -> None:
         host, port = parse_listen(listen)
         if ":" in host:
             self.address_family = socket.AF_INET6
-        self.state = state
+        self.view = view
+        self.metrics = metrics
         self._tls = _tls_context(tls) if tls is not None and tls.cert_file else None
         super().__init__((host, port), _Handler)
 
