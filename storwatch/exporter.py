@@ -16,7 +16,7 @@ from prometheus_client.utils import floatToGoString
 from storwatch import __version__
 from storwatch.model import Durability, View
 from storwatch.procfs.diskstats import DiskStats
-from storwatch.procfs.mountstats import NFSMount, NFSOperation, NFSTransport
+from storwatch.procfs.mountstats import NFSMount, NFSOperation
 from storwatch.sources.mounts import display_path
 from storwatch.sources.probe import BUCKETS
 
@@ -29,6 +29,7 @@ def _counter(name: str, help_: str, labels: list[str]) -> CounterMetricFamily:
 
 
 _MS = 0.001
+_DURABILITIES = tuple(Durability)
 
 # (metric, help) for per-device counters, named as node_exporter names them so dashboards carry over.
 _DISK_COUNTERS = (
@@ -50,27 +51,29 @@ _DISK_COUNTERS = (
 )
 
 
-def _disk_values(d: DiskStats) -> list[tuple[str, float | None]]:
+def _disk_values(d: DiskStats) -> tuple[float | None, ...]:
+    """The device's counters in the order of _DISK_COUNTERS."""
+
     def ms(v: int | None) -> float | None:
         return None if v is None else v * _MS
 
-    return [
-        ("storwatch_disk_reads_completed_total", d.reads_completed),
-        ("storwatch_disk_reads_merged_total", d.reads_merged),
-        ("storwatch_disk_read_bytes_total", d.read_bytes),
-        ("storwatch_disk_read_time_seconds_total", ms(d.read_time_ms)),
-        ("storwatch_disk_writes_completed_total", d.writes_completed),
-        ("storwatch_disk_writes_merged_total", d.writes_merged),
-        ("storwatch_disk_written_bytes_total", d.written_bytes),
-        ("storwatch_disk_write_time_seconds_total", ms(d.write_time_ms)),
-        ("storwatch_disk_discards_completed_total", d.discards_completed),
-        ("storwatch_disk_discarded_bytes_total", d.discarded_bytes),
-        ("storwatch_disk_discard_time_seconds_total", ms(d.discard_time_ms)),
-        ("storwatch_disk_flush_requests_total", d.flushes_completed),
-        ("storwatch_disk_flush_requests_time_seconds_total", ms(d.flush_time_ms)),
-        ("storwatch_disk_io_time_seconds_total", ms(d.io_time_ms)),
-        ("storwatch_disk_io_time_weighted_seconds_total", ms(d.weighted_io_time_ms)),
-    ]
+    return (
+        d.reads_completed,
+        d.reads_merged,
+        d.read_bytes,
+        ms(d.read_time_ms),
+        d.writes_completed,
+        d.writes_merged,
+        d.written_bytes,
+        ms(d.write_time_ms),
+        d.discards_completed,
+        d.discarded_bytes,
+        ms(d.discard_time_ms),
+        d.flushes_completed,
+        ms(d.flush_time_ms),
+        ms(d.io_time_ms),
+        ms(d.weighted_io_time_ms),
+    )
 
 
 # Per-mount counters: the block device's under it, or for NFS the READ/WRITE/COMMIT procedures' (execute time).
@@ -132,28 +135,38 @@ _NFS_OP_COUNTERS = (
 
 
 class TextFamily(Metric):
-    """A counter family whose sample lines are already written in the text format (labels sorted and escaped, values
-    formatted as render_text formats them): for the NFS per-operation counters, which are most of a large node's
-    series, writing the lines directly costs a tenth of building a Sample for each. ``samples`` stays empty; a
-    consumer other than render_text would see no samples (tests parse the lines back to check them)."""
+    """A family whose samples are already written in the text format (labels sorted and escaped, values formatted as
+    render_text formats them), in chunks of whole lines: for the families with a series or more per mount, device or
+    NFS procedure, which are nearly all of a large node's series. Building a prometheus_client Sample per series and
+    formatting it cost about 6 us; a line written at once about 1. ``samples`` stays empty; a consumer other than
+    render_text would see no samples (tests parse the lines back to check them)."""
 
-    def __init__(self, name: str, documentation: str, lines: list[str]) -> None:
-        super().__init__(name.removesuffix("_total"), documentation, "counter")
+    def __init__(self, name: str, documentation: str, lines: list[str], typ: str = "counter") -> None:
+        super().__init__(name.removesuffix("_total") if typ == "counter" else name, documentation, typ)
         self.lines = lines
 
 
-def _nfs_op_values(op: NFSOperation) -> list[tuple[str, float | None]]:
-    return [
-        ("storwatch_nfs_operations_total", op.requests),
-        ("storwatch_nfs_transmissions_total", op.transmissions),
-        ("storwatch_nfs_major_timeouts_total", op.major_timeouts),
-        ("storwatch_nfs_sent_bytes_total", op.bytes_sent),
-        ("storwatch_nfs_received_bytes_total", op.bytes_received),
-        ("storwatch_nfs_queue_seconds_total", op.queue_time_ms * _MS),
-        ("storwatch_nfs_rtt_seconds_total", op.rtt_ms * _MS),
-        ("storwatch_nfs_execute_seconds_total", op.execute_time_ms * _MS),
-        ("storwatch_nfs_errors_total", op.errors),
-    ]
+class _Lines:
+    """One TextFamily being written: ``add`` takes the label set already written (``_labels``) and the value."""
+
+    __slots__ = ("documentation", "lines", "name", "typ")
+
+    def __init__(self, name: str, documentation: str, typ: str = "gauge") -> None:
+        self.name, self.documentation, self.typ = name, documentation, typ
+        self.lines: list[str] = []
+
+    def add(self, labels: str, value: float | None) -> None:
+        if value is not None:
+            self.lines.append(f"{self.name}{labels} {_value_text(value)}\n")
+
+    def family(self) -> TextFamily:
+        return TextFamily(self.name, self.documentation, self.lines, self.typ)
+
+
+def _labels(*pairs: tuple[str, str]) -> str:
+    """A label set as the text format writes it; ``pairs`` come in the order of their names, as the format sorts
+    them (the golden scrape, checked against prometheus_client's own writer, holds every family to it)."""
+    return "{" + ",".join(f'{name}="{_label_value(value)}"' for name, value in pairs) + "}"
 
 
 _XPRT_COUNTERS = (
@@ -168,16 +181,73 @@ _XPRT_COUNTERS = (
     ("storwatch_nfs_transport_backlog_sum_total", "Sum over sends of the backlog queue length; / sends = average."),
 )
 
+_NFS_BYTES = ("storwatch_nfs_bytes_total", "Bytes through the NFS client by kind (bytes: line).")
+_NFS_BYTES_KINDS = ("normal_read", "normal_write", "direct_read", "direct_write", "server_read", "server_write")
 
-def _xprt_values(t: NFSTransport) -> list[tuple[str, float | None]]:
-    return [
-        ("storwatch_nfs_transport_sends_total", t.sends),
-        ("storwatch_nfs_transport_receives_total", t.recvs),
-        ("storwatch_nfs_transport_bad_xids_total", t.bad_xids),
-        ("storwatch_nfs_transport_connects_total", t.connect_count),
-        ("storwatch_nfs_transport_requests_in_flight_sum_total", t.req_u),
-        ("storwatch_nfs_transport_backlog_sum_total", t.backlog_u),
-    ]
+# Every NFS family, in the order they are exported; each is written as text (TextFamily).
+_NFS_TEXT_COUNTERS = (*_NFS_OP_COUNTERS, *_XPRT_COUNTERS, _NFS_BYTES)
+
+
+_OpLines = tuple[str, ...]
+"""One procedure's sample lines, one per per-op metric (the errors line empty on kernels without that counter)."""
+
+
+def _op_lines(mp: str, op: NFSOperation) -> _OpLines:
+    labels = f'{{mountpoint="{mp}",operation="{_label_value(op.name)}"}} '
+    return (
+        f"storwatch_nfs_operations_total{labels}{_value_text(op.requests)}\n",
+        f"storwatch_nfs_transmissions_total{labels}{_value_text(op.transmissions)}\n",
+        f"storwatch_nfs_major_timeouts_total{labels}{_value_text(op.major_timeouts)}\n",
+        f"storwatch_nfs_sent_bytes_total{labels}{_value_text(op.bytes_sent)}\n",
+        f"storwatch_nfs_received_bytes_total{labels}{_value_text(op.bytes_received)}\n",
+        f"storwatch_nfs_queue_seconds_total{labels}{_value_text(op.queue_time_ms * _MS)}\n",
+        f"storwatch_nfs_rtt_seconds_total{labels}{_value_text(op.rtt_ms * _MS)}\n",
+        f"storwatch_nfs_execute_seconds_total{labels}{_value_text(op.execute_time_ms * _MS)}\n",
+        "" if op.errors is None else f"storwatch_nfs_errors_total{labels}{_value_text(op.errors)}\n",
+    )
+
+
+class _NFSMountText:
+    """One NFS mount's sample lines as last written, with what they were written from."""
+
+    __slots__ = ("by_metric", "mount", "ops")
+
+    def __init__(self, mount: NFSMount, by_metric: dict[str, str], ops: dict[NFSOperation, _OpLines]) -> None:
+        self.mount = mount
+        self.by_metric = by_metric
+        """Lines by metric, each ready to go into its family."""
+        self.ops = ops
+        """Each procedure's lines by its counters: a procedure whose counters stand still keeps its lines."""
+
+
+def _nfs_mount_text(mountpoint: str, nfs: NFSMount, before: _NFSMountText | None) -> _NFSMountText:
+    """One NFS mount's sample lines, by metric, as render_text would write them (labels sorted by name)."""
+    mp = _label_value(mountpoint)
+    kept = before.ops if before is not None else {}
+    ops: dict[NFSOperation, _OpLines] = {}
+    for op in nfs.operations:
+        if op.requests:
+            lines = kept.get(op)
+            ops[op] = lines if lines is not None else _op_lines(mp, op)
+    by_metric: dict[str, str] = {}
+    if ops:
+        for (name, _), column in zip(_NFS_OP_COUNTERS, zip(*ops.values(), strict=True), strict=True):
+            by_metric[name] = "".join(column)
+    for i, t in enumerate(nfs.transports):
+        labels = f'{{mountpoint="{mp}",protocol="{_label_value(t.protocol)}",transport="{i}"}} '
+        for (name, _), value in zip(
+            _XPRT_COUNTERS, (t.sends, t.recvs, t.bad_xids, t.connect_count, t.req_u, t.backlog_u), strict=True
+        ):
+            if value is not None:
+                by_metric[name] = by_metric.get(name, "") + f"{name}{labels}{_value_text(value)}\n"
+    b = nfs.bytes
+    if b is not None:
+        values = (b.normal_read, b.normal_write, b.direct_read, b.direct_write, b.server_read, b.server_write)
+        by_metric[_NFS_BYTES[0]] = "".join(
+            f'{_NFS_BYTES[0]}{{kind="{kind}",mountpoint="{mp}"}} {_value_text(value)}\n'
+            for kind, value in zip(_NFS_BYTES_KINDS, values, strict=True)
+        )
+    return _NFSMountText(nfs, by_metric, ops)
 
 
 _CHECKPOINT_GAUGES = (
@@ -218,6 +288,8 @@ class ViewCollector(Collector):
 
     def __init__(self) -> None:
         self.view: View | None = None
+        self._nfs_text: dict[str, _NFSMountText] = {}
+        """Each NFS mount's sample lines as last written, by mountpoint."""
 
     def collect(self) -> Iterator[Metric]:
         view = self.view
@@ -244,153 +316,127 @@ class ViewCollector(Collector):
         yield from self._collectors(view)
 
     def _mounts(self, view: View) -> Iterator[Metric]:
-        info = GaugeMetricFamily(
-            "storwatch_mount_info",
-            "A mount on this node with its durability class and the reason for it.",
-            labels=["mountpoint", "device", "fstype", "durability", "reason"],
-        )
-        durability = GaugeMetricFamily(
+        info = _Lines("storwatch_mount_info", "A mount on this node with its durability class and the reason for it.")
+        durability = _Lines(
             "storwatch_mount_durability",
             "1 for the durability class of each mount (volatile, node, cluster, region), 0 for the others.",
-            labels=["mountpoint", "durability"],
         )
-        size = GaugeMetricFamily("storwatch_mount_size_bytes", "Filesystem size in bytes.", labels=["mountpoint"])
-        free = GaugeMetricFamily(
-            "storwatch_mount_free_bytes", "Free bytes, root's reserve included.", labels=["mountpoint"]
+        size = _Lines("storwatch_mount_size_bytes", "Filesystem size in bytes.")
+        free = _Lines("storwatch_mount_free_bytes", "Free bytes, root's reserve included.")
+        avail = _Lines("storwatch_mount_avail_bytes", "Bytes available to unprivileged users.")
+        files = _Lines("storwatch_mount_files", "Inodes in the filesystem.")
+        files_free = _Lines("storwatch_mount_files_free", "Free inodes.")
+        stuck = _Lines("storwatch_mount_stuck", "1 when a statvfs on the mount has not returned within its deadline.")
+        stuck_for = _Lines(
+            "storwatch_mount_stuck_seconds", "How long the oldest call on a stuck mount has been in flight."
         )
-        avail = GaugeMetricFamily(
-            "storwatch_mount_avail_bytes", "Bytes available to unprivileged users.", labels=["mountpoint"]
-        )
-        files = GaugeMetricFamily("storwatch_mount_files", "Inodes in the filesystem.", labels=["mountpoint"])
-        files_free = GaugeMetricFamily("storwatch_mount_files_free", "Free inodes.", labels=["mountpoint"])
-        stuck = GaugeMetricFamily(
-            "storwatch_mount_stuck",
-            "1 when a statvfs on the mount has not returned within its deadline.",
-            labels=["mountpoint"],
-        )
-        stuck_for = GaugeMetricFamily(
-            "storwatch_mount_stuck_seconds",
-            "How long the oldest call on a stuck mount has been in flight.",
-            labels=["mountpoint"],
-        )
-        readonly = GaugeMetricFamily(
-            "storwatch_mount_readonly", "1 when the mount is read-only.", labels=["mountpoint"]
-        )
+        readonly = _Lines("storwatch_mount_readonly", "1 when the mount is read-only.")
         for mv in view.mounts:
-            m = mv.mount
+            m, verdict = mv.mount, mv.verdict
             mp = display_path(m.mountpoint)
-            info.add_metric([mp, display_path(m.device), m.fstype, mv.verdict.durability.value, mv.verdict.reason], 1)
-            for d in Durability:
-                durability.add_metric([mp, d.value], 1 if d is mv.verdict.durability else 0)
+            labels = _labels(("mountpoint", mp))
+            info.add(
+                _labels(
+                    ("device", display_path(m.device)),
+                    ("durability", verdict.durability.value),
+                    ("fstype", m.fstype),
+                    ("mountpoint", mp),
+                    ("reason", verdict.reason),
+                ),
+                1,
+            )
+            for d in _DURABILITIES:
+                durability.add(
+                    _labels(("durability", d.value), ("mountpoint", mp)), 1 if d is verdict.durability else 0
+                )
             if m.usage is not None:
-                size.add_metric([mp], m.usage.size_bytes)
-                free.add_metric([mp], m.usage.free_bytes)
-                avail.add_metric([mp], m.usage.avail_bytes)
-                files.add_metric([mp], m.usage.files)
-                files_free.add_metric([mp], m.usage.files_free)
-            stuck.add_metric([mp], 1 if mv.stuck else 0)
-            stuck_for.add_metric([mp], m.stuck_seconds)
-            readonly.add_metric([mp], 1 if m.readonly else 0)
-        yield from (info, durability, size, free, avail, files, files_free, stuck, stuck_for, readonly)
+                size.add(labels, m.usage.size_bytes)
+                free.add(labels, m.usage.free_bytes)
+                avail.add(labels, m.usage.avail_bytes)
+                files.add(labels, m.usage.files)
+                files_free.add(labels, m.usage.files_free)
+            stuck.add(labels, 1 if mv.stuck else 0)
+            stuck_for.add(labels, m.stuck_seconds)
+            readonly.add(labels, 1 if m.readonly else 0)
+        for family in (info, durability, size, free, avail, files, files_free, stuck, stuck_for, readonly):
+            yield family.family()
 
     def _disks(self, view: View) -> Iterator[Metric]:
         disks = view.disks
         if disks is None:
             return
-        counters = {name: _counter(name, help_, ["device"]) for name, help_ in _DISK_COUNTERS}
-        in_flight = GaugeMetricFamily("storwatch_disk_io_now", "I/Os in flight on the device.", labels=["device"])
-        util = GaugeMetricFamily(
-            "storwatch_disk_utilization_ratio", "Share of the last interval the device was busy.", labels=["device"]
-        )
+        counters = [_Lines(name, help_, "counter") for name, help_ in _DISK_COUNTERS]
+        in_flight = _Lines("storwatch_disk_io_now", "I/Os in flight on the device.")
+        util = _Lines("storwatch_disk_utilization_ratio", "Share of the last interval the device was busy.")
         for name, d in sorted(disks.counters.items()):
             if d.reads_completed == 0 and d.writes_completed == 0:
                 continue  # never used (spare loop devices, empty drives): not worth a series
-            for metric, value in _disk_values(d):
-                if value is not None:
-                    counters[metric].add_metric([name], value)
-            in_flight.add_metric([name], d.in_flight)
+            labels = _labels(("device", name))
+            for family, value in zip(counters, _disk_values(d), strict=True):
+                family.add(labels, value)
+            in_flight.add(labels, d.in_flight)
             delta = disks.deltas.get(name)
             if delta is not None:
-                util.add_metric([name], delta.utilisation)
-        yield from counters.values()
-        yield from (in_flight, util)
+                util.add(labels, delta.utilisation)
+        for family in (*counters, in_flight, util):
+            yield family.family()
 
     def _mount_io(self, view: View) -> Iterator[Metric]:
-        device = GaugeMetricFamily(
+        device = _Lines(
             "storwatch_mount_device_info",
             "The block device a mount's I/O counters come from, and the devices at the bottom of its stack.",
-            labels=["mountpoint", "device", "physical"],
         )
-        counters = {name: _counter(name, help_, ["mountpoint"]) for name, help_ in _MOUNT_COUNTERS}
-        latency = GaugeMetricFamily(
+        counters = {name: _Lines(name, help_, "counter") for name, help_ in _MOUNT_COUNTERS}
+        latency = _Lines(
             "storwatch_mount_latency_seconds",
             "Per-mount operation latency over a window: p50, p95 and max of per-interval averages, and the mean.",
-            labels=["mountpoint", "op", "window", "stat"],
         )
         for mv in view.mounts:
             mp = display_path(mv.mount.mountpoint)
+            labels = _labels(("mountpoint", mp))
             io = mv.io
             block = mv.mount.block
             if block is not None:
-                device.add_metric([mp, block.device, ",".join(block.physical)], 1)
+                device.add(
+                    _labels(("device", block.device), ("mountpoint", mp), ("physical", ",".join(block.physical))), 1
+                )
             values: list[tuple[str, float | None]] = []
             if io.counters is not None:
                 values = _mount_disk_values(io.counters, partition=bool(block and block.partition))
             elif io.nfs is not None:
                 values = _mount_nfs_values(io.nfs)
             for metric, value in values:
-                if value is not None:
-                    counters[metric].add_metric([mp], value)
+                counters[metric].add(labels, value)
+            quoted = _label_value(mp)
             for op, summary in sorted(io.latency.items()):
                 for window, stats in (("1m", summary.minute), ("1h", summary.hour)):
-                    for stat, value in (
-                        ("p50", stats.p50_seconds),
-                        ("p95", stats.p95_seconds),
-                        ("max", stats.max_seconds),
-                        ("mean", stats.mean_seconds),
-                    ):
-                        if value is not None:
-                            latency.add_metric([mp, op, window, stat], value)
-        yield device
-        yield from counters.values()
-        yield latency
+                    prefix = f'{{mountpoint="{quoted}",op="{_label_value(op)}",stat="'
+                    latency.add(f'{prefix}p50",window="{window}"}}', stats.p50_seconds)
+                    latency.add(f'{prefix}p95",window="{window}"}}', stats.p95_seconds)
+                    latency.add(f'{prefix}max",window="{window}"}}', stats.max_seconds)
+                    latency.add(f'{prefix}mean",window="{window}"}}', stats.mean_seconds)
+        yield device.family()
+        for family in counters.values():
+            yield family.family()
+        yield latency.family()
 
     def _nfs(self, view: View) -> Iterator[Metric]:
         if view.nfs is None:
             return
-        ops: dict[str, list[str]] = {name: [] for name, _ in _NFS_OP_COUNTERS}
-        xprt = {name: _counter(name, help_, ["mountpoint", "transport", "protocol"]) for name, help_ in _XPRT_COUNTERS}
-        io_bytes = _counter(
-            "storwatch_nfs_bytes_total", "Bytes through the NFS client by kind (bytes: line).", ["mountpoint", "kind"]
-        )
-        for mp_raw, nfs in sorted(view.nfs.mounts.items()):
-            mp = display_path(mp_raw)
-            mp_label = f'{{mountpoint="{_label_value(mp)}",operation="'
-            for op in nfs.operations:
-                if op.requests == 0:
-                    continue
-                labels = f'{mp_label}{_label_value(op.name)}"}} '
-                for metric, value in _nfs_op_values(op):
-                    if value is not None:
-                        ops[metric].append(f"{metric}{labels}{_value_text(value)}\n")
-            for i, t in enumerate(nfs.transports):
-                for metric, value in _xprt_values(t):
-                    if value is not None:
-                        xprt[metric].add_metric([mp, str(i), t.protocol], value)
-            if nfs.bytes is not None:
-                b = nfs.bytes
-                for kind, value in (
-                    ("normal_read", b.normal_read),
-                    ("normal_write", b.normal_write),
-                    ("direct_read", b.direct_read),
-                    ("direct_write", b.direct_write),
-                    ("server_read", b.server_read),
-                    ("server_write", b.server_write),
-                ):
-                    io_bytes.add_metric([mp, kind], value)
-        yield from (TextFamily(name, help_, ops[name]) for name, help_ in _NFS_OP_COUNTERS)
-        yield from xprt.values()
-        yield io_bytes
+        # Most of a large node's series. A mount whose mountstats block did not change since the last render is the
+        # same NFSMount object (MountStatsReader) and keeps its lines; in a changed one, only the procedures whose
+        # counters moved are written again.
+        chunks: dict[str, list[str]] = {name: [] for name, _ in _NFS_TEXT_COUNTERS}
+        written: dict[str, _NFSMountText] = {}
+        for mountpoint, nfs in sorted(view.nfs.mounts.items()):
+            text = self._nfs_text.get(mountpoint)
+            if text is None or text.mount is not nfs:
+                text = _nfs_mount_text(display_path(mountpoint), nfs, text)
+            written[mountpoint] = text
+            for name, lines in text.by_metric.items():
+                chunks[name].append(lines)
+        self._nfs_text = written
+        yield from (TextFamily(name, help_, chunks[name]) for name, help_ in _NFS_TEXT_COUNTERS)
 
     def _probes(self, view: View) -> Iterator[Metric]:
         hist = HistogramMetricFamily(
@@ -590,12 +636,22 @@ def _label_value(value: str) -> str:
 _NEG_INF = float("-inf")
 
 
+_EXACT_INT = 2**53
+"""Below this every int converts to a float exactly, so its decimal digits are the float's."""
+
+
 def _value_text(value: float) -> str:
     # prometheus_client writes a number as Python's repr of the float, except infinities, NaN and positive numbers of
     # more than 6 integer digits (a Go-style exponent). Below 10**6 the repr is the answer: a count is "42.0".
-    if type(value) is int and 0 <= value < 1_000_000:
-        return f"{value}.0"
-    if type(value) is float and _NEG_INF < value < 1_000_000.0:  # NaN fails the comparison
+    if type(value) is int:
+        if 0 <= value < 1_000_000:
+            return f"{value}.0"
+        if 0 < value < _EXACT_INT:
+            # floatToGoString's exponent form straight from the digits (byte counters are mostly this big):
+            # 12345000 -> "1.2345e+07".
+            digits = str(value)
+            return f"{(digits[0] + '.' + digits[1:]).rstrip('0.')}e+{len(digits) - 1:02d}"
+    elif type(value) is float and _NEG_INF < value < 1_000_000.0:  # NaN fails the comparison
         return repr(value)
     return _float_text(value)
 

@@ -21,8 +21,14 @@ from prometheus_client.core import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from storwatch.exporter import TextFamily, render_text
+from storwatch.exporter import Exporter, TextFamily, render_text
+from storwatch.model import Platform, View
+from storwatch.procfs.mountstats import MountStatsReader
+from storwatch.sources.nfs import NFSStats
 from tests.test_golden import render_scrape
+
+MOUNTSTATS = Path(__file__).parent / "fixtures" / "mountstats"
+NFSV3, NFSV42 = MOUNTSTATS / "nfsv3", MOUNTSTATS / "nfsv4.2-nconnect"
 
 
 class Fixed(Collector):
@@ -53,8 +59,9 @@ def families() -> list[Metric]:
     summary = SummaryMetricFamily("test_summary", "Summary.", count_value=3, sum_value=1.5)
     unknown = UnknownMetricFamily("test_unknown", "Unknown.", value=1)
     numbers = GaugeMetricFamily("test_numbers", "Numbers as counters and gauges hold them.", labels=["v"])
-    for v in [0, 1, 999_999, 1_000_000, 12_345_678, 2**63, -1, -1_000_000, 0.0, -0.0, 0.1, 1e-7, 123456.5, 1234567.0,
-              5e-324, 1.7976931348623157e308, True]:  # fmt: skip
+    for v in [0, 1, 999_999, 1_000_000, 1_000_001, 1_234_567, 12_345_678, 10_000_000, 120_000_000_000,
+              10**15 + 1, 2**53 - 1, 2**53, 2**53 + 1, 10**16 + 1, 2**63, -1, -1_000_000, -12_345_678, 0.0, -0.0, 0.1,
+              1e-7, 123456.5, 1234567.0, 5e-324, 1.7976931348623157e308, True]:  # fmt: skip
         numbers.add_metric([repr(v)], v)
     return [gauge, counter, plain, hist, info, state, ghist, summary, unknown, numbers]
 
@@ -71,9 +78,10 @@ def as_samples(family: Metric) -> Metric:
     """A TextFamily's lines parsed back by prometheus_client's own parser into an ordinary family."""
     if not isinstance(family, TextFamily):
         return family
-    text = f"# TYPE {family.name}_total counter\n" + "".join(family.lines)
+    suffix = "_total" if family.type == "counter" else ""
+    text = f"# TYPE {family.name}{suffix} {family.type}\n" + "".join(family.lines)
     [parsed] = text_string_to_metric_families(text)
-    copy = Metric(family.name, family.documentation, "counter")
+    copy = Metric(family.name, family.documentation, family.type)
     copy.samples = parsed.samples
     return copy
 
@@ -105,3 +113,30 @@ def test_names_that_need_escaping_are_refused(family: Metric, message: str) -> N
         family.add_metric(["v"], 1)
     with pytest.raises(ValueError, match=message):
         render_text([family])
+
+
+def _nfs_view(reader: MountStatsReader, data: bytes, timestamp: float) -> View:
+    mounts, errors = reader.read(data)
+    assert errors == []
+    nfs = NFSStats(timestamp, {m.mountpoint: m for m in mounts}, {})
+    return View(timestamp, Platform("generic", "test"), (), (), nfs=nfs)
+
+
+def test_nfs_lines_kept_between_renders_are_the_lines_a_fresh_render_writes() -> None:
+    """The exporter keeps each NFS mount's lines, and each procedure's, while their counters stand still: after a
+    procedure moves, a mount is unmounted or comes back, the text is what an exporter with no memory writes."""
+    captures = [NFSV3.read_bytes(), NFSV42.read_bytes()]
+    reader, kept = MountStatsReader(lambda errors: None), Exporter(process_metrics=False)
+    steps = [
+        b"".join(captures),
+        b"".join(captures),  # nothing moved: the same NFSMount objects
+        b"".join(captures).replace(b" READ: 2210331 2210331", b" READ: 2210400 2210402"),  # one procedure moved
+        captures[0],  # the NFSv4.2 mount is gone
+        b"".join(captures),  # and back
+    ]
+    for i, data in enumerate(steps):
+        view = _nfs_view(reader, data, 1_700_000_000.0 + i)
+        fresh = Exporter(process_metrics=False).render(view)
+        assert kept.render(view) == fresh, f"step {i}"
+        assert fresh.count(b"storwatch_nfs_operations_total{") > 10
+    assert b'operation="READ"} 2.2104e+06' in kept.render(_nfs_view(reader, steps[2], 1_700_000_010.0))
