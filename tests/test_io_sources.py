@@ -103,3 +103,30 @@ def test_sources_fall_back_and_fail_clearly(tmp_path: Path) -> None:
     assert NFSSource(HostPaths(procfs=str(proc)), NFSConfig()).collect().mounts
     with pytest.raises(OSError, match="cannot read diskstats"):
         DiskIOSource(HostPaths(procfs=str(proc)), DiskIOConfig()).collect()
+
+
+def test_nfs_source_logs_a_garbled_read_line_at_once_and_the_other_mounts_report(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    proc = _proc(tmp_path)
+    v3, v42 = (
+        (FIXTURES / "mountstats" / "nfsv3").read_bytes(),
+        (FIXTURES / "mountstats" / "nfsv4.2-nconnect").read_bytes(),
+    )
+    stats = proc / "1" / "mountstats"
+    stats.write_bytes(v3 + v42)
+    source = NFSSource(HostPaths(procfs=str(proc)), NFSConfig(), clock=lambda: 1000.0)
+    source.collect()
+    old_v3_read = next(line for line in v3.split(b"\n") if line.strip().startswith(b"READ:"))
+    v42_write = next(line for line in v42.split(b"\n") if line.strip().startswith(b"WRITE:"))
+    fields = v42_write.split()
+    more = b"\t       WRITE: " + b" ".join([str(int(fields[1]) + 2).encode(), *fields[2:]])
+    damaged = (v3 + v42).replace(old_v3_read, old_v3_read + b" x").replace(v42_write, more)
+    stats.write_bytes(damaged)
+    with caplog.at_level(logging.WARNING, logger="storwatch.sources.nfs"):
+        second = source.collect()  # no consumer reads the tables: the READ line is parsed for the windows
+    lineno = damaged.split(b"\n").index(old_v3_read + b" x") + 1
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 1 and f"line {lineno}: per-op line" in logged[0], logged
+    assert second.deltas == {"/mnt/checkpoints": {"WRITE": second.deltas["/mnt/checkpoints"]["WRITE"]}}
+    assert second.deltas["/mnt/checkpoints"]["WRITE"].requests == 2

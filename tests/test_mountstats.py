@@ -17,6 +17,7 @@ from storwatch.procfs.mountstats import (
     NFSMount,
     NFSOperation,
     NFSTransport,
+    OperationLines,
     parse_mountstats,
     parse_operation_line,
     parse_transport_line,
@@ -579,3 +580,72 @@ def test_reader_reuses_unchanged_mounts_and_parses_tables_only_when_used() -> No
     [err] = reported
     assert "GETATTR: 3302191 x" in err.line and err.lineno == damaged.split(b"\n").index(err.line.encode()) + 1
     assert v4.operation("READ") == read and v4.transports == CLEAN[1].transports
+
+
+def test_reader_parses_only_the_per_op_lines_that_changed_since_the_mount_was_last_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import storwatch.procfs.mountstats as mountstats
+
+    parsed: list[bytes] = []
+    real = mountstats.parse_operation_line
+
+    def counting(line: bytes, lineno: int = 1) -> NFSOperation:
+        parsed.append(line.split()[0])
+        return real(line, lineno)
+
+    monkeypatch.setattr(mountstats, "parse_operation_line", counting)
+    reader = MountStatsReader(lambda errors: None)
+    clean = NFSV42_NCONNECT.read_bytes()
+    [first], _ = reader.read(clean)
+    assert len(first.operations) > 50 and len(parsed) == len(first.operations)  # every line, the first time
+    parsed.clear()
+    busier = clean.replace(b"\t        READ: 2210331 2210331", b"\t        READ: 2210400 2210400")
+    assert busier != clean
+    [second], _ = reader.read(busier)
+    before = first.operation("READ")
+    assert before is not None and second.operation("READ") == before._replace(requests=2210400, transmissions=2210400)
+    assert parsed == [b"READ:"]  # found and parsed alone
+    fresh, _ = parse_mountstats(busier)
+    parsed.clear()
+    assert second.operations == fresh[0].operations
+    assert parsed == [b"READ:"]  # the table: every other line looked up
+
+
+# ---------------------------------------------------------------------------------------------- per-tick lines
+
+TICK_OPS = ("READ", "WRITE", "COMMIT")
+
+
+@pytest.mark.parametrize("name", list(variants()))
+def test_operation_lines_are_the_lines_a_whole_parse_reads(name: str) -> None:
+    """Every clean or damaged file: the READ, WRITE and COMMIT lines found are those of the mounts a whole parse
+    keeps, at their offsets, and they parse to that parse's operations."""
+    data = variants()[name]
+    found = OperationLines(TICK_OPS).find(data)
+    mounts, _ = parse_mountstats(data)
+    expected = [(m.mountpoint, op.name) for m in mounts for op in m.operations if op.name in TICK_OPS]
+    good = []
+    for mountpoint, op, line, offset in found:
+        assert data[offset : offset + len(line)] == line and data[offset + len(line) : offset + len(line) + 1] == b"\n"
+        try:
+            parse_operation_line(line)
+        except MountStatsError:
+            continue  # the caller parses the line and reports it, as the whole parse does
+        good.append((mountpoint, op, line))
+    # A bad device line drops its mount from both; a cut-short last line is in neither.
+    assert [(mp, op) for mp, op, _ in good] == expected
+    by_mount = {m.mountpoint: m for m in mounts}
+    assert all(parse_operation_line(line) == by_mount[mp].operation(op) for mp, op, line in good)
+    assert len(good) >= len(found) - 1
+
+
+def test_operation_lines_pass_over_other_filesystems_and_look_alike_names() -> None:
+    nfs = NFSV42_NCONNECT.read_bytes()
+    fuse = b"device s3fs mounted on /mnt/bucket with fstype fuse.s3fs\n\t        READ: 1 1 0 1 1 0 0 0 0\n"
+    found = OperationLines(("COMMIT",)).find(fuse + nfs)
+    [(mountpoint, op, line, _)] = found  # not the FUSE mount's line, not the v4.2 LAYOUTCOMMIT line
+    assert (mountpoint, op) == ("/mnt/checkpoints", "COMMIT") and line.split()[0] == b"COMMIT:"
+    assert b"LAYOUTCOMMIT: " in nfs
+    cut = nfs[: nfs.index(b"COMMIT: ") + 20]  # the file ends in the middle of the COMMIT line
+    assert OperationLines(("READ", "COMMIT")).find(cut)[-1][1] == "READ"

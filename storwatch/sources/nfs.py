@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from storwatch.config import NFSConfig
 from storwatch.paths import HostPaths
-from storwatch.procfs.mountstats import MountStatsError, MountStatsReader, NFSMount, NFSOperation
+from storwatch.procfs.mountstats import (
+    MountStatsError,
+    MountStatsReader,
+    NFSMount,
+    NFSOperation,
+    OperationLines,
+    line_number,
+    moved,
+    parse_operation_line,
+)
 from storwatch.sources import OnceLog, read_first
 
 log = logging.getLogger(__name__)
@@ -32,10 +42,42 @@ class OpDelta(NamedTuple):
 @dataclass(frozen=True)
 class NFSStats:
     timestamp: float
-    mounts: dict[str, NFSMount]
-    """Every NFS mount's counters since it was mounted, by mountpoint (tables parsed when first used)."""
+    mounts: Mapping[str, NFSMount]
+    """Every NFS mount's counters since it was mounted, by mountpoint: the whole file is read into tables when first
+    looked at (a scrape, the status page), not every second; each table is parsed when first used."""
     deltas: dict[str, dict[str, OpDelta]]
     """Per mountpoint and operation in DELTA_OPERATIONS, the change since the previous read (those with requests)."""
+
+
+class _Tables(Mapping[str, NFSMount]):
+    """The NFS mounts of one read of mountstats, cut into blocks and compared with the last read when first used."""
+
+    def __init__(self, data: bytes, reader: MountStatsReader, lock: threading.Lock) -> None:
+        self._data: bytes | None = data
+        self._reader, self._lock = reader, lock
+        self._mounts: dict[str, NFSMount] | None = None
+
+    def _read(self) -> dict[str, NFSMount]:
+        mounts = self._mounts
+        if mounts is None:
+            with self._lock:  # one reader for every read: consumers in two threads take turns
+                mounts = self._mounts
+                if mounts is None:
+                    assert self._data is not None
+                    parsed, errors = self._reader.read(self._data)
+                    self._reader.report(errors)
+                    mounts = self._mounts = {m.mountpoint: m for m in parsed}
+                    self._data = None  # 100s of KB on a node with many NFS mounts: not kept past the reading
+        return mounts
+
+    def __getitem__(self, mountpoint: str) -> NFSMount:
+        return self._read()[mountpoint]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
 
 
 def _op_delta(prev: NFSOperation | None, cur: NFSOperation) -> OpDelta | None:
@@ -59,38 +101,45 @@ class NFSSource:
         self.paths = paths
         self.clock = clock
         self.configure(config)
-        self._prev: dict[str, NFSMount] = {}
         self._bad_lines = OnceLog(log)
         self._reader = MountStatsReader(self._log_bad_lines)
+        self._reader_lock = threading.Lock()
+        self._lines = OperationLines(DELTA_OPERATIONS)
+        self._last: dict[tuple[str, str], tuple[bytes, NFSOperation]] = {}
+        """By (mountpoint, procedure): its line at the last read, and what it parsed to."""
 
     def configure(self, config: NFSConfig) -> None:
         self.interval_seconds = config.interval_seconds
 
     def _log_bad_lines(self, errors: list[MountStatsError]) -> None:
-        # Called by collect() and, for a table parsed when first used, by whichever thread uses it.
+        # Called by collect() and, for tables read when first used, by whichever thread uses them.
         for err in errors:
             self._bad_lines.warning(str(err), "mountstats: skipping malformed %s", err)
 
     def collect(self) -> NFSStats:
+        """Every second: the READ, WRITE and COMMIT lines of each NFS mount, and the change of those that moved.
+        The rest of the file waits for a consumer (NFSStats.mounts)."""
         data = read_first(self.paths.host_process_file("mountstats"), "mountstats")
-        parsed, errors = self._reader.read(data)
-        self._log_bad_lines(errors)
-        mounts = {m.mountpoint: m for m in parsed}
+        last = self._last
+        now: dict[tuple[str, str], tuple[bytes, NFSOperation]] = {}
         deltas: dict[str, dict[str, OpDelta]] = {}
-        for mp, cur in mounts.items():
-            prev = self._prev.get(mp)
-            if prev is None or prev is cur:  # a new mount, or the very same block as last time
+        for mountpoint, name, line, offset in self._lines.find(data):
+            key = (mountpoint, name)
+            before = last.get(key)
+            if before is not None and before[0] == line:  # the same line: nothing happened
+                now[key] = before
                 continue
-            per_op = {}
-            for name in DELTA_OPERATIONS:
-                op = cur.operation(name)
-                d = None if op is None else _op_delta(prev.operation(name), op)
-                if d is not None:
-                    per_op[name] = d
-            if per_op:
-                deltas[mp] = per_op
-        self._prev = mounts
-        return NFSStats(self.clock(), mounts, deltas)
+            try:
+                op = parse_operation_line(line)
+            except MountStatsError as err:
+                self._log_bad_lines([moved(err, line_number(data, offset))])
+                continue
+            now[key] = (line, op)
+            delta = _op_delta(before[1], op) if before is not None else None
+            if delta is not None:
+                deltas.setdefault(mountpoint, {})[name] = delta
+        self._last = now
+        return NFSStats(self.clock(), _Tables(data, self._reader, self._reader_lock), deltas)
 
     def close(self) -> None:
         pass
