@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         failed.append(f"scan_time.py (exit {rc})")
     # The I/O sources, latency windows, NVML sampling and checkpoint scan print their own figures and PASS/MISS lines.
     for script, extra in (
-        ("io_sources.py", ["--seconds", "30"]),
-        ("io_sources.py", ["--seconds", "30", "--busy-nfs", "8"]),
+        ("io_sources.py", ["--seconds", "60"]),
+        ("io_sources.py", ["--seconds", "60", "--busy-nfs", "8"]),
         ("latency_windows.py", []),
         ("gpu_sampling.py", ["--ticks", "20"]),
         ("checkpoint_scan.py", []),
