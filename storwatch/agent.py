@@ -106,7 +106,7 @@ class Agent:
         self._kube_evidence = KubeVolumeEvidence()
         self.classifier = self._classifier(self.platform.name, config)
         self.history = History(config.history_size)
-        self.exporter = Exporter(process_metrics=process_metrics)
+        self.exporter = Exporter(process_metrics=process_metrics, nfs_operations=config.nfs.operations)
         self.windows = LatencyWindows()
         self._feeder = WindowFeeder(self.windows)
         self._verdicts = VerdictCache()
@@ -381,6 +381,8 @@ class Agent:
                 if section is not None and configure is not None:
                     configure(section)
             self._switch_gpu(new)
+        with self._view_lock:  # not while a render is using the old set
+            self.exporter.configure(new.nfs.operations)
         self._dirty.set()
         log.info("configuration reloaded from %s", self.config_path)
         return True

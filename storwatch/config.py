@@ -79,9 +79,25 @@ class DiskIOConfig:
     interval_seconds: float = 1.0
 
 
+ALL_NFS_OPERATIONS = "*"
+
+DEFAULT_NFS_OPERATIONS = (
+    *("READ", "WRITE", "COMMIT"),
+    *("GETATTR", "SETATTR", "LOOKUP", "ACCESS", "OPEN", "CLOSE"),
+    *("CREATE", "MKDIR", "REMOVE", "RENAME", "READDIR", "READDIRPLUS"),
+    *("LAYOUTGET", "LAYOUTCOMMIT", "LAYOUTRETURN"),
+)
+"""The NFS procedures exported per operation by default: the data path, the metadata calls a training job's reads,
+checkpoint writes and renames wait on, and pNFS layouts."""
+
+
 @dataclass(frozen=True)
 class NFSConfig:
     interval_seconds: float = 1.0
+    operations: tuple[str, ...] = DEFAULT_NFS_OPERATIONS
+    """The procedures whose storwatch_nfs_* series are exported, as the kernel names them; ["*"] for every one it
+    counts (NFSv4.2 counts about seventy, nine series each, per mount). READ, WRITE and COMMIT feed the per-mount
+    counters and latency windows whatever this says."""
 
 
 MAX_BUFFERED_READ_SECONDS = 10.0
@@ -178,6 +194,9 @@ class Config:
             )
         if self.history_size < 1:
             problems.append(f"history_size: must be at least 1, got {self.history_size}")
+        for name in self.nfs.operations:
+            if name != ALL_NFS_OPERATIONS and not (name.isascii() and name.replace("_", "").isalnum()):
+                problems.append(f"nfs.operations: {name!r} is not a procedure name (READ, GETATTR...) or '*'")
         if self.mounts.max_inflight < 1:
             problems.append(f"mounts.max_inflight: must be at least 1, got {self.mounts.max_inflight}")
         for root in self.checkpoints.roots:

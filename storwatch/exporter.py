@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from storwatch import __version__
+from storwatch.config import ALL_NFS_OPERATIONS, DEFAULT_NFS_OPERATIONS
 from storwatch.model import Durability, View
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount, NFSOperation
@@ -220,13 +221,16 @@ class _NFSMountText:
         """Each procedure's lines by its counters: a procedure whose counters stand still keeps its lines."""
 
 
-def _nfs_mount_text(mountpoint: str, nfs: NFSMount, before: _NFSMountText | None) -> _NFSMountText:
-    """One NFS mount's sample lines, by metric, as render_text would write them (labels sorted by name)."""
+def _nfs_mount_text(
+    mountpoint: str, nfs: NFSMount, before: _NFSMountText | None, operations: frozenset[str] | None
+) -> _NFSMountText:
+    """One NFS mount's sample lines, by metric, as render_text would write them (labels sorted by name), for the
+    procedures in ``operations`` (None: all) that have been called."""
     mp = _label_value(mountpoint)
     kept = before.ops if before is not None else {}
     ops: dict[NFSOperation, _OpLines] = {}
     for op in nfs.operations:
-        if op.requests:
+        if op.requests and (operations is None or op.name in operations):
             lines = kept.get(op)
             ops[op] = lines if lines is not None else _op_lines(mp, op)
     by_metric: dict[str, str] = {}
@@ -286,8 +290,9 @@ _THROTTLE_REASONS = (
 class ViewCollector(Collector):
     """Builds fresh metric families from the View it is given (client_python's custom collector pattern)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nfs_operations: Iterable[str] = DEFAULT_NFS_OPERATIONS) -> None:
         self.view: View | None = None
+        self.nfs_operations = nfs_operations
         self._nfs_text: dict[str, _NFSMountText] = {}
         """Each NFS mount's sample lines as last written, by mountpoint."""
 
@@ -314,6 +319,17 @@ class ViewCollector(Collector):
         yield from self._checkpoints(view)
         yield from self._kube(view)
         yield from self._collectors(view)
+
+    @property
+    def nfs_operations(self) -> frozenset[str] | None:
+        """The NFS procedures exported per operation; None for all of them."""
+        return self._nfs_operations
+
+    @nfs_operations.setter
+    def nfs_operations(self, names: Iterable[str]) -> None:
+        names = frozenset(names)
+        self._nfs_operations = None if ALL_NFS_OPERATIONS in names else names
+        self._nfs_text = {}  # written for the old set
 
     def _mounts(self, view: View) -> Iterator[Metric]:
         info = _Lines("storwatch_mount_info", "A mount on this node with its durability class and the reason for it.")
@@ -431,7 +447,7 @@ class ViewCollector(Collector):
         for mountpoint, nfs in sorted(view.nfs.mounts.items()):
             text = self._nfs_text.get(mountpoint)
             if text is None or text.mount is not nfs:
-                text = _nfs_mount_text(display_path(mountpoint), nfs, text)
+                text = _nfs_mount_text(display_path(mountpoint), nfs, text, self._nfs_operations)
             written[mountpoint] = text
             for name, lines in text.by_metric.items():
                 chunks[name].append(lines)
@@ -710,12 +726,15 @@ def render_text(families: Iterable[Metric]) -> bytes:
 class Exporter:
     """Holds the registry; ``render`` turns a View into exposition bytes."""
 
-    def __init__(self, process_metrics: bool = True) -> None:
+    def __init__(self, process_metrics: bool = True, nfs_operations: Iterable[str] = DEFAULT_NFS_OPERATIONS) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self._view_collector = ViewCollector()
+        self._view_collector = ViewCollector(nfs_operations)
         self.registry.register(self._view_collector)
         if process_metrics:
             ProcessCollector(registry=self.registry)
+
+    def configure(self, nfs_operations: Iterable[str]) -> None:
+        self._view_collector.nfs_operations = nfs_operations
 
     def render(self, view: View | None) -> bytes:
         self._view_collector.view = view

@@ -149,6 +149,9 @@ ERRORS = [
     pytest.param("log_level: chatty\n", 1, "log_level", "'chatty' is not one of debug", id="bad-log-level"),
     pytest.param("platform: aws\n", 1, "platform", "'aws' is not one of auto, generic", id="bad-platform"),
     pytest.param("tls:\n  cert_file: /tls.crt\n", 2, "tls", "cert_file and key_file go together", id="tls-half"),
+    pytest.param("nfs:\n  operations: [READ, 'GET ATTR']\n", 2, "nfs.operations",
+                 "'GET ATTR' is not a procedure name (READ, GETATTR...) or '*'", id="nfs-operation-name"),
+    pytest.param("nfs:\n  operations: READ\n", 2, "nfs.operations", "expected a list", id="nfs-operations-scalar"),
 ]  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from storwatch.config import DEFAULT_NFS_OPERATIONS
 from storwatch.exporter import Exporter, TextFamily, render_text
 from storwatch.model import Platform, View
 from storwatch.procfs.mountstats import MountStatsReader
@@ -126,7 +127,7 @@ def test_nfs_lines_kept_between_renders_are_the_lines_a_fresh_render_writes() ->
     """The exporter keeps each NFS mount's lines, and each procedure's, while their counters stand still: after a
     procedure moves, a mount is unmounted or comes back, the text is what an exporter with no memory writes."""
     captures = [NFSV3.read_bytes(), NFSV42.read_bytes()]
-    reader, kept = MountStatsReader(lambda errors: None), Exporter(process_metrics=False)
+    reader, kept = MountStatsReader(lambda errors: None), Exporter(process_metrics=False, nfs_operations=["*"])
     steps = [
         b"".join(captures),
         b"".join(captures),  # nothing moved: the same NFSMount objects
@@ -136,7 +137,28 @@ def test_nfs_lines_kept_between_renders_are_the_lines_a_fresh_render_writes() ->
     ]
     for i, data in enumerate(steps):
         view = _nfs_view(reader, data, 1_700_000_000.0 + i)
-        fresh = Exporter(process_metrics=False).render(view)
+        fresh = Exporter(process_metrics=False, nfs_operations=["*"]).render(view)
         assert kept.render(view) == fresh, f"step {i}"
         assert fresh.count(b"storwatch_nfs_operations_total{") > 10
     assert b'operation="READ"} 2.2104e+06' in kept.render(_nfs_view(reader, steps[2], 1_700_000_010.0))
+
+
+def test_nfs_procedures_exported_are_those_configured() -> None:
+    reader = MountStatsReader(lambda errors: None)
+    view = _nfs_view(reader, NFSV3.read_bytes() + NFSV42.read_bytes(), 1_700_000_000.0)
+
+    def exported(exporter: Exporter) -> set[str]:
+        text = exporter.render(view).decode()
+        return {
+            line.split('operation="')[1].split('"')[0] for line in text.splitlines() if "_nfs_operations_total{" in line
+        }
+
+    called = {op.name for m in view.nfs.mounts.values() for op in m.operations if op.requests}  # type: ignore[union-attr]
+    assert exported(Exporter(process_metrics=False, nfs_operations=["*"])) == called
+    default = exported(Exporter(process_metrics=False))
+    assert default == called & set(DEFAULT_NFS_OPERATIONS) and {"READ", "WRITE", "COMMIT", "GETATTR"} <= default
+    assert "SEQUENCE" in called - default  # NFSv4.1+ calls it with every request: many series, little news
+    exporter = Exporter(process_metrics=False)
+    exporter.render(view)
+    exporter.configure(["READ", "SEQUENCE"])  # a reload: the lines written for the old set go
+    assert exported(exporter) == {"READ", "SEQUENCE"}
