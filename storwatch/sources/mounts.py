@@ -35,12 +35,15 @@ class MountSource:
         self.calls = calls if calls is not None else BlockingCalls(config.max_inflight)
         self._bad_lines = OnceLog(log)
         self._last_usage: dict[str, FsUsage] = {}
+        self._last_table: tuple[bytes, list[MountInfo]] = (b"", [])
+        """The mount table as last read, and its visible mounts: it changes when pods come and go, not every read."""
         self.devices = BlockDevices(paths)
 
     def configure(self, config: MountsConfig) -> None:
         self.config = config
         self.interval_seconds = config.interval_seconds
         self.skip = PSEUDO_FSTYPES | set(config.exclude_fstypes)
+        self._last_table = (b"", [])  # read again with the new exclusions
         if hasattr(self, "calls"):
             self.calls.max_inflight = config.max_inflight
 
@@ -49,6 +52,9 @@ class MountSource:
 
     def visible_mounts(self, data: bytes) -> list[MountInfo]:
         """Parse, drop pseudo filesystems, and keep the top mount where several stack on one mountpoint."""
+        last_data, last_visible = self._last_table
+        if data == last_data:
+            return last_visible
         infos, errors = parse_mountinfo(data)
         for err in errors:
             self._bad_lines.warning(err.line, "mountinfo: skipping malformed %s", err)
@@ -58,7 +64,9 @@ class MountSource:
             # also when the later one is a pseudo filesystem (then nothing there is shown).
             by_point.pop(info.mountpoint, None)
             by_point[info.mountpoint] = info
-        return [info for info in by_point.values() if info.fstype not in self.skip]
+        visible = [info for info in by_point.values() if info.fstype not in self.skip]
+        self._last_table = (data, visible)
+        return visible
 
     def collect(self) -> tuple[Mount, ...]:
         infos = self.visible_mounts(self.read_mountinfo())
