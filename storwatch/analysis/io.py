@@ -24,31 +24,36 @@ class WindowFeeder:
         return True
 
     def feed(self, snapshot: Snapshot) -> None:
-        w = self.windows
+        samples: list[tuple[str, str, float, float, float]] = []
+        add = samples.append
         disks = snapshot.disks
         if disks is not None and disks.deltas and self._new("diskstats", disks.timestamp):
+            t = disks.timestamp
             for mount in snapshot.mounts:
                 if mount.block is None:
                     continue
                 d = disks.deltas.get(mount.block.device)
                 if d is None:
                     continue
-                t, mp = disks.timestamp, mount.mountpoint
-                w.add(mp, "read", t, d.reads, d.read_time_seconds)
-                w.add(mp, "write", t, d.writes, d.write_time_seconds)
+                mp = mount.mountpoint
+                add((mp, "read", t, d.reads, d.read_time_seconds))
+                add((mp, "write", t, d.writes, d.write_time_seconds))
                 if d.flushes is not None and d.flush_time_seconds is not None:
-                    w.add(mp, "fsync", t, d.flushes, d.flush_time_seconds)
+                    add((mp, "fsync", t, d.flushes, d.flush_time_seconds))
         nfs = snapshot.nfs
         if nfs is not None and nfs.deltas and self._new("nfs", nfs.timestamp):
+            t = nfs.timestamp
             for mp, ops in nfs.deltas.items():
                 for op, name in NFS_OPS.items():
                     delta: OpDelta | None = ops.get(name)
                     if delta is not None:
-                        w.add(mp, op, nfs.timestamp, delta.requests, delta.execute_seconds)
+                        add((mp, op, t, delta.requests, delta.execute_seconds))
         for probe in snapshot.probes:
             if probe.seconds is not None and self._new(f"probe:{probe.mountpoint}", probe.timestamp):
                 for op, seconds in probe.seconds.items():
-                    w.add(probe.mountpoint, f"probe_{op}", probe.timestamp, 1, seconds)
+                    add((probe.mountpoint, f"probe_{op}", probe.timestamp, 1, seconds))
+        if samples:
+            self.windows.add_all(samples)
 
 
 def mount_io(mount: Mount, snapshot: Snapshot, windows: LatencyWindows | None) -> MountIO:

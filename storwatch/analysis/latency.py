@@ -12,7 +12,7 @@ import operator
 import threading
 from array import array
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 MINUTE = 60.0
@@ -80,8 +80,9 @@ class _Ring:
         i = self.next
         self.t[i], self.ops[i], self.secs[i] = t, ops, secs
         self.added = n + 1
-        self.next = (i + 1) % self.capacity
-        self.count = min(self.count + 1, self.capacity)
+        self.next = 0 if i + 1 == self.capacity else i + 1
+        if self.count < self.capacity:
+            self.count += 1
 
     def _let_go_of_oldest(self) -> None:
         i = self.hour_first % self.capacity
@@ -172,16 +173,22 @@ class LatencyWindows:
 
     def add(self, mountpoint: str, op: str, t: float, ops: float, seconds: float) -> None:
         """One interval ending at ``t``: ``ops`` operations that took ``seconds`` in all. Idle intervals are skipped."""
-        if ops <= 0 or seconds < 0:
-            return
+        self.add_all([(mountpoint, op, t, ops, seconds)])
+
+    def add_all(self, samples: Iterable[tuple[str, str, float, float, float]]) -> None:
+        """Several intervals, as ``add`` takes them, under one hold of the lock (a tick brings hundreds)."""
         with self._lock:
-            rings = self._rings.get(mountpoint)
-            if rings is None:
-                rings = self._rings[mountpoint] = {}
-            ring = rings.get(op)
-            if ring is None:
-                ring = rings[op] = _Ring(self.capacity)
-            ring.add(t, ops, seconds)
+            rings_by_mount = self._rings
+            for mountpoint, op, t, ops, seconds in samples:
+                if ops <= 0 or seconds < 0:
+                    continue
+                rings = rings_by_mount.get(mountpoint)
+                if rings is None:
+                    rings = rings_by_mount[mountpoint] = {}
+                ring = rings.get(op)
+                if ring is None:
+                    ring = rings[op] = _Ring(self.capacity)
+                ring.add(t, ops, seconds)
 
     def summary(self, mountpoint: str, op: str, now: float) -> LatencySummary:
         with self._lock:
