@@ -130,3 +130,22 @@ def test_nfs_source_logs_a_garbled_read_line_at_once_and_the_other_mounts_report
     assert len(logged) == 1 and f"line {lineno}: per-op line" in logged[0], logged
     assert second.deltas == {"/mnt/checkpoints": {"WRITE": second.deltas["/mnt/checkpoints"]["WRITE"]}}
     assert second.deltas["/mnt/checkpoints"]["WRITE"].requests == 2
+
+
+def test_diskstats_deltas_are_worked_out_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    import storwatch.sources.diskio as diskio
+    from storwatch.procfs.diskstats import diskstats_delta, parse_diskstats
+
+    before = {d.name: d for d in parse_diskstats((FIXTURES / "diskstats" / "linux-6.8").read_bytes())[0]}
+    after = {name: d._replace(writes_completed=d.writes_completed + 5) for name, d in before.items()}
+    after["nvme9n9"] = next(iter(before.values()))._replace(name="nvme9n9")  # new since the last read: no delta
+    worked: list[str] = []
+    monkeypatch.setattr(diskio, "diskstats_delta", lambda b, a, s: worked.append(a.name) or diskstats_delta(b, a, s))
+    deltas = diskio.Deltas(before, after, 2.0)
+    assert len(deltas) == len(before) and "nvme9n9" not in deltas and "nvme9n9" not in list(deltas)
+    assert worked == []  # nothing asked yet
+    name = next(iter(before))
+    assert deltas[name] == diskstats_delta(before[name], after[name], 2.0) and deltas[name].writes == 5
+    assert deltas.get(name) is deltas[name] and worked == [name]  # once, then kept
+    assert deltas.get("nvme9n9") is None
+    assert dict(deltas) == {n: diskstats_delta(before[n], after[n], 2.0) for n in before}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from storwatch.config import DiskIOConfig
@@ -21,8 +21,35 @@ class DiskIO:
     """Wall-clock time of this read (the clock the agent was given)."""
     counters: dict[str, DiskStats]
     """Every device's counters since boot, by kernel name."""
-    deltas: dict[str, DiskStatsDelta]
-    """Each device's activity since the previous read; empty on the first read."""
+    deltas: Mapping[str, DiskStatsDelta]
+    """Each device's activity since the previous read (worked out when first asked for); empty on the first read."""
+
+
+class Deltas(Mapping[str, DiskStatsDelta]):
+    """Each device's change between two reads, worked out when first asked for: every second the latency windows ask
+    for the devices under mounts, a scrape for every device's utilisation, and History keeps this object, not 64
+    deltas a second that nobody may read."""
+
+    def __init__(self, before: dict[str, DiskStats], after: dict[str, DiskStats], seconds: float) -> None:
+        self._before, self._after, self._seconds = before, after, seconds
+        self._names = [name for name in after if name in before]
+        self._worked_out: dict[str, DiskStatsDelta] = {}
+
+    def __getitem__(self, name: str) -> DiskStatsDelta:
+        delta = self._worked_out.get(name)
+        if delta is None:
+            before = self._before[name]  # KeyError: a device new since the last read has no delta
+            delta = self._worked_out[name] = diskstats_delta(before, self._after[name], self._seconds)
+        return delta
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._after and name in self._before
 
 
 class DiskIOSource:
@@ -53,13 +80,10 @@ class DiskIOSource:
         for err in errors:
             self._bad_lines.warning(err.line, "diskstats: skipping malformed %s", err)
         counters = {d.name: d for d in disks}
-        deltas: dict[str, DiskStatsDelta] = {}
         seconds = mono - self._prev_mono
-        if self._prev and seconds > 0:
-            for name, cur in counters.items():
-                prev = self._prev.get(name)
-                if prev is not None:
-                    deltas[name] = diskstats_delta(prev, cur, seconds)
+        deltas: Mapping[str, DiskStatsDelta] = (
+            Deltas(self._prev, counters, seconds) if self._prev and seconds > 0 else {}
+        )
         self._prev, self._prev_mono = counters, mono
         return DiskIO(self.clock(), counters, deltas)
 
