@@ -20,6 +20,7 @@ from storwatch.procfs.mountstats import (
     OperationLines,
     parse_mountstats,
     parse_operation_line,
+    parse_operation_times,
     parse_transport_line,
 )
 
@@ -649,3 +650,16 @@ def test_operation_lines_pass_over_other_filesystems_and_look_alike_names() -> N
     assert b"LAYOUTCOMMIT: " in nfs
     cut = nfs[: nfs.index(b"COMMIT: ") + 20]  # the file ends in the middle of the COMMIT line
     assert OperationLines(("READ", "COMMIT")).find(cut)[-1][1] == "READ"
+
+
+@pytest.mark.parametrize(("line", "expected"), OPERATION_LINES)
+def test_parse_operation_times_reads_what_the_whole_line_parse_reads(line: bytes, expected: NFSOperation) -> None:
+    times = parse_operation_times(line)
+    assert times == (expected.requests, expected.major_timeouts, expected.rtt_ms, expected.execute_time_ms)
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_OPERATION_LINES)
+def test_parse_operation_times_refuses_what_the_whole_line_parse_refuses(line: bytes, message: str) -> None:
+    with pytest.raises(MountStatsError, match=r"^line 31: ") as excinfo:
+        parse_operation_times(line, lineno=31)
+    assert message in str(excinfo.value)

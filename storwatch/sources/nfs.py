@@ -15,11 +15,11 @@ from storwatch.procfs.mountstats import (
     MountStatsError,
     MountStatsReader,
     NFSMount,
-    NFSOperation,
     OperationLines,
+    OperationTimes,
     line_number,
     moved,
-    parse_operation_line,
+    parse_operation_times,
 )
 from storwatch.sources import OnceLog, read_first
 
@@ -80,8 +80,8 @@ class _Tables(Mapping[str, NFSMount]):
         return len(self._read())
 
 
-def _op_delta(prev: NFSOperation | None, cur: NFSOperation) -> OpDelta | None:
-    if prev is None or cur.requests < prev.requests:  # new mount, or remounted: counters restarted
+def _op_delta(prev: OperationTimes, cur: OperationTimes) -> OpDelta | None:
+    if cur.requests < prev.requests:  # remounted: the counters started again
         return None
     requests = cur.requests - prev.requests
     if requests <= 0:
@@ -105,7 +105,7 @@ class NFSSource:
         self._reader = MountStatsReader(self._log_bad_lines)
         self._reader_lock = threading.Lock()
         self._lines = OperationLines(DELTA_OPERATIONS)
-        self._last: dict[tuple[str, str], tuple[bytes, NFSOperation]] = {}
+        self._last: dict[tuple[str, str], tuple[bytes, OperationTimes]] = {}
         """By (mountpoint, procedure): its line at the last read, and what it parsed to."""
 
     def configure(self, config: NFSConfig) -> None:
@@ -121,7 +121,7 @@ class NFSSource:
         The rest of the file waits for a consumer (NFSStats.mounts)."""
         data = read_first(self.paths.host_process_file("mountstats"), "mountstats")
         last = self._last
-        now: dict[tuple[str, str], tuple[bytes, NFSOperation]] = {}
+        now: dict[tuple[str, str], tuple[bytes, OperationTimes]] = {}
         deltas: dict[str, dict[str, OpDelta]] = {}
         for mountpoint, name, line, offset in self._lines.find(data):
             key = (mountpoint, name)
@@ -130,7 +130,7 @@ class NFSSource:
                 now[key] = before
                 continue
             try:
-                op = parse_operation_line(line)
+                op = parse_operation_times(line)
             except MountStatsError as err:
                 self._log_bad_lines([moved(err, line_number(data, offset))])
                 continue
