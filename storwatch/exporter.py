@@ -222,15 +222,17 @@ class _NFSMountText:
 
 
 def _nfs_mount_text(
-    mountpoint: str, nfs: NFSMount, before: _NFSMountText | None, operations: frozenset[str] | None
+    mountpoint: str, nfs: NFSMount, before: _NFSMountText | None, operations: tuple[str, ...] | None
 ) -> _NFSMountText:
     """One NFS mount's sample lines, by metric, as render_text would write them (labels sorted by name), for the
-    procedures in ``operations`` (None: all) that have been called."""
+    procedures in ``operations`` (None: all, in the kernel's order) that have been called. Only those procedures'
+    lines are parsed."""
     mp = _label_value(mountpoint)
     kept = before.ops if before is not None else {}
     ops: dict[NFSOperation, _OpLines] = {}
-    for op in nfs.operations:
-        if op.requests and (operations is None or op.name in operations):
+    chosen = nfs.operations if operations is None else (nfs.operation(name) for name in operations)
+    for op in chosen:
+        if op is not None and op.requests:
             lines = kept.get(op)
             ops[op] = lines if lines is not None else _op_lines(mp, op)
     by_metric: dict[str, str] = {}
@@ -321,13 +323,13 @@ class ViewCollector(Collector):
         yield from self._collectors(view)
 
     @property
-    def nfs_operations(self) -> frozenset[str] | None:
-        """The NFS procedures exported per operation; None for all of them."""
+    def nfs_operations(self) -> tuple[str, ...] | None:
+        """The NFS procedures exported per operation, in the order their lines are written; None for all of them."""
         return self._nfs_operations
 
     @nfs_operations.setter
     def nfs_operations(self, names: Iterable[str]) -> None:
-        names = frozenset(names)
+        names = tuple(dict.fromkeys(names))
         self._nfs_operations = None if ALL_NFS_OPERATIONS in names else names
         self._nfs_text = {}  # written for the old set
 

@@ -190,9 +190,6 @@ class NFSOperation(NamedTuple):
     kernels backport it). None on older kernels, which print 8 numbers."""
 
 
-_TABLE_FIELDS = ("options", "age_seconds", "events", "bytes", "transports", "operations")
-
-
 class NFSMount:
     """One NFS mount's block of /proc/<pid>/mountstats.
 
@@ -215,7 +212,10 @@ class NFSMount:
     __slots__ = (
         "_block",
         "_lineno",
+        "_op_lines",
+        "_operations",
         "_ops",
+        "_parsed",
         "_perop",
         "_reader",
         "_table",
@@ -248,10 +248,16 @@ class NFSMount:
         operations: tuple[NFSOperation, ...] = (),
     ) -> None:
         self.device, self.mountpoint, self.fstype, self.statvers = device, mountpoint, fstype, statvers
-        self._table: _Table | None = _Table(options, age_seconds, events or {}, bytes, transports, operations)
+        self._table: _Table | None = _Table(options, age_seconds, events or {}, bytes, transports)
+        self._operations: tuple[NFSOperation, ...] | None = operations
+        """The whole per-op table, once parsed."""
+        self._op_lines: list[tuple[builtins.bytes, int]] = []
+        """The per-op lines with their numbers in the block, as the table's parse found them."""
         self._block: builtins.bytes = b""
         self._lineno = 1
         self._reader: MountStatsReader | None = None
+        self._parsed: dict[builtins.bytes, NFSOperation] = {}
+        """Per-op lines this mount has parsed or found parsed before, for the reader to remember."""
         self._ops: dict[str, NFSOperation | None] = {}
         self._perop = -1
         """Offset of the ``per-op statistics`` line in ``_block`` (0 when it has none), found when first needed."""
@@ -270,22 +276,42 @@ class NFSMount:
             head.statvers,
         )
         mount._table, mount._block, mount._lineno, mount._reader, mount._ops = None, block, lineno, reader, {}
-        mount._perop = -1
+        mount._operations, mount._op_lines, mount._parsed, mount._perop = None, [], {}, -1
         return mount
 
     def _tables(self) -> _Table:
+        """Everything but the per-op lines, which are parsed when asked for (``operations``, ``operation``)."""
         table = self._table
         if table is None:
-            reader = self._reader
-            builders, errors = _parse(self._block, reader.op_lines(self.mountpoint) if reader is not None else None)
-            table = builders[0].table() if builders else _Table((), None, {}, None, (), ())
-            if reader is not None:
-                if builders:
-                    reader.remember_op_lines(self.mountpoint, builders[0].op_lines)
-                if errors:
-                    reader.report([_moved(e, self._lineno - 1) for e in errors])
+            builders, errors = _parse(self._block, defer_ops=True)
+            if builders:
+                table, self._op_lines = builders[0].table(), builders[0].op_lines
+            else:
+                table = _Table((), None, {}, None, ())
+            self._report(errors)
             self._table = table  # one assignment: a reader in another thread sees the old None or the whole table
         return table
+
+    def _report(self, errors: list[MountStatsError]) -> None:
+        if errors and self._reader is not None:
+            self._reader.report([_moved(e, self._lineno - 1) for e in errors])
+
+    def _parse_op(self, line: builtins.bytes, lineno: int) -> NFSOperation | None:
+        """One per-op line (``lineno`` in the block): looked up among those parsed before, or parsed; None and
+        reported when it is bad."""
+        op = self._parsed.get(line)
+        if op is None:
+            op = self._reader.parsed_op(self.mountpoint, line) if self._reader is not None else None
+            if op is None:
+                try:
+                    op = parse_operation_line(line, lineno)
+                except MountStatsError as err:
+                    self._report([err])
+                    return None
+            self._parsed[line] = op
+            if self._reader is not None:
+                self._reader.remember_ops(self.mountpoint, self._parsed)
+        return op
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -309,13 +335,18 @@ class NFSMount:
 
     @property
     def operations(self) -> tuple[NFSOperation, ...]:
-        return self._tables().operations
+        ops = self._operations
+        if ops is None:
+            self._tables()
+            parsed = (self._parse_op(line, lineno) for line, lineno in self._op_lines)
+            ops = self._operations = tuple(op for op in parsed if op is not None)
+        return ops
 
     def operation(self, name: str) -> NFSOperation | None:
         """The per-op statistics for procedure ``name`` (``READ``), or None if the mount has none. On a mount read
-        by :class:`MountStatsReader` whose tables are not parsed yet, only that one line is found and parsed."""
-        if self._table is not None:
-            return next((op for op in self._table.operations if op.name == name), None)
+        by :class:`MountStatsReader` whose per-op table is not parsed yet, only that one line is found and parsed."""
+        if self._operations is not None:
+            return next((op for op in self._operations if op.name == name), None)
         if name not in self._ops:
             self._ops[name] = self._one_operation(name)
         return self._ops[name]
@@ -329,15 +360,7 @@ class NFSMount:
             if not block[start:i].strip():  # the name begins its line (after the kernel's padding)
                 end = block.find(b"\n", i)
                 line = block[start : end if end >= 0 else len(block)]
-                known = self._reader.op_lines(self.mountpoint) if self._reader is not None else None
-                op = known.get(line) if known is not None else None
-                if op is not None:
-                    return op
-                try:
-                    return parse_operation_line(line)
-                except MountStatsError:
-                    self._tables()  # a bad line: parse the whole block, which reports it and skips it
-                    return self.operation(name)
+                return self._parse_op(line, block.count(b"\n", 0, start) + 1)
             i = block.find(key, i + 1)
         return None
 
@@ -350,7 +373,7 @@ class NFSMount:
     def _key(self) -> tuple[object, ...]:
         t = self._tables()
         return (self.device, self.mountpoint, self.fstype, self.statvers, t.options, t.age_seconds, t.bytes,
-                t.transports, t.operations)  # fmt: skip
+                t.transports, self.operations)  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NFSMount):
@@ -365,7 +388,7 @@ class NFSMount:
         return (
             f"NFSMount(device={self.device!r}, mountpoint={self.mountpoint!r}, fstype={self.fstype!r}, "
             f"statvers={self.statvers!r}, options={t.options!r}, age_seconds={t.age_seconds!r}, events={t.events!r}, "
-            f"bytes={t.bytes!r}, transports={t.transports!r}, operations={t.operations!r})"
+            f"bytes={t.bytes!r}, transports={t.transports!r}, operations={self.operations!r})"
         )
 
 
@@ -376,7 +399,6 @@ class _Table:
     events: Mapping[str, int] = field(hash=False)
     bytes: NFSBytes | None
     transports: tuple[NFSTransport, ...]
-    operations: tuple[NFSOperation, ...]
 
 
 class MountStatsError(LineError):
@@ -581,10 +603,13 @@ def _parse_device_line(line: bytes, lineno: int) -> _DeviceLine:
 
 
 class _MountBuilder:
-    def __init__(self, head: _DeviceLine) -> None:
+    def __init__(self, head: _DeviceLine, defer_ops: bool = False) -> None:
         self.head = head
-        self.op_lines: dict[bytes, NFSOperation] = {}
-        """This block's per-op lines and what they parsed to."""
+        self.defer_ops = defer_ops
+        self.in_ops = False
+        """With ``defer_ops``, past the ``per-op statistics`` line."""
+        self.op_lines: list[tuple[bytes, int]] = []
+        """With ``defer_ops``: the per-op lines and their numbers, not parsed."""
         self.options: tuple[str, ...] = ()
         self.age_seconds: int | None = None
         self.events: dict[str, int] = {}
@@ -597,14 +622,16 @@ class _MountBuilder:
         key = key.strip()
         if sep and key in _KEYED_LINES:
             _KEYED_LINES[key](self, line, rest, lineno)
-        elif (sep and rest.startswith(b"\t")) or key == b"RPC iostats version" or key == b"per-op statistics":
+        elif key == b"per-op statistics":
+            self.in_ops = self.defer_ops
+        elif (sep and rest.startswith(b"\t")) or key == b"RPC iostats version":
             # caps:, nfsv4:, sec:, impl_id:, fsc: and any later "key:<TAB>value" line: nothing we report. Per-op
             # lines print "NAME: " with a space, so they never land here.
             pass
+        elif self.defer_ops:
+            self.op_lines.append((line, lineno))
         else:
-            op = parse_operation_line(line, lineno)
-            self.operations.append(op)
-            self.op_lines[line] = op
+            self.operations.append(parse_operation_line(line, lineno))
 
     def _options(self, line: bytes, rest: bytes, lineno: int) -> None:
         self.options = tuple(os.fsdecode(o) for o in rest.strip().split(b",") if o)
@@ -625,9 +652,7 @@ class _MountBuilder:
         self.transports.append(parse_transport_line(line, lineno))
 
     def table(self) -> _Table:
-        return _Table(
-            self.options, self.age_seconds, self.events, self.bytes, tuple(self.transports), tuple(self.operations)
-        )
+        return _Table(self.options, self.age_seconds, self.events, self.bytes, tuple(self.transports))
 
     def build(self) -> NFSMount:
         return NFSMount(
@@ -665,9 +690,7 @@ def parse_mountstats(data: bytes) -> tuple[list[NFSMount], list[MountStatsError]
     return [b.build() for b in builders], errors
 
 
-def _parse(
-    data: bytes, known_ops: Mapping[bytes, NFSOperation] | None = None
-) -> tuple[list[_MountBuilder], list[MountStatsError]]:
+def _parse(data: bytes, defer_ops: bool = False) -> tuple[list[_MountBuilder], list[MountStatsError]]:
     mounts: list[_MountBuilder] = []
     errors: list[MountStatsError] = []
     current: _MountBuilder | None = None
@@ -676,16 +699,12 @@ def _parse(
     lines = data.split(b"\n")
     last = len(lines)
     i = 0
-    known = known_ops or {}
     while i < last:
         line = lines[i]
         i += 1
-        if current is not None and i < last:
-            op = known.get(line)
-            if op is not None:  # a per-op line as it was when this mount was last parsed: most of a busy mount's
-                current.operations.append(op)
-                current.op_lines[line] = op
-                continue
+        if current is not None and current.in_ops and i < last and line[:1] == b"\t" and line.strip():
+            current.op_lines.append((line, i))  # after the per-op header, with defer_ops: kept as they are
+            continue
         lineno = i
         if not line.strip():
             continue
@@ -703,7 +722,7 @@ def _parse(
                     errors.append(err)
                     continue
                 if head.fstype in NFS_FSTYPES:
-                    current, skipping = _MountBuilder(head), False
+                    current, skipping = _MountBuilder(head, defer_ops), False
                 continue
             # Not a device line and not indented: a stray or mangled line; the mount around it carries on.
             errors.append(
@@ -752,15 +771,26 @@ class MountStatsReader:
         self.report = report
         self._known: dict[bytes, NFSMount] = {}
         self._heads: dict[bytes, _DeviceLine] = {}
-        self._op_lines: dict[str, dict[bytes, NFSOperation]] = {}
-        """By mountpoint, its per-op lines as last parsed: most stand still from one read to the next (a busy mount
-        changes a few procedures' counters, and NFSv4 has some sixty), so a table is mostly lookups."""
+        self._ops: dict[str, tuple[dict[bytes, NFSOperation], dict[bytes, NFSOperation]]] = {}
+        """By mountpoint: the per-op lines parsed (or found parsed) by its newest mount that looked at any, and those
+        of the mount before. Most stand still from one read to the next (a busy mount moves a few of its procedures'
+        counters, and NFSv4 has some sixty), so the lines a consumer looks at again are mostly lookups."""
 
-    def op_lines(self, mountpoint: str) -> dict[bytes, NFSOperation] | None:
-        return self._op_lines.get(mountpoint)
+    def parsed_op(self, mountpoint: str, line: bytes) -> NFSOperation | None:
+        kept = self._ops.get(mountpoint)
+        if kept is None:
+            return None
+        newest, before = kept
+        op = newest.get(line)
+        return op if op is not None else before.get(line)
 
-    def remember_op_lines(self, mountpoint: str, lines: dict[bytes, NFSOperation]) -> None:
-        self._op_lines[mountpoint] = lines  # one assignment: tables are parsed in whichever thread uses them
+    def remember_ops(self, mountpoint: str, parsed: dict[bytes, NFSOperation]) -> None:
+        """``parsed`` is a mount's own record, which it goes on filling: the newest, the last one's kept beside it."""
+        kept = self._ops.get(mountpoint)
+        if kept is None:
+            self._ops[mountpoint] = (parsed, {})
+        elif kept[0] is not parsed:
+            self._ops[mountpoint] = (parsed, kept[0])  # one assignment: consumers parse in their own threads
 
     def read(self, data: bytes) -> tuple[list[NFSMount], list[MountStatsError]]:
         mounts: list[NFSMount] = []
@@ -792,9 +822,9 @@ class MountStatsReader:
                 mounts.append(mount)
             lineno += block.count(b"\n")
         self._known = known
-        if len(self._op_lines) > len(mounts):  # unmounted since: what they left goes
+        if len(self._ops) > len(mounts):  # unmounted since: what they left goes
             present = {m.mountpoint for m in mounts}
-            self._op_lines = {mp: lines for mp, lines in self._op_lines.items() if mp in present}
+            self._ops = {mp: kept for mp, kept in self._ops.items() if mp in present}
         if truncated is not None:
             errors.append(truncated)
         return mounts, errors
