@@ -283,11 +283,22 @@ class NFSMount:
         """Everything but the per-op lines, which are parsed when asked for (``operations``, ``operation``)."""
         table = self._table
         if table is None:
-            builders, errors = _parse(self._block, defer_ops=True)
+            # The per-op lines are the rest of the block after their header: kept as they are, with their numbers.
+            block, marker = self._block, b"\n\tper-op statistics\n"
+            cut = block.find(marker)
+            head = block if cut < 0 else block[: cut + len(marker)]
+            builders, errors = _parse(head, defer_ops=True)
             if builders:
                 table, self._op_lines = builders[0].table(), builders[0].op_lines
             else:
                 table = _Table((), None, {}, None, ())
+            if cut >= 0 and builders:
+                ops = self._op_lines
+                for n, line in enumerate(block[len(head) :].split(b"\n"), head.count(b"\n") + 1):
+                    if line[:1].isspace() and line.strip():
+                        ops.append((line, n))
+                    elif line.strip():  # as _parse says it of a line that is neither indented nor a device line
+                        errors.append(MountStatsError(n, _NOT_INDENTED, _shown(line)))
             self._report(errors)
             self._table = table  # one assignment: a reader in another thread sees the old None or the whole table
         return table
@@ -606,8 +617,6 @@ class _MountBuilder:
     def __init__(self, head: _DeviceLine, defer_ops: bool = False) -> None:
         self.head = head
         self.defer_ops = defer_ops
-        self.in_ops = False
-        """With ``defer_ops``, past the ``per-op statistics`` line."""
         self.op_lines: list[tuple[bytes, int]] = []
         """With ``defer_ops``: the per-op lines and their numbers, not parsed."""
         self.options: tuple[str, ...] = ()
@@ -622,9 +631,7 @@ class _MountBuilder:
         key = key.strip()
         if sep and key in _KEYED_LINES:
             _KEYED_LINES[key](self, line, rest, lineno)
-        elif key == b"per-op statistics":
-            self.in_ops = self.defer_ops
-        elif (sep and rest.startswith(b"\t")) or key == b"RPC iostats version":
+        elif (sep and rest.startswith(b"\t")) or key in (b"RPC iostats version", b"per-op statistics"):
             # caps:, nfsv4:, sec:, impl_id:, fsc: and any later "key:<TAB>value" line: nothing we report. Per-op
             # lines print "NAME: " with a space, so they never land here.
             pass
@@ -679,6 +686,9 @@ _KEYED_LINES: dict[bytes, Callable[[_MountBuilder, bytes, bytes, int], None]] = 
 """The ``key:`` lines a mount's block is read for, other than its per-op lines."""
 
 
+_NOT_INDENTED = "expected a 'device ...' line or an indented statistics line"
+
+
 def parse_mountstats(data: bytes) -> tuple[list[NFSMount], list[MountStatsError]]:
     """Parse a whole /proc/<pid>/mountstats into its NFS mounts (nfs and nfs4; other mounts are passed over).
 
@@ -702,9 +712,6 @@ def _parse(data: bytes, defer_ops: bool = False) -> tuple[list[_MountBuilder], l
     while i < last:
         line = lines[i]
         i += 1
-        if current is not None and current.in_ops and i < last and line[:1] == b"\t" and line.strip():
-            current.op_lines.append((line, i))  # after the per-op header, with defer_ops: kept as they are
-            continue
         lineno = i
         if not line.strip():
             continue
@@ -725,9 +732,7 @@ def _parse(data: bytes, defer_ops: bool = False) -> tuple[list[_MountBuilder], l
                     current, skipping = _MountBuilder(head, defer_ops), False
                 continue
             # Not a device line and not indented: a stray or mangled line; the mount around it carries on.
-            errors.append(
-                MountStatsError(lineno, "expected a 'device ...' line or an indented statistics line", _shown(line))
-            )
+            errors.append(MountStatsError(lineno, _NOT_INDENTED, _shown(line)))
             continue
         if skipping:
             continue
