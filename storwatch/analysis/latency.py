@@ -13,14 +13,15 @@ import threading
 from array import array
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MINUTE = 60.0
 HOUR = 3600.0
 
 
-@dataclass(frozen=True)
-class WindowStats:
+class WindowStats(NamedTuple):
+    """One window's statistics (a NamedTuple: a scrape makes two per mount and operation)."""
+
     samples: int
     """Intervals in the window that had at least one operation."""
     ops: float
@@ -35,8 +36,7 @@ class WindowStats:
 EMPTY = WindowStats(0, 0.0, None, None, None, None)
 
 
-@dataclass(frozen=True)
-class LatencySummary:
+class LatencySummary(NamedTuple):
     minute: WindowStats
     hour: WindowStats
 
@@ -139,22 +139,17 @@ class _Ring:
     def newest(self) -> float:
         return self.t[(self.next - 1) % self.capacity] if self.count else -math.inf
 
-    def _segments(self, since: float, until: float) -> Iterator[tuple[int, int]]:
-        """Index ranges of the samples with since <= t <= until, oldest first. Samples are in time order: the ring
-        holds [next, capacity) then [0, next) once it has wrapped, each ascending, so bisect finds the edges."""
-        t, nxt = self.t, self.next
-        parts = ((nxt, self.capacity), (0, nxt)) if self.count == self.capacity else ((0, self.count),)
-        for lo, hi in parts:
-            start, end = bisect_left(t, since, lo, hi), bisect_right(t, until, lo, hi)
-            if start < end:
-                yield start, end
-
     def stats(self, since: float, until: float = math.inf) -> WindowStats:
+        """The samples with since <= t <= until. Samples are in time order: the ring holds [next, capacity) then
+        [0, next) once it has wrapped, each ascending, so bisect finds the edges."""
+        t, nxt, cap = self.t, self.next, self.capacity
         ops: list[float] = []
         secs: list[float] = []
-        for start, end in self._segments(since, until):
-            ops.extend(self.ops[start:end])
-            secs.extend(self.secs[start:end])
+        for lo, hi in ((nxt, cap), (0, nxt)) if self.count == cap else ((0, self.count),):
+            start, end = bisect_left(t, since, lo, hi), bisect_right(t, until, lo, hi)
+            if start < end:
+                ops += self.ops[start:end]
+                secs += self.secs[start:end]
         if not ops:
             return EMPTY
         lat = sorted(map(operator.truediv, secs, ops))
