@@ -583,6 +583,17 @@ def test_reader_reuses_unchanged_mounts_and_parses_tables_only_when_used() -> No
     assert v4.operation("READ") == read and v4.transports == CLEAN[1].transports
 
 
+def test_a_bad_line_asked_for_by_name_is_reported_with_its_line_number() -> None:
+    # operation(name) finds one line without numbering the lines before it; a bad one is numbered when reported.
+    reported: list[MountStatsError] = []
+    damaged, lineno = replaced(all_captures(), b"\t     GETATTR: 3302191", b"\t     GETATTR: 3302191 x")
+    mounts, _ = MountStatsReader(reported.extend).read(damaged)
+    assert mounts[1].operation("GETATTR") is None
+    [err] = reported
+    assert err.lineno == lineno and err.line.endswith("GETATTR: 3302191 x")
+    assert str(err).startswith(f"line {lineno}: per-op line: expected")
+
+
 def test_reader_parses_only_the_per_op_lines_that_changed_since_the_mount_was_last_parsed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

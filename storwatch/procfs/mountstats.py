@@ -24,6 +24,7 @@ number cut in half still looks like a number.
 from __future__ import annotations
 
 import builtins
+import functools
 import itertools
 import os
 from collections.abc import Callable, Mapping
@@ -307,17 +308,17 @@ class NFSMount:
         if errors and self._reader is not None:
             self._reader.report([_moved(e, self._lineno - 1) for e in errors])
 
-    def _parse_op(self, line: builtins.bytes, lineno: int) -> NFSOperation | None:
-        """One per-op line (``lineno`` in the block): looked up among those parsed before, or parsed; None and
-        reported when it is bad."""
+    def _parse_op(self, line: builtins.bytes, lineno: int | Callable[[], int]) -> NFSOperation | None:
+        """One per-op line (``lineno`` in the block, or how to count it: needed only when the line is bad): looked
+        up among those parsed before, or parsed; None and reported when it is bad."""
         op = self._parsed.get(line)
         if op is None:
             op = self._reader.parsed_op(self.mountpoint, line) if self._reader is not None else None
             if op is None:
                 try:
-                    op = parse_operation_line(line, lineno)
+                    op = parse_operation_line(line, lineno if isinstance(lineno, int) else 0)
                 except MountStatsError as err:
-                    self._report([err])
+                    self._report([err if isinstance(lineno, int) else _moved(err, lineno())])
                     return None
             self._parsed[line] = op
             if self._reader is not None:
@@ -371,7 +372,7 @@ class NFSMount:
             if not block[start:i].strip():  # the name begins its line (after the kernel's padding)
                 end = block.find(b"\n", i)
                 line = block[start : end if end >= 0 else len(block)]
-                return self._parse_op(line, block.count(b"\n", 0, start) + 1)
+                return self._parse_op(line, functools.partial(_line_number, block, start))
             i = block.find(key, i + 1)
         return None
 
@@ -414,6 +415,11 @@ class _Table:
 
 class MountStatsError(LineError):
     """A line of /proc/<pid>/mountstats that could not be parsed; ``lineno`` is 1-based."""
+
+
+def _line_number(block: bytes, offset: int) -> int:
+    """The 1-based number of the line that starts at ``offset`` in ``block``."""
+    return block.count(b"\n", 0, offset) + 1
 
 
 def _shown(line: bytes) -> str:
