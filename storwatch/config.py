@@ -264,6 +264,9 @@ def _build(tp: Any, node: yaml.Node, where: str, field_path: str, lines: dict[st
             if key not in known:
                 line = key_node.start_mark.line + 1
                 raise ConfigError(f"{where}:{line}: {sub}: unknown field; known: {', '.join(sorted(known))}")
+            if key in values:  # YAML loaders keep the last silently: the first would be lost without a word
+                line = key_node.start_mark.line + 1
+                raise ConfigError(f"{where}:{line}: {sub}: given twice (first on line {lines[sub]})")
             values[key] = _build(hints[key], value_node, where, sub, lines)
         missing = [
             n

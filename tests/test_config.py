@@ -152,6 +152,10 @@ ERRORS = [
     pytest.param("nfs:\n  operations: [READ, 'GET ATTR']\n", 2, "nfs.operations",
                  "'GET ATTR' is not a procedure name (READ, GETATTR...) or '*'", id="nfs-operation-name"),
     pytest.param("nfs:\n  operations: READ\n", 2, "nfs.operations", "expected a list", id="nfs-operations-scalar"),
+    pytest.param("nfs: {interval_seconds: 5}\nmounts: {}\nnfs: {operations: ['*']}\n", 3, "nfs",
+                 "given twice (first on line 1)", id="section-twice"),
+    pytest.param("mounts:\n  interval_seconds: 5\n  interval_seconds: 6\n", 3, "mounts.interval_seconds",
+                 "given twice (first on line 2)", id="field-twice"),
 ]  # fmt: skip
 
 
