@@ -9,8 +9,10 @@
    core, and its RSS at the end. Target: <= 1 %.
 
 Usage: .venv/bin/python bench/io_sources.py [--devices 64] [--nfs 64] [--busy-nfs 64] [--seconds 60]
-       [--scrape-interval 15] [--json FILE]
-BENCH_EXTRA_CONFIG (YAML text) is appended to the agent's config, e.g. to switch sources off while investigating.
+       [--scrape-interval 15] [--nfs-operations '*'] [--json FILE]
+BENCH_EXTRA_CONFIG (YAML text) is appended to the agent's config, e.g. to switch sources off while investigating;
+it must not repeat a section written above (tick_seconds, paths, diskio, nfs, mounts): the agent refuses a field
+given twice.
 """
 
 from __future__ import annotations
@@ -186,13 +188,16 @@ def node_exporter_cost(root: Path, scrapes: int) -> dict[str, Any] | None:
         terminate(proc)
 
 
-def agent_cpu(root: Path, devices: int, mounts: int, seconds: float, scrape_interval: float) -> dict[str, Any]:
+def agent_cpu(
+    root: Path, devices: int, mounts: int, seconds: float, scrape_interval: float, nfs_operations: str = ""
+) -> dict[str, Any]:
     cfg = root / "storwatch.yaml"
+    operations = f", operations: [{', '.join(repr(o) for o in nfs_operations.split(','))}]" if nfs_operations else ""
     cfg.write_text(
         "tick_seconds: 1.0\n"
         f"paths: {{procfs: {root / 'proc'}, sysfs: {root / 'sys'}, rootfs: {root / 'root'}}}\n"
-        "diskio: {interval_seconds: 1.0}\nnfs: {interval_seconds: 1.0}\nmounts: {interval_seconds: 10}\n"
-        + os.environ.get("BENCH_EXTRA_CONFIG", "")
+        f"diskio: {{interval_seconds: 1.0}}\nnfs: {{interval_seconds: 1.0{operations}}}\n"
+        "mounts: {interval_seconds: 10}\n" + os.environ.get("BENCH_EXTRA_CONFIG", "")
     )
     port = free_port()
     proc = subprocess.Popen(
@@ -267,6 +272,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--busy-nfs", type=int, default=64, help="NFS mounts whose counters move every tick (default all)")
     ap.add_argument("--scrape-interval", type=float, default=15.0, help="seconds between scrapes (default 15; 0: none)")
+    ap.add_argument(
+        "--nfs-operations", default="", help="nfs.operations, comma-separated ('*': all; default: the agent's own)"
+    )
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     BUSY[0] = args.busy_nfs
@@ -288,7 +296,7 @@ def main() -> int:
                 f"{ms(ne['cpu_per_scrape_s'])} ms"
             )
             print(f"  ratio storwatch parse+delta / node_exporter scrape: {ratio:.2f}")
-        agent = agent_cpu(root, args.devices, args.nfs, args.seconds, args.scrape_interval)
+        agent = agent_cpu(root, args.devices, args.nfs, args.seconds, args.scrape_interval, args.nfs_operations)
         result["agent"] = agent
         share = agent["cpu_share_of_one_core"]
         scraped = (
