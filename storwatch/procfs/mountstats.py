@@ -762,6 +762,20 @@ def _moved(err: MountStatsError, offset: int) -> MountStatsError:
 
 
 _BLOCK_STARTS = (b"\ndevice ", b"\nno device ")
+
+
+def _later_blocks(data: bytes) -> list[int]:
+    """The offsets of the ``device`` and ``no device`` lines in ``data`` after its first line, in order."""
+    starts: list[int] = []
+    for marker in _BLOCK_STARTS:
+        i = data.find(marker)
+        while i >= 0:
+            starts.append(i + 1)
+            i = data.find(marker, i + 1)
+    starts.sort()
+    return starts
+
+
 MAX_DEVICE_LINES = 4096
 """Parsed device lines kept by a reader (mounts come and go; this bounds what they leave behind)."""
 
@@ -814,14 +828,7 @@ class MountStatsReader:
             lineno = data.count(b"\n") + 1
             truncated = MountStatsError(lineno, "truncated: the last line has no newline", _shown(data[cut:]))
             data = data[:cut]
-        starts = [0]
-        for marker in _BLOCK_STARTS:
-            i = data.find(marker)
-            while i >= 0:
-                starts.append(i + 1)
-                i = data.find(marker, i + 1)
-        starts.sort()
-        starts.append(len(data))
+        starts = [0, *_later_blocks(data), len(data)]
         lineno = 1
         for begin, end in itertools.pairwise(starts):
             block = data[begin:end]
@@ -884,14 +891,8 @@ class OperationLines:
 
     def find(self, data: bytes) -> list[tuple[str, str, bytes, int]]:
         """(mountpoint, procedure, line, offset of the line in ``data``) for every line found, in file order."""
-        starts = [0] if data.startswith((b"device ", b"no device ")) else []
-        for marker in _BLOCK_STARTS:
-            i = data.find(marker)
-            while i >= 0:
-                starts.append(i + 1)
-                i = data.find(marker, i + 1)
-        starts.sort()
-        starts.append(len(data))
+        first = [0] if data.startswith((b"device ", b"no device ")) else []
+        starts = [*first, *_later_blocks(data), len(data)]
         found: list[tuple[str, str, bytes, int]] = []
         for begin, end in itertools.pairwise(starts):
             head = self._head(data, begin, end)
