@@ -253,7 +253,8 @@ class NFSMount:
         self._operations: tuple[NFSOperation, ...] | None = operations
         """The whole per-op table, once parsed."""
         self._op_lines: list[tuple[builtins.bytes, int]] = []
-        """The per-op lines with their numbers in the block, as the table's parse found them."""
+        """Per-op lines the table's parse found before any ``per-op statistics`` line (a damaged header leaves them
+        there), with their numbers in the block; those after it are split off when ``operations`` is asked for."""
         self._block: builtins.bytes = b""
         self._lineno = 1
         self._reader: MountStatsReader | None = None
@@ -261,7 +262,8 @@ class NFSMount:
         """Per-op lines this mount has parsed or found parsed before, for the reader to remember."""
         self._ops: dict[str, NFSOperation | None] = {}
         self._perop = -1
-        """Offset of the ``per-op statistics`` line in ``_block`` (0 when it has none), found when first needed."""
+        """Offset in ``_block`` of the first per-op line, just past the ``per-op statistics`` line (0 when the block has
+        no such line), found when first needed."""
 
     @classmethod
     def from_block(cls, head: _DeviceLine, block: builtins.bytes, lineno: int, reader: MountStatsReader) -> NFSMount:
@@ -284,22 +286,14 @@ class NFSMount:
         """Everything but the per-op lines, which are parsed when asked for (``operations``, ``operation``)."""
         table = self._table
         if table is None:
-            # The per-op lines are the rest of the block after their header: kept as they are, with their numbers.
-            block, marker = self._block, b"\n\tper-op statistics\n"
-            cut = block.find(marker)
-            head = block if cut < 0 else block[: cut + len(marker)]
-            builders, errors = _parse(head, defer_ops=True)
+            # Only the lines before the per-op ones: a scrape wants the transports of every changed mount, and
+            # the per-op lines it exports it finds one by one (``operation``).
+            cut = self._perop_start()
+            builders, errors = _parse(self._block[:cut] if cut else self._block, defer_ops=True)
             if builders:
                 table, self._op_lines = builders[0].table(), builders[0].op_lines
             else:
                 table = _Table((), None, {}, None, ())
-            if cut >= 0 and builders:
-                ops = self._op_lines
-                for n, line in enumerate(block[len(head) :].split(b"\n"), head.count(b"\n") + 1):
-                    if line[:1].isspace() and line.strip():
-                        ops.append((line, n))
-                    elif line.strip():  # as _parse says it of a line that is neither indented nor a device line
-                        errors.append(MountStatsError(n, _NOT_INDENTED, _shown(line)))
             self._report(errors)
             self._table = table  # one assignment: a reader in another thread sees the old None or the whole table
         return table
@@ -350,9 +344,25 @@ class NFSMount:
         ops = self._operations
         if ops is None:
             self._tables()
-            parsed = (self._parse_op(line, lineno) for line, lineno in self._op_lines)
+            parsed = (self._parse_op(line, lineno) for line, lineno in [*self._op_lines, *self._after_header()])
             ops = self._operations = tuple(op for op in parsed if op is not None)
         return ops
+
+    def _after_header(self) -> list[tuple[builtins.bytes, int]]:
+        """The lines after the ``per-op statistics`` line, with their numbers in the block; a line there that is
+        neither indented nor blank is reported as ``_parse`` reports it."""
+        block, cut = self._block, self._perop_start()
+        if not cut:
+            return []
+        lines: list[tuple[builtins.bytes, int]] = []
+        errors: list[MountStatsError] = []
+        for n, line in enumerate(block[cut:].split(b"\n"), block.count(b"\n", 0, cut) + 1):
+            if line[:1].isspace() and line.strip():
+                lines.append((line, n))
+            elif line.strip():
+                errors.append(MountStatsError(n, _NOT_INDENTED, _shown(line)))
+        self._report(errors)
+        return lines
 
     def operation(self, name: str) -> NFSOperation | None:
         """The per-op statistics for procedure ``name`` (``READ``), or None if the mount has none. On a mount read
@@ -366,20 +376,17 @@ class NFSMount:
     def _one_operation(self, name: str) -> NFSOperation | None:
         block = self._block
         key = name.encode("utf-8", "surrogateescape") + b": "
-        i = block.find(key, self._perop_start())
-        while i >= 0:
-            start = block.rfind(b"\n", 0, i) + 1
-            if not block[start:i].strip():  # the name begins its line (after the kernel's padding)
-                end = block.find(b"\n", i)
-                line = block[start : end if end >= 0 else len(block)]
-                return self._parse_op(line, functools.partial(_line_number, block, start))
-            i = block.find(key, i + 1)
-        return None
+        at = _op_line_at(block, key, self._perop_start(), len(block))
+        if at is None:
+            return None
+        start, end = at
+        return self._parse_op(block[start:end], functools.partial(_line_number, block, start))
 
     def _perop_start(self) -> int:
         start = self._perop
         if start < 0:
-            start = self._perop = max(self._block.find(b"per-op statistics"), 0)
+            header = self._block.find(_PER_OP_HEADER)
+            start = self._perop = header + len(_PER_OP_HEADER) if header >= 0 else 0
         return start
 
     def _key(self) -> tuple[object, ...]:
@@ -762,6 +769,20 @@ def _moved(err: MountStatsError, offset: int) -> MountStatsError:
 
 
 _BLOCK_STARTS = (b"\ndevice ", b"\nno device ")
+_PER_OP_HEADER = b"\n\tper-op statistics\n"
+
+
+def _op_line_at(data: bytes, key: bytes, lo: int, hi: int) -> tuple[int, int] | None:
+    """Where the per-op line of ``key`` (``b"READ: "``) lies in ``data[lo:hi]``: the start and end (before its newline)
+    of the first line that begins with it after the kernel's padding; None when there is none or it is cut short."""
+    i = data.find(key, lo, hi)
+    while i >= 0:
+        start = data.rfind(b"\n", 0, i) + 1
+        if not data[start:i].strip():  # the name begins its line
+            end = data.find(b"\n", i, hi)
+            return (start, end) if end >= 0 else None  # no newline: cut short, not trusted
+        i = data.find(key, i + 1, hi)
+    return None
 
 
 def _later_blocks(data: bytes) -> list[int]:
@@ -898,20 +919,13 @@ class OperationLines:
             head = self._head(data, begin, end)
             if head is None:
                 continue
-            section = data.find(b"\n\tper-op statistics\n", begin, end)
+            section = data.find(_PER_OP_HEADER, begin, end)
             if section < 0:
                 section = begin  # a damaged header: the lines may still be there (parse_mountstats reads them)
             for name, key in self._keys:
-                i = data.find(key, section, end)
-                while i >= 0:
-                    line_start = data.rfind(b"\n", section, i) + 1
-                    line_end = data.find(b"\n", i, end)
-                    if line_end < 0:
-                        break  # cut short: not trusted
-                    if not data[line_start:i].strip():  # the name begins its line
-                        found.append((head.mountpoint, name, data[line_start:line_end], line_start))
-                        break
-                    i = data.find(key, i + 1, end)
+                at = _op_line_at(data, key, section, end)
+                if at is not None:
+                    found.append((head.mountpoint, name, data[at[0] : at[1]], at[0]))
         return found
 
     def _head(self, data: bytes, begin: int, end: int) -> _DeviceLine | None:
