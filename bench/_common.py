@@ -165,6 +165,28 @@ def cpu_busy_fraction(seconds: float) -> float | None:
     return 1.0 - (b[1] - a[1]) / (b[0] - a[0])
 
 
+def steal_ticks() -> int | None:
+    """CPU time the hypervisor gave to others, all CPUs, in clock ticks since boot (/proc/stat's eighth field)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def reference_cpu_ms(rounds: int = 5) -> float:
+    """Median CPU time of a fixed pure-Python loop (a million additions): the speed of this machine right now, to
+    tell a slow phase of a shared VM from a change in the code when absolute CPU figures of two runs differ."""
+    times = []
+    for _ in range(rounds):
+        t0, total = time.process_time(), 0
+        for i in range(1_000_000):
+            total += i
+        times.append(time.process_time() - t0)
+    return sorted(times)[rounds // 2] * 1000
+
+
 def quiet_machine_warnings() -> list[str]:
     """Things that make figures unrepresentative: load from other work, FUSE mounts (a test run may be going on;
     a FUSE mount whose statfs hangs stalls node_exporter's filesystem collector for its 5 s mount timeout)."""

@@ -38,7 +38,9 @@ from bench._common import (
     children,
     cpu_seconds,
     free_port,
+    reference_cpu_ms,
     rss_kib,
+    steal_ticks,
     summary,
     terminate,
     verdict,
@@ -240,9 +242,13 @@ def agent_cpu(
             urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
         scrape_thread.start()
         helpers = children(proc.pid)  # the blocking-call helper: its CPU is the agent's too
+        s0 = steal_ticks()
         c0, h0, w0 = cpu_seconds(proc.pid) or 0.0, sum(cpu_seconds(p) or 0.0 for p in helpers), time.monotonic()
         time.sleep(seconds)
         c1, h1, w1 = cpu_seconds(proc.pid) or 0.0, sum(cpu_seconds(p) or 0.0 for p in helpers), time.monotonic()
+        s1 = steal_ticks()
+        cpus = os.cpu_count() or 1
+        steal = (s1 - s0) / os.sysconf("SC_CLK_TCK") / (w1 - w0) / cpus if s0 is not None and s1 is not None else None
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
         return {
@@ -254,6 +260,7 @@ def agent_cpu(
             "scrapes": len(scrapes),
             "scrape_seconds": summary(scrapes) if scrapes else None,
             "rss_bytes": (rss_kib(proc.pid) or 0) * 1024 or None,
+            "steal_share": steal,
         }
     finally:
         stop.set()
@@ -310,6 +317,13 @@ def main() -> int:
             f"{share * 100:.2f}% of one core (agent {agent['agent_cpu_share'] * 100:.2f}% + helper "
             f"{agent['helper_cpu_share'] * 100:.2f}%)  [{verdict(share <= 0.01)} target <= 1%], "
             f"RSS {rss / 2**20 if rss else float('nan'):.1f} MiB"
+        )
+        result["reference_cpu_ms"] = ref = reference_cpu_ms()
+        steal = agent["steal_share"]
+        print(
+            f"machine: a reference loop took {ref:.1f} ms of CPU; "
+            f"steal {'unknown' if steal is None else f'{steal * 100:.1f}%'} of the CPUs during the run "
+            "(compare the agent's share between runs only where these are alike)"
         )
         write_json(args.json, result)
         return 0
