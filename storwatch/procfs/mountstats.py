@@ -623,6 +623,9 @@ def _parse_device_line(line: bytes, lineno: int) -> _DeviceLine:
         if key != b"statvers" or not sep or not value:
             raise MountStatsError(lineno, "expected 'statvers=VERSION' after the fstype", _shown(line))
         statvers = os.fsdecode(value)
+    if b"\x00" in line or b"\\000" in fields[1] + b" " + fields[4]:
+        # The kernel prints C strings (see mountinfo.parse_line): a NUL is never in a line it wrote.
+        raise MountStatsError(lineno, "the source or mount point holds a NUL byte", _shown(line))
     return _DeviceLine(unescape(fields[1]), unescape(fields[4]), os.fsdecode(fields[7]), statvers)
 
 
