@@ -344,8 +344,9 @@ def test_gpu_node_fixture_bytes_are_as_the_kernel_prints_them() -> None:
 def test_malformed_fixture_keeps_good_lines_and_numbers_bad_ones() -> None:
     mounts, errors = parse_mountinfo(MALFORMED_MOUNTINFO.read_bytes())
     assert [m.mountpoint for m in mounts] == ["/", "/sys", "/run", "/mnt/local-nvme", "/home", "/lustre"]
-    assert [e.lineno for e in errors] == [5, 7]
-    truncated, garbage = errors
+    assert [e.lineno for e in errors] == [5, 7, 9]
+    truncated, garbage, nul = errors
+    assert "mount point holds a NUL byte" in str(nul) and "/mnt/torn\\000read" in nul.line
     assert "expected at least 10 fields" in str(truncated)
     assert truncated.line.startswith("516 24 0:74 / /var/lib/kubelet/pods/")
     assert truncated.line.endswith("- nfs4")

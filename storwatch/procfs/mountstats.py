@@ -912,12 +912,17 @@ class OperationLines:
         # The kernel pads names to 12 columns ("\t%12s: "): a short name follows a space, a long one the tab.
         self._keys = [(name, os.fsencode(name) + b": ") for name in names]
         self._heads: dict[bytes, _DeviceLine | None] = {}
+        self.device_lines = 0
+        """How many ``device`` lines (good or bad) the last :meth:`find` saw: 0 means the data is no mountstats."""
+        self.bad_device_lines = 0
+        """How many of them did not parse."""
 
     def find(self, data: bytes) -> list[tuple[str, str, bytes, int]]:
         """(mountpoint, procedure, line, offset of the line in ``data``) for every line found, in file order."""
         first = [0] if data.startswith((b"device ", b"no device ")) else []
         starts = [*first, *_later_blocks(data), len(data)]
         found: list[tuple[str, str, bytes, int]] = []
+        self.device_lines, self.bad_device_lines = len(starts) - 1, 0
         for begin, end in itertools.pairwise(starts):
             head = self._head(data, begin, end)
             if head is None:
@@ -935,6 +940,7 @@ class OperationLines:
         """The block's device line, when it is an NFS mount's."""
         newline = data.find(b"\n", begin, end)
         if newline < 0:
+            self.bad_device_lines += 1
             return None  # cut short
         first = data[begin:newline]
         heads = self._heads
@@ -946,7 +952,10 @@ class OperationLines:
             except MountStatsError:
                 heads[first] = None
         head = heads[first]
-        return head if head is not None and head.fstype in NFS_FSTYPES else None
+        if head is None:
+            self.bad_device_lines += 1
+            return None
+        return head if head.fstype in NFS_FSTYPES else None
 
 
 def line_number(data: bytes, offset: int) -> int:
