@@ -588,11 +588,10 @@ class ViewCollector(Collector):
 
     def _kube(self, view: View) -> Iterator[Metric]:
         kube = view.kube
-        if kube is None:
+        if kube is None or not kube.enabled:
+            # Off (no cluster on this node): no API server to be up or down, so no up-series that could page.
             return
-        up = GaugeMetricFamily(
-            "storwatch_kube_api_up", "1 when the Kubernetes API answered the agent's watches (0 also when off)."
-        )
+        up = GaugeMetricFamily("storwatch_kube_api_up", "1 when the Kubernetes API answered the agent's watches.")
         up.add_metric([], 1 if kube.api_up else 0)
         yield up
         if kube.node is not None:

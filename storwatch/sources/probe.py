@@ -105,6 +105,13 @@ class ProbeSource:
         self.config = config
         self.interval_seconds = config.interval_seconds
 
+    @property
+    def off_reason(self) -> str | None:
+        """Probes are opt-in: off until ``probes.classes`` or ``probes.mountpoints`` chooses something."""
+        if self.config.classes or self.config.mountpoints:
+            return None
+        return "no probes.classes or probes.mountpoints chosen"
+
     def collect(self) -> tuple[ProbeResult, ...]:
         config = self.config
         chosen = [t for t in self.targets() if selected(config, t)]
