@@ -124,12 +124,8 @@ def render_status_page(data: dict[str, Any]) -> str:
                 state=e("writing; " if r["write_in_progress"] else "") + e("; ".join(problems) or "ok"),
             )
         )
-    nvml = data["nvml"]
-    gpu_note = "" if nvml["nvml_up"] else f"<p>NVML not available: {e(nvml['error'] or 'unknown')}</p>"
-    collectors = ", ".join(
-        "{}: {}".format(e(c["name"]), "ok" if c["success"] else "FAILED " + e(c["error"] or ""))
-        for c in data["collectors"]
-    )
+    gpu_note = _gpu_note(data)
+    collectors = ", ".join(_collector_text(c) for c in data["collectors"])
     plat = data["platform"]
     stuck_count = sum(1 for m in data["mounts"] if m["stuck"])
     ephemeral = sum(1 for m in data["mounts"] if m["ephemeral"])
@@ -181,6 +177,35 @@ its last round.</p>
 <p><a href="/metrics">/metrics</a> · <a href="/api/status">/api/status</a></p>
 </body></html>
 """
+
+
+def _collector_text(c: dict[str, Any]) -> str:
+    e = html.escape
+    if c["state"] == "off":
+        text = f"off ({e(c['off_reason'] or '')})"
+    elif c["state"] == "ok":
+        text = "ok"
+    else:
+        text = "FAILED " + e(c["error"] or "")
+    return f"<span class='collector-{e(c['state'])}'>{e(c['name'])}: {text}</span>"
+
+
+def _gpu_note(data: dict[str, Any]) -> str:
+    """Why the GPU table is empty or stale, when it is: the collector is off, NVML is not available (or stopped
+    answering, when the GPUs it knew are listed as down), or NVML sees none."""
+    e = html.escape
+    gpu = next((c for c in data["collectors"] if c["name"] == "gpu"), None)
+    if gpu is not None and gpu["state"] == "off":
+        return f"<p id='gpu-note'>No GPUs: the GPU collector is off ({e(gpu['off_reason'] or '')}).</p>"
+    nvml = data["nvml"]
+    if not nvml["nvml_up"]:
+        why = e(nvml["error"] or "unknown")
+        if data["gpus"]:
+            return f"<p id='gpu-note'>NVML is not answering: {why}</p>"
+        return f"<p id='gpu-note'>No GPUs: NVML not available: {why}</p>"
+    if not data["gpus"]:
+        return "<p id='gpu-note'>No GPUs: NVML answers and sees none on this node.</p>"
+    return ""
 
 
 class _Handler(BaseHTTPRequestHandler):

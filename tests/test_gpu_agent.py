@@ -186,6 +186,9 @@ def test_no_library_agent_serves_with_nvml_down(tmp_path: Path) -> None:
         assert m[_key('storwatch_collector_success{collector="mounts"}')] == 1
         [gpu] = [c for c in json.loads(agent.fetch("/api/status").body)["collectors"] if c["name"] == "gpu"]
         assert gpu["success"] is False and "libnvidia-ml.so.1" in gpu["error"]
+        page = agent.fetch("/status").body.decode()
+        assert "gpu: FAILED nvmlInit" in page and "gpu: ok" not in page
+        assert "No GPUs: NVML not available: nvmlInit" in page
         time.sleep(2)
         assert agent.proc.poll() is None  # no crash, no restart
         assert _samples(agent.url("/metrics"))["storwatch_nvml_up"] == 0
@@ -199,13 +202,16 @@ def test_stuck_nvml_call_fails_the_collector_until_it_returns(tmp_path: Path, fa
         url = agent.url("/metrics")
         _wait(url, lambda s: s.get("storwatch_nvml_up") == 1 and s.get(success) == 1)
         # A GPU that stops answering: one power reading hangs past call_timeout_seconds (1 s), then returns.
-        fake.write_script(SCRIPT_8 + "slow nvmlDeviceGetPowerUsage ms=4000 gpu=2 times=1\n")
+        fake.write_script(SCRIPT_8 + "slow nvmlDeviceGetPowerUsage ms=6000 gpu=2 times=1\n")
         m = _wait(url, lambda s: s.get(success) == 0)
         assert m["storwatch_nvml_up"] == 0
         assert all(m[_series("storwatch_gpu_up", i)] == 0 for i in range(8))
         [gpu] = [c for c in json.loads(agent.fetch("/api/status").body)["collectors"] if c["name"] == "gpu"]
         assert gpu["success"] is False
         assert "nvmlDeviceGetPowerUsage on GPU 2 has not returned" in gpu["error"]
+        page = agent.fetch("/status").body.decode()
+        assert "gpu: FAILED nvmlDeviceGetPowerUsage on GPU 2 has not returned" in page
+        assert "NVML is not answering: nvmlDeviceGetPowerUsage on GPU 2" in page
         # Once the call returns, the next sampling succeeds.
         m = _wait(url, lambda s: s.get(success) == 1 and s.get("storwatch_nvml_up") == 1)
         assert fake.counts()["slow_returned"] == 1
