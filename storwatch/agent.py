@@ -389,11 +389,13 @@ class Agent:
         return tuple(out)
 
     def _absent_reason(self, name: str) -> str:
-        if name in ("gpu", "processes") and not self.config.gpu.enabled:
-            return GPU_OFF_REASON
-        if name == "kube" and not self.config.kube.enabled:
-            return "kube.enabled is false in the configuration"
-        return "not started by this agent"
+        section = {"gpu": "gpu", "processes": "gpu", "kube": "kube"}.get(name)
+        if section is None:
+            return "not started by this agent"
+        if not getattr(self.config, section).enabled:
+            return GPU_OFF_REASON if section == "gpu" else "kube.enabled is false in the configuration"
+        # Sources are made at start: a reload that turns one on finds none to resume.
+        return f"{section}.enabled was false when the agent started; turning it on takes a restart"
 
     def snapshot(self) -> Snapshot:
         with self._lock:

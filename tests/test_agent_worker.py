@@ -222,3 +222,7 @@ def test_every_known_collector_is_reported_running_or_off(run_agent: Callable[..
     assert {name for (metric, name) in metrics if metric == "storwatch_collector_enabled"} == set(KNOWN_COLLECTORS)
     assert metrics[("storwatch_parse_errors_total", "mounts")] == 7
     assert ("storwatch_parse_errors_total", "gpu") not in metrics
+    # A reload that turns the GPUs on finds no GPU source to resume (sources are made at start): it says so.
+    agent.config = dataclasses.replace(config, gpu=GPUConfig(enabled=True))
+    statuses = {c.name: c for c in agent.collector_statuses()}
+    assert statuses["gpu"].off_reason == "gpu.enabled was false when the agent started; turning it on takes a restart"
