@@ -17,7 +17,25 @@ from storwatch import __version__
 from storwatch.classify import PLATFORMS
 from storwatch.config import Config, ConfigError, load_config, parse_listen
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_NOTHING_VERIFIED = 0, 1, 2, 3
+
+VERIFY_EPILOG = """\
+verdicts:
+  complete    the checkpoint is whole (every byte read and torch.load tried, with --deep)
+  incomplete  a save that did not finish, or a file cut short
+  corrupt     finished, then damaged, never valid, or its pickle reaches for a global outside the allow-list
+  unknown     not a checkpoint, or a check stopped at a limit (the reason names it)
+
+exit status:
+  0  every path is a complete checkpoint
+  1  some checkpoint is incomplete or corrupt
+  2  usage error (a path does not exist, a bad option or configuration)
+  3  none incomplete or corrupt, but something could not be verified: no checkpoint was found, or a check
+     stopped at a limit
+
+Nothing is ever unpickled with the standard unpickler or executed: pickles are read by a restricted reader, and
+torch.load (weights_only=True, with --deep) runs in a separate, resource-limited process.
+"""
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -49,10 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="read block and NFS I/O counters twice this far apart to show latency (default 0: no latency)",
     )
-    verify = sub.add_parser("verify", help="check checkpoint files or directories: complete, incomplete or corrupt")
+    verify = sub.add_parser(
+        "verify",
+        help="check checkpoint files or directories: complete, incomplete, corrupt or unknown",
+        description="Check checkpoint files or directories (a run directory: every checkpoint found below it).",
+        epilog=VERIFY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     verify.add_argument("paths", nargs="+", metavar="PATH", help="checkpoint file or directory")
-    verify.add_argument("--deep", action="store_true", help="read every byte (CRC32s) and load with torch if present")
+    verify.add_argument(
+        "--deep",
+        action="store_true",
+        help="read every byte (CRC32s) and load with torch, in a limited child, if present",
+    )
     verify.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    verify.add_argument(
+        "--config", metavar="FILE", help="YAML configuration whose checkpoints section sets the limits and allow-list"
+    )
     return parser
 
 
@@ -61,9 +92,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if missing:
         print(f"storwatch verify: no such file or directory: {', '.join(missing)}", file=sys.stderr)
         return EXIT_USAGE
+    limits = load_config(args.config).checkpoints.deep_limits()
+    # Names from disk may hold bytes that are not UTF-8 (kept as surrogates): printed escaped, never an exception.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     results = []
     for path in args.paths:
-        results.extend(_verify_path(path, args.deep))
+        results.extend(_verify_path(path, args.deep, limits))
     if args.json:
         keys = ("path", "format", "verdict", "reason", "size_bytes", "deep")
         json.dump([{k: r.to_dict()[k] for k in keys} for r in results], sys.stdout, indent=2)
@@ -71,26 +108,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         for r in results:
             print(f"{r.verdict.upper():<10}  {r.format or 'unknown':<19}  {r.path}\n            {r.reason}")
-    return EXIT_OK if all(r.verdict == "complete" for r in results) else EXIT_FINDINGS
+    verdicts = {r.verdict for r in results}
+    if verdicts & {"incomplete", "corrupt"}:
+        return EXIT_FINDINGS
+    return EXIT_NOTHING_VERIFIED if "unknown" in verdicts or not results else EXIT_OK
 
 
-def _verify_path(path: str, deep: bool) -> list[Any]:
+def _verify_path(path: str, deep: bool, limits: Any = None) -> list[Any]:
     """The check of ``path``; for a directory that is no checkpoint itself (a run directory, a scan root), the check of
     every checkpoint found below it, oldest first, by the agent's own scanner and bounds."""
     from storwatch.checkpoints import check, identify
     from storwatch.checkpoints.scan import CheckpointScanner
 
     if not os.path.isdir(path) or os.path.islink(path) or identify(path) is not None:
-        return [check(path, deep=deep)]
+        return [check(path, deep=deep, limits=limits)]
     result = CheckpointScanner([path]).scan()
     if result.truncated_detail:
         print(f"storwatch verify: {path}: scan stopped early: {result.truncated_detail}", file=sys.stderr)
     found = sorted(result.candidates, key=lambda c: (c.newest_mtime, c.path))
     if not found:
-        r = check(path, deep=deep)
+        r = check(path, deep=deep, limits=limits)
         return [dataclasses.replace(r, reason=f"{r.reason}, and none was found below it")]
     print(f"storwatch verify: {path}: {len(found)} checkpoints found below it", file=sys.stderr)
-    return [check(c.path, deep=deep) for c in found]
+    return [check(c.path, deep=deep, limits=limits) for c in found]
 
 
 def apply_flags(args: argparse.Namespace) -> Any:

@@ -15,6 +15,7 @@ from typing import Any, Union
 
 import yaml
 
+from storwatch.checkpoints.limits import DeepLimits, allowed_global_problem
 from storwatch.classify import PLATFORMS, Override
 from storwatch.model import Durability
 from storwatch.paths import DEFAULT_PROCFS, DEFAULT_ROOTFS, DEFAULT_SYSFS, HostPaths
@@ -132,6 +133,43 @@ class CheckpointsConfig:
     max_entries: int = 200_000
     max_depth: int = 12
     max_seconds: float = 10.0
+    allowed_globals: tuple[str, ...] = ()
+    """Extra ``module.name`` (or ``module.*``) globals a torch.save pickle may name, as torch's add_safe_globals; they
+    are never imported or called. Any other global outside storwatch's allow-lists makes the checkpoint corrupt."""
+    deep_wall_seconds: float = 300.0
+    """Wall time of one check; past it the verdict is unknown."""
+    deep_max_inflate_ratio: float = 100.0
+    deep_max_inflated_bytes: int = 8 << 30
+    deep_max_inflated_factor: float = 4.0
+    deep_max_json_bytes: int = 16 << 20
+    deep_max_json_depth: int = 64
+    deep_max_pickle_bytes: int = 64 << 20
+    deep_max_pickle_objects: int = 4_000_000
+    deep_max_yaml_bytes: int = 16 << 20
+    deep_torch_load: bool = True
+    """Load torch.save files with torch (weights_only=True) in a limited child process during deep checks."""
+    deep_torch_address_space_bytes: int = 3 << 30
+    deep_torch_cpu_seconds: int = 120
+    deep_torch_wall_seconds: float = 180.0
+
+    def deep_limits(self) -> DeepLimits:
+        """The bounds of every checkpoint check (see storwatch/checkpoints/limits.py)."""
+        return DeepLimits(
+            wall_seconds=self.deep_wall_seconds,
+            max_inflate_ratio=self.deep_max_inflate_ratio,
+            max_inflated_bytes=self.deep_max_inflated_bytes,
+            max_inflated_factor=self.deep_max_inflated_factor,
+            max_json_bytes=self.deep_max_json_bytes,
+            max_json_depth=self.deep_max_json_depth,
+            max_pickle_bytes=self.deep_max_pickle_bytes,
+            max_pickle_objects=self.deep_max_pickle_objects,
+            max_yaml_bytes=self.deep_max_yaml_bytes,
+            torch_load=self.deep_torch_load,
+            torch_address_space_bytes=self.deep_torch_address_space_bytes,
+            torch_cpu_seconds=self.deep_torch_cpu_seconds,
+            torch_wall_seconds=self.deep_torch_wall_seconds,
+            allowed_globals=self.allowed_globals,
+        )
 
 
 @dataclass(frozen=True)
@@ -183,6 +221,18 @@ class Config:
             ("gpu.call_timeout_seconds", self.gpu.call_timeout_seconds),
             ("checkpoints.interval_seconds", self.checkpoints.interval_seconds),
             ("checkpoints.max_seconds", self.checkpoints.max_seconds),
+            ("checkpoints.deep_wall_seconds", self.checkpoints.deep_wall_seconds),
+            ("checkpoints.deep_max_inflate_ratio", self.checkpoints.deep_max_inflate_ratio),
+            ("checkpoints.deep_max_inflated_bytes", self.checkpoints.deep_max_inflated_bytes),
+            ("checkpoints.deep_max_inflated_factor", self.checkpoints.deep_max_inflated_factor),
+            ("checkpoints.deep_max_json_bytes", self.checkpoints.deep_max_json_bytes),
+            ("checkpoints.deep_max_json_depth", self.checkpoints.deep_max_json_depth),
+            ("checkpoints.deep_max_pickle_bytes", self.checkpoints.deep_max_pickle_bytes),
+            ("checkpoints.deep_max_pickle_objects", self.checkpoints.deep_max_pickle_objects),
+            ("checkpoints.deep_max_yaml_bytes", self.checkpoints.deep_max_yaml_bytes),
+            ("checkpoints.deep_torch_address_space_bytes", self.checkpoints.deep_torch_address_space_bytes),
+            ("checkpoints.deep_torch_cpu_seconds", self.checkpoints.deep_torch_cpu_seconds),
+            ("checkpoints.deep_torch_wall_seconds", self.checkpoints.deep_torch_wall_seconds),
             ("kube.interval_seconds", self.kube.interval_seconds),
         ):
             if value <= 0:
@@ -199,6 +249,11 @@ class Config:
                 problems.append(f"nfs.operations: {name!r} is not a procedure name (READ, GETATTR...) or '*'")
         if self.mounts.max_inflight < 1:
             problems.append(f"mounts.max_inflight: must be at least 1, got {self.mounts.max_inflight}")
+        problems += [
+            f"checkpoints.allowed_globals: {p}"
+            for p in map(allowed_global_problem, self.checkpoints.allowed_globals)
+            if p
+        ]
         for root in self.checkpoints.roots:
             if not os.path.isabs(root):
                 problems.append(f"checkpoints.roots: {root!r} must be an absolute path on the host")

@@ -7,6 +7,7 @@ defaults are safe for an agent in a 256 MiB memory limit reading hostile files.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -79,3 +80,19 @@ class Deadline:
                 f"stopped at the wall-time limit ({self.seconds:g} s, checkpoints.deep_wall_seconds): the check did "
                 "not finish, which says nothing against the checkpoint",
             )
+
+
+_GLOBAL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\.([A-Za-z_][A-Za-z0-9_]*|\*)")
+NEVER_ALLOWED_MODULES = frozenset(
+    ("builtins", "os", "posix", "nt", "sys", "subprocess", "importlib", "runpy", "pickle")
+)
+"""Modules no configured allow-list entry may name: they hold the classic payload functions."""
+
+
+def allowed_global_problem(name: str) -> str | None:
+    """What is wrong with an entry of checkpoints.allowed_globals, or None."""
+    if not _GLOBAL_NAME.fullmatch(name):
+        return f"{name!r} is not module.name or module.*"
+    if name.split(".", 1)[0] in NEVER_ALLOWED_MODULES:
+        return f"{name!r} is in a module that is never allowed ({', '.join(sorted(NEVER_ALLOWED_MODULES))})"
+    return None
