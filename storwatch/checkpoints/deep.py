@@ -49,11 +49,13 @@ import warnings
 warnings.filterwarnings("ignore")
 try:
     import torch
-except ImportError:
-    report(status="no-torch")
-    sys.exit(0)
 except MemoryError:
     report(status="memory", error="importing torch")
+    sys.exit(0)
+except Exception as err:
+    # The parent found torch before starting us: failing to import it here is the address-space limit at work
+    # (shared libraries that cannot be mapped) or a broken installation.
+    report(status="import-failed", error=(type(err).__name__ + ": " + str(err))[:600])
     sys.exit(0)
 
 class Inert(dict):
@@ -149,6 +151,13 @@ def _outcome(out: bytes, returncode: int | None, limits: DeepLimits) -> _Finding
         return "complete", ""
     if status == "no-torch":
         return "complete", "every entry's CRC32 matches; torch is not installed, so torch.load was not tried"
+    if status == "import-failed":
+        return (
+            "unknown",
+            f"every entry's CRC32 matches; torch could not be imported within the child's limits (address space "
+            f"{limits.torch_address_space_bytes:,} bytes plus the file, checkpoints.deep_torch_address_space_bytes): "
+            f"{error[:200]}",
+        )
     if status == "memory" or (status is None and returncode in (-signal.SIGKILL, -signal.SIGXCPU)):
         what = "memory" if status == "memory" or returncode == -signal.SIGKILL else "CPU"
         return (
