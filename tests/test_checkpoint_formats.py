@@ -480,3 +480,28 @@ def test_torchsnapshot_manifest_extents(tmp_path: Path) -> None:
     (tmp_path / ".snapshot_metadata").write_text(json.dumps({"manifest": {"0/t": {"location": "../../etc/passwd"}}}))
     result = check(str(tmp_path))
     assert result.verdict == "corrupt" and "outside the snapshot" in result.reason
+
+
+@pytest.mark.realpart
+@needs_torch
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_torchsnapshot_written_by_the_library(tmp_path: Path) -> None:
+    torchsnapshot = pytest.importorskip(
+        "torchsnapshot", reason="torchsnapshot is not installed (pip install torchsnapshot==0.1.0 numpy aiofiles)"
+    )
+    assert torch is not None
+    app_state = {
+        "model": torch.nn.Linear(64, 32),
+        "extra": torchsnapshot.StateDict(step=5, name="run", t=torch.arange(1000)),
+    }
+    target = tmp_path / "snap-5"
+    torchsnapshot.Snapshot.take(path=str(target), app_state=app_state)
+    assert identify(str(target)) == "torchsnapshot"
+    assert check(str(target)).verdict == "complete"
+    assert check(str(target), deep=True).verdict == "complete"
+    blob = max((p for p in target.rglob("*") if p.is_file() and p.name != ".snapshot_metadata"), key=os.path.getsize)
+    data = blob.read_bytes()
+    blob.write_bytes(data[: len(data) // 2])
+    result = check(str(target))
+    assert result.verdict == "incomplete" and blob.name in result.reason and "truncated" in result.reason
