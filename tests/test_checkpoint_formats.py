@@ -505,3 +505,27 @@ def test_torchsnapshot_written_by_the_library(tmp_path: Path) -> None:
     blob.write_bytes(data[: len(data) // 2])
     result = check(str(target))
     assert result.verdict == "incomplete" and blob.name in result.reason and "truncated" in result.reason
+
+
+@pytest.mark.realpart
+@needs_torch
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_dcp_shard_cut_to_1000_bytes_is_incomplete_in_verify(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's case: a real dcp.save step whose __0_0.distcp is truncated to 1,000 bytes, without --deep."""
+    assert torch is not None
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    from storwatch.cli import main
+
+    target = tmp_path / "step-100"
+    dcp_save({"model": {"w": torch.randn(128, 128)}, "step": torch.tensor(100)}, checkpoint_id=str(target))
+    assert main(["verify", str(target)]) == 0
+    capsys.readouterr()
+    with open(target / "__0_0.distcp", "r+b") as f:
+        f.truncate(1000)
+    assert main(["verify", "--json", str(target)]) == 1
+    (result,) = json.loads(capsys.readouterr().out)
+    assert (result["format"], result["verdict"], result["deep"]) == ("torch-dcp", "incomplete", False)
+    assert "__0_0.distcp has 1,000 bytes but .metadata places data up to" in result["reason"]
