@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from storwatch.analysis.latency import WindowStats
-from storwatch.model import MountView, View
+from storwatch.model import FsUsage, MountView, View
 from storwatch.sources.mounts import display_path
 
 
@@ -33,6 +33,8 @@ def view_to_dict(view: View) -> dict[str, Any]:
                 "used_bytes": (u.size_bytes - u.free_bytes) if u else None,
                 "avail_bytes": u.avail_bytes if u else None,
                 "free_bytes": u.free_bytes if u else None,
+                "reserved_bytes": (u.free_bytes - u.avail_bytes) if u else None,
+                "used_ratio": used_ratio(u),
                 "files": u.files if u else None,
                 "files_free": u.files_free if u else None,
                 "usage_error": m.usage_error,
@@ -254,11 +256,24 @@ def human_bytes(n: int | None) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def used_ratio(usage: FsUsage | None) -> float | None:
+    """The share of the space a user can write to that is used, as df(1) counts it: used / (used + avail).
+
+    Space reserved for root (ext4 keeps 5% by default) is neither: it is free but not available, and counting it in
+    the size made / look a third as full as df says."""
+    if usage is None:
+        return None
+    used = usage.size_bytes - usage.free_bytes
+    total = used + usage.avail_bytes
+    return used / total if total > 0 else None
+
+
 def usage_percent(mount: dict[str, Any]) -> str:
-    size, used = mount.get("size_bytes"), mount.get("used_bytes")
-    if not size or used is None:
+    """Used space as df(1) prints it: used / (used + avail), rounded up to a whole percent."""
+    used, avail = mount.get("used_bytes"), mount.get("avail_bytes")
+    if used is None or avail is None or used + avail <= 0:
         return "-"
-    return f"{100.0 * used / size:.0f}%"
+    return f"{-(-100 * used // (used + avail))}%"
 
 
 def mount_state(mount: dict[str, Any]) -> str:
