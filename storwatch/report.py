@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from storwatch.analysis.latency import WindowStats
-from storwatch.model import FsUsage, MountView, View
+from storwatch.kubevolumes import ClusterObjects, volume_ref
+from storwatch.model import FsUsage, Mount, MountView, View
 from storwatch.sources.mounts import display_path
 
 
 def view_to_dict(view: View) -> dict[str, Any]:
+    cluster = view.kube.cluster if view.kube is not None else ClusterObjects()
     mounts = []
     for mv in view.mounts:
         m = mv.mount
@@ -42,6 +44,7 @@ def view_to_dict(view: View) -> dict[str, Any]:
                 "device_number": f"{m.major}:{m.minor}",
                 "stuck_probe": bool(mv.io.probe and mv.io.probe.stuck),
                 "io": _io_dict(mv),
+                "kube": _volume_dict(m, cluster),
             }
         )
     return {
@@ -63,6 +66,23 @@ def view_to_dict(view: View) -> dict[str, Any]:
             }
             for c in view.collectors
         ],
+    }
+
+
+def _volume_dict(mount: Mount, cluster: ClusterObjects) -> dict[str, Any] | None:
+    ref = volume_ref(mount, cluster)
+    if ref is None:
+        return None
+    return {
+        "namespace": ref.namespace,
+        "pod": ref.pod,
+        "pod_uid": ref.pod_uid,
+        "volume": ref.volume,
+        "volume_kind": ref.volume_kind,
+        "pvc": ref.pvc,
+        "pv": ref.pv,
+        "storage_class": ref.storage_class,
+        "provisioner": ref.provisioner,
     }
 
 

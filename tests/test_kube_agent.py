@@ -96,6 +96,29 @@ def test_agent_maps_volumes_pods_and_sees_a_drain(tmp_path: Path) -> None:
             assert local["durability"] == "node" and "ckpt-local" in local["reason"]
             dshm = mounts[f"{base}/kubernetes.io~empty-dir/dshm"]
             assert dshm["durability"] == "volatile" and "dshm" in dshm["reason"]
+            # Every mount says which Kubernetes objects are behind it, not only where they decided the class.
+            assert nfs["kube"] == {
+                "namespace": "train",
+                "pod": "trainer-0",
+                "pod_uid": TRAINER_UID,
+                "volume": "shared",
+                "volume_kind": "pvc",
+                "pvc": "ckpt-shared",
+                "pv": "pvc-0a6f2e1d-3c4b-4a59-8e7f-112233445566",
+                "storage_class": "nfs",
+                "provisioner": "nfs.csi.k8s.io",
+            }
+            assert (dshm["kube"]["pod"], dshm["kube"]["volume"], dshm["kube"]["pvc"]) == ("trainer-0", "dshm", None)
+            # A hostPath onto Lustre stays cluster; the agent's own hostPath of / is no reason for /.
+            fsx = mounts["/fsx"]
+            assert fsx["durability"] == "cluster" and "lustre" in fsx["reason"]
+            assert (fsx["kube"]["pod"], fsx["kube"]["volume"], fsx["kube"]["volume_kind"]) == (
+                "trainer-0",
+                "fsx",
+                "hostPath",
+            )
+            root = mounts["/"]
+            assert root["kube"] is None and "storwatch" not in root["reason"] and "/dev/nvme0n1p1" in root["reason"]
             (proc,) = status["gpus"][0]["processes"]
             assert (proc["namespace"], proc["pod"], proc["pod_uid"]) == ("train", "trainer-0", TRAINER_UID)
             assert proc["owner"] == "StatefulSet/trainer"
