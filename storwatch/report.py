@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from storwatch.analysis.latency import WindowStats
+from storwatch.classify import is_pseudo_mount
 from storwatch.kubevolumes import ClusterObjects, volume_ref
 from storwatch.model import FsUsage, Mount, MountView, View
 from storwatch.sources.mounts import display_path
@@ -23,6 +24,7 @@ def view_to_dict(view: View) -> dict[str, Any]:
                 "fstype": m.fstype,
                 "durability": mv.verdict.durability.value,
                 "ephemeral": mv.verdict.durability.ephemeral,
+                "pseudo": is_pseudo_mount(m.mountpoint),
                 "reason": mv.verdict.reason,
                 "evidence": [
                     {"source": e.source.label, "durability": e.durability.value, "reason": e.reason}
@@ -51,6 +53,7 @@ def view_to_dict(view: View) -> dict[str, Any]:
         "generated_at": view.timestamp,
         "gpus": _gpus_dict(view),
         "checkpoints": _checkpoints_dict(view),
+        "checkpoint_roots": None if view.checkpoint_roots is None else [display_path(r) for r in view.checkpoint_roots],
         "kubernetes": _kube_dict(view),
         "nvml": nvml_status(view),
         "ready": view.ready,
@@ -294,6 +297,42 @@ def usage_percent(mount: dict[str, Any]) -> str:
     if used is None or avail is None or used + avail <= 0:
         return "-"
     return f"{-(-100 * used // (used + avail))}%"
+
+
+def kube_cell(kube: dict[str, Any] | None) -> str:
+    """A mount's Kubernetes objects in a line: pod, volume, PVC -> PV, StorageClass (provisioner)."""
+    if kube is None:
+        return "-"
+    if kube["pod"] is not None:
+        parts = [f"{kube['namespace']}/{kube['pod']}"]
+    else:
+        parts = [f"pod {kube['pod_uid']} (not known to the API)"]
+    if kube["volume"] is not None:
+        parts.append(f"{kube['volume_kind'] or 'volume'} {kube['volume']}")
+    if kube["pvc"] is not None or kube["pv"] is not None:
+        parts.append(f"PVC {kube['pvc'] or '?'} -> PV {kube['pv'] or '?'}")
+    if kube["storage_class"] is not None or kube["provisioner"] is not None:
+        sc = f"StorageClass {kube['storage_class']}" if kube["storage_class"] else "no StorageClass"
+        parts.append(sc + (f" ({kube['provisioner']})" if kube["provisioner"] else ""))
+    return ", ".join(parts)
+
+
+def no_gpus_line(data: dict[str, Any]) -> str:
+    """What an empty GPU table means."""
+    nvml = data["nvml"]
+    if nvml["nvml_up"]:
+        return "no GPUs: NVML answers but lists none"
+    return f"no GPUs: NVML not available ({nvml['error'] or 'no reason given'})"
+
+
+def no_checkpoints_line(data: dict[str, Any]) -> str:
+    """What an empty checkpoint table means: where the scan looked, or that it has nowhere to look."""
+    roots = data.get("checkpoint_roots")
+    if roots is None:
+        return "no checkpoints: the checkpoint scan has not reported yet"
+    if not roots:
+        return "no checkpoints: no directories to search (checkpoints.roots is empty and this is no Kubernetes node)"
+    return "no checkpoints under " + ", ".join(roots)
 
 
 def mount_state(mount: dict[str, Any]) -> str:

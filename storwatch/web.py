@@ -12,13 +12,17 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from storwatch.classify import KERNEL_INTERFACE_DIRS
 from storwatch.config import ConfigError, TLSConfig, parse_listen
 from storwatch.model import View
 from storwatch.report import (
     human_bytes,
     human_seconds,
+    kube_cell,
     latency_cell,
     mount_state,
+    no_checkpoints_line,
+    no_gpus_line,
     usage_percent,
     view_to_dict,
 )
@@ -36,12 +40,17 @@ MetricsProvider = Callable[[], bytes]
 
 def render_status_page(data: dict[str, Any]) -> str:
     e = html.escape
+    # Mounts under the host's procfs and sysfs (a cgroup tmpfs...) are kernel interfaces, not storage: left off the
+    # page, named in a line under the table, and kept in /api/status with "pseudo": true.
+    storage = [m for m in data["mounts"] if not m["pseudo"]]
+    pseudo = [m["mountpoint"] for m in data["mounts"] if m["pseudo"]]
     rows = []
-    for m in data["mounts"]:
+    for m in storage:
         state = mount_state(m)
         rows.append(
             "<tr class='{cls}'><td class='mountpoint'>{mp}</td><td>{dev}</td><td>{fs}</td>"
             "<td class='durability'><span class='d-{dur}'>{dur}</span></td><td class='reason'>{reason}</td>"
+            "<td class='kube'>{kube}</td>"
             "<td class='num'>{used}</td><td class='num'>{size}</td><td class='num'>{avail}</td>"
             "<td class='state'>{state}</td></tr>".format(
                 cls="stuck" if m["stuck"] else "",
@@ -50,14 +59,23 @@ def render_status_page(data: dict[str, Any]) -> str:
                 fs=e(m["fstype"]),
                 dur=e(m["durability"]),
                 reason=e(m["reason"]),
+                kube=e(kube_cell(m["kube"])),
                 used=usage_percent(m),
                 size=human_bytes(m["size_bytes"]),
                 avail=human_bytes(m["avail_bytes"]),
                 state=e(state),
             )
         )
+    pseudo_note = (
+        "<p class='note' id='pseudo'>Not shown: {} under {}: kernel interfaces rather than storage "
+        '(listed in /api/status with "pseudo": true).</p>'.format(
+            e(", ".join(pseudo)), " and ".join(KERNEL_INTERFACE_DIRS)
+        )
+        if pseudo
+        else ""
+    )
     io_rows = []
-    for m in data["mounts"]:
+    for m in storage:
         cells = [latency_cell(m, op, win) for op in ("read", "write", "fsync") for win in ("1m", "1h")]
         probe = m["io"]["probe"]
         if probe is None:
@@ -124,6 +142,13 @@ def render_status_page(data: dict[str, Any]) -> str:
                 state=e("writing; " if r["write_in_progress"] else "") + e("; ".join(problems) or "ok"),
             )
         )
+    if not io_rows:
+        idle = "no latency: no mount did I/O in the last hour, and no probe ran"
+        io_rows.append(f"<tr><td colspan='9' class='empty'>{idle}</td></tr>")
+    if not gpu_rows:
+        gpu_rows.append(f"<tr><td colspan='8' class='empty'>{e(no_gpus_line(data))}</td></tr>")
+    if not ckpt_rows:
+        ckpt_rows.append(f"<tr><td colspan='7' class='empty'>{e(no_checkpoints_line(data))}</td></tr>")
     nvml = data["nvml"]
     gpu_note = "" if nvml["nvml_up"] else f"<p>NVML not available: {e(nvml['error'] or 'unknown')}</p>"
     collectors = ", ".join(
@@ -131,8 +156,8 @@ def render_status_page(data: dict[str, Any]) -> str:
         for c in data["collectors"]
     )
     plat = data["platform"]
-    stuck_count = sum(1 for m in data["mounts"] if m["stuck"])
-    ephemeral = sum(1 for m in data["mounts"] if m["ephemeral"])
+    stuck_count = sum(1 for m in storage if m["stuck"])
+    ephemeral = sum(1 for m in storage if m["ephemeral"])
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="10">
 <title>storwatch status</title>
@@ -144,18 +169,28 @@ th {{ background: #f3f3f3; }} td.num {{ text-align: right; white-space: nowrap; 
 tr.stuck {{ background: #fde2e2; }} .mountpoint {{ font-family: monospace; }}
 .d-volatile {{ color: #b00020; font-weight: bold; }} .d-node {{ color: #b36b00; font-weight: bold; }}
 .d-cluster {{ color: #1b5e20; font-weight: bold; }} .d-region {{ color: #0d47a1; font-weight: bold; }}
-.summary span {{ margin-right: 2em; }}
+.summary span {{ margin-right: 2em; }} .note {{ color: #555; }} td.empty {{ color: #555; font-style: italic; }}
+td.kube {{ font-size: 12px; }}
 </style></head><body>
 <h1>storwatch</h1>
 <p class="summary"><span>platform: <b id="platform">{e(plat["name"])}</b> ({e(plat["detected_by"])})</span>
-<span>mounts: <b>{len(data["mounts"])}</b></span><span>ephemeral: <b>{ephemeral}</b></span>
+<span>mounts: <b id="mount-count">{len(storage)}</b></span>
+<span>ephemeral (volatile or node): <b id="ephemeral-count">{ephemeral}</b></span>
 <span>stuck: <b id="stuck-count">{stuck_count}</b></span></p>
 <h2>Mounts</h2>
 <table id="mounts"><thead><tr><th>Mountpoint</th><th>Device</th><th>Type</th><th>Durability</th><th>Reason</th>
-<th>Used</th><th>Size</th><th>Avail</th><th>State</th></tr></thead>
+<th>Kubernetes</th><th>Used</th><th>Size</th><th>Avail</th><th>State</th></tr></thead>
 <tbody>
 {chr(10).join(rows)}
 </tbody></table>
+{pseudo_note}
+<p class="note" id="legend">Durability, how long data on a mount survives:
+<span class="d-volatile">volatile</span> is lost on a reboot or a pod restart (memory);
+<span class="d-node">node</span> survives pod restarts and is lost with the node;
+<span class="d-cluster">cluster</span> survives losing this node;
+<span class="d-region">region</span> survives losing the cluster.
+<b>Ephemeral</b> means volatile or node: data there is gone when this node is.
+Used is counted as df counts it, used / (used + available): space reserved for root is neither.</p>
 <h2>GPUs</h2>
 {gpu_note}
 <table id="gpus"><thead><tr><th>GPU</th><th>Name</th><th>State</th><th>Util</th><th>Mem util</th>
