@@ -1,4 +1,5 @@
-"""Command line: ``storwatch agent`` runs the node agent; ``storwatch scan`` prints a one-shot report."""
+"""Command line: ``storwatch agent`` runs the node agent, ``storwatch scan`` prints a one-shot report of this node's
+mounts, and ``storwatch verify`` checks checkpoint files."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -47,8 +49,32 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level (default info)")
 
 
+MAX_SCAN_TIMEOUT_SECONDS = 60.0
+MAX_SCAN_SAMPLE_SECONDS = 3600.0
+
+
+def _seconds(minimum: float, maximum: float, zero_ok: bool) -> Any:
+    """An argparse type: a finite number of seconds in range, else a message that says what is accepted."""
+    lowest = f"0 to {maximum:g}" if zero_ok else f"greater than 0 and at most {maximum:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value >= minimum if zero_ok else value > minimum) and value <= maximum):
+            raise argparse.ArgumentTypeError(f"must be a number of seconds {lowest}, got {text!r}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="storwatch", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="storwatch",
+        description="A node agent for GPU clusters: mount durability, storage latency, GPUs and checkpoints. "
+        "Commands: agent, scan, verify (storwatch COMMAND --help describes each).",
+    )
     parser.add_argument("--version", action="version", version=f"storwatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     agent = sub.add_parser("agent", help="run the node agent and serve /metrics, /status and /api/status")
@@ -58,14 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(scan)
     scan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     scan.add_argument(
-        "--timeout", type=float, default=0.3, metavar="SECONDS", help="deadline for each mount's statvfs (default 0.3)"
+        "--timeout",
+        type=_seconds(0.0, MAX_SCAN_TIMEOUT_SECONDS, zero_ok=False),
+        default=0.3,
+        metavar="SECONDS",
+        help=f"deadline for each mount's statvfs, above 0 and at most {MAX_SCAN_TIMEOUT_SECONDS:g} (default 0.3)",
     )
     scan.add_argument(
         "--sample",
-        type=float,
+        type=_seconds(0.0, MAX_SCAN_SAMPLE_SECONDS, zero_ok=True),
         default=0.0,
         metavar="SECONDS",
-        help="read block and NFS I/O counters twice this far apart to show latency (default 0: no latency)",
+        help="read block and NFS I/O counters twice this far apart to show the latency of that one interval "
+        "(default 0: no latency)",
     )
     verify = sub.add_parser(
         "verify",
@@ -189,15 +220,21 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+KUBE_SCAN_WAIT_SECONDS = 5.0
+"""How long ``scan`` waits for the Kubernetes API to list what the mapping needs."""
+
+
 def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> Any:
     """Collect every source once, synchronously, and build the View.
 
-    With ``sample_seconds`` > 0, diskstats and mountstats are read twice that far apart, so the View has latency.
+    With ``sample_seconds`` > 0, diskstats and mountstats are read twice that far apart, so the View has the latency
+    of that one interval (view_to_dict labels it ``sample``, not as the agent's minute and hour windows).
     """
     from storwatch.analysis.io import WindowFeeder
     from storwatch.analysis.latency import LatencyWindows
     from storwatch.analysis.view import build_view
     from storwatch.classify import Classifier, resolve_platform
+    from storwatch.kubevolumes import KubeVolumeEvidence
     from storwatch.model import CollectorStatus, Snapshot
     from storwatch.sources.diskio import DiskIOSource
     from storwatch.sources.mounts import MountSource
@@ -230,18 +267,10 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
         except OSError as err:
             log.error("%s", err)
         windows = LatencyWindows(capacity=4)
-    gpus, containers = None, {}
+    gpus, containers = None, dict[int, Any]()
     if config.gpu.enabled:
-        from storwatch.sources.gpu import GPUSource
-        from storwatch.sources.processes import ProcessSource
-
-        gpu_source = GPUSource(call_timeout_seconds=min(config.gpu.call_timeout_seconds, 2.0))
-        try:
-            gpus = gpu_source.collect()
-        finally:
-            gpu_source.close()
-        pids = [p.pid for g in gpus.gpus for p in g.processes]
-        containers = ProcessSource(paths, lambda: pids).collect()
+        gpus, containers = _scan_gpus(config)
+    kube = _scan_kube(config) if config.kube.enabled else None
     snap = Snapshot(
         timestamp=time.time(),
         mounts=mounts,
@@ -250,16 +279,69 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
         nfs=nfs,
         gpus=gpus,
         containers=containers,
+        kube=kube,
     )
     if windows is not None:
         WindowFeeder(windows).feed(snap)
-    return build_view(snap, Classifier(platform.name, config.overrides()), platform, windows=windows)
+    classifier = Classifier(platform.name, config.overrides())
+    if kube is not None:
+        classifier.add_provider(KubeVolumeEvidence(kube))
+    return build_view(snap, classifier, platform, windows=windows, paths=paths)
+
+
+def _scan_gpus(config: Config) -> tuple[Any, dict[int, Any]]:
+    from storwatch.sources.gpu import GPUSource
+    from storwatch.sources.processes import ProcessSource
+
+    # The GPU source logs for an agent that retries NVML with backoff; a one-shot scan never retries, and prints
+    # what NVML said in its own output instead (keep the log when debugging).
+    gpu_log = logging.getLogger("storwatch.sources.gpu")
+    level = gpu_log.level
+    if not gpu_log.isEnabledFor(logging.DEBUG):
+        gpu_log.setLevel(logging.ERROR)
+    gpu_source = GPUSource(call_timeout_seconds=min(config.gpu.call_timeout_seconds, 2.0))
+    try:
+        gpus = gpu_source.collect()
+    finally:
+        gpu_source.close()
+        gpu_log.setLevel(level)
+    if gpus.error and "; next try in " in gpus.error:
+        gpus = dataclasses.replace(gpus, error=gpus.error.split("; next try in ", 1)[0])
+    pids = [p.pid for g in gpus.gpus for p in g.processes]
+    return gpus, ProcessSource(config.host_paths(), lambda: pids).collect()
+
+
+def _scan_kube(config: Config) -> Any:
+    """This node's pods and the storage objects behind them, listed once (None where no cluster is configured)."""
+    from storwatch.sources.kube import KubeSource
+
+    source = KubeSource(config.kube.interval_seconds)
+    if not source.enabled:
+        return None
+    try:
+        source.start()
+        deadline = time.monotonic() + KUBE_SCAN_WAIT_SECONDS
+        while not source.api_up and time.monotonic() < deadline:
+            time.sleep(0.05)
+        facts = source.collect()
+        if not facts.api_up:
+            logging.getLogger("storwatch").warning(
+                "the Kubernetes API did not answer within %.0f s (%s): mounts are shown without their pods",
+                KUBE_SCAN_WAIT_SECONDS,
+                facts.last_error or "no answer",
+            )
+        return facts
+    finally:
+        source.close()
 
 
 def format_table(data: dict[str, Any], width: int) -> str:
-    from storwatch.report import human_bytes, latency_cell, mount_state, usage_percent
+    from storwatch.report import GPU_OFF, human_bytes, latency_cell, mount_state, no_gpus_line, usage_percent
 
-    with_io = any(m["io"]["latency"] for m in data["mounts"])
+    # Kernel interfaces under /proc and /sys are not storage: named under the table, in --json with "pseudo": true.
+    mounts = [m for m in data["mounts"] if not m["pseudo"]]
+    window = "sample" if data["latency_windows"] == ["sample"] else "1m"
+    with_io = any(m["io"]["latency"] for m in mounts)
     headers: tuple[str, ...] = ("MOUNTPOINT", "TYPE", "DURABILITY", "USED", "SIZE", "AVAIL", "STATE")
     if with_io:
         headers += ("READ ms", "WRITE ms", "FSYNC ms")
@@ -273,10 +355,14 @@ def format_table(data: dict[str, Any], width: int) -> str:
             human_bytes(m["size_bytes"]),
             human_bytes(m["avail_bytes"]),
             mount_state(m),
-            *((latency_cell(m, "read"), latency_cell(m, "write"), latency_cell(m, "fsync")) if with_io else ()),
+            *(
+                (latency_cell(m, "read", window), latency_cell(m, "write", window), latency_cell(m, "fsync", window))
+                if with_io
+                else ()
+            ),
             m["reason"],
         )
-        for m in data["mounts"]
+        for m in mounts
     ]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers[:-1])]
     right = {3, 4, 5, 7, 8, 9}
@@ -291,11 +377,23 @@ def format_table(data: dict[str, Any], width: int) -> str:
     plat = data["platform"]
     out = [f"platform: {plat['name']} ({plat['detected_by']})", "", line(headers)]
     out.extend(line(r) for r in rows)
-    stuck = sum(1 for m in data["mounts"] if m["stuck"])
-    eph = sum(1 for m in data["mounts"] if m["ephemeral"])
-    out += ["", f"{len(rows)} mounts, {eph} ephemeral (volatile or node), {stuck} stuck"]
+    stuck = sum(1 for m in mounts if m["stuck"])
+    eph = sum(1 for m in mounts if m["ephemeral"])
+    out += ["", f"{len(rows)} mounts, {eph} ephemeral (volatile or node: lost with this node), {stuck} stuck"]
+    pseudo = [m["mountpoint"] for m in data["mounts"] if m["pseudo"]]
+    if pseudo:
+        out.append(f"not shown: {', '.join(pseudo)} (kernel interfaces, not storage; listed by --json)")
     if with_io:
-        out.append("latency: p50/p95/max of the per-interval averages over the sample, in milliseconds")
+        if window == "sample":
+            out.append(f"latency: the average of one {data['sample_seconds']:g} s interval, in milliseconds")
+        else:
+            out.append("latency: p50/p95/max of the per-interval averages, in milliseconds")
+    gpus = data["gpus"]
+    if gpus:
+        driver = data["nvml"]["driver_version"]
+        out.append(f"GPUs: {len(gpus)}" + (f" (driver {driver})" if driver else ""))
+    elif data["nvml"]["error"] != GPU_OFF:
+        out.append(no_gpus_line(data))
     return "\n".join(out)
 
 
@@ -304,7 +402,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     config, _ = _load(args)
     _setup_logging(config.log_level if args.log_level else "warning")
-    data = view_to_dict(scan_view(config, args.timeout, args.sample))
+    data = view_to_dict(scan_view(config, args.timeout, args.sample), sample_seconds=args.sample or None)
     if args.json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")

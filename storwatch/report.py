@@ -10,8 +10,13 @@ from storwatch.kubevolumes import ClusterObjects, volume_ref
 from storwatch.model import FsUsage, Mount, MountView, View
 from storwatch.sources.mounts import display_path
 
+GPU_OFF = "GPU source off"
+"""The NVML error of a View without GPU facts (gpu.enabled: false)."""
 
-def view_to_dict(view: View) -> dict[str, Any]:
+
+def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, Any]:
+    """The View as plain data. ``sample_seconds``: the latency is that of one interval of this length (``scan
+    --sample``), labelled ``sample`` rather than as the agent's minute and hour windows."""
     cluster = view.kube.cluster if view.kube is not None else ClusterObjects()
     mounts = []
     for mv in view.mounts:
@@ -45,12 +50,14 @@ def view_to_dict(view: View) -> dict[str, Any]:
                 "root": display_path(m.root),
                 "device_number": f"{m.major}:{m.minor}",
                 "stuck_probe": bool(mv.io.probe and mv.io.probe.stuck),
-                "io": _io_dict(mv),
+                "io": _io_dict(mv, sample_seconds),
                 "kube": _volume_dict(m, cluster),
             }
         )
     return {
         "generated_at": view.timestamp,
+        "latency_windows": ["sample"] if sample_seconds else ["1m", "1h"],
+        "sample_seconds": sample_seconds or None,
         "gpus": _gpus_dict(view),
         "checkpoints": _checkpoints_dict(view),
         "checkpoint_roots": None if view.checkpoint_roots is None else [display_path(r) for r in view.checkpoint_roots],
@@ -217,7 +224,7 @@ def human_seconds(seconds: float | None) -> str:
 def nvml_status(view: View) -> dict[str, Any]:
     facts = view.gpus
     if facts is None:
-        return {"nvml_up": False, "error": "GPU source off", "driver_version": None}
+        return {"nvml_up": False, "error": GPU_OFF, "driver_version": None}
     return {"nvml_up": facts.nvml_up, "error": facts.error, "driver_version": facts.driver_version}
 
 
@@ -232,16 +239,20 @@ def _window(stats: WindowStats) -> dict[str, Any]:
     }
 
 
-def _io_dict(mv: MountView) -> dict[str, Any]:
+def _io_dict(mv: MountView, sample_seconds: float | None) -> dict[str, Any]:
     io = mv.io
     block = mv.mount.block
     probe = io.probe
+    if sample_seconds:
+        latency = {op: {"sample": _window(s.minute)} for op, s in sorted(io.latency.items())}
+    else:
+        latency = {op: {"1m": _window(s.minute), "1h": _window(s.hour)} for op, s in sorted(io.latency.items())}
     return {
         "device": io.device,
         "physical_devices": list(block.physical) if block else [],
         "backing_file": display_path(block.backing_file) if block and block.backing_file else None,
         "nfs": io.nfs is not None,
-        "latency": {op: {"1m": _window(s.minute), "1h": _window(s.hour)} for op, s in sorted(io.latency.items())},
+        "latency": latency,
         "probe": None
         if probe is None
         else {
@@ -254,10 +265,13 @@ def _io_dict(mv: MountView) -> dict[str, Any]:
 
 
 def latency_cell(mount: dict[str, Any], op: str, window: str = "1m") -> str:
-    """``p50/p95/max`` in milliseconds for one operation, or ``-`` when the mount did none in the window."""
+    """``p50/p95/max`` in milliseconds for one operation, or ``-`` when the mount did none in the window; for the one
+    interval of a ``sample``, its average."""
     w = mount["io"]["latency"].get(op, {}).get(window)
     if not w or not w["samples"]:
         return "-"
+    if window == "sample":
+        return _ms(w["mean_seconds"])
     return "/".join(_ms(w[k]) for k in ("p50_seconds", "p95_seconds", "max_seconds"))
 
 
