@@ -296,6 +296,7 @@ class Agent:
         snap = self.snapshot()
         self.history.append(snap.for_history())
         self._feeder.feed(snap)
+        self._feeder.forget(snap)  # the windows of unmounted pod volumes, which would otherwise stay for ever
         if snap.kube is not None:
             self._kube_evidence.update(snap.kube)
         with self._lock:
