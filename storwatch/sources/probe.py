@@ -107,7 +107,14 @@ class ProbeSource:
 
     def collect(self) -> tuple[ProbeResult, ...]:
         config = self.config
-        chosen = [t for t in self.targets() if selected(config, t)]
+        targets = self.targets()
+        present = {t.mountpoint for t in targets}
+        with self._lock:
+            # Histograms of mounts that are gone (or stuck, which _probe_targets leaves out) go with them: a node
+            # whose pod volumes come and go would otherwise keep one per volume it ever probed.
+            if any(mp not in present for mp, _ in self._hists):
+                self._hists = {key: h for key, h in self._hists.items() if key[0] in present}
+        chosen = [t for t in targets if selected(config, t)]
         if not chosen:
             return ()
         requests = {
