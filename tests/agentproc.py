@@ -148,6 +148,10 @@ class _Drain:
                     return None
                 self._cond.wait(min(left, 0.2))
 
+    def at_eof(self) -> bool:
+        with self._cond:
+            return self._eof
+
     def join(self, timeout: float) -> bool:
         """Wait for end of file; True once the reader thread is done."""
         self._thread.join(timeout)
@@ -197,12 +201,23 @@ class AgentProcess:
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         m = self._stderr.wait_for(regex, timeout, since)
         if m is None:
-            state = "still running" if self.proc.poll() is None else f"exited with {self.proc.returncode}"
             raise AssertionError(
-                f"no stderr line matching {regex.pattern!r} within {timeout} s (agent {state}); stderr:\n"
+                f"no stderr line matching {regex.pattern!r} within {timeout} s (agent {self.state()}); stderr:\n"
                 + self.stderr_text()
             )
         return m
+
+    def state(self) -> str:
+        """Whether the agent still runs, or its exit status ("exited with N").
+
+        End of file on stderr comes before the exit status can be collected (the process closes its pipes as it
+        exits and becomes waitable a moment later), so once stderr has ended this waits up to 5 s for the status
+        rather than calling an exiting agent "still running"."""
+        if self._stderr.at_eof():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5.0)
+        code = self.proc.poll()
+        return "still running" if code is None else f"exited with {code}"
 
     def send_signal(self, sig: int) -> None:
         if self.proc.poll() is None:
@@ -299,9 +314,8 @@ def running_agent(
     try:
         m = agent._stderr.wait_for(SERVING_LINE, timeout)
         if m is None:
-            state = "was still running" if proc.poll() is None else f"exited with {proc.returncode}"
             raise AgentStartError(
-                f"agent {' '.join(cmd[3:])} did not log its port within {timeout} s ({state}); stderr:\n"
+                f"agent {' '.join(cmd[3:])} did not log its port within {timeout} s ({agent.state()}); stderr:\n"
                 + agent.stderr_text()
             )
         agent.host = _connect_host(m.group("listen"))
