@@ -36,7 +36,7 @@ from storwatch.sources.mounts import MountSource
 from storwatch.sources.nfs import NFSSource
 from storwatch.sources.probe import ProbeSource, ProbeTarget
 from storwatch.sources.processes import ProcessSource
-from storwatch.web import StatusHTTPServer
+from storwatch.web import NOT_CACHED, NotCached, StatusHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +228,20 @@ class Agent:
         assert served.metrics is not None
         return served.metrics
 
+    def cached_view(self) -> View | NotCached | None:
+        """The current View if it is already made (None before the first tick), else NOT_CACHED; never makes it."""
+        ticked = self._ticked
+        served = self._served
+        if ticked is None or served.ticked is ticked:
+            return served.view
+        return NOT_CACHED
+
+    def cached_metrics(self) -> bytes | None:
+        """The current exposition if it is already rendered, else None; never renders it."""
+        ticked = self._ticked
+        served = self._served
+        return served.metrics if ticked is None or served.ticked is ticked else None
+
     @property
     def view(self) -> View | None:
         return self.current_view()
@@ -336,7 +350,14 @@ class Agent:
         t.start()
         self._threads.append(t)
         if serve:
-            self.server = StatusHTTPServer(self.config.listen, self.current_view, self.metrics, self.config.tls)
+            self.server = StatusHTTPServer(
+                self.config.listen,
+                self.current_view,
+                self.metrics,
+                self.config.tls,
+                cached_view=self.cached_view,
+                cached_metrics=self.cached_metrics,
+            )
             self.server.start()
             log.info("serving on %s (port %d)", self.config.listen, self.server.port)
 
