@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import signal
 import ssl
 import subprocess
@@ -40,6 +41,7 @@ __all__ = [
     "Response",
     "fetch",
     "running_agent",
+    "start_agent",
     "wait_until",
 ]
 
@@ -207,6 +209,18 @@ class AgentProcess:
             )
         return m
 
+    def wait_serving(self, timeout: float = 10.0) -> None:
+        """Wait for the line that says the agent serves, and learn its port from it; AgentStartError (with the
+        agent's stderr) when it exits first or ``timeout`` passes."""
+        m = self._stderr.wait_for(SERVING_LINE, timeout)
+        if m is None:
+            raise AgentStartError(
+                f"agent {' '.join(map(str, self.proc.args))} did not log its port within {timeout} s "
+                f"({self.state()}); stderr:\n" + self.stderr_text()
+            )
+        self.host = _connect_host(m.group("listen"))
+        self.port = int(m.group("port"))
+
     def state(self) -> str:
         """Whether the agent still runs, or its exit status ("exited with N").
 
@@ -280,22 +294,22 @@ def _connect_host(listen: str) -> str:
     return host
 
 
-@contextlib.contextmanager
-def running_agent(
+def start_agent(
     *args: str,
     env: Mapping[str, str | None] | None = None,
-    timeout: float = 10.0,
     stop_timeout: float = 5.0,
     cwd: str | os.PathLike[str] | None = None,
-) -> Iterator[AgentProcess]:
-    """Start ``python -m storwatch agent *args`` and yield it once it logged its port.
-
-    ``args`` should include ``--listen 127.0.0.1:0``. ``env`` is laid over this process's environment (a value of
-    None removes the variable). ``timeout`` bounds the wait for the port line; :class:`AgentStartError` (with the
-    agent's stderr) if it exits first or the deadline passes. ``cwd`` defaults to the repository root, so the
-    working tree's ``storwatch`` is the one imported.
-    """
+    nofile: int | None = None,
+) -> AgentProcess:
+    """Start ``python -m storwatch agent *args`` and return at once; :meth:`AgentProcess.wait_serving` waits for its
+    port. The caller stops it (:meth:`AgentProcess.stop`). Starting several this way and then waiting for each lets
+    them start concurrently. ``nofile``: the agent's file descriptor limit (RLIMIT_NOFILE, soft and hard)."""
     cmd = [sys.executable, "-m", "storwatch", "agent", *args]
+
+    def limit_fds() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     started_at = time.monotonic()
     proc = subprocess.Popen(
         cmd,
@@ -309,17 +323,30 @@ def running_agent(
         env=_environment(env),
         cwd=str(cwd if cwd is not None else REPO_ROOT),
         start_new_session=True,
+        preexec_fn=limit_fds if nofile is not None else None,
     )
-    agent = AgentProcess(proc, stop_timeout, started_at)
+    return AgentProcess(proc, stop_timeout, started_at)
+
+
+@contextlib.contextmanager
+def running_agent(
+    *args: str,
+    env: Mapping[str, str | None] | None = None,
+    timeout: float = 10.0,
+    stop_timeout: float = 5.0,
+    cwd: str | os.PathLike[str] | None = None,
+    nofile: int | None = None,
+) -> Iterator[AgentProcess]:
+    """Start ``python -m storwatch agent *args`` and yield it once it logged its port; stop it afterwards.
+
+    ``args`` should include ``--listen 127.0.0.1:0``. ``env`` is laid over this process's environment (a value of
+    None removes the variable). ``timeout`` bounds the wait for the port line; :class:`AgentStartError` (with the
+    agent's stderr) if it exits first or the deadline passes. ``cwd`` defaults to the repository root, so the
+    working tree's ``storwatch`` is the one imported. ``nofile``: see :func:`start_agent`.
+    """
+    agent = start_agent(*args, env=env, stop_timeout=stop_timeout, cwd=cwd, nofile=nofile)
     try:
-        m = agent._stderr.wait_for(SERVING_LINE, timeout)
-        if m is None:
-            raise AgentStartError(
-                f"agent {' '.join(cmd[3:])} did not log its port within {timeout} s ({agent.state()}); stderr:\n"
-                + agent.stderr_text()
-            )
-        agent.host = _connect_host(m.group("listen"))
-        agent.port = int(m.group("port"))
+        agent.wait_serving(timeout)
         yield agent
     finally:
         agent.stop()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +18,16 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.agentproc import REPO_ROOT, AgentProcess, AgentStartError, Response, fetch, running_agent, wait_until
+from tests.agentproc import (
+    REPO_ROOT,
+    AgentProcess,
+    AgentStartError,
+    Response,
+    fetch,
+    running_agent,
+    start_agent,
+    wait_until,
+)
 
 LISTEN = ("--listen", "127.0.0.1:0")
 
@@ -223,6 +234,88 @@ def test_sigterm_exits_zero_within_5s() -> None:
         assert took < 5.0, f"SIGTERM took {took:.2f} s"
         agent.stop()
         assert "received SIGTERM, stopping" in agent.stderr_text()
+
+
+LIGHT_CONFIG = "gpu: {enabled: false}\nkube: {enabled: false}\ncheckpoints: {kubelet: false}\n"
+"""The sources that cost most to start left out: the signal tests start many agents at once on a small machine."""
+
+
+def _twice(pid: int, sig: int, gap: float = 0.0005) -> float:
+    """Send ``sig`` to ``pid`` twice, ``gap`` seconds apart (a busy wait: sleep() is far coarser); the time of the
+    first."""
+    sent = time.monotonic()
+    os.kill(pid, sig)
+    while time.monotonic() - sent < gap:
+        pass
+    os.kill(pid, sig)
+    return sent
+
+
+@pytest.fixture
+def forty_agents(tmp_path: Path) -> Iterator[list[AgentProcess]]:
+    """40 agents, started together and each serving, stopped (SIGKILL if need be) when the test ends."""
+    config = tmp_path / "light.yaml"
+    write_config(config, LIGHT_CONFIG)
+    agents = [start_agent(*LISTEN, "--config", str(config)) for _ in range(40)]
+    try:
+        for agent in agents:
+            agent.wait_serving(timeout=60.0)
+        yield agents
+    finally:
+        for agent in agents:
+            agent.kill()
+            agent.stop()
+
+
+def test_two_sigterms_close_together_stop_every_agent_within_5s(forty_agents: list[AgentProcess]) -> None:
+    """`timeout 5 storwatch agent` sends SIGTERM to the agent and to its group: two signals a moment apart. A handler
+    that took a lock (logging, threading.Event) deadlocked about one agent in twenty on the second one."""
+    sent = {agent.pid: _twice(agent.pid, signal.SIGTERM) for agent in forty_agents}
+    hung, failed = [], []
+    for agent in forty_agents:
+        left = sent[agent.pid] + 5.0 - time.monotonic()
+        try:
+            code = agent.proc.wait(max(left, 0.0))
+        except subprocess.TimeoutExpired:
+            hung.append(agent.pid)
+            continue
+        if code != 0 or "received SIGTERM, stopping" not in agent.stderr_text():
+            failed.append((agent.pid, code, agent.stderr_text()[-2000:]))
+    assert not hung, f"{len(hung)} of 40 agents still running 5 s after two SIGTERMs: {hung}"
+    assert not failed, failed
+
+
+def test_two_sighups_close_together_reload_and_leave_every_agent_serving(
+    forty_agents: list[AgentProcess],
+) -> None:
+    marks = {agent.pid: agent.stderr_mark() for agent in forty_agents}
+    for agent in forty_agents:
+        _twice(agent.pid, signal.SIGHUP)
+    for agent in forty_agents:
+        agent.wait_for_stderr(r"configuration reloaded from ", timeout=10.0, since=marks[agent.pid])
+        assert agent.fetch("/healthz").status == 200
+    sent = {agent.pid: _twice(agent.pid, signal.SIGTERM) for agent in forty_agents}
+    for agent in forty_agents:
+        left = sent[agent.pid] + 5.0 - time.monotonic()
+        assert agent.proc.wait(max(left, 0.0)) == 0, agent.stderr_text()
+
+
+def test_a_busy_port_is_one_line_and_exit_2() -> None:
+    """The port is bound before any source starts: nothing but the one line about the port is printed."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "storwatch", "agent", "--listen", f"127.0.0.1:{port}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=REPO_ROOT,
+        )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"storwatch: cannot serve on 127.0.0.1:{port}: Address already in use\n"
+    assert proc.stdout == ""
 
 
 def _override_config(durability: str, reason: str) -> str:

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from storwatch.agent import Agent
 from storwatch.classify import Override
@@ -251,6 +252,18 @@ mounts:
 """
 
 
+def reload_metrics(agent: Agent) -> tuple[float, float]:
+    """(storwatch_config_reload_errors_total, storwatch_config_last_reload_success) as the agent exports them."""
+    text = agent.exporter.render(None).decode()
+    values = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("storwatch_config_")
+    }
+    return values["storwatch_config_reload_errors_total"], values["storwatch_config_last_reload_success"]
+
+
 def test_agent_reload_applies_a_good_file_and_keeps_it_when_the_next_is_bad(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -258,6 +271,7 @@ def test_agent_reload_applies_a_good_file_and_keeps_it_when_the_next_is_bad(
     # No sources: nothing reads this machine's mounts; only the configuration and classifier are exercised.
     agent = Agent(load_config(path), config_path=path, sources=[], process_metrics=False)
     try:
+        assert reload_metrics(agent) == (0.0, 1.0)
         assert agent.platform.name == "together-k8s"
         assert agent.classifier.classify(nvme_mount()).durability is Durability.NODE
 
@@ -285,6 +299,7 @@ def test_agent_reload_applies_a_good_file_and_keeps_it_when_the_next_is_bad(
         assert "keeping the last good configuration" in message
         assert f"{path}:3: mounts.interval_seconds: must be greater than 0" in message
         assert not [r for r in caplog.records if "configuration reloaded" in r.getMessage()]
+        assert reload_metrics(agent) == (1.0, 0.0)
 
         write(tmp_path, "platform: together-k8s\nmounts:\n  overrides: [\n")
         caplog.clear()
@@ -294,10 +309,13 @@ def test_agent_reload_applies_a_good_file_and_keeps_it_when_the_next_is_bad(
         assert [r.levelno for r in caplog.records] == [logging.ERROR]
         assert f"{path}:4: invalid YAML" in caplog.records[0].getMessage()
 
+        assert reload_metrics(agent) == (2.0, 0.0)
+
         # The file is fixed again: the reload goes through.
         write(tmp_path, GOOD_WITH_OVERRIDE.replace("cluster", "region"))
         assert agent.reload() is True
         assert agent.classifier.classify(nvme_mount()).durability is Durability.REGION
+        assert reload_metrics(agent) == (2.0, 1.0)
     finally:
         agent.stop()
 
@@ -312,5 +330,48 @@ def test_agent_reload_keeps_config_when_the_file_disappears(tmp_path: Path, capl
             assert agent.reload() is False
         assert agent.config is before
         assert f"{path}: cannot read" in caplog.records[-1].getMessage()
+    finally:
+        agent.stop()
+
+
+class RefusingMounts:
+    """A mounts source whose configure() fails for an interval of 20 s (a bug in applying a reload, say)."""
+
+    name = "mounts"
+    interval_seconds = 3600.0
+
+    def __init__(self) -> None:
+        self.configured: list[float] = []
+
+    def configure(self, config: MountsConfig) -> None:
+        if config.interval_seconds == 20.0:
+            raise RuntimeError("cannot take 20 s")
+        self.configured.append(config.interval_seconds)
+
+    def collect(self) -> tuple[Mount, ...]:
+        return ()
+
+    def close(self) -> None:
+        pass
+
+
+def test_agent_reload_that_fails_to_apply_puts_the_last_good_config_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path, "platform: generic\nhistory_size: 40\n")
+    source = RefusingMounts()
+    agent = Agent(load_config(path), config_path=path, sources=[source], process_metrics=False)
+    try:
+        good = agent.config
+        write(tmp_path, GOOD_WITH_OVERRIDE)  # valid, but its mounts section makes the source raise
+        with caplog.at_level(logging.ERROR, logger="storwatch.agent"):
+            assert agent.reload() is False
+        assert agent.config is good and agent.platform.name == "generic"
+        assert agent.history.capacity == 40
+        assert source.configured == [10.0]  # the last good section given back to the source
+        assert [r.getMessage() for r in caplog.records] == [
+            f"reload failed, keeping the last good configuration:\n{path}: cannot apply: RuntimeError: cannot take 20 s"
+        ]
+        assert reload_metrics(agent) == (1.0, 0.0)
     finally:
         agent.stop()
