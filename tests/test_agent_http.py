@@ -352,7 +352,7 @@ def test_sighup_reloads_and_keeps_last_good_config(tmp_path: Path) -> None:
         mark = agent.stderr_mark()
         agent.send_signal(signal.SIGHUP)
         agent.wait_for_stderr(
-            rf"^{re.escape(str(config))}:3: mounts\.interval_seconds: must be greater than 0", since=mark
+            rf"^{re.escape(str(config))}:3: mounts\.interval_seconds: must be 0\.1 to 3600, got -3\.0$", since=mark
         )
         assert agent.running(), agent.stderr_text()
         assert root_mount(wait_for_status(agent))["durability"] == "cluster"
@@ -375,15 +375,31 @@ def test_sighup_reloads_and_keeps_last_good_config(tmp_path: Path) -> None:
         assert agent.running()
 
 
+# Files that used to crash the agent at start (a traceback) or on SIGHUP (it exited), or that passed and then broke
+# it: a complex key (TypeError), 5,000 levels (RecursionError), a huge integer (OverflowError), NaN and infinity.
+HARMFUL_CONFIGS = [
+    pytest.param("mounts:\n  ? [a, b]\n  : 1\n", ":2: mounts: a key must be a field name", id="complex-key"),
+    pytest.param("mounts: " + "[" * 5000 + "]" * 5000 + "\n", ":1: invalid YAML: nested deeper than", id="5000-deep"),
+    pytest.param("history_size: 1e20\n", ":1: history_size: expected a whole number, got '1e20'", id="1e20"),
+    pytest.param("history_size: 100000000000000000000\n", ":1: history_size: must be 1 to 86400", id="huge-int"),
+    pytest.param("tick_seconds: .nan\n", ":1: tick_seconds: must be 0.1 to 3600, got nan", id="nan-tick"),
+    pytest.param("mounts:\n  statvfs_timeout_seconds: .nan\n", ":2: mounts.statvfs_timeout_seconds: must be 0.01 "
+                 "to 600, got nan", id="nan-statvfs-timeout"),
+    pytest.param("mounts:\n  interval_seconds: .inf\n", ":2: mounts.interval_seconds: must be 0.1 to 3600, got inf",
+                 id="inf-interval"),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("text", "location"),
     [
         pytest.param("tick_seconds: 1\nmounts:\n  interval_seconds: abc\n", ":3: mounts.interval_seconds:", id="type"),
-        pytest.param("listen: '127.0.0.1:0'\ntick_seconds: 0\n", ":2: tick_seconds: must be greater", id="range"),
+        pytest.param("listen: '127.0.0.1:0'\ntick_seconds: 0\n", ":2: tick_seconds: must be 0.1 to", id="range"),
         pytest.param("mounts:\n  overrides:\n    - {mountpoint: /, durability: forever}\n", ":3: mounts.overrides[0]."
                      "durability: 'forever' is not one of", id="enum"),
         pytest.param("log_level: info\nmonuts: {}\n", ":2: monuts: unknown field", id="unknown-field"),
         pytest.param("mounts: [\n", ":2: invalid YAML", id="yaml"),
+        *HARMFUL_CONFIGS,
     ],
 )  # fmt: skip
 def test_bad_config_at_start_exits_2_naming_file_line_and_field(tmp_path: Path, text: str, location: str) -> None:
@@ -399,6 +415,47 @@ def test_bad_config_at_start_exits_2_naming_file_line_and_field(tmp_path: Path, 
     assert proc.returncode == 2, proc.stderr
     assert f"{config}{location}" in proc.stderr
     assert "serving on" not in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def reload_metrics(agent: AgentProcess) -> tuple[float, float]:
+    """(storwatch_config_reload_errors_total, storwatch_config_last_reload_success) from a scrape."""
+    body = agent.fetch("/metrics").text()
+    (errors,) = samples(body, "storwatch_config_reload_errors_total")
+    (success,) = samples(body, "storwatch_config_last_reload_success")
+    return errors[1], success[1]
+
+
+def test_harmful_configs_on_sighup_leave_the_last_good_one_serving(tmp_path: Path) -> None:
+    config = tmp_path / "storwatch.yaml"
+    write_config(config, _override_config("cluster", "pinned by test"))
+    with running_agent(*LISTEN, "--config", str(config)) as agent:
+        assert root_mount(wait_for_status(agent))["durability"] == "cluster"
+        assert reload_metrics(agent) == (0.0, 1.0)
+        for count, param in enumerate(HARMFUL_CONFIGS, start=1):
+            text, location = param.values
+            write_config(config, str(text))
+            mark = agent.stderr_mark()
+            agent.send_signal(signal.SIGHUP)
+            agent.wait_for_stderr(r"ERROR .*reload failed, keeping the last good configuration", since=mark)
+            agent.wait_for_stderr(f"^{re.escape(str(config) + str(location))}", timeout=2.0, since=mark)
+            # Counted: a failed reload makes a tick, and the next scrape shows it.
+            wait_until(
+                lambda count=count: reload_metrics(agent) == (float(count), 0.0),
+                timeout=5.0,
+                what=f"reload errors {count} after {param.id}",
+            )
+            assert agent.running(), agent.stderr_text()
+            root = root_mount(wait_for_status(agent))
+            assert (root["durability"], "pinned by test" in root["reason"]) == ("cluster", True), param.id
+        assert "Traceback" not in agent.stderr_text()
+        # A good file again: reloaded, and the gauge says so; the count stays.
+        write_config(config, _override_config("region", "moved by test"))
+        agent.send_signal(signal.SIGHUP)
+        status_when(agent, lambda d: root_mount(d)["durability"] == "region", timeout=5.0, what="region after SIGHUP")
+        wait_until(
+            lambda: reload_metrics(agent) == (float(len(HARMFUL_CONFIGS)), 1.0), timeout=5.0, what="reload success"
+        )
 
 
 def test_platform_flag_wins_over_config(tmp_path: Path) -> None:
@@ -422,4 +479,4 @@ def test_running_agent_reports_an_agent_that_exits_before_serving(tmp_path: Path
         pytest.fail("running_agent yielded for an agent that cannot start")
     assert time.monotonic() - started < 8.0
     assert "exited with 2" in str(info.value)
-    assert f"{config}:1: tick_seconds: must be greater than 0" in str(info.value)
+    assert f"{config}:1: tick_seconds: must be 0.1 to 3600, got -1.0" in str(info.value)
