@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -480,3 +481,74 @@ def test_running_agent_reports_an_agent_that_exits_before_serving(tmp_path: Path
     assert time.monotonic() - started < 8.0
     assert "exited with 2" in str(info.value)
     assert f"{config}:1: tick_seconds: must be 0.1 to 3600, got -1.0" in str(info.value)
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def thread_count(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("Threads:")))
+
+
+def test_a_thousand_slow_clients_leave_fds_bounded_and_scrapes_answered(tmp_path: Path) -> None:
+    """Slowloris: 1,000 clients that each send half a request head and wait, reconnecting when dropped, against an
+    agent whose fd limit is 256. Its connections stay under the cap (a quarter of the limit), its threads do not
+    grow, a normal client is answered, and the collectors, which read files every second, keep succeeding (with a
+    thread and fd per connection they failed with "Too many open files")."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    clients = min(1000, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 100)
+    assert clients >= 900, "this test needs about 1,100 file descriptors of its own"
+    config = tmp_path / "storwatch.yaml"
+    write_config(config, "tick_seconds: 0.5\nmounts: {interval_seconds: 1}\n" + LIGHT_CONFIG)
+    with running_agent(*LISTEN, "--config", str(config), nofile=256) as agent:
+        wait_for_status(agent)
+        fds_before, threads_before = open_fds(agent.pid), thread_count(agent.pid)
+
+        def slow_client() -> socket.socket:
+            s = socket.create_connection((agent.host, agent.port), timeout=5)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: storwatch\r\nX-Slow: ")
+            s.setblocking(False)
+            return s
+
+        slow = [slow_client() for _ in range(clients)]
+        try:
+            most_fds = most_threads = reconnects = 0
+            answered = []
+            until = time.monotonic() + 4.0
+            while time.monotonic() < until:
+                # Reconnect the ones the agent dropped (it closes the longest-waiting at its cap), as an attacker would.
+                for i, s in enumerate(slow):
+                    try:
+                        dropped = s.recv(1) == b""
+                    except BlockingIOError:
+                        dropped = False
+                    except OSError:
+                        dropped = True
+                    if dropped:
+                        s.close()
+                        slow[i] = slow_client()
+                        reconnects += 1
+                most_fds = max(most_fds, open_fds(agent.pid))
+                most_threads = max(most_threads, thread_count(agent.pid))
+                answered.append(agent.fetch("/metrics", timeout=5.0).status)
+            assert reconnects >= clients - 64, f"only {reconnects} reconnects: the agent did not drop idle clients"
+            assert set(answered) == {200}, answered
+            body = agent.fetch("/metrics", timeout=5.0).text()
+            assert {labels["collector"]: v for labels, v in samples(body, "storwatch_collector_success")} == {
+                "mounts": 1.0,
+                "diskstats": 1.0,
+                "nfs": 1.0,
+                "probe": 1.0,
+                "checkpoints": 1.0,
+            }
+            # The connection cap is 256 // 4 = 64; a few more fds are the scrapes of this test and files being read.
+            assert most_fds <= fds_before + 64 + 8, (fds_before, most_fds)
+            assert most_threads <= threads_before + 2, (threads_before, most_threads)
+            assert "Too many open files" not in agent.stderr_text()
+        finally:
+            for s in slow:
+                s.close()
