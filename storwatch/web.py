@@ -214,6 +214,8 @@ _TEXT = "text/plain; charset=utf-8"
 _METRICS, _JSON, _HTML = "metrics", "json", "html"
 _CONTENT_TYPES = {_METRICS: METRICS_CONTENT_TYPE, _JSON: "application/json", _HTML: "text/html; charset=utf-8"}
 _SWEEP_SECONDS = 0.25
+_ACCEPTS_PER_ROUND = 8
+"""At most this many new connections a round of the loop; the cap is at least 16, so a new one lives two rounds."""
 _CAP_LOG_SECONDS = 60.0
 
 
@@ -573,16 +575,22 @@ class StatusHTTPServer:
                 if self._accept_paused_until and now >= self._accept_paused_until:
                     self._accept_paused_until = 0.0
                     self._sel.register(self._listener, _READ, None)
+                accept = False
                 for key, _mask in self._sel.select(_SWEEP_SECONDS):
                     data = key.data
                     if data is None:
-                        self._accept()
+                        accept = True
                     elif data is self._wake_r:
                         with contextlib.suppress(OSError):
                             self._wake_r.recv(4096)
                     else:
                         self._ready(data)
                 self._take_done()
+                # New connections last, a few at a time: a client accepted in the last round has its request read
+                # in this one before newer connections can push it out at the cap (under a flood of slow clients
+                # that reconnect as fast as they are dropped, the whole cap turns over in milliseconds).
+                if accept:
+                    self._accept()
                 now = time.monotonic()
                 if now >= self._next_sweep:
                     self._next_sweep = now + _SWEEP_SECONDS
@@ -627,7 +635,7 @@ class StatusHTTPServer:
 
     def _accept(self) -> None:
         now = time.monotonic()
-        for _ in range(64):
+        for _ in range(_ACCEPTS_PER_ROUND):
             try:
                 sock, _ = self._listener.accept()
             except BlockingIOError:
