@@ -18,7 +18,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -434,7 +434,13 @@ class StatusHTTPServer:
         self._conns: dict[int, _Conn] = {}
         self._waiting: OrderedDict[_Conn, None] = OrderedDict()
         """Connections waiting for a request (TLS handshake, idle keep-alive, a head coming in), longest first."""
-        self._jobs: queue.SimpleQueue[tuple[_Conn, _Request] | None] = queue.SimpleQueue()
+        self._inboxes: list[queue.SimpleQueue[tuple[_Conn, _Request] | None]] = [
+            queue.SimpleQueue() for _ in range(self.limits.workers)
+        ]
+        self._idle_lock = threading.Lock()
+        self._idle = list(range(self.limits.workers - 1, -1, -1))
+        """Workers waiting for a job, the last to go idle on top (worker 0 first of all)."""
+        self._backlog: deque[tuple[_Conn, _Request]] = deque()
         self._done: queue.SimpleQueue[tuple[_Conn, _Request, _Answer]] = queue.SimpleQueue()
         self._render_lock = threading.Lock()
         self._pages: dict[str, _Rendered] = {}
@@ -457,7 +463,7 @@ class StatusHTTPServer:
     def start(self) -> threading.Thread:
         loop = threading.Thread(target=self._serve, name="http", daemon=True)
         self._threads = [loop] + [
-            threading.Thread(target=self._work, name=f"http-worker-{i}", daemon=True)
+            threading.Thread(target=self._work, args=(i,), name=f"http-worker-{i}", daemon=True)
             for i in range(self.limits.workers)
         ]
         for t in self._threads:
@@ -468,8 +474,8 @@ class StatusHTTPServer:
         """Stop serving: every connection is closed and the threads end (a worker busy rendering finishes first)."""
         self._stopping = True
         self._wake()
-        for _ in range(self.limits.workers):
-            self._jobs.put(None)
+        for inbox in self._inboxes:
+            inbox.put(None)
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -497,8 +503,6 @@ class StatusHTTPServer:
             made = self._pages.get(_METRICS)
             if made is None or made.source is not body:
                 made = _Rendered(body, body)
-                if not inline:
-                    self._pages[_METRICS] = made  # the gzip of the last exposition goes with it
             return self._compressible(req, made, _METRICS, inline)
         if path in ("/readyz", "/status", "/", "/api/status"):
             view = self.cached_view() if inline else self.view()
@@ -540,17 +544,26 @@ class StatusHTTPServer:
                 if latest is not None and latest.source is made.source and latest.gzipped is not None:
                     made = latest
                 else:
+                    # Kept even if a newer tick's answer was stored meanwhile: that one is then made again, once.
                     made = _Rendered(made.source, made.plain, gzip.compress(made.plain, _GZIP_LEVEL, mtime=0))
-                    if latest is None or latest.source is made.source:
-                        self._pages[kind] = made
+                    self._pages[kind] = made
         assert made.gzipped is not None
         return _Answer(200, made.gzipped, content_type, gzipped=True, vary=True)
 
-    def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
+    def _dispatch(self, job: tuple[_Conn, _Request]) -> None:
+        """Hand a request to the worker that went idle last. Most ticks need one render, so one thread does them all
+        and only its malloc arena holds their memory: with the longest-idle worker taking each job, every worker's
+        arena grew to a render's peak (a 2,000-mount node's agent went from 42 to 109 MiB in ten seconds)."""
+        with self._idle_lock:
+            if self._idle:
+                self._inboxes[self._idle.pop()].put(job)
+            else:
+                self._backlog.append(job)
+
+    def _work(self, index: int) -> None:
+        inbox = self._inboxes[index]
+        job = inbox.get()
+        while job is not None:
             conn, req = job
             try:
                 answer = self._answer(req, inline=False)
@@ -561,6 +574,11 @@ class StatusHTTPServer:
                 answer = _Answer(500, b"internal error\n", close=True)
             self._done.put((conn, req, answer))
             self._wake()
+            with self._idle_lock:
+                next_job = self._backlog.popleft() if self._backlog else None
+                if next_job is None:
+                    self._idle.append(index)
+            job = next_job if next_job is not None else inbox.get()
 
     # -- the loop (one thread owns every connection)
 
@@ -766,7 +784,7 @@ class StatusHTTPServer:
             return
         conn.state = _BUSY
         self._want(conn, 0)
-        self._jobs.put((conn, req))
+        self._dispatch((conn, req))
 
     def _error(self, conn: _Conn, status: int, message: str) -> None:
         self._waiting.pop(conn, None)
@@ -848,6 +866,13 @@ class StatusHTTPServer:
     def _sweep(self, now: float) -> None:
         for conn in [c for c in self._conns.values() if c.state != _BUSY and c.deadline <= now]:
             self._close(conn)
+        # Answers of a past tick go once the tick is over, and with them the View they hold (a 2,000-mount View and
+        # its pages are megabytes): nothing would ask for them again.
+        current: dict[str, object] = {_METRICS: self.cached_metrics(), _JSON: self.cached_view()}
+        current[_HTML] = current[_JSON]
+        for kind, made in list(self._pages.items()):
+            if made.source is not current[kind] and self._pages.get(kind) is made:
+                self._pages.pop(kind, None)
 
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
