@@ -428,3 +428,33 @@ def test_shutdown_closes_every_connection_and_ends_the_threads(agent: Agent) -> 
     finally:
         for s in idle:
             s.close()
+
+
+def test_renders_one_at_a_time_all_happen_on_one_worker(agent: Agent) -> None:
+    """The worker that went idle last takes the next job: renders that come one at a time share one thread (and so
+    one malloc arena) rather than going round all of them."""
+    names: list[str] = []
+
+    def metrics() -> bytes:
+        names.append(threading.current_thread().name)
+        return b"# rendered\n"
+
+    server = serve(agent, workers=4)
+    server.metrics, server.cached_metrics = metrics, lambda: None
+    with connect(server) as sock:
+        for _ in range(8):
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            assert read_response(sock)[2] == b"# rendered\n"
+    assert names == ["http-worker-0"] * 8
+
+
+def test_a_past_ticks_pages_are_let_go(agent: Agent) -> None:
+    server = serve(agent)
+    with connect(server) as sock:
+        for path in ("/api/status", "/status"):
+            sock.sendall(f"GET {path} HTTP/1.1\r\nAccept-Encoding: gzip\r\n\r\n".encode())
+            assert read_response(sock)[0] == 200
+    old = agent.current_view()
+    assert all(made.source is old for made in server._pages.values()) and len(server._pages) == 2
+    agent.advance()  # a new tick: nobody has asked for its View yet
+    wait_until(lambda: not server._pages, timeout=5.0, what="the past tick's pages dropped")
