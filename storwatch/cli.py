@@ -202,21 +202,24 @@ def _setup_logging(level: str) -> None:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     from storwatch.agent import Agent
+    from storwatch.web import StatusHTTPServer
 
     config, flags = _load(args)
     _setup_logging(config.log_level)
+    # The port first: a busy port is one line and exit 2, before any source has started or said anything.
     try:
-        agent = Agent(config, config_path=args.config, flags=flags)
-    except ValueError as err:
-        print(f"storwatch: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        agent.run_until_signalled()
+        server = StatusHTTPServer(config.listen, tls=config.tls)
     except OSError as err:
         host, port = parse_listen(config.listen)
         print(f"storwatch: cannot serve on {host or '*'}:{port}: {err.strerror or err}", file=sys.stderr)
-        agent.stop()
         return EXIT_USAGE
+    try:
+        agent = Agent(config, config_path=args.config, flags=flags, server=server)
+    except ValueError as err:
+        server.server_close()
+        print(f"storwatch: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    agent.run_until_signalled(exiting=True)
     return EXIT_OK
 
 

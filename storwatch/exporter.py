@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform as _platform
 import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import cast
 
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -725,13 +726,60 @@ def render_text(families: Iterable[Metric]) -> bytes:
     return "".join(out).encode("utf-8")
 
 
+# -- the agent itself
+
+
+@dataclass
+class ConfigReloads:
+    """How the agent's configuration reloads went (SIGHUP), for storwatch_config_*."""
+
+    errors_total: int = 0
+    last_success: bool = True
+    """The configuration the agent started with counts as a success: it would not have started otherwise."""
+
+    def succeeded(self) -> None:
+        self.last_success = True
+
+    def failed(self) -> None:
+        self.errors_total += 1
+        self.last_success = False
+
+
+class ConfigReloadCollector(Collector):
+    def __init__(self, reloads: ConfigReloads) -> None:
+        self.reloads = reloads
+
+    def collect(self) -> Iterator[Metric]:
+        reloads = self.reloads
+        errors = _counter(
+            "storwatch_config_reload_errors_total",
+            "Configuration reloads (SIGHUP) that failed; the last good configuration stayed in force.",
+            [],
+        )
+        errors.add_metric([], reloads.errors_total)
+        yield errors
+        yield GaugeMetricFamily(
+            "storwatch_config_last_reload_success",
+            "1 when the last configuration reload succeeded (or none was asked for), 0 when it failed.",
+            value=1 if reloads.last_success else 0,
+        )
+
+
 class Exporter:
     """Holds the registry; ``render`` turns a View into exposition bytes."""
 
-    def __init__(self, process_metrics: bool = True, nfs_operations: Iterable[str] = DEFAULT_NFS_OPERATIONS) -> None:
+    def __init__(
+        self,
+        process_metrics: bool = True,
+        nfs_operations: Iterable[str] = DEFAULT_NFS_OPERATIONS,
+        reloads: ConfigReloads | None = None,
+    ) -> None:
+        """``reloads``: the agent's reload record, exported as storwatch_config_* (left out without it)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self._view_collector = ViewCollector(nfs_operations)
         self.registry.register(self._view_collector)
+        if reloads is not None:
+            self.registry.register(ConfigReloadCollector(reloads))
         if process_metrics:
             ProcessCollector(registry=self.registry)
 

@@ -83,7 +83,7 @@ def test_truncated_and_in_progress_checkpoints(tmp_path: Path) -> None:
     (state,) = source.collect().runs
     verdicts = {os.path.basename(c.path): c.verdict for c in state.checkpoints}
     assert verdicts["a.pt"] == "complete"
-    assert verdicts["b.pt"] in ("incomplete", "corrupt")
+    assert verdicts["b.pt"] == "incomplete"  # no ZIP end record: a save cut short, not a damaged file
     assert state.newest_complete is not None and state.newest_complete.path == str(good)
 
 
@@ -190,4 +190,8 @@ def test_atomic_save_events_give_exact_write_timings(tmp_path: Path) -> None:
     (ckpt,) = state.checkpoints
     assert ckpt.verdict == "complete" and ckpt.deep_checked
     assert ckpt.write_seconds is not None and 0 <= ckpt.write_seconds < 5
-    assert ckpt.write_bytes_per_second is None or ckpt.write_bytes_per_second > 0
+    size = (run / "step-7.pt").stat().st_size
+    if ckpt.write_seconds > 0:
+        assert ckpt.write_bytes_per_second == pytest.approx(size / ckpt.write_seconds)
+    else:  # the clock did not move during the write: no rate rather than a division by zero
+        assert ckpt.write_bytes_per_second is None
