@@ -1,12 +1,13 @@
 """The helper process behind ``storwatch.blocking``: runs system calls that can hang in the kernel.
 
 It is started as ``python -I -S _blocking_worker.py`` (stdlib only, nothing of the agent imported). A request is one
-line ``ID OP ARG...`` (arguments hex-encoded bytes); each runs on a thread of its own while it runs and answers
-``ID ok VALUES...`` or ``ID err ERRNO MESSAGE``. A call stuck in the kernel strands only its thread, in this process,
-never in the agent: the agent can always exit, and a hung mount costs it nothing but one thread here. Threads are
-kept for the next requests once their call returns (a thread started per call cost about 0.3 ms of CPU, 27 ms for
-each round of statvfs on a node with 90 mounts); the agent bounds the calls in flight, and so the threads.
-It exits as soon as its standard input closes, stuck threads or not.
+line ``ID OP PATH ARG...`` (the path hex-encoded bytes, the rest plain words); each runs on a thread of its own while
+it runs and answers ``ID ok VALUES...``, ``ID json TEXT`` (an operation that answers with one JSON text) or
+``ID err ERRNO MESSAGE``. A call stuck in the kernel strands only its thread, in this process, never in the agent: the
+agent can always exit, and a hung mount costs it nothing but one thread here. Threads are kept for the next requests
+once their call returns (a thread started per call cost about 0.3 ms of CPU, 27 ms for each round of statvfs on a
+node with 90 mounts); the agent bounds the calls in flight, and so the threads. It exits as soon as its standard input
+closes, stuck threads or not. Other helpers (``_checkpoint_worker.py``) add their operations and call :func:`serve`.
 """
 
 import contextlib
@@ -77,7 +78,7 @@ def _probe(mountpoint: bytes, scratch: str, size: str) -> list[str]:
     return [repr(t1 - t0), repr(t2 - t1), repr(t3 - t2)]
 
 
-OPS: dict[str, Callable[..., list[str]]] = {"statvfs": _statvfs, "probe": _probe}
+OPS: dict[str, Callable[..., list[str] | str]] = {"statvfs": _statvfs, "probe": _probe}
 
 
 def _reply(line: str) -> None:
@@ -87,10 +88,12 @@ def _reply(line: str) -> None:
 
 
 def _run(req_id: str, op: str, args: list[str]) -> str:
-    """The reply line for one request."""
+    """The reply line for one request: ``ok`` with words, or ``json`` with one JSON text (an op returning a str)."""
     try:
         decoded: list[object] = [bytes.fromhex(a) if i == 0 else a for i, a in enumerate(args)]
         values = OPS[op](*decoded)
+        if isinstance(values, str):
+            return f"{req_id} json {values}"
         return " ".join([req_id, "ok", *values])
     except OSError as err:
         msg = (err.strerror or str(err)).replace("\n", " ")
@@ -126,7 +129,10 @@ class _Threads:
             request = self._requests.get()
 
 
-def main() -> None:
+def serve(ops: dict[str, Callable[..., list[str] | str]] | None = None) -> None:
+    """Answer requests from standard input until it closes, then exit at once, stuck threads included."""
+    if ops is not None:
+        OPS.update(ops)
     threads = _Threads()
     for raw in sys.stdin.buffer:
         parts = raw.decode("ascii", "replace").split()
@@ -139,6 +145,10 @@ def main() -> None:
         threads.submit((req_id, op, args))
     # Standard input closed: the agent is gone or shutting down. Leave at once, stuck threads included.
     os._exit(0)
+
+
+def main() -> None:
+    serve()
 
 
 if __name__ == "__main__":

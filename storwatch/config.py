@@ -54,7 +54,10 @@ class MountsConfig:
     interval_seconds: float = 10.0
     statvfs_timeout_seconds: float = 1.0
     max_inflight: int = 16
-    """At most this many statvfs calls in flight at once (stuck ones included): the bound on threads."""
+    """At most this many statvfs calls within their deadline in flight at once."""
+    max_stuck: int = 128
+    """At most this many statvfs calls past their deadline left waiting in the helper (threads: max_inflight +
+    max_stuck); while that many are stuck, only mounts that answered in time last round are called."""
     exclude_fstypes: tuple[str, ...] = ()
     """Filesystem types to skip on top of the built-in pseudo filesystems."""
     overrides: tuple[OverrideConfig, ...] = ()
@@ -254,6 +257,8 @@ class Config:
             for p in map(allowed_global_problem, self.checkpoints.allowed_globals)
             if p
         ]
+        if not 0 <= self.mounts.max_stuck <= 4096:
+            problems.append(f"mounts.max_stuck: must be 0 to 4096, got {self.mounts.max_stuck}")
         for root in self.checkpoints.roots:
             if not os.path.isabs(root):
                 problems.append(f"checkpoints.roots: {root!r} must be an absolute path on the host")

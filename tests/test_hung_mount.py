@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from storwatch.blocking import BlockingCalls
+from storwatch.blocking import BlockingCalls, CallOutcome
 from tests.agentproc import running_agent
-from tests.realmounts import fuse_mount
+from tests.realmounts import fuse_mount, tmpfs_mount
 
 pytestmark = pytest.mark.realpart
 
@@ -75,7 +75,13 @@ def test_blocking_calls_mark_a_hung_statvfs_stuck_and_never_call_twice(tmp_path:
         assert calls.in_flight() == 1  # one call per key, however often it is asked
         assert again[key].in_flight_seconds >= first[key].in_flight_seconds
         hung.abort()  # the daemon "dies": the stuck call fails and the key is free again
-        released = calls.call_many("statvfs", {key: [key]}, 2.0)[key]
+        # A call past its deadline is not waited for: each round says at once that it is still stuck.
+
+        def unstuck() -> CallOutcome | None:
+            outcome = calls.call_many("statvfs", {key: [key]}, 0.1)[key]
+            return None if outcome.stuck else outcome
+
+        released = _wait_for(unstuck, 5, "the aborted call to come back")
         assert not released.stuck
         # The stuck call itself comes back, failed (ECONNABORTED); a new one would fail with ENOTCONN.
         assert released.error in ("Software caused connection abort", "Transport endpoint is not connected")
@@ -148,26 +154,28 @@ def test_scan_with_a_hung_mount_returns_promptly(tmp_path: Path, real_mounts) ->
     assert mounts["/"]["size_bytes"] > 0
 
 
+def _stuck_lines(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.startswith("storwatch_mount_stuck{") and line.endswith(" 1.0"))
+
+
 def test_scrapes_continue_while_statvfs_threads_are_stuck(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
-    """Several hung mounts at once, more than max_inflight allows: still bounded, still answering."""
+    """More hung mounts than the stuck set holds: threads stay bounded, healthy mounts are measured, scrapes answer,
+    and the mount left unmeasured by the limit makes the collector fail."""
     hung = [real_mounts(fuse_mount(tmp_path / f"hung{i}", block_statfs=True)) for i in range(3)]
     config = tmp_path / "storwatch.yaml"
     config.write_text(
         "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.2\n  max_inflight: 2\n"
+        "  max_stuck: 2\n"
     )
     with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
-
-        def stuck_count() -> int:
-            lines = _get(agent.port, "/metrics")[1].decode().splitlines()
-            return sum(1 for line in lines if line.startswith("storwatch_mount_stuck{") and line.endswith(" 1.0"))
-
-        # Every slot ends up held by a stuck call (ours, or any other hung mount on the machine) and no more.
-        _wait_for(lambda: stuck_count() == 2, 10, "two stuck mounts")
+        # The stuck set fills (with ours, or any other hung mount on the machine); the third of ours is then never
+        # called: nothing is known of it, so it is not called stuck, and the collector says a mount went unmeasured.
+        _wait_for(lambda: _stuck_lines(_get(agent.port, "/metrics")[1].decode()) >= 2, 10, "two stuck mounts")
         time.sleep(1.5)
         helper = _children(agent.proc.pid)[0]
-        assert _threads(helper) <= 2 + 1
-        assert stuck_count() == 2
+        assert _threads(helper) <= 2 + 2 + 1  # max_inflight + max_stuck calls, plus the helper's main thread
         text = _get(agent.port, "/metrics")[1].decode()
+        assert 2 <= _stuck_lines(text) <= 4
         assert (
             sum(
                 'storwatch_mount_info{device="storwatch-fusefs"' in line and str(h.mountpoint) in line
@@ -176,6 +184,11 @@ def test_scrapes_continue_while_statvfs_threads_are_stuck(tmp_path: Path, real_m
             )
             == 3
         )  # all three are listed, stuck or not
+        assert 'storwatch_mount_size_bytes{mountpoint="/"}' in text
+        assert 'storwatch_collector_success{collector="mounts"} 0.0' in text
+        mounts = {m["mountpoint"]: m for m in json.loads(_get(agent.port, "/api/status")[1])["mounts"]}
+        left_out = [m for m in mounts.values() if (m["usage_error"] or "").startswith("not called")]
+        assert left_out and all(not m["stuck"] and m["size_bytes"] is None for m in left_out)
         errors: list[str] = []
 
         def scrape() -> None:
@@ -190,6 +203,43 @@ def test_scrapes_continue_while_statvfs_threads_are_stuck(tmp_path: Path, real_m
         for w in workers:
             w.join(30)
         assert errors == []
+
+
+def test_twenty_hung_mounts_leave_every_healthy_mount_fresh(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
+    """Issue 13: 16 hung FUSE mounts used to take every statvfs slot, and every mount's usage went blank while the
+    collector said success. With 20 (more than max_inflight's 16), every healthy mount keeps fresh usage."""
+    hung = [real_mounts(fuse_mount(tmp_path / f"hung{i:02}", block_statfs=True)) for i in range(20)]
+    healthy = real_mounts(tmpfs_mount(tmp_path / "healthy"))
+    config = tmp_path / "storwatch.yaml"
+    config.write_text("tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.3\n")
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
+
+        def all_ours_stuck() -> bool:
+            text = _get(agent.port, "/metrics")[1].decode()
+            return all(f'storwatch_mount_stuck{{mountpoint="{h.mountpoint}"}} 1.0' in text for h in hung)
+
+        _wait_for(all_ours_stuck, 20, "all 20 hung mounts to show stuck")
+
+        def avail() -> int:
+            mounts = {m["mountpoint"]: m for m in json.loads(_get(agent.port, "/api/status")[1])["mounts"]}
+            return int(mounts[str(healthy.mountpoint)]["avail_bytes"])
+
+        before = avail()
+        (healthy.mountpoint / "blob").write_bytes(os.urandom(4 << 20))
+        _wait_for(lambda: avail() <= before - (4 << 20), 5, "the healthy mount's usage to follow a 4 MiB write")
+        status = json.loads(_get(agent.port, "/api/status")[1])
+        for m in status["mounts"]:
+            # Every mount either answered this round or is stuck itself; none is left blank by the hung ones.
+            assert m["stuck"] or m["size_bytes"] is not None, m
+        collectors = {c["name"]: c for c in status["collectors"]}
+        assert collectors["mounts"]["success"] is True, collectors["mounts"]
+        helper = _children(agent.proc.pid)[0]
+        assert _threads(helper) <= 16 + 128 + 1
+
+        started = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(timeout=5) == 0
+        assert time.monotonic() - started < 5
 
 
 def test_checkpoint_scan_skips_a_hung_mount_under_its_root(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
