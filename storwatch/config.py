@@ -55,12 +55,12 @@ class MountsConfig:
     statvfs_timeout_seconds: float = 1.0
     max_inflight: int = 16
     """At most this many statvfs calls within their deadline in flight at once."""
-    max_stuck: int = 128
-    """At most this many statvfs calls past their deadline left waiting in the helper (threads: max_inflight +
-    max_stuck); while that many are stuck, only mounts that answered in time last round are called."""
     exclude_fstypes: tuple[str, ...] = ()
     """Filesystem types to skip on top of the built-in pseudo filesystems."""
     overrides: tuple[OverrideConfig, ...] = ()
+    max_stuck: int = 128
+    """At most this many statvfs calls past their deadline left waiting in the helper (threads: max_inflight +
+    max_stuck); while that many are stuck, only mounts that answered in time last round are called."""
 
 
 @dataclass(frozen=True)
