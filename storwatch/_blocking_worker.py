@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 _out_lock = threading.Lock()
 
@@ -207,7 +207,7 @@ class _Threads:
             request = self._requests.get()
 
 
-def serve(ops: dict[str, Callable[..., list[str] | str]] | None = None) -> None:
+def serve(ops: Mapping[str, Callable[..., list[str] | str]] | None = None) -> None:
     """Answer requests from standard input until it closes, then exit at once, stuck threads included."""
     if ops is not None:
         OPS.update(ops)

@@ -75,14 +75,13 @@ class BlockingCalls:
         max_inflight: int = 16,
         clock: Callable[[], float] = time.monotonic,
         max_stuck: int = 128,
-        worker: str = _WORKER,
-        python_flags: Sequence[str] = ("-I", "-S"),
+        command: Sequence[str] | None = None,
     ) -> None:
+        """``command`` starts the helper (default: ``_blocking_worker.py`` under ``python -I -S``)."""
         self.max_inflight = max_inflight
         self.max_stuck = max_stuck
         self._clock = clock
-        self._worker = worker
-        self._python_flags = tuple(python_flags)
+        self._command = list(command) if command is not None else [sys.executable, "-I", "-S", _WORKER]
         self._lock = threading.Condition()
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}  # request id -> pending call, in the order sent
@@ -105,7 +104,7 @@ class BlockingCalls:
             log.warning("blocking-call helper exited with %s; starting a new one", proc.returncode)
             self._fail_all("helper process exited")
         proc = subprocess.Popen(
-            [sys.executable, *self._python_flags, self._worker],
+            self._command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

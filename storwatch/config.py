@@ -173,6 +173,12 @@ class CheckpointsConfig:
             torch_wall_seconds=self.deep_torch_wall_seconds,
             allowed_globals=self.allowed_globals,
         )
+    timeout_seconds: float = 30.0
+    """Deadline of one root's (or one mount's below a root) walk and cheap checks in the helper process; past it the
+    root is reported stuck. Walks stop themselves after max_seconds: only a hung mount takes this long."""
+    deep_timeout_seconds: float = 360.0
+    """Deadline of one deep check in the helper process, beyond deep_wall_seconds (where a check stops itself); past
+    it the root holding that checkpoint is reported stuck."""
 
 
 @dataclass(frozen=True)
@@ -236,6 +242,8 @@ class Config:
             ("checkpoints.deep_torch_address_space_bytes", self.checkpoints.deep_torch_address_space_bytes),
             ("checkpoints.deep_torch_cpu_seconds", self.checkpoints.deep_torch_cpu_seconds),
             ("checkpoints.deep_torch_wall_seconds", self.checkpoints.deep_torch_wall_seconds),
+            ("checkpoints.timeout_seconds", self.checkpoints.timeout_seconds),
+            ("checkpoints.deep_timeout_seconds", self.checkpoints.deep_timeout_seconds),
             ("kube.interval_seconds", self.kube.interval_seconds),
         ):
             if value <= 0:

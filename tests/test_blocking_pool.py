@@ -39,7 +39,7 @@ def _threads(pid: int) -> int:
 def pool(tmp_path: Path):  # type: ignore[no-untyped-def]
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    calls = BlockingCalls(max_inflight=4, max_stuck=8, worker=str(script), python_flags=("-I",))
+    calls = BlockingCalls(max_inflight=4, max_stuck=8, command=[sys.executable, "-I", str(script)])
     yield calls
     calls.close()
 
@@ -100,7 +100,7 @@ def test_the_worker_answers_json_as_one_text(tmp_path: Path) -> None:
         f"import sys, json\nsys.path.insert(0, {str(REPO)!r})\nfrom storwatch._blocking_worker import serve\n"
         "serve({'doc': lambda path: json.dumps({'path': path.decode(), 'words': 'a  b'})})\n"
     )
-    calls = BlockingCalls(worker=str(script), python_flags=("-I",))
+    calls = BlockingCalls(command=[sys.executable, "-I", str(script)])
     try:
         out = calls.call_many("doc", {"k": ["/some path"]}, timeout=5.0)["k"]
     finally:

@@ -288,3 +288,82 @@ def test_checkpoint_scan_skips_a_hung_mount_under_its_root(tmp_path: Path, real_
         agent.proc.send_signal(signal.SIGTERM)
         assert agent.proc.wait(timeout=5) == 0
         assert time.monotonic() - started < 5
+
+
+def _kernel_stacks(pid: int) -> dict[int, str]:
+    """Each thread's kernel stack (/proc/PID/task/TID/stack, root only): where a thread blocked in a syscall waits."""
+    stacks = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stack") as f:
+                stacks[int(task)] = f.read()
+        except OSError:
+            continue  # the thread ended meanwhile
+    return stacks
+
+
+def test_checkpoint_roots_whose_readdir_or_getattr_hangs_are_stuck_and_hold_no_agent_thread(  # type: ignore[no-untyped-def]
+    tmp_path: Path, real_mounts
+) -> None:
+    """Issue 12: a checkpoint root on a FUSE mount whose readdir or getattr hangs while statfs answers (as s3fs can)
+    pinned an agent thread in the kernel, the collector said success, and the agent could not finish exiting."""
+    from tests.test_checkpoint_source import torch_like_zip
+
+    healthy = tmp_path / "healthy"
+    run = healthy / "run"
+    run.mkdir(parents=True)
+    torch_like_zip(run / "step-1.pt")
+    # A root of its own whose listing hangs, and a mount below the healthy root whose every stat hangs.
+    readdir_backing = tmp_path / "readdir-backing"
+    (readdir_backing / "job").mkdir(parents=True)
+    torch_like_zip(readdir_backing / "job" / "step-1.pt")
+    hung_readdir = real_mounts(fuse_mount(tmp_path / "hung-readdir", backing=readdir_backing, block_readdir=True))
+    hung_getattr = real_mounts(fuse_mount(healthy / "zz-getattr", block_getattr=True))
+    config = tmp_path / "storwatch.yaml"
+    config.write_text(
+        "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.5\n  statvfs_timeout_seconds: 0.5\n"
+        f"checkpoints:\n  roots: ['{healthy}', '{hung_readdir.mountpoint}']\n  kubelet: false\n"
+        "  interval_seconds: 0.5\n  timeout_seconds: 1.0\n"
+    )
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
+        started = time.monotonic()
+
+        def stuck_roots() -> str | None:
+            text = _get(agent.port, "/metrics")[1].decode()
+            lines = [
+                f'storwatch_checkpoint_root_stuck{{root="{m.mountpoint}"}} 1.0' for m in (hung_readdir, hung_getattr)
+            ]
+            return text if all(line in text for line in lines) else None
+
+        text = _wait_for(stuck_roots, 15, "both hung roots to show stuck")
+        # Within its deadline (1 s) after the first walk was sent, plus a scan interval and the agent's start.
+        assert time.monotonic() - started < 1.0 + 0.5 + 4.0
+        assert f'storwatch_checkpoint_root_stuck{{root="{healthy}"}} 0.0' in text
+        # statfs answers on both: the mount source sees nothing wrong, the checkpoint source does.
+        for m in (hung_readdir, hung_getattr):
+            assert f'storwatch_mount_stuck{{mountpoint="{m.mountpoint}"}} 0.0' in text
+        assert 'storwatch_collector_success{collector="checkpoints"} 0.0' in text
+        collectors = {c["name"]: c for c in json.loads(_get(agent.port, "/api/status")[1])["collectors"]}
+        error = collectors["checkpoints"]["error"] or ""
+        assert str(hung_readdir.mountpoint) in error and "stuck" in error, error
+        # The healthy root keeps being scanned: a new checkpoint beside the hung mount is found.
+        assert 'storwatch_checkpoint_kept{run="run"} 1.0' in text
+        torch_like_zip(run / "step-2.pt")
+        _wait_for(
+            lambda: 'storwatch_checkpoint_kept{run="run"} 2.0' in _get(agent.port, "/metrics")[1].decode(),
+            10,
+            "the healthy root's new checkpoint",
+        )
+
+        # The hung calls wait in the kernel in the helper, never in the agent.
+        agent_stacks = _kernel_stacks(agent.proc.pid)
+        assert agent_stacks, "no kernel stacks readable (needs root)"
+        in_fuse = {tid: s for tid, s in agent_stacks.items() if "fuse" in s}
+        assert not in_fuse, in_fuse
+        helper_stacks = [s for child in _children(agent.proc.pid) for s in _kernel_stacks(child).values()]
+        assert sum("fuse" in s for s in helper_stacks) >= 2  # the detection above can see such a thread
+
+        started = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(timeout=5) == 0
+        assert time.monotonic() - started < 5
