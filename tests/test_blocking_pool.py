@@ -76,6 +76,30 @@ def test_keys_that_answered_go_first_whatever_the_request_order(pool: BlockingCa
         assert all(out[k].values == (k,) for k in healthy)
 
 
+def test_a_hundred_hung_keys_with_the_default_limits(tmp_path: Path) -> None:
+    """Issue 13's bar: 100 hung mounts, the default max_inflight (16) and max_stuck (128), healthy mounts listed among
+    them: from the second round on every healthy key is answered each round, and the helper's threads stay bounded."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    calls = BlockingCalls(command=[sys.executable, "-I", str(script)])
+    try:
+        keys = [f"hang{i:03}" for i in range(100)]
+        healthy = [f"ok{i:02}" for i in range(30)]
+        for i, key in enumerate(healthy):
+            keys.insert(i * 4, key)  # scattered among the hung ones, as pod volumes are in the mount table
+        requests = {k: [k] for k in keys}
+        for round_ in range(12):
+            out = calls.call_many("answer", requests, timeout=0.05)
+            answered = [k for k in healthy if out[k].values == (k,)]
+            if round_ >= 1 + 100 // 16:  # by then every hung key has had its one call and sits in the stuck set
+                assert answered == healthy, [k for k in healthy if k not in answered]
+        assert calls.stuck() == 100
+        assert not any(out[k].skipped for k in keys)
+        assert calls._proc is not None and _threads(calls._proc.pid) <= 16 + 128 + 1
+    finally:
+        calls.close()
+
+
 def test_a_round_waits_for_no_call_already_past_its_deadline(pool: BlockingCalls) -> None:
     import time
 
