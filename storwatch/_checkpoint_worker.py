@@ -238,8 +238,6 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
             "truncated": result.truncated,
             "truncated_reason": result.truncated_reason,
             "truncated_detail": result.truncated_detail,
-            "errors": list(result.errors[:10]),
-            "error_count": result.stats.errors,
             "seconds": result.stats.seconds,
             "check_errors": errors,
             "orphans": _orphans(result, now),

@@ -156,6 +156,7 @@ class _UnitResult:
     candidates: tuple[dict[str, Any], ...]
     truncated: bool
     truncated_reason: str | None
+    truncated_detail: str | None
     seconds: float
     orphans: tuple[dict[str, Any], ...]
 
@@ -169,25 +170,24 @@ def default_roots(paths: HostPaths, configured: Sequence[str], kubelet: bool) ->
     return roots
 
 
-def own_mountpoints(procfs: HostPaths | None = None) -> Callable[[], list[str]]:
-    """The mountpoints of this process's own mount table (where the paths it walks lead), read again when it
-    changes. The kubelet's pod volumes are mounts below its root: each becomes a unit of its own."""
-    path = (procfs or HostPaths()).proc("self", "mountinfo")
-    last: list[Any] = [b"", []]
+class OwnMountpoints:
+    """The mountpoints of this process's own mount table (where the paths it walks lead), parsed again only when the
+    table changed. The kubelet's pod volumes are mounts below its root: each becomes a unit of its own."""
 
-    def read() -> list[str]:
+    def __init__(self, paths: HostPaths | None = None) -> None:
+        self.path = (paths or HostPaths()).proc("self", "mountinfo")
+        self._last: tuple[bytes, list[str]] = (b"", [])
+
+    def __call__(self) -> list[str]:
         try:
-            with open(path, "rb") as f:
+            with open(self.path, "rb") as f:
                 data = f.read()
         except OSError:
             return []
-        if data != last[0]:
+        if data != self._last[0]:
             infos, _ = parse_mountinfo(data)
-            last[:] = [data, sorted({info.mountpoint for info in infos})]
-        mountpoints: list[str] = last[1]
-        return mountpoints
-
-    return read
+            self._last = (data, sorted({info.mountpoint for info in infos}))
+        return self._last[1]
 
 
 def _result(d: dict[str, Any]) -> CheckResult:
@@ -225,7 +225,7 @@ class CheckpointSource:
     ) -> None:
         self.roots = tuple(os.path.normpath(r) for r in roots)
         self.stuck_paths = stuck_paths
-        self.mountpoints = mountpoints if mountpoints is not None else own_mountpoints()
+        self.mountpoints = mountpoints if mountpoints is not None else OwnMountpoints()
         self.interval_seconds = interval_seconds
         self.settle_seconds = settle_seconds
         self.deep_per_scan = deep_per_scan
@@ -312,8 +312,11 @@ class CheckpointSource:
         for unit, outcome in outcomes.items():
             if outcome.text is not None:
                 try:
-                    self._units[unit] = self._take(json.loads(outcome.text))
+                    before = self._units.get(unit)
+                    self._units[unit] = result = self._take(json.loads(outcome.text))
                     fresh.add(unit)
+                    if result.truncated and (before is None or before.truncated_detail != result.truncated_detail):
+                        log.info("checkpoint scan of %s truncated: %s", unit, result.truncated_detail)
                 except (ValueError, KeyError, TypeError) as err:
                     problems.append(f"{unit}: unreadable answer from the helper ({type(err).__name__}: {err})")
             elif outcome.stuck:
@@ -364,6 +367,7 @@ class CheckpointSource:
             candidates=tuple(answer["candidates"]),
             truncated=bool(answer["truncated"]),
             truncated_reason=answer.get("truncated_reason"),
+            truncated_detail=answer.get("truncated_detail"),
             seconds=float(answer.get("seconds") or 0.0),
             orphans=tuple(answer.get("orphans") or ()),
         )
