@@ -259,7 +259,7 @@ def test_checkpoint_scan_skips_a_hung_mount_under_its_root(tmp_path: Path, real_
     config = tmp_path / "storwatch.yaml"
     config.write_text(
         "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.2\n"
-        f"checkpoints:\n  roots: ['{root}']\n  kubelet: false\n  interval_seconds: 0.5\n"
+        f"checkpoints:\n  roots: ['{root}']\n  kubelet: false\n  interval_seconds: 0.5\n  timeout_seconds: 1.0\n"
     )
     with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
         _wait_for(
@@ -375,3 +375,34 @@ def test_checkpoint_roots_whose_readdir_or_getattr_hangs_are_stuck_and_hold_no_a
         assert agent.proc.wait(timeout=5) == 0
         print(f"SIGTERM to exit: {time.monotonic() - started:.2f} s")
         assert time.monotonic() - started < 5
+
+
+def test_a_walk_still_out_is_waited_for_only_as_long_as_walks_bound_themselves(  # type: ignore[no-untyped-def]
+    tmp_path: Path, real_mounts
+) -> None:
+    """A collection waits max_seconds plus a margin for the walks, not the whole deadline: a hung unit delays the
+    first answer that long, is not a failure while within its deadline, and is stuck once past it."""
+    from storwatch.sources.checkpoints import WAIT_MARGIN_SECONDS, CheckpointSource
+    from tests.test_checkpoint_source import torch_like_zip
+
+    healthy = tmp_path / "healthy"
+    healthy.mkdir()
+    torch_like_zip(healthy / "step-1.pt")
+    hung = real_mounts(fuse_mount(tmp_path / "hung", block_readdir=True))
+    source = CheckpointSource(
+        [str(healthy), str(hung.mountpoint)], deep_per_scan=0, max_seconds=0.5, timeout_seconds=6.0
+    )
+    try:
+        started = time.monotonic()
+        first = source.collect()
+        took = time.monotonic() - started
+        assert 0.5 + WAIT_MARGIN_SECONDS - 0.1 <= took < 6.0
+        assert [r.path for r in first.runs] == [str(healthy)]
+        assert first.stuck_roots == () and first.failure is None  # still within its deadline
+        time.sleep(6.0 - took)
+        later = source.collect()
+        assert [s.path for s in later.stuck_roots] == [str(hung.mountpoint)]
+        assert later.failure is not None and str(hung.mountpoint) in later.failure
+        assert [r.path for r in later.runs] == [str(healthy)]
+    finally:
+        source.close()

@@ -4,7 +4,9 @@ Nothing here touches a checkpoint root: the walks, stats, checks and event-log r
 (``_checkpoint_worker.py``) through ``storwatch.blocking``, each with a deadline, one per unit. A unit is a scan root,
 or a mount below one (read from this process's mount table), each walked on its own, so a pod volume on a FUSE mount
 whose readdir or stat hangs makes that one unit stuck (``stuck_roots``, and the collector fails naming it) while the
-others are still scanned, and the agent's threads never wait in the kernel. A stuck unit's last result is kept.
+others are still scanned, and the agent's threads never wait in the kernel. A collection waits for the walks no longer
+than they bound themselves (``max_seconds``, plus a margin); a unit still out then keeps its last result, and is stuck
+once past ``timeout_seconds``. A stuck unit's last result is kept.
 
 Each walk is bounded (entries, depth, seconds per unit; see checkpoints/scan.py). A candidate is checked cheaply when
 it is new or changed; one complete checkpoint per scan gets the deep check (every CRC, and torch.load where torch is
@@ -50,6 +52,9 @@ __all__ = [
 KUBELET_PODS = "/var/lib/kubelet/pods"
 ORPHAN_PATHS_PER_RUN = 20
 """Paths of orphaned temporaries named per run (all of them are counted)."""
+WAIT_MARGIN_SECONDS = 2.0
+"""A collection waits for the walks at most max_seconds (where they stop themselves) plus this, or timeout_seconds if
+that is shorter: a unit still walking then keeps its last result, and is stuck only once past timeout_seconds."""
 _DEEP = "deep\0"
 """Prefix of a deep check's key among the helper's calls (a unit's key is its path)."""
 
@@ -307,7 +312,8 @@ class CheckpointSource:
                 "round": self._round,
             }
             requests[unit] = (unit, json.dumps(params).encode().hex())
-        outcomes = self.calls.call_many("ckpt_scan", requests, self.timeout_seconds)
+        wait = min(self.timeout_seconds, self.max_seconds + WAIT_MARGIN_SECONDS)
+        outcomes = self.calls.call_many("ckpt_scan", requests, self.timeout_seconds, wait=wait)
         fresh: set[str] = set()
         for unit, outcome in outcomes.items():
             if outcome.text is not None:
