@@ -30,7 +30,9 @@ from typing import Any
 
 from storwatch._blocking_worker import serve
 from storwatch.checkpoints.formats import check, identify
+from storwatch.checkpoints.limits import DeepLimits
 from storwatch.checkpoints.scan import CheckpointCandidate, CheckpointScanner, ScanResult
+from storwatch.paths import HostPaths
 from storwatch.training import EVENT_LOG_NAME, orphaned_temp
 
 EVENT_LOG_TAIL = 64 * 1024
@@ -39,6 +41,9 @@ CHECK_ERROR_REASONS = ("os_error", "value_error", "recursion_error", "memory_err
 """What a check that raised is counted as (storwatch_checkpoint_check_errors_total{reason})."""
 FORGET_ROUNDS = 3
 """A unit not asked for in this many rounds is forgotten (a pod volume that went away)."""
+OOM_SCORE_ADJ = 500
+"""This helper's oom_score_adj: under memory pressure (the DaemonSet's limit) the kernel kills it before the agent
+(whose BlockingCalls start a new one); a deep check's torch-load child has 1000."""
 
 
 def error_reason(err: BaseException) -> str:
@@ -53,12 +58,28 @@ def error_reason(err: BaseException) -> str:
     return "other"
 
 
+def limits_from(params: dict[str, Any]) -> DeepLimits | None:
+    """The checks' limits as the agent sent them (``DeepLimits`` as a dict), or None for the defaults."""
+    given = params.get("limits")
+    if not given:
+        return None
+    return DeepLimits(**{**given, "allowed_globals": tuple(given.get("allowed_globals", ()))})
+
+
 def guarded_check(
-    path: str, deep: bool, now: float, settle: float, errors: dict[str, int], size: int = 0, mtime: float = 0.0
+    path: str,
+    deep: bool,
+    now: float,
+    settle: float,
+    errors: dict[str, int],
+    size: int = 0,
+    mtime: float = 0.0,
+    limits: DeepLimits | None = None,
 ) -> dict[str, Any]:
-    """``check()`` as a plain dict; whatever it raises makes this checkpoint's verdict, never the scan's."""
+    """``check()`` as a plain dict; whatever it raises makes this checkpoint's verdict, never the scan's (check() is
+    built never to raise; this holds if it ever does)."""
     try:
-        return check(path, deep=deep, now=now, settle_seconds=settle).to_dict()
+        return check(path, deep=deep, now=now, settle_seconds=settle, limits=limits).to_dict()
     except Exception as err:  # one bad file must not end the scan of the others
         reason = error_reason(err)
         errors[reason] = errors.get(reason, 0) + 1
@@ -207,6 +228,7 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
     path = os.fsdecode(path_bytes)
     unit = _unit(path, params)
     now, settle = float(params["now"]), float(params["settle"])
+    limits = limits_from(params)
     with unit.lock:
         result = unit.scanner.scan()
         errors: dict[str, int] = {}
@@ -221,7 +243,7 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
             if cached is not None and cached[0] == footprint and cached[1]["verdict"] != "incomplete":
                 checked = cached[1]  # unchanged and settled: the earlier verdict stands
             else:
-                checked = guarded_check(c.path, False, now, settle, errors, c.size_bytes, c.newest_mtime)
+                checked = guarded_check(c.path, False, now, settle, errors, c.size_bytes, c.newest_mtime, limits)
             verdicts[c.path] = (footprint, checked)
             candidates.append(_candidate(c, checked, events.get(c.run, {}).get(c.path)))
         if result.truncated:
@@ -248,7 +270,10 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
 def deep_check(path_bytes: bytes, params_hex: str) -> str:
     params = json.loads(bytes.fromhex(params_hex))
     errors: dict[str, int] = {}
-    checked = guarded_check(os.fsdecode(path_bytes), True, float(params["now"]), float(params["settle"]), errors)
+    path = os.fsdecode(path_bytes)
+    checked = guarded_check(
+        path, True, float(params["now"]), float(params["settle"]), errors, 0, 0.0, limits_from(params)
+    )
     return json.dumps({"check": checked, "check_errors": errors}, separators=(",", ":"))
 
 
@@ -264,4 +289,9 @@ def command() -> list[str]:
 
 
 def main() -> None:
+    try:
+        with open(HostPaths().proc("self", "oom_score_adj"), "w") as f:
+            f.write(str(OOM_SCORE_ADJ))
+    except OSError:
+        pass  # not permitted here: the agent's own score then applies
     serve(OPS)

@@ -151,6 +151,7 @@ class Agent:
                 stuck_paths=self._stuck_mount_paths,
                 timeout_seconds=config.checkpoints.timeout_seconds,
                 deep_timeout_seconds=config.checkpoints.deep_timeout_seconds,
+                limits=config.checkpoints.deep_limits(),
             ),
             *((KubeSource(config.kube.interval_seconds, clock=self.clock),) if config.kube.enabled else ()),
             *(

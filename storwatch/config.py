@@ -173,6 +173,7 @@ class CheckpointsConfig:
             torch_wall_seconds=self.deep_torch_wall_seconds,
             allowed_globals=self.allowed_globals,
         )
+
     timeout_seconds: float = 30.0
     """Deadline of one root's (or one mount's below a root) walk and cheap checks in the helper process; past it the
     root is reported stuck. Walks stop themselves after max_seconds: only a hung mount takes this long."""

@@ -353,3 +353,19 @@ def test_a_stuck_unit_keeps_its_last_result_and_fails_the_collector(
     text = Exporter(process_metrics=False).render(view).decode()
     assert f'storwatch_checkpoint_root_stuck{{root="{vol_b}"}} 1.0' in text
     assert f'storwatch_checkpoint_root_stuck{{root="{root}"}} 0.0' in text
+
+
+def test_the_limits_reach_the_checks_in_the_helper(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """checkpoints.deep_* (DeepLimits) travel with each request: a limit the file exceeds shows in its verdict."""
+    from storwatch.checkpoints.limits import DeepLimits
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    (plain,) = make_source([str(tmp_path)], deep_per_scan=0).collect().runs
+    assert plain.checkpoints[0].verdict == "complete"
+    (limited,) = make_source([str(tmp_path)], deep_per_scan=0, limits=DeepLimits(max_json_depth=1)).collect().runs
+    assert limited.checkpoints[0].verdict != "complete"
+    assert "max_json_depth" in limited.checkpoints[0].reason, limited.checkpoints[0].reason

@@ -19,6 +19,7 @@ is one, else from when this source first saw the checkpoint incomplete and then 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from storwatch._checkpoint_worker import CHECK_ERROR_REASONS
 from storwatch._checkpoint_worker import command as worker_command
 from storwatch.blocking import BlockingCalls, CallOutcome
 from storwatch.checkpoints.formats import CheckResult
+from storwatch.checkpoints.limits import DeepLimits
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.training import EVENT_LOG_NAME as EVENT_LOG
@@ -227,6 +229,7 @@ class CheckpointSource:
         mountpoints: Callable[[], Iterable[str]] | None = None,
         calls: BlockingCalls | None = None,
         max_inflight: int = 8,
+        limits: DeepLimits | None = None,
     ) -> None:
         self.roots = tuple(os.path.normpath(r) for r in roots)
         self.stuck_paths = stuck_paths
@@ -241,6 +244,8 @@ class CheckpointSource:
         self.max_seconds = max_seconds
         self.timeout_seconds = timeout_seconds
         self.deep_timeout_seconds = deep_timeout_seconds
+        self.limits = limits
+        """The bounds of every check (None: formats' defaults), sent to the helper with each request."""
         self.calls = calls if calls is not None else BlockingCalls(max_inflight, command=worker_command())
         self._round = 0
         self._seen: dict[str, _Seen] = {}
@@ -267,6 +272,9 @@ class CheckpointSource:
         ):
             if hasattr(settings, name):
                 setattr(self, name, getattr(settings, name))
+        deep_limits = getattr(settings, "deep_limits", None)
+        if callable(deep_limits):
+            self.limits = deep_limits()
 
     # -- units
 
@@ -310,6 +318,7 @@ class CheckpointSource:
                 "max_seconds": self.max_seconds,
                 "skip": skip,
                 "round": self._round,
+                "limits": self._limits_param(),
             }
             requests[unit] = (unit, json.dumps(params).encode().hex())
         wait = min(self.timeout_seconds, self.max_seconds + WAIT_MARGIN_SECONDS)
@@ -364,6 +373,9 @@ class CheckpointSource:
             failure,
         )
 
+    def _limits_param(self) -> dict[str, Any] | None:
+        return None if self.limits is None else dataclasses.asdict(self.limits)
+
     def _take(self, answer: dict[str, Any]) -> _UnitResult:
         for reason, count in answer.get("check_errors", {}).items():
             key = reason if reason in self._check_errors else "other"
@@ -413,7 +425,7 @@ class CheckpointSource:
         active = len(self._deep_pending) - len(self._deep_stuck & self._deep_pending.keys())
         for path, _ in todo[: max(0, self.deep_per_scan - active)]:
             self._deep_pending[_DEEP + path] = (path, candidates[path][1])
-        params = json.dumps({"now": now, "settle": self.settle_seconds}).encode().hex()
+        params = json.dumps({"now": now, "settle": self.settle_seconds, "limits": self._limits_param()}).encode().hex()
         requests = {key: (path, params) for key, (path, _) in self._deep_pending.items()}
         outcomes = self.calls.call_many("ckpt_deep", requests, self.deep_timeout_seconds)
         stuck: list[StuckRoot] = []
