@@ -162,6 +162,9 @@ class Agent:
                 max_depth=config.checkpoints.max_depth,
                 max_seconds=config.checkpoints.max_seconds,
                 stuck_paths=self._stuck_mount_paths,
+                timeout_seconds=config.checkpoints.timeout_seconds,
+                deep_timeout_seconds=config.checkpoints.deep_timeout_seconds,
+                limits=config.checkpoints.deep_limits(),
             ),
             *((KubeSource(config.kube.interval_seconds, clock=self.clock),) if config.kube.enabled else ()),
             *(

@@ -4,6 +4,7 @@ mounts, and ``storwatch verify`` checks checkpoint files."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -139,10 +140,49 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         for r in results:
             print(f"{r.verdict.upper():<10}  {r.format or 'unknown':<19}  {r.path}\n            {r.reason}")
+    orphans = _orphaned_temps(args.paths)
+    if orphans:
+        # Not a verdict on any checkpoint (the exit status does not change): litter beside them.
+        print(
+            f"{'ORPHANED':<10}  {len(orphans)} temporaries of atomic_save, {sum(o[1] for o in orphans)} bytes, whose "
+            "writer is gone (the run's next atomic_save removes them):",
+            file=sys.stderr if args.json else sys.stdout,
+        )
+        for path, _ in orphans:
+            print(f"            {path}", file=sys.stderr if args.json else sys.stdout)
     verdicts = {r.verdict for r in results}
     if verdicts & {"incomplete", "corrupt"}:
         return EXIT_FINDINGS
     return EXIT_NOTHING_VERIFIED if "unknown" in verdicts or not results else EXIT_OK
+
+
+def _orphaned_temps(paths: Sequence[str]) -> list[tuple[str, int]]:
+    """atomic_save temporaries whose writer is gone: below each directory given, and beside each file given."""
+    from storwatch.checkpoints.scan import CheckpointScanner
+    from storwatch.training import is_temp_name, orphaned_temp
+
+    temps: set[str] = set()
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            temps.update(CheckpointScanner([path]).scan().temps)
+        else:
+            parent = os.path.dirname(os.path.abspath(path))
+            with contextlib.suppress(OSError), os.scandir(parent) as entries:
+                temps.update(e.path for e in entries if is_temp_name(e.name))
+    found: list[tuple[str, int]] = []
+    for temp in sorted(temps):
+        directory, name = os.path.split(temp)
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            orphan = orphaned_temp(dir_fd, name)
+        finally:
+            os.close(dir_fd)
+        if orphan is not None:
+            found.append((temp, orphan.size_bytes))
+    return found
 
 
 def _verify_path(path: str, deep: bool, limits: Any = None) -> list[Any]:

@@ -97,10 +97,13 @@ class MountsConfig:
     interval_seconds: float = number(10.0, 0.1, 3600)
     statvfs_timeout_seconds: float = number(1.0, 0.01, 600)
     max_inflight: int = number(16, 1, 1024)
-    """At most this many statvfs calls in flight at once (stuck ones included): the bound on threads."""
+    """At most this many statvfs calls within their deadline in flight at once."""
     exclude_fstypes: tuple[str, ...] = ()
     """Filesystem types to skip on top of the built-in pseudo filesystems."""
     overrides: tuple[OverrideConfig, ...] = ()
+    max_stuck: int = number(128, 0, 4096)
+    """At most this many statvfs calls past their deadline left waiting in the helper (threads: max_inflight +
+    max_stuck); while that many are stuck, only mounts that answered in time last round are called."""
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,13 @@ class CheckpointsConfig:
             torch_wall_seconds=self.deep_torch_wall_seconds,
             allowed_globals=self.allowed_globals,
         )
+
+    timeout_seconds: float = number(30.0, 0.1, 3600)
+    """Deadline of one root's (or one mount's below a root) walk and cheap checks in the helper process; past it the
+    root is reported stuck. Walks stop themselves after max_seconds: only a hung mount takes this long."""
+    deep_timeout_seconds: float = number(360.0, 1.0, 86400)
+    """Deadline of one deep check in the helper process, beyond deep_wall_seconds (where a check stops itself); past
+    it the root holding that checkpoint is reported stuck."""
 
 
 @dataclass(frozen=True)

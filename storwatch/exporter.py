@@ -266,6 +266,10 @@ _CHECKPOINT_GAUGES = (
     ("storwatch_checkpoint_incomplete", "The run's incomplete checkpoints (being written, or abandoned mid-write)."),
     ("storwatch_checkpoint_corrupt", "The run's corrupt checkpoints (finished, then damaged, or never valid)."),
     ("storwatch_checkpoint_write_in_progress", "1 while the run's newest checkpoint is incomplete."),
+    (
+        "storwatch_checkpoint_orphaned_temp_bytes",
+        "Bytes of the run's atomic_save temporaries whose writer is gone (removed by the run's next atomic_save).",
+    ),
 )
 
 _GPU_GAUGES = (
@@ -584,8 +588,28 @@ class ViewCollector(Collector):
             gauges["storwatch_checkpoint_incomplete"].add_metric([rv.label], run.incomplete)
             gauges["storwatch_checkpoint_corrupt"].add_metric([rv.label], run.corrupt)
             gauges["storwatch_checkpoint_write_in_progress"].add_metric([rv.label], 1 if run.write_in_progress else 0)
+            gauges["storwatch_checkpoint_orphaned_temp_bytes"].add_metric([rv.label], run.orphaned_temp_bytes)
         yield last
         yield from gauges.values()
+        facts = view.checkpoint_scan
+        if facts is None:
+            return
+        stuck = GaugeMetricFamily(
+            "storwatch_checkpoint_root_stuck",
+            "1 while the walk or a check of a checkpoint root (or of a mount below one) is past its deadline.",
+            labels=["root"],
+        )
+        stuck_roots = {s.path for s in facts.stuck_roots}
+        for root in sorted({*facts.roots, *stuck_roots}):
+            stuck.add_metric([display_path(root)], 1 if root in stuck_roots else 0)
+        errors = _counter(
+            "storwatch_checkpoint_check_errors_total",
+            "Checks of one checkpoint that raised (its verdict says so; the others go on), by kind.",
+            ["reason"],
+        )
+        for reason, count in sorted(facts.check_errors.items()):
+            errors.add_metric([reason], count)
+        yield from (stuck, errors)
 
     def _kube(self, view: View) -> Iterator[Metric]:
         kube = view.kube

@@ -204,3 +204,5 @@ class View:
     kube: KubeFacts | None = None
     ready: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    checkpoint_scan: CheckpointFacts | None = None
+    """The checkpoint source's facts beyond the runs: stuck roots, check errors."""

@@ -191,6 +191,9 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "incomplete": run.incomplete,
                 "corrupt": run.corrupt,
                 "write_in_progress": run.write_in_progress,
+                "orphaned_temps": run.orphaned_temps,
+                "orphaned_temp_bytes": run.orphaned_temp_bytes,
+                "orphaned_temp_paths": [display_path(p) for p in run.orphaned_temp_paths],
                 "checkpoints": [
                     {
                         "path": display_path(c.path),

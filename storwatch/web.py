@@ -140,6 +140,11 @@ def render_status_page(data: dict[str, Any]) -> str:
         if r["corrupt"]:
             bad = next((c for c in r["checkpoints"] if c["verdict"] == "corrupt"), None)
             problems.append(f"{r['corrupt']} corrupt" + (f": {bad['reason']}" if bad else ""))
+        if r["orphaned_temps"]:
+            problems.append(
+                f"{r['orphaned_temps']} orphaned temporaries ({human_bytes(r['orphaned_temp_bytes'])}) left by killed "
+                "saves; the run's next atomic_save removes them"
+            )
         ckpt_rows.append(
             "<tr class='{cls}'><td class='mountpoint'>{run}</td>"
             "<td class='durability'><span class='d-{dur}'>{dur}</span></td><td class='num'>{age}</td>"

@@ -70,4 +70,5 @@ def build_view(
         checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
         kube=snapshot.kube,
         ready=ready,
+        checkpoint_scan=snapshot.checkpoints,
     )

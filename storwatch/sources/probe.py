@@ -74,6 +74,18 @@ class _Hist:
         return Histogram(tuple(cumulative), self.sum, self.count)
 
 
+class ProbeFacts(tuple[ProbeResult, ...]):
+    """This round's probes, and what makes the round a failure of the source: a chosen mount left unprobed because
+    of a limit on the calls in flight (a stuck probe is a fact about its mount, not a failure)."""
+
+    failure: str | None
+
+    def __new__(cls, results: tuple[ProbeResult, ...] = (), failure: str | None = None) -> ProbeFacts:
+        self = super().__new__(cls, results)
+        self.failure = failure
+        return self
+
+
 def selected(config: ProbesConfig, target: ProbeTarget) -> bool:
     if target.readonly:
         return False
@@ -105,7 +117,7 @@ class ProbeSource:
         self.config = config
         self.interval_seconds = config.interval_seconds
 
-    def collect(self) -> tuple[ProbeResult, ...]:
+    def collect(self) -> ProbeFacts:
         config = self.config
         targets = self.targets()
         present = {t.mountpoint for t in targets}
@@ -116,7 +128,7 @@ class ProbeSource:
                 self._hists = {key: h for key, h in self._hists.items() if key[0] in present}
         chosen = [t for t in targets if selected(config, t)]
         if not chosen:
-            return ()
+            return ProbeFacts()
         requests = {
             t.mountpoint: (self.paths.root(t.mountpoint), config.scratch_dir, str(config.size_bytes)) for t in chosen
         }
@@ -152,7 +164,9 @@ class ProbeSource:
                         hists,
                     )
                 )
-        return tuple(results)
+        skipped = [t.mountpoint for t in chosen if (o := outcomes.get(t.mountpoint)) is not None and o.skipped]
+        failure = f"{len(skipped)} mounts not probed this round (limit on calls in flight)" if skipped else None
+        return ProbeFacts(tuple(results), failure)
 
     def close(self) -> None:
         self.calls.close()
