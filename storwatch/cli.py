@@ -291,7 +291,11 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
     started = time.monotonic()
     try:
         mounts = source.collect()
-        status = CollectorStatus(source.name, True, time.monotonic() - started, time.time())
+        # A mount left unmeasured (a limit of the statvfs pool) fails the collection as it does in the agent.
+        failure = getattr(mounts, "failure", None)
+        status = CollectorStatus(
+            source.name, failure is None, time.monotonic() - started, time.time() if failure is None else None, failure
+        )
     except OSError as err:
         log.error("%s", err)
         mounts = ()
