@@ -19,6 +19,8 @@ $(STAMP): $(RUN_STAMP)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# torch for the checkpoint tests: 2.13.0 is a local CPU wheel here; a plain 'torch' would pull GBs of CUDA.
 	$(BIN)/pip install --quiet torch==2.13.0
+	# torchsnapshot for its real-library checkpoint test (0.1.0 runs on torch 2.13 with numpy; torch stays pinned).
+	$(BIN)/pip install --quiet torchsnapshot==0.1.0 numpy torch==2.13.0
 	touch $(STAMP)
 
 # Debian packages the real-part tests start (promtool, node_exporter, chromium, FUSE, mkfs.ext4).

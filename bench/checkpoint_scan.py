@@ -10,6 +10,12 @@ Measured (median of 3 each, in this order, after one unmeasured ``find`` to brin
   find ROOT -printf '%s %T@ %p\\n' > /dev/null   the peer: lists and stats every entry
   full scan                                     a fresh CheckpointScanner each time
   rescan, nothing changed                       one scanner, primed by a scan that is not counted
+  source rescan, nothing changed                what the agent's checkpoint source pays per scan interval:
+                                                CheckpointSource.collect() (cheap checks, runs, and wherever the
+                                                source runs its walks: in this process, or in its helper process),
+                                                primed by one collect that is not counted; wall time, and CPU time of
+                                                this process and of its helper processes per collect (each the mean
+                                                of a batch of 30 collects)
 Caches are NOT dropped (the figures are for a warm dentry/inode cache, as the agent sees on its 30 s cadence).
 
 Targets (PASS/MISS printed; a miss does not change the exit status, only a harness error does):
@@ -37,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _common import HarnessError, machine_info, quiet_machine_warnings, verdict, write_json
 
 from storwatch.checkpoints.scan import CheckpointScanner
+from storwatch.sources.checkpoints import CheckpointSource
 
 JOBS = 10
 PARTS_PER_JOB = 100
@@ -44,6 +51,7 @@ FILES_PER_DIR = 100
 TARGET_FULL_RATIO = 1.5
 TARGET_RESCAN_RATIO = 0.1
 RUNS = 3
+CPU_BATCH = 30
 DONE_MARK = ".storwatch-bench-complete"
 
 
@@ -95,6 +103,25 @@ def build_tree(root: str) -> tuple[int, int]:
     return dirs, files
 
 
+def children_cpu() -> float:
+    """User and system CPU seconds of this process's live child processes (the source's helpers)."""
+    total = 0.0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids = f.read().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -141,6 +168,29 @@ def run(root: str) -> dict[str, Any]:
         rescan_s.append(time.perf_counter() - t)
     rescan_stats = again.stats
 
+    source = CheckpointSource([root], deep_per_scan=0)
+    try:
+        source.collect()
+        source_s: list[float] = []
+        for _ in range(RUNS):
+            t = time.perf_counter()
+            facts = source.collect()
+            source_s.append(time.perf_counter() - t)
+        # CPU in clock ticks (10 ms) for the helpers: averaged over a batch of collects, RUNS batches.
+        source_cpu: list[float] = []
+        helper_cpu: list[float] = []
+        for _ in range(RUNS):
+            helpers0 = children_cpu()
+            cpu0 = time.process_time()
+            for _ in range(CPU_BATCH):
+                source.collect()
+            source_cpu.append((time.process_time() - cpu0) / CPU_BATCH)
+            helper_cpu.append((children_cpu() - helpers0) / CPU_BATCH)
+        if getattr(facts, "failure", None):
+            raise HarnessError(f"the source failed: {facts.failure}")  # type: ignore[attr-defined]
+    finally:
+        source.close()
+
     find_med = statistics.median(find_s)
     full_med = statistics.median(full_s)
     rescan_med = statistics.median(rescan_s)
@@ -151,6 +201,9 @@ def run(root: str) -> dict[str, Any]:
         ("find -printf '%s %T@ %p'", find_s),
         ("full scan", full_s),
         ("rescan, nothing changed", rescan_s),
+        ("source rescan, nothing changed", source_s),
+        ("  its CPU in this process", source_cpu),
+        ("  its CPU in helper processes", helper_cpu),
     ):
         print(f"  {name:32s} {statistics.median(vals) * 1000:9.1f}   {' '.join(f'{v * 1000:.1f}' for v in vals)}")
     print(
@@ -170,6 +223,9 @@ def run(root: str) -> dict[str, Any]:
         "find_seconds": find_s,
         "full_scan_seconds": full_s,
         "rescan_seconds": rescan_s,
+        "source_rescan_seconds": source_s,
+        "source_rescan_cpu_seconds": source_cpu,
+        "source_rescan_helper_cpu_seconds": helper_cpu,
         "full_over_find": full_ratio,
         "rescan_over_find": rescan_ratio,
         "full_pass": full_ratio <= TARGET_FULL_RATIO,

@@ -3,9 +3,9 @@
 
 Each benchmark runs as its own process with the same interpreter and writes its figures as JSON under bench/out/
 (ignored by git). Exit status: 0 when every benchmark ran, whether or not its targets were met; 2 when one of them
-could not run (a harness error). ``--with-variants`` also runs the HTTP investigation (bench/http_variants.py).
+could not run (a harness error).
 
-Usage: .venv/bin/python bench/run_all.py [--scrapes 500] [--runs 20] [--with-variants] [--out DIR]
+Usage: .venv/bin/python bench/run_all.py [--scrapes 500] [--runs 20] [--out DIR]
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scrapes", type=int, default=500, help="scrapes per server and mode (default 500)")
     p.add_argument("--runs", type=int, default=20, help="runs of each scan command (default 20)")
-    p.add_argument("--with-variants", action="store_true", help="also run bench/http_variants.py")
     p.add_argument("--out", default=str(BENCH / "out"), help="where the JSON figures go (default bench/out)")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -67,15 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         ("latency_windows", "latency_windows.py", []),
         ("gpu_sampling", "gpu_sampling.py", ["--ticks", "20"]),
         ("checkpoint_scan", "checkpoint_scan.py", []),
+        ("http_load", "http_load.py", []),
     ):
         rc, others[name] = run_one(script, extra, out, name)
         if rc != 0:
             failed.append(f"{script} (exit {rc})")
-    variants = None
-    if args.with_variants:
-        rc, variants = run_one("http_variants.py", ["--scrapes", str(min(args.scrapes, 300))], out)
-        if variants is None:
-            failed.append(f"http_variants.py (exit {rc})")
 
     print("\n=== summary (figures are noisy; compare ratios taken in one run only)")
     if scrape is not None:
@@ -111,14 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             if name.startswith("scan without"):
                 print(f"  {name} (hung mounts left out): p50 {st['p50']:.3f} s")
     summarise_others(others)
-    if variants is not None:
-        for name, row in variants["variants"].items():
-            print(
-                f"  variant {name:13s} fresh p50 {row['fresh']['p50'] * 1000:7.3f} ms, "
-                f"keep-alive p50 {row['keepalive']['p50'] * 1000:7.3f} ms"
-            )
     seen: set[str] = set()
-    for r in (scrape, scan, variants):
+    for r in (scrape, scan, others.get("http_load")):
         for w in (r or {}).get("warnings", []):
             if w not in seen:
                 seen.add(w)
@@ -145,6 +134,20 @@ def summarise_others(r: dict[str, dict[str, Any] | None]) -> None:
             f"  NVML sampling, 8 fake GPUs: p99 {gpu['cpu_seconds']['p99'] * 1000:.2f} ms CPU per collect "
             f"(target <= {gpu['target_p99_cpu_seconds'] * 1000:.0f} ms)  {mark(gpu['pass'])}"
         )
+    if (hl := r.get("http_load")) is not None:
+        if "fresh" in hl:
+            f = hl["fresh"]
+            print(
+                f"  HTTP, 50 scrapers on new connections: storwatch {f['storwatch']['errors']} errors, p99 "
+                f"{f['storwatch']['p99'] * 1000:.1f} ms, node_exporter {f['node_exporter']['p99'] * 1000:.1f} ms, "
+                f"ratio {f['p99_ratio']:.2f} (target 0 errors, <= 2)  {mark(f['pass'])}"
+            )
+        if "slow" in hl:
+            sl = hl["slow"]["storwatch"]
+            print(
+                f"  HTTP, 1,000 slow clients: a normal scrape max {sl['max'] * 1000:.1f} ms, {sl['errors']} errors, "
+                f"{sl['fds_max']} fds at most (target < 100 ms, 0 errors)  {mark(hl['slow']['pass'])}"
+            )
     if (ck := r.get("checkpoint_scan")) is not None:
         print(
             f"  checkpoint scan / find: full {ck['full_over_find']:.2f} (target <= 1.5)  {mark(ck['full_pass'])}, "

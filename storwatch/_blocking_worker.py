@@ -1,21 +1,24 @@
 """The helper process behind ``storwatch.blocking``: runs system calls that can hang in the kernel.
 
 It is started as ``python -I -S _blocking_worker.py`` (stdlib only, nothing of the agent imported). A request is one
-line ``ID OP ARG...`` (arguments hex-encoded bytes); each runs on a thread of its own while it runs and answers
-``ID ok VALUES...`` or ``ID err ERRNO MESSAGE``. A call stuck in the kernel strands only its thread, in this process,
-never in the agent: the agent can always exit, and a hung mount costs it nothing but one thread here. Threads are
-kept for the next requests once their call returns (a thread started per call cost about 0.3 ms of CPU, 27 ms for
-each round of statvfs on a node with 90 mounts); the agent bounds the calls in flight, and so the threads.
-It exits as soon as its standard input closes, stuck threads or not.
+line ``ID OP PATH ARG...`` (the path hex-encoded bytes, the rest plain words); each runs on a thread of its own while
+it runs and answers ``ID ok VALUES...``, ``ID json TEXT`` (an operation that answers with one JSON text) or
+``ID err ERRNO MESSAGE``. A call stuck in the kernel strands only its thread, in this process, never in the agent: the
+agent can always exit, and a hung mount costs it nothing but one thread here. Threads are kept for the next requests
+once their call returns (a thread started per call cost about 0.3 ms of CPU, 27 ms for each round of statvfs on a
+node with 90 mounts); the agent bounds the calls in flight, and so the threads. It exits as soon as its standard input
+closes, stuck threads or not. Other helpers (``_checkpoint_worker.py``) add their operations and call :func:`serve`.
 """
 
 import contextlib
 import os
 import queue
+import stat
 import sys
 import threading
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
 
 _out_lock = threading.Lock()
 
@@ -25,17 +28,39 @@ def _statvfs(path: bytes) -> list[str]:
     return [str(v) for v in (st.f_frsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files, st.f_ffree, st.f_flag)]
 
 
-def _probe(mountpoint: bytes, scratch: str, size: str) -> list[str]:
-    """Write, fsync and read back a small file in ``mountpoint/scratch``; return the three durations in seconds.
+_STALE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISLNK, "a symlink"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
 
-    The scratch directory is opened relative to the mountpoint without following symlinks and must be on the
-    mount's own filesystem, so a path from configuration or from the mount's contents never leads elsewhere.
-    """
-    payload = os.urandom(int(size))
-    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC
-    mfd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+def probe_file_name(mountpoint: bytes) -> str:
+    """The probe's file name on a mount: one per node and mount, so agents of several nodes probing one shared
+    filesystem, or two mounts of one export, never meet on a name; the same one each round, so a file left by a
+    probe that was killed is found and removed by the next."""
+    node = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.uname().nodename)[:64]
+    return f"probe-{node}-{zlib.crc32(mountpoint):08x}"
+
+
+def _what(st: os.stat_result) -> str:
+    for test, name in _STALE_KINDS:
+        if test(st.st_mode):
+            return name
+    if st.st_nlink != 1:
+        return f"a file with {st.st_nlink} links"
+    return f"a file owned by uid {st.st_uid}"
+
+
+def _scratch_dir(mfd: int, scratch: str, uid: int) -> int:
+    """Open (creating where missing, mode 0700) each directory of ``scratch`` below the mount, without following
+    symlinks; each must be a real directory owned by ``uid`` and writable by nobody else. A descriptor of the last."""
+    mount_dev = os.fstat(mfd).st_dev
+    dfd = mfd
     try:
-        dfd = mfd
         for part in scratch.split("/"):
             if part in ("", "."):
                 continue
@@ -43,33 +68,87 @@ def _probe(mountpoint: bytes, scratch: str, size: str) -> list[str]:
                 raise OSError(0, "scratch directory must not contain '..'")
             with contextlib.suppress(FileExistsError):
                 os.mkdir(part, 0o700, dir_fd=dfd)
-            nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=dfd)
+            # O_DIRECTORY fails at once (ENOTDIR) on a FIFO or device, O_NOFOLLOW on a symlink (ELOOP): never blocks.
+            try:
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError as err:
+                why = f"scratch directory {part!r} is not a real directory: {err.strerror}"
+                raise OSError(err.errno, why) from None
             if dfd != mfd:
                 os.close(dfd)
             dfd = nfd
-        if os.fstat(dfd).st_dev != os.fstat(mfd).st_dev:
-            raise OSError(0, "scratch directory is on another filesystem than the mount")
-        name = f"probe-{os.getpid()}"
-        t0 = time.monotonic()
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | nofollow, 0o600, dir_fd=dfd)
-        try:
-            os.write(fd, payload)
-            t1 = time.monotonic()
-            os.fsync(fd)
-            t2 = time.monotonic()
-        finally:
-            os.close(fd)
-        fd = os.open(name, os.O_RDONLY | nofollow, dir_fd=dfd)
-        try:
-            # Drop the file's cached pages so the read goes to the storage, not to memory.
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            back = os.read(fd, len(payload))
-            t3 = time.monotonic()
-        finally:
-            os.close(fd)
-            os.unlink(name, dir_fd=dfd)
+            st = os.fstat(dfd)
+            if st.st_uid != uid or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise OSError(
+                    0,
+                    f"scratch directory {part!r} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
+                    f"refused (it must belong to uid {uid} and be writable by nobody else)",
+                )
+            if st.st_dev != mount_dev:
+                raise OSError(0, "scratch directory is on another filesystem than the mount")
+        return dfd
+    except BaseException:
         if dfd != mfd:
             os.close(dfd)
+        raise
+
+
+def _probe(mountpoint: bytes, scratch: str, size: str) -> list[str]:
+    """Write, fsync and read back a small file in ``mountpoint/scratch``; return the three durations in seconds.
+
+    The scratch directory is opened relative to the mountpoint without following symlinks, must be on the mount's own
+    filesystem and belong to this process's user, so a path from configuration or from the mount's contents never
+    leads elsewhere. The file is created new (``O_EXCL``, never truncating anything) and must be a regular file with
+    one link: whatever someone else put at its name (a FIFO, a symlink, a hard link to another file, a device) makes
+    the probe fail with the reason, and is left alone.
+    """
+    payload = os.urandom(int(size))
+    uid = os.geteuid()
+    name = probe_file_name(mountpoint)
+    mfd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        dfd = _scratch_dir(mfd, scratch, uid)
+        try:
+            try:
+                old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+            else:
+                if not stat.S_ISREG(old.st_mode) or old.st_nlink != 1 or old.st_uid != uid:
+                    raise OSError(0, f"probe file {name} is {_what(old)}, not one the probe made: refused")
+                os.unlink(name, dir_fd=dfd)  # our own, left by a probe that was killed
+            t0 = time.monotonic()
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                fd = os.open(name, flags, 0o600, dir_fd=dfd)
+            except FileExistsError:
+                raise OSError(0, f"probe file {name} appeared while the probe was creating it: refused") from None
+            try:
+                st = os.fstat(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                    raise OSError(0, f"probe file {name} is {_what(st)} after creating it: refused")
+                os.write(fd, payload)
+                t1 = time.monotonic()
+                os.fsync(fd)
+                t2 = time.monotonic()
+                # Drop the file's cached pages so the read goes to the storage, not to memory.
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                back = os.pread(fd, len(payload), 0)
+                t3 = time.monotonic()
+            finally:
+                os.close(fd)
+                # Remove the name only while it is still the file made above.
+                with contextlib.suppress(OSError):
+                    now = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                        os.unlink(name, dir_fd=dfd)
+        finally:
+            if dfd != mfd:
+                os.close(dfd)
     finally:
         os.close(mfd)
     if back != payload:
@@ -77,7 +156,7 @@ def _probe(mountpoint: bytes, scratch: str, size: str) -> list[str]:
     return [repr(t1 - t0), repr(t2 - t1), repr(t3 - t2)]
 
 
-OPS: dict[str, Callable[..., list[str]]] = {"statvfs": _statvfs, "probe": _probe}
+OPS: dict[str, Callable[..., list[str] | str]] = {"statvfs": _statvfs, "probe": _probe}
 
 
 def _reply(line: str) -> None:
@@ -87,10 +166,12 @@ def _reply(line: str) -> None:
 
 
 def _run(req_id: str, op: str, args: list[str]) -> str:
-    """The reply line for one request."""
+    """The reply line for one request: ``ok`` with words, or ``json`` with one JSON text (an op returning a str)."""
     try:
         decoded: list[object] = [bytes.fromhex(a) if i == 0 else a for i, a in enumerate(args)]
         values = OPS[op](*decoded)
+        if isinstance(values, str):
+            return f"{req_id} json {values}"
         return " ".join([req_id, "ok", *values])
     except OSError as err:
         msg = (err.strerror or str(err)).replace("\n", " ")
@@ -126,7 +207,10 @@ class _Threads:
             request = self._requests.get()
 
 
-def main() -> None:
+def serve(ops: Mapping[str, Callable[..., list[str] | str]] | None = None) -> None:
+    """Answer requests from standard input until it closes, then exit at once, stuck threads included."""
+    if ops is not None:
+        OPS.update(ops)
     threads = _Threads()
     for raw in sys.stdin.buffer:
         parts = raw.decode("ascii", "replace").split()
@@ -139,6 +223,10 @@ def main() -> None:
         threads.submit((req_id, op, args))
     # Standard input closed: the agent is gone or shutting down. Leave at once, stuck threads included.
     os._exit(0)
+
+
+def main() -> None:
+    serve()
 
 
 if __name__ == "__main__":

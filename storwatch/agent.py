@@ -1,16 +1,20 @@
 """The agent: sources on their own cadences in their own workers, a tick that builds the View, and the server.
 
 Signals: SIGTERM/SIGINT stop it (within a couple of seconds whatever the mounts do: nothing here waits on one);
-SIGHUP reloads the configuration file and keeps the last good one when the new one is invalid.
+SIGHUP reloads the configuration file and keeps the last good one when the new one is invalid or cannot be applied.
+The handlers only note a signal; the main thread acts on it (see SignalInbox).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
 import math
+import select
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +27,7 @@ from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.view import VerdictCache, build_view
 from storwatch.classify import Classifier, resolve_platform
 from storwatch.config import Config, ConfigError, load_config
-from storwatch.exporter import Exporter
+from storwatch.exporter import ConfigReloads, Exporter
 from storwatch.history import History
 from storwatch.kubevolumes import KubeVolumeEvidence
 from storwatch.model import CollectorStatus, Platform, Snapshot, View
@@ -37,7 +41,7 @@ from storwatch.sources.mounts import MountSource
 from storwatch.sources.nfs import NFSSource
 from storwatch.sources.probe import ProbeSource, ProbeTarget
 from storwatch.sources.processes import ProcessSource
-from storwatch.web import StatusHTTPServer
+from storwatch.web import NOT_CACHED, NotCached, StatusHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,9 @@ STALLED_INTERVALS = 10
 """A collect() in flight longer than the larger of STALLED_MIN_SECONDS and STALLED_INTERVALS intervals is reported
 as a failure: sources keep their own deadlines, so only a bug or a hang they did not foresee gets there."""
 GPU_OFF_REASON = "gpu.enabled is false in the configuration"
+# How long stop() waits for the agent's threads, all together (each sleeps on the stop event, so they end at once
+# unless one is inside a collect(), which no hung mount can hold: those calls run in the helper process).
+STOP_JOIN_SECONDS = 2.0
 # Which config section each source takes on reload.
 _CONFIG_SECTION = {
     "mounts": "mounts",
@@ -130,7 +137,10 @@ class Agent:
         clock: Callable[[], float] = time.time,
         sources: list[Source] | None = None,
         process_metrics: bool = True,
+        server: StatusHTTPServer | None = None,
     ) -> None:
+        """``server``: one already bound (``storwatch agent`` binds its port before anything else starts, so a busy
+        port is one clear error); without it ``start`` binds ``config.listen``."""
         self.config_path = config_path
         self.flags = flags
         self.clock = clock
@@ -140,7 +150,10 @@ class Agent:
         self._kube_evidence = KubeVolumeEvidence()
         self.classifier = self._classifier(self.platform.name, config)
         self.history = History(config.history_size)
-        self.exporter = Exporter(process_metrics=process_metrics, nfs_operations=config.nfs.operations)
+        self.reloads = ConfigReloads()
+        self.exporter = Exporter(
+            process_metrics=process_metrics, nfs_operations=config.nfs.operations, reloads=self.reloads
+        )
         self.windows = LatencyWindows()
         self._feeder = WindowFeeder(self.windows)
         self._verdicts = VerdictCache()
@@ -157,7 +170,7 @@ class Agent:
         """What the last tick saw; the View is made from it when first asked for."""
         self._served = _Served(None, None, self.exporter.render(None))
         self._threads: list[threading.Thread] = []
-        self.server: StatusHTTPServer | None = None
+        self.server = server
         log.info("platform %s (%s)", self.platform.name, self.platform.detected_by)
 
     def _classifier(self, platform: str, config: Config) -> Classifier:
@@ -183,6 +196,9 @@ class Agent:
                 max_depth=config.checkpoints.max_depth,
                 max_seconds=config.checkpoints.max_seconds,
                 stuck_paths=self._stuck_mount_paths,
+                timeout_seconds=config.checkpoints.timeout_seconds,
+                deep_timeout_seconds=config.checkpoints.deep_timeout_seconds,
+                limits=config.checkpoints.deep_limits(),
             ),
             *((KubeSource(config.kube.interval_seconds, clock=self.clock),) if config.kube.enabled else ()),
             *(
@@ -261,6 +277,20 @@ class Agent:
                     served = self._served = dataclasses.replace(served, metrics=self.exporter.render(served.view))
         assert served.metrics is not None
         return served.metrics
+
+    def cached_view(self) -> View | NotCached | None:
+        """The current View if it is already made (None before the first tick), else NOT_CACHED; never makes it."""
+        ticked = self._ticked
+        served = self._served
+        if ticked is None or served.ticked is ticked:
+            return served.view
+        return NOT_CACHED
+
+    def cached_metrics(self) -> bytes | None:
+        """The current exposition if it is already rendered, else None; never renders it."""
+        ticked = self._ticked
+        served = self._served
+        return served.metrics if ticked is None or served.ticked is ticked else None
 
     @property
     def view(self) -> View | None:
@@ -426,6 +456,7 @@ class Agent:
         snap = self.snapshot()
         self.history.append(snap.for_history())
         self._feeder.feed(snap)
+        self._feeder.forget(snap)  # the windows of unmounted pod volumes, which would otherwise stay for ever
         if snap.kube is not None:
             self._kube_evidence.update(snap.kube)
         with self._lock:
@@ -458,6 +489,15 @@ class Agent:
     # -- lifecycle
 
     def start(self, serve: bool = True) -> None:
+        """Serve (binding the port first, when no bound server was given), then start the sources and the ticker."""
+        if serve:
+            if self.server is None:
+                self.server = StatusHTTPServer(self.config.listen, tls=self.config.tls)
+            server = self.server
+            server.view, server.metrics = self.current_view, self.metrics
+            server.cached_view, server.cached_metrics = self.cached_view, self.cached_metrics
+            server.start()
+            log.info("serving on %s (port %d)", self.config.listen, server.port)
         for st in self._sources:
             t = threading.Thread(target=self._run_source, args=(st,), name=f"source-{st.source.name}", daemon=True)
             t.start()
@@ -465,10 +505,6 @@ class Agent:
         t = threading.Thread(target=self._run_ticker, name="ticker", daemon=True)
         t.start()
         self._threads.append(t)
-        if serve:
-            self.server = StatusHTTPServer(self.config.listen, self.current_view, self.metrics, self.config.tls)
-            self.server.start()
-            log.info("serving on %s (port %d)", self.config.listen, self.server.port)
 
     def stop(self) -> None:
         self._stop.set()
@@ -481,26 +517,48 @@ class Agent:
                 st.source.close()
             except Exception:
                 log.exception("closing source %s", st.source.name)
+        deadline = time.monotonic() + STOP_JOIN_SECONDS
         for t in self._threads:
-            t.join(timeout=1.0)
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def reload(self) -> bool:
-        """Re-read the configuration file; on any problem keep the running configuration."""
-        if self.config_path is None:
+        """Re-read the configuration file and apply it. On any problem, reading, checking or applying it, the last
+        good configuration stays in force, the error is logged as ``FILE:LINE: FIELD: message`` (``FILE: message``
+        where no line applies) and counted (storwatch_config_reload_errors_total)."""
+        path = self.config_path
+        if path is None:
             log.info("SIGHUP: no configuration file to reload")
             return False
         try:
-            new = self.flags(load_config(self.config_path))
-            new.validate(self.config_path)
+            new = self.flags(load_config(path))
+            new.validate(path)
             platform = resolve_platform(new.platform, new.host_paths())
             classifier = self._classifier(platform.name, new)
-        except (ConfigError, ValueError) as err:
-            log.error("reload failed, keeping the last good configuration:\n%s", err)
-            return False
+        except ConfigError as err:
+            return self._reload_failed(str(err))
+        except Exception as err:  # a bug in reading a file must not take a running agent down
+            log.debug("reload: reading %s", path, exc_info=True)
+            return self._reload_failed(f"{path}: cannot load: {type(err).__name__}: {err}")
         for name in ("listen", "tls", "paths"):
             if getattr(new, name) != getattr(self.config, name):
                 log.warning("reload: %s changed; it takes effect on restart", name)
                 new = dataclasses.replace(new, **{name: getattr(self.config, name)})
+        old = (self.config, self.platform, self.classifier)
+        try:
+            self._apply(new, platform, classifier)
+        except Exception as err:
+            log.debug("reload: applying %s", path, exc_info=True)
+            try:
+                self._apply(*old)
+            except Exception:
+                log.exception("reload: putting the last good configuration back failed")
+            return self._reload_failed(f"{path}: cannot apply: {type(err).__name__}: {err}")
+        self.reloads.succeeded()
+        self._dirty.set()
+        log.info("configuration reloaded from %s", path)
+        return True
+
+    def _apply(self, new: Config, platform: Platform, classifier: Classifier) -> None:
         with self._lock:
             self.config = new
             self.platform, self.classifier = platform, classifier
@@ -513,9 +571,12 @@ class Agent:
             self._switch_gpu(new)
         with self._view_lock:  # not while a render is using the old set
             self.exporter.configure(new.nfs.operations)
-        self._dirty.set()
-        log.info("configuration reloaded from %s", self.config_path)
-        return True
+
+    def _reload_failed(self, message: str) -> bool:
+        self.reloads.failed()
+        log.error("reload failed, keeping the last good configuration:\n%s", message)
+        self._dirty.set()  # a tick, so the next scrape shows the count
+        return False
 
     def _gpu_source(self, config: Config) -> GPUSource:
         gpu = config.gpu
@@ -540,23 +601,74 @@ class Agent:
                 if st.paused:
                     st.status = CollectorStatus(st.source.name, False, 0.0, st.last_success, None, GPU_OFF_REASON)
 
-    def run_until_signalled(self) -> None:
-        """Serve until SIGTERM or SIGINT; SIGHUP reloads. Must be called from the main thread."""
-        hup = threading.Event()
+    def run_until_signalled(self, exiting: bool = False) -> None:
+        """Serve until SIGTERM or SIGINT; SIGHUP reloads. Must be called from the main thread.
 
-        def on_stop(signum: int, frame: FrameType | None) -> None:
-            log.info("received %s, stopping", signal.Signals(signum).name)
-            self._stop.set()
+        ``exiting``: the process exits once this returns (``storwatch agent``). The three signals are then ignored
+        from the moment the agent stops rather than given back to what was there before: a second SIGTERM
+        (``timeout`` sends one to the process and one to its group) would otherwise meet the default action, which
+        Python also restores as it shuts down, and kill a process that was exiting cleanly."""
+        inbox = SignalInbox()
+        try:
+            self.start()
+            while not inbox.stop_signal:
+                inbox.wait(1.0)
+                if inbox.hup and not inbox.stop_signal:
+                    inbox.hup = False  # a SIGHUP from here on asks for one more reload, after this one
+                    log.info("received SIGHUP, reloading the configuration")
+                    self.reload()
+            log.info("received %s, stopping", signal.Signals(inbox.stop_signal).name)
+        finally:
+            if exiting:
+                inbox.ignore_all()
+            self.stop()
+            inbox.close()
 
-        def on_hup(signum: int, frame: FrameType | None) -> None:
-            hup.set()
 
-        signal.signal(signal.SIGTERM, on_stop)
-        signal.signal(signal.SIGINT, on_stop)
-        signal.signal(signal.SIGHUP, on_hup)
-        self.start()
-        while not self._stop.wait(1.0):  # signal handlers run at once; SIGHUP is looked at each second
-            if hup.is_set():
-                hup.clear()
-                self.reload()
-        self.stop()
+class SignalInbox:
+    """SIGTERM, SIGINT and SIGHUP as the main thread sees them: each handler only notes its signal in a flag, and
+    ``signal.set_wakeup_fd`` wakes the thread waiting in ``wait``; logging, stopping and reloading happen there.
+
+    A handler runs in the main thread between two bytecodes, wherever that thread is: one that logged or set a
+    threading.Event could run while the main thread held that very lock (inside Event.wait) and wait on it forever,
+    which two signals close together did. Installed when made, from the main thread; ``close`` puts back what was
+    there before (or SIG_IGN after ``ignore_all``)."""
+
+    def __init__(self) -> None:
+        self.stop_signal = 0
+        """The last SIGTERM or SIGINT received, 0 for none."""
+        self.hup = False
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        self._old_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        self._old = {sig: signal.signal(sig, self._note) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            self.hup = True
+        else:
+            self.stop_signal = signum
+
+    def wait(self, timeout: float) -> None:
+        """Until a signal arrives or ``timeout`` passes. A signal that another thread took has its handler run in the
+        main thread at a bytecode boundary soon after the wake-up, so the caller sees its flag now or, at worst,
+        after the next wait."""
+        with contextlib.suppress(InterruptedError):
+            select.select([self._reader], [], [], timeout)
+        with contextlib.suppress(OSError):
+            while self._reader.recv(64):
+                pass
+
+    def ignore_all(self) -> None:
+        """From now on the three signals are ignored (a process about to exit); ``close`` leaves them so."""
+        for sig in self._old:
+            signal.signal(sig, signal.SIG_IGN)
+        self._old = dict.fromkeys(self._old, signal.SIG_IGN)
+
+    def close(self) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(self._old_fd)
+        self._reader.close()
+        self._writer.close()

@@ -1,9 +1,22 @@
-"""Calls that can hang in the kernel (statvfs, probes), with a deadline each and at most one in flight per key.
+"""Calls that can hang in the kernel (statvfs, probes, checkpoint scans), with a deadline each and at most one in
+flight per key.
 
-The calls run in one helper process (``_blocking_worker.py``), so a call stuck in uninterruptible sleep strands a
-thread there and never one of the agent's: the agent's scrapes, its other sources and its exit on SIGTERM never wait
-on a mount. A key whose call is still in flight is reported stuck and gets no second call until the first returns;
-the number of calls in flight, and so the helper's threads, is bounded.
+The calls run in a helper process (``_blocking_worker.py``, or another worker script built on it), so a call stuck in
+the kernel strands a thread there and never one of the agent's: the agent's scrapes, its other sources and its exit on
+SIGTERM never wait on a mount. A key whose call is still in flight past its deadline is reported stuck and gets no
+second call until the first returns.
+
+Two bounds keep the helper's threads bounded without letting hung mounts starve healthy ones:
+
+* ``max_inflight``: calls within their deadline (the working set). A call past its deadline leaves the working set
+  for the stuck set, freeing its slot, as long as the stuck set has room.
+* ``max_stuck``: calls past their deadline still waiting in the helper. While the stuck set is full, only keys that
+  answered in time on their last call are called (a key never called, or whose last call was late, is left out and
+  reported ``skipped``), and a call that then goes past its deadline keeps its working slot. So the helper never
+  holds more than ``max_inflight + max_stuck`` calls, and so threads.
+
+Each round calls the keys that answered in time last round first, then new keys, then keys whose last call was late:
+a node with a hundred hung mounts still measures every healthy one each round.
 """
 
 from __future__ import annotations
@@ -21,34 +34,63 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_blocking_worker.py")
+FORGET_SECONDS = 3600.0
+"""What the pool remembers of a key (answered in time or late) is forgotten this long after it was last asked for."""
 
 
 @dataclass(frozen=True)
 class CallOutcome:
     values: tuple[str, ...] | None = None
-    """The call's answer when it returned successfully."""
+    """The call's answer when it returned successfully (``text`` split into words)."""
     error: str | None = None
     """Why the call failed (an errno message), or why it was not made."""
     stuck: bool = False
     """Still in flight past its deadline."""
     in_flight_seconds: float = 0.0
+    """How long the call has been in flight (stuck, or still within its deadline)."""
+    skipped: bool = False
+    """Not called this round because of a limit (``max_inflight`` or ``max_stuck``): nothing is known of the key."""
+    text: str | None = None
+    """The answer as one string (a JSON answer is not split into words)."""
 
 
 @dataclass
 class _Pending:
     key: str
     started: float
+    deadline: float
+    stuck_slot: bool = False
+    """Moved from the working set to the stuck set (past its deadline, while the stuck set had room)."""
+
+
+@dataclass
+class _Done:
+    outcome: CallOutcome
+    at: float
 
 
 class BlockingCalls:
-    def __init__(self, max_inflight: int = 16, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_inflight: int = 16,
+        clock: Callable[[], float] = time.monotonic,
+        max_stuck: int = 128,
+        command: Sequence[str] | None = None,
+    ) -> None:
+        """``command`` starts the helper (default: ``_blocking_worker.py`` under ``python -I -S``)."""
         self.max_inflight = max_inflight
+        self.max_stuck = max_stuck
         self._clock = clock
+        self._command = list(command) if command is not None else [sys.executable, "-I", "-S", _WORKER]
         self._lock = threading.Condition()
         self._ids = itertools.count(1)
-        self._pending: dict[str, _Pending] = {}  # request id -> pending call
+        self._pending: dict[str, _Pending] = {}  # request id -> pending call, in the order sent
         self._by_key: dict[str, str] = {}  # key -> request id in flight
-        self._done: dict[str, CallOutcome] = {}  # key -> outcome not yet collected
+        self._done: dict[str, _Done] = {}  # key -> outcome not yet collected
+        self._late: dict[str, bool] = {}  # key -> whether its last finished call came back past its deadline
+        self._asked: dict[str, float] = {}  # key -> when it was last asked for
+        self._stuck_slots = 0
+        self._next_forget = 0.0
         self._proc: subprocess.Popen[bytes] | None = None
         self._closed = False
 
@@ -62,7 +104,7 @@ class BlockingCalls:
             log.warning("blocking-call helper exited with %s; starting a new one", proc.returncode)
             self._fail_all("helper process exited")
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", _WORKER],
+            self._command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -75,92 +117,180 @@ class BlockingCalls:
     def _read_replies(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
         for raw in proc.stdout:
-            parts = raw.decode("utf-8", "replace").rstrip("\n").split(" ")
+            parts = raw.decode("utf-8", "surrogateescape").rstrip("\n").split(" ", 2)
             if len(parts) < 2:
                 continue
-            req_id, status, rest = parts[0], parts[1], parts[2:]
+            req_id, status = parts[0], parts[1]
+            rest = parts[2] if len(parts) > 2 else ""
             if status == "ok":
-                outcome = CallOutcome(values=tuple(rest))
+                outcome = CallOutcome(values=tuple(rest.split(" ")) if rest else (), text=rest)
+            elif status == "json":
+                outcome = CallOutcome(values=(), text=rest)
             else:
-                outcome = CallOutcome(error=" ".join(rest[1:]) or "failed")
+                outcome = CallOutcome(error=rest.partition(" ")[2] or "failed")
             with self._lock:
                 pending = self._pending.pop(req_id, None)
                 if pending is None:
                     continue
+                if pending.stuck_slot:
+                    self._stuck_slots -= 1
                 if self._by_key.get(pending.key) == req_id:
                     del self._by_key[pending.key]
-                self._done[pending.key] = outcome
+                now = self._clock()
+                self._done[pending.key] = _Done(outcome, now)
+                self._late[pending.key] = now > pending.deadline
                 self._lock.notify_all()
 
     def _fail_all(self, why: str) -> None:
+        now = self._clock()
         for pending in self._pending.values():
-            self._done[pending.key] = CallOutcome(error=why)
+            self._done[pending.key] = _Done(CallOutcome(error=why), now)
         self._pending.clear()
         self._by_key.clear()
+        self._stuck_slots = 0
+
+    # -- the two sets
+
+    def _working(self) -> int:
+        return len(self._pending) - self._stuck_slots
+
+    def _admit_stuck(self, now: float) -> float | None:
+        """Move calls past their deadline into the stuck set while it has room; the next deadline still ahead."""
+        upcoming: float | None = None
+        for pending in self._pending.values():
+            if pending.stuck_slot:
+                continue
+            if pending.deadline <= now:
+                if self._stuck_slots < self.max_stuck:
+                    pending.stuck_slot = True
+                    self._stuck_slots += 1
+            elif upcoming is None or pending.deadline < upcoming:
+                upcoming = pending.deadline
+        return upcoming
+
+    def _forget(self, now: float) -> None:
+        if now < self._next_forget:
+            return
+        self._next_forget = now + 60.0
+        old = [k for k, t in self._asked.items() if now - t > FORGET_SECONDS and k not in self._by_key]
+        for key in old:
+            del self._asked[key]
+            self._late.pop(key, None)
+        for key in [k for k, d in self._done.items() if now - d.at > FORGET_SECONDS]:
+            del self._done[key]
 
     # -- calls
 
     def call_many(
-        self, op: str, requests: Mapping[str, Sequence[bytes | str]], timeout: float
+        self,
+        op: str,
+        requests: Mapping[str, Sequence[bytes | str]],
+        timeout: float,
+        wait: float | None = None,
     ) -> dict[str, CallOutcome]:
-        """Run ``op`` for every key, wait at most ``timeout`` seconds in all, and say how each went.
+        """Run ``op`` for every key (each call with a deadline of ``timeout`` seconds), wait at most ``wait`` seconds
+        (``timeout`` by default) in all, and say how each went.
 
-        The first argument of each request is a path (bytes or str); the rest are plain words.
+        The first argument of each request is a path (bytes or str); the rest are plain words. A key whose earlier
+        call has not returned gets no new one: its outcome says how long it has been in flight, and whether that is
+        past its deadline (``stuck``). An answer that came back after an earlier round ended is returned once, unless
+        a newer one arrives within this round.
         """
-        deadline = self._clock() + timeout
+        started = self._clock()
+        round_end = started + (timeout if wait is None else wait)
         with self._lock:
             if self._closed:
                 return {k: CallOutcome(error="shutting down") for k in requests}
-            # One call per key: a key whose earlier call has not returned gets no second one.
-            queue = [k for k in requests if k not in self._by_key]
-            queue.reverse()
+            self._forget(started)
+            for key in requests:
+                self._asked[key] = started
+            # Keys that answered in time last round first, then new ones, then those whose last call was late.
+            order = {False: 0, None: 1, True: 2}
+            queue = sorted((k for k in requests if k not in self._by_key), key=lambda k: order[self._late.get(k)])
             while True:
-                # Send as many as the bound allows; quick calls free their slots for the rest of the queue.
-                self._send(op, requests, queue)
-                if not queue and not any(k in self._by_key for k in requests):
+                now = self._clock()
+                upcoming = self._admit_stuck(now)
+                queue = self._send(op, requests, queue, now, timeout)
+                if self._closed:
                     break
-                left = deadline - self._clock()
-                if left <= 0:
+                # Worth waiting for: calls still within their deadline, and keys waiting only for a working slot.
+                waiting = any(
+                    k in self._by_key and self._pending[self._by_key[k]].deadline > now for k in requests
+                ) or any(not self._blocked_by_stuck(k) for k in queue)
+                if not waiting or now >= round_end:
                     break
-                self._lock.wait(left)
+                wake = round_end if upcoming is None else min(round_end, upcoming)
+                self._lock.wait(max(0.0, wake - now))
             now = self._clock()
+            self._admit_stuck(now)
             result: dict[str, CallOutcome] = {}
             for key in requests:
-                if key in self._done:
-                    result[key] = self._done.pop(key)
+                done = self._done.pop(key, None)
+                if done is not None:
+                    result[key] = done.outcome
                 elif key in self._by_key:
-                    # Still out after a whole deadline of waiting: stuck, however long ago it started.
-                    age = now - self._pending[self._by_key[key]].started
-                    result[key] = CallOutcome(stuck=True, in_flight_seconds=age)
+                    pending = self._pending[self._by_key[key]]
+                    result[key] = CallOutcome(stuck=now >= pending.deadline, in_flight_seconds=now - pending.started)
+                elif self._closed:
+                    result[key] = CallOutcome(error="shutting down")
+                elif self._blocked_by_stuck(key):
+                    result[key] = CallOutcome(
+                        skipped=True,
+                        error=f"not called: {self._stuck_slots} calls stuck past their deadline (limit "
+                        f"{self.max_stuck}); only what answered in time last round is called",
+                    )
                 else:
                     result[key] = CallOutcome(
-                        error=f"not called: {len(self._pending)} calls already in flight (limit {self.max_inflight})"
+                        skipped=True,
+                        error=f"not called: {self._working()} calls in flight (limit {self.max_inflight})",
                     )
             return result
 
-    def _send(self, op: str, requests: Mapping[str, Sequence[bytes | str]], queue: list[str]) -> None:
-        if not queue or len(self._pending) >= self.max_inflight:
-            return
-        proc = self._ensure_worker()
-        assert proc.stdin is not None
+    def _blocked_by_stuck(self, key: str) -> bool:
+        """While the stuck set is full, a key is called only if its last call answered in time."""
+        return self._stuck_slots >= self.max_stuck and self._late.get(key) is not False
+
+    def _send(
+        self, op: str, requests: Mapping[str, Sequence[bytes | str]], queue: list[str], now: float, timeout: float
+    ) -> list[str]:
+        """Send what the bounds allow, in queue order; the keys left unsent."""
+        if not queue or self._working() >= self.max_inflight:
+            return queue
+        left: list[str] = []
+        chosen: list[str] = []
+        free = self.max_inflight - self._working()
+        for key in queue:
+            if len(chosen) >= free or self._blocked_by_stuck(key):
+                left.append(key)
+            else:
+                chosen.append(key)
+        if not chosen:
+            return left
+        proc = self._ensure_worker()  # before the new calls are counted: a restart fails only the old ones
         lines = []
-        while queue and len(self._pending) < self.max_inflight:
-            key = queue.pop()
+        for key in chosen:
             args = requests[key]
             req_id = str(next(self._ids))
             path = os.fsencode(args[0]).hex() if args else ""
             lines.append(" ".join([req_id, op, path, *(str(a) for a in args[1:])]) + "\n")
-            self._pending[req_id] = _Pending(key, self._clock())
+            self._pending[req_id] = _Pending(key, now, now + timeout)
             self._by_key[key] = req_id
+        assert proc.stdin is not None
         try:
             proc.stdin.write("".join(lines).encode())
             proc.stdin.flush()
         except OSError as err:
             self._fail_all(f"helper process unreachable: {err}")
+        return left
 
     def in_flight(self) -> int:
         with self._lock:
             return len(self._pending)
+
+    def stuck(self) -> int:
+        """Calls in the stuck set (past their deadline, still waiting in the helper)."""
+        with self._lock:
+            return self._stuck_slots
 
     def close(self) -> None:
         """Stop the helper without waiting on it: a thread stuck in the kernel must not hold the agent."""

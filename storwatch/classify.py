@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from storwatch.model import Durability, Evidence, EvidenceSource, Mount, Platform, Verdict
-from storwatch.paths import HostPaths
+from storwatch.paths import DEFAULT_PROCFS, DEFAULT_SYSFS, HostPaths
 
 EvidenceProvider = Callable[[Mount], "Evidence | None"]
 
@@ -81,6 +81,16 @@ LOCAL_BLOCK_FSTYPES = frozenset(
         "udf",
     }
 )
+
+
+# Where the kernel shows its own state as files: a mount there (a cgroup tmpfs, a tracefs...) holds no user data.
+KERNEL_INTERFACE_DIRS = (DEFAULT_PROCFS, DEFAULT_SYSFS)
+
+
+def is_pseudo_mount(mountpoint: str) -> bool:
+    """A mount at or below /proc or /sys of the host: a kernel interface, not storage (the mount source already
+    drops pseudo filesystem types; this catches ordinary ones mounted there, such as the tmpfs of /sys/fs/cgroup)."""
+    return any(mountpoint == d or mountpoint.startswith(d + "/") for d in KERNEL_INTERFACE_DIRS)
 
 
 def _fuse_name(mount: Mount) -> str | None:

@@ -1,11 +1,14 @@
-"""Command line: ``storwatch agent`` runs the node agent; ``storwatch scan`` prints a one-shot report."""
+"""Command line: ``storwatch agent`` runs the node agent, ``storwatch scan`` prints a one-shot report of this node's
+mounts, and ``storwatch verify`` checks checkpoint files."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -17,7 +20,25 @@ from storwatch import __version__
 from storwatch.classify import PLATFORMS
 from storwatch.config import Config, ConfigError, load_config, parse_listen
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_NOTHING_VERIFIED = 0, 1, 2, 3
+
+VERIFY_EPILOG = """\
+verdicts:
+  complete    the checkpoint is whole (every byte read and torch.load tried, with --deep)
+  incomplete  a save that did not finish, or a file cut short
+  corrupt     finished, then damaged, never valid, or its pickle reaches for a global outside the allow-list
+  unknown     not a checkpoint, or a check stopped at a limit (the reason names it)
+
+exit status:
+  0  every path is a complete checkpoint
+  1  some checkpoint is incomplete or corrupt
+  2  usage error (a path does not exist, a bad option or configuration)
+  3  none incomplete or corrupt, but something could not be verified: no checkpoint was found, or a check
+     stopped at a limit
+
+Nothing is ever unpickled with the standard unpickler or executed: pickles are read by a restricted reader, and
+torch.load (weights_only=True, with --deep) runs in a separate, resource-limited process.
+"""
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -29,8 +50,32 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level (default info)")
 
 
+MAX_SCAN_TIMEOUT_SECONDS = 60.0
+MAX_SCAN_SAMPLE_SECONDS = 3600.0
+
+
+def _seconds(minimum: float, maximum: float, zero_ok: bool) -> Any:
+    """An argparse type: a finite number of seconds in range, else a message that says what is accepted."""
+    lowest = f"0 to {maximum:g}" if zero_ok else f"greater than 0 and at most {maximum:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value >= minimum if zero_ok else value > minimum) and value <= maximum):
+            raise argparse.ArgumentTypeError(f"must be a number of seconds {lowest}, got {text!r}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="storwatch", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="storwatch",
+        description="A node agent for GPU clusters: mount durability, storage latency, GPUs and checkpoints. "
+        "Commands: agent, scan, verify (storwatch COMMAND --help describes each).",
+    )
     parser.add_argument("--version", action="version", version=f"storwatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     agent = sub.add_parser("agent", help="run the node agent and serve /metrics, /status and /api/status")
@@ -40,19 +85,37 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(scan)
     scan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     scan.add_argument(
-        "--timeout", type=float, default=0.3, metavar="SECONDS", help="deadline for each mount's statvfs (default 0.3)"
+        "--timeout",
+        type=_seconds(0.0, MAX_SCAN_TIMEOUT_SECONDS, zero_ok=False),
+        default=0.3,
+        metavar="SECONDS",
+        help=f"deadline for each mount's statvfs, above 0 and at most {MAX_SCAN_TIMEOUT_SECONDS:g} (default 0.3)",
     )
     scan.add_argument(
         "--sample",
-        type=float,
+        type=_seconds(0.0, MAX_SCAN_SAMPLE_SECONDS, zero_ok=True),
         default=0.0,
         metavar="SECONDS",
-        help="read block and NFS I/O counters twice this far apart to show latency (default 0: no latency)",
+        help="read block and NFS I/O counters twice this far apart to show the latency of that one interval "
+        "(default 0: no latency)",
     )
-    verify = sub.add_parser("verify", help="check checkpoint files or directories: complete, incomplete or corrupt")
+    verify = sub.add_parser(
+        "verify",
+        help="check checkpoint files or directories: complete, incomplete, corrupt or unknown",
+        description="Check checkpoint files or directories (a run directory: every checkpoint found below it).",
+        epilog=VERIFY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     verify.add_argument("paths", nargs="+", metavar="PATH", help="checkpoint file or directory")
-    verify.add_argument("--deep", action="store_true", help="read every byte (CRC32s) and load with torch if present")
+    verify.add_argument(
+        "--deep",
+        action="store_true",
+        help="read every byte (CRC32s) and load with torch, in a limited child, if present",
+    )
     verify.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    verify.add_argument(
+        "--config", metavar="FILE", help="YAML configuration whose checkpoints section sets the limits and allow-list"
+    )
     return parser
 
 
@@ -61,9 +124,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if missing:
         print(f"storwatch verify: no such file or directory: {', '.join(missing)}", file=sys.stderr)
         return EXIT_USAGE
+    limits = load_config(args.config).checkpoints.deep_limits()
+    # Names from disk may hold bytes that are not UTF-8 (kept as surrogates): printed escaped, never an exception.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     results = []
     for path in args.paths:
-        results.extend(_verify_path(path, args.deep))
+        results.extend(_verify_path(path, args.deep, limits))
     if args.json:
         keys = ("path", "format", "verdict", "reason", "size_bytes", "deep")
         json.dump([{k: r.to_dict()[k] for k in keys} for r in results], sys.stdout, indent=2)
@@ -71,26 +140,68 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         for r in results:
             print(f"{r.verdict.upper():<10}  {r.format or 'unknown':<19}  {r.path}\n            {r.reason}")
-    return EXIT_OK if all(r.verdict == "complete" for r in results) else EXIT_FINDINGS
+    orphans = _orphaned_temps(args.paths)
+    if orphans:
+        # Not a verdict on any checkpoint (the exit status does not change): litter beside them.
+        print(
+            f"{'ORPHANED':<10}  {len(orphans)} temporaries of atomic_save, {sum(o[1] for o in orphans)} bytes, whose "
+            "writer is gone (the run's next atomic_save removes them):",
+            file=sys.stderr if args.json else sys.stdout,
+        )
+        for path, _ in orphans:
+            print(f"            {path}", file=sys.stderr if args.json else sys.stdout)
+    verdicts = {r.verdict for r in results}
+    if verdicts & {"incomplete", "corrupt"}:
+        return EXIT_FINDINGS
+    return EXIT_NOTHING_VERIFIED if "unknown" in verdicts or not results else EXIT_OK
 
 
-def _verify_path(path: str, deep: bool) -> list[Any]:
+def _orphaned_temps(paths: Sequence[str]) -> list[tuple[str, int]]:
+    """atomic_save temporaries whose writer is gone: below each directory given, and beside each file given."""
+    from storwatch.checkpoints.scan import CheckpointScanner
+    from storwatch.training import is_temp_name, orphaned_temp
+
+    temps: set[str] = set()
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            temps.update(CheckpointScanner([path]).scan().temps)
+        else:
+            parent = os.path.dirname(os.path.abspath(path))
+            with contextlib.suppress(OSError), os.scandir(parent) as entries:
+                temps.update(e.path for e in entries if is_temp_name(e.name))
+    found: list[tuple[str, int]] = []
+    for temp in sorted(temps):
+        directory, name = os.path.split(temp)
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            orphan = orphaned_temp(dir_fd, name)
+        finally:
+            os.close(dir_fd)
+        if orphan is not None:
+            found.append((temp, orphan.size_bytes))
+    return found
+
+
+def _verify_path(path: str, deep: bool, limits: Any = None) -> list[Any]:
     """The check of ``path``; for a directory that is no checkpoint itself (a run directory, a scan root), the check of
     every checkpoint found below it, oldest first, by the agent's own scanner and bounds."""
     from storwatch.checkpoints import check, identify
     from storwatch.checkpoints.scan import CheckpointScanner
 
     if not os.path.isdir(path) or os.path.islink(path) or identify(path) is not None:
-        return [check(path, deep=deep)]
+        return [check(path, deep=deep, limits=limits)]
     result = CheckpointScanner([path]).scan()
     if result.truncated_detail:
         print(f"storwatch verify: {path}: scan stopped early: {result.truncated_detail}", file=sys.stderr)
     found = sorted(result.candidates, key=lambda c: (c.newest_mtime, c.path))
     if not found:
-        r = check(path, deep=deep)
+        r = check(path, deep=deep, limits=limits)
         return [dataclasses.replace(r, reason=f"{r.reason}, and none was found below it")]
     print(f"storwatch verify: {path}: {len(found)} checkpoints found below it", file=sys.stderr)
-    return [check(c.path, deep=deep) for c in found]
+    return [check(c.path, deep=deep, limits=limits) for c in found]
 
 
 def apply_flags(args: argparse.Namespace) -> Any:
@@ -131,33 +242,42 @@ def _setup_logging(level: str) -> None:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     from storwatch.agent import Agent
+    from storwatch.web import StatusHTTPServer
 
     config, flags = _load(args)
     _setup_logging(config.log_level)
+    # The port first: a busy port is one line and exit 2, before any source has started or said anything.
     try:
-        agent = Agent(config, config_path=args.config, flags=flags)
-    except ValueError as err:
-        print(f"storwatch: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        agent.run_until_signalled()
+        server = StatusHTTPServer(config.listen, tls=config.tls)
     except OSError as err:
         host, port = parse_listen(config.listen)
         print(f"storwatch: cannot serve on {host or '*'}:{port}: {err.strerror or err}", file=sys.stderr)
-        agent.stop()
         return EXIT_USAGE
+    try:
+        agent = Agent(config, config_path=args.config, flags=flags, server=server)
+    except ValueError as err:
+        server.server_close()
+        print(f"storwatch: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    agent.run_until_signalled(exiting=True)
     return EXIT_OK
+
+
+KUBE_SCAN_WAIT_SECONDS = 5.0
+"""How long ``scan`` waits for the Kubernetes API to list what the mapping needs."""
 
 
 def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> Any:
     """Collect every source once, synchronously, and build the View.
 
-    With ``sample_seconds`` > 0, diskstats and mountstats are read twice that far apart, so the View has latency.
+    With ``sample_seconds`` > 0, diskstats and mountstats are read twice that far apart, so the View has the latency
+    of that one interval (view_to_dict labels it ``sample``, not as the agent's minute and hour windows).
     """
     from storwatch.analysis.io import WindowFeeder
     from storwatch.analysis.latency import LatencyWindows
     from storwatch.analysis.view import build_view
     from storwatch.classify import Classifier, resolve_platform
+    from storwatch.kubevolumes import KubeVolumeEvidence
     from storwatch.model import CollectorStatus, Snapshot
     from storwatch.sources.diskio import DiskIOSource
     from storwatch.sources.mounts import MountSource
@@ -171,7 +291,11 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
     started = time.monotonic()
     try:
         mounts = source.collect()
-        status = CollectorStatus(source.name, True, time.monotonic() - started, time.time())
+        # A mount left unmeasured (a limit of the statvfs pool) fails the collection as it does in the agent.
+        failure = getattr(mounts, "failure", None)
+        status = CollectorStatus(
+            source.name, failure is None, time.monotonic() - started, time.time() if failure is None else None, failure
+        )
     except OSError as err:
         log.error("%s", err)
         mounts = ()
@@ -190,18 +314,10 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
         except OSError as err:
             log.error("%s", err)
         windows = LatencyWindows(capacity=4)
-    gpus, containers = None, {}
+    gpus, containers = None, dict[int, Any]()
     if config.gpu.enabled:
-        from storwatch.sources.gpu import GPUSource
-        from storwatch.sources.processes import ProcessSource
-
-        gpu_source = GPUSource(call_timeout_seconds=min(config.gpu.call_timeout_seconds, 2.0))
-        try:
-            gpus = gpu_source.collect()
-        finally:
-            gpu_source.close()
-        pids = [p.pid for g in gpus.gpus for p in g.processes]
-        containers = ProcessSource(paths, lambda: pids).collect()
+        gpus, containers = _scan_gpus(config)
+    kube = _scan_kube(config) if config.kube.enabled else None
     snap = Snapshot(
         timestamp=time.time(),
         mounts=mounts,
@@ -210,16 +326,69 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
         nfs=nfs,
         gpus=gpus,
         containers=containers,
+        kube=kube,
     )
     if windows is not None:
         WindowFeeder(windows).feed(snap)
-    return build_view(snap, Classifier(platform.name, config.overrides()), platform, windows=windows)
+    classifier = Classifier(platform.name, config.overrides())
+    if kube is not None:
+        classifier.add_provider(KubeVolumeEvidence(kube))
+    return build_view(snap, classifier, platform, windows=windows, paths=paths)
+
+
+def _scan_gpus(config: Config) -> tuple[Any, dict[int, Any]]:
+    from storwatch.sources.gpu import GPUSource
+    from storwatch.sources.processes import ProcessSource
+
+    # The GPU source logs for an agent that retries NVML with backoff; a one-shot scan never retries, and prints
+    # what NVML said in its own output instead (keep the log when debugging).
+    gpu_log = logging.getLogger("storwatch.sources.gpu")
+    level = gpu_log.level
+    if not gpu_log.isEnabledFor(logging.DEBUG):
+        gpu_log.setLevel(logging.ERROR)
+    gpu_source = GPUSource(call_timeout_seconds=min(config.gpu.call_timeout_seconds, 2.0))
+    try:
+        gpus = gpu_source.collect()
+    finally:
+        gpu_source.close()
+        gpu_log.setLevel(level)
+    if gpus.error and "; next try in " in gpus.error:
+        gpus = dataclasses.replace(gpus, error=gpus.error.split("; next try in ", 1)[0])
+    pids = [p.pid for g in gpus.gpus for p in g.processes]
+    return gpus, ProcessSource(config.host_paths(), lambda: pids).collect()
+
+
+def _scan_kube(config: Config) -> Any:
+    """This node's pods and the storage objects behind them, listed once (None where no cluster is configured)."""
+    from storwatch.sources.kube import KubeSource
+
+    source = KubeSource(config.kube.interval_seconds)
+    if not source.enabled:
+        return None
+    try:
+        source.start()
+        deadline = time.monotonic() + KUBE_SCAN_WAIT_SECONDS
+        while not source.api_up and time.monotonic() < deadline:
+            time.sleep(0.05)
+        facts = source.collect()
+        if not facts.api_up:
+            logging.getLogger("storwatch").warning(
+                "the Kubernetes API did not answer within %.0f s (%s): mounts are shown without their pods",
+                KUBE_SCAN_WAIT_SECONDS,
+                facts.last_error or "no answer",
+            )
+        return facts
+    finally:
+        source.close()
 
 
 def format_table(data: dict[str, Any], width: int) -> str:
-    from storwatch.report import human_bytes, latency_cell, mount_state, usage_percent
+    from storwatch.report import GPU_OFF, human_bytes, latency_cell, mount_state, no_gpus_line, usage_percent
 
-    with_io = any(m["io"]["latency"] for m in data["mounts"])
+    # Kernel interfaces under /proc and /sys are not storage: named under the table, in --json with "pseudo": true.
+    mounts = [m for m in data["mounts"] if not m["pseudo"]]
+    window = "sample" if data["latency_windows"] == ["sample"] else "1m"
+    with_io = any(m["io"]["latency"] for m in mounts)
     headers: tuple[str, ...] = ("MOUNTPOINT", "TYPE", "DURABILITY", "USED", "SIZE", "AVAIL", "STATE")
     if with_io:
         headers += ("READ ms", "WRITE ms", "FSYNC ms")
@@ -233,10 +402,14 @@ def format_table(data: dict[str, Any], width: int) -> str:
             human_bytes(m["size_bytes"]),
             human_bytes(m["avail_bytes"]),
             mount_state(m),
-            *((latency_cell(m, "read"), latency_cell(m, "write"), latency_cell(m, "fsync")) if with_io else ()),
+            *(
+                (latency_cell(m, "read", window), latency_cell(m, "write", window), latency_cell(m, "fsync", window))
+                if with_io
+                else ()
+            ),
             m["reason"],
         )
-        for m in data["mounts"]
+        for m in mounts
     ]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers[:-1])]
     right = {3, 4, 5, 7, 8, 9}
@@ -251,11 +424,23 @@ def format_table(data: dict[str, Any], width: int) -> str:
     plat = data["platform"]
     out = [f"platform: {plat['name']} ({plat['detected_by']})", "", line(headers)]
     out.extend(line(r) for r in rows)
-    stuck = sum(1 for m in data["mounts"] if m["stuck"])
-    eph = sum(1 for m in data["mounts"] if m["ephemeral"])
-    out += ["", f"{len(rows)} mounts, {eph} ephemeral (volatile or node), {stuck} stuck"]
+    stuck = sum(1 for m in mounts if m["stuck"])
+    eph = sum(1 for m in mounts if m["ephemeral"])
+    out += ["", f"{len(rows)} mounts, {eph} ephemeral (volatile or node: lost with this node), {stuck} stuck"]
+    pseudo = [m["mountpoint"] for m in data["mounts"] if m["pseudo"]]
+    if pseudo:
+        out.append(f"not shown: {', '.join(pseudo)} (kernel interfaces, not storage; listed by --json)")
     if with_io:
-        out.append("latency: p50/p95/max of the per-interval averages over the sample, in milliseconds")
+        if window == "sample":
+            out.append(f"latency: the average of one {data['sample_seconds']:g} s interval, in milliseconds")
+        else:
+            out.append("latency: p50/p95/max of the per-interval averages, in milliseconds")
+    gpus = data["gpus"]
+    if gpus:
+        driver = data["nvml"]["driver_version"]
+        out.append(f"GPUs: {len(gpus)}" + (f" (driver {driver})" if driver else ""))
+    elif data["nvml"]["error"] != GPU_OFF:
+        out.append(no_gpus_line(data))
     return "\n".join(out)
 
 
@@ -264,7 +449,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     config, _ = _load(args)
     _setup_logging(config.log_level if args.log_level else "warning")
-    data = view_to_dict(scan_view(config, args.timeout, args.sample))
+    data = view_to_dict(scan_view(config, args.timeout, args.sample), sample_seconds=args.sample or None)
     if args.json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -2,19 +2,26 @@
 
 Files are data: loaded with ``yaml.compose`` (safe, and it keeps line numbers) and validated against the dataclasses
 below. A running agent that is given a bad file keeps its last good configuration (see ``agent.Agent.reload``).
+Parsing is bounded (file size, nesting depth, node count), so no file can exhaust memory or the stack.
+
+Every number has a finite range, declared with the field: ``interval_seconds: float = number(10.0, 0.1, 3600)``.
+A new int or float field gets its range the same way (tests/test_config.py fails for one without).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 import yaml
 
+from storwatch.checkpoints.limits import DeepLimits, allowed_global_problem
 from storwatch.classify import PLATFORMS, Override
 from storwatch.model import Durability
 from storwatch.paths import DEFAULT_PROCFS, DEFAULT_ROOTFS, DEFAULT_SYSFS, HostPaths
@@ -22,8 +29,45 @@ from storwatch.paths import DEFAULT_PROCFS, DEFAULT_ROOTFS, DEFAULT_SYSFS, HostP
 DEFAULT_LISTEN = ":9477"
 
 
+MAX_FILE_BYTES = 1 << 20
+MAX_DEPTH = 16
+"""Levels of nesting, the innermost value counted: the schema itself needs five (mounts.overrides[0].mountpoint)."""
+MAX_NODES = 100_000
+
+
 class ConfigError(ValueError):
     """A configuration problem, already phrased as ``FILE:LINE: FIELD: what is wrong``."""
+
+
+RANGE = "storwatch.config.range"
+"""The key of a numeric field's Range in its dataclass field metadata."""
+
+_N = TypeVar("_N", int, float)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field accepts: finite, from ``minimum`` to ``maximum`` inclusive."""
+
+    minimum: float
+    maximum: float
+    why: str = ""
+    """Said after the range in the error, when the bound has a reason a user would not guess."""
+
+    def problem(self, value: float) -> str | None:
+        if math.isfinite(value) and self.minimum <= value <= self.maximum:
+            return None
+        why = f" ({self.why})" if self.why else ""
+        return f"must be {_number_text(self.minimum)} to {_number_text(self.maximum)}{why}, got {value}"
+
+
+def _number_text(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def number(default: _N, minimum: _N, maximum: _N, why: str = "") -> _N:
+    """A numeric field with its default and its range: ``timeout_seconds: float = number(5.0, 0.01, 600)``."""
+    return field(default=default, metadata={RANGE: Range(minimum, maximum, why)})
 
 
 @dataclass(frozen=True)
@@ -50,13 +94,16 @@ class OverrideConfig:
 
 @dataclass(frozen=True)
 class MountsConfig:
-    interval_seconds: float = 10.0
-    statvfs_timeout_seconds: float = 1.0
-    max_inflight: int = 16
-    """At most this many statvfs calls in flight at once (stuck ones included): the bound on threads."""
+    interval_seconds: float = number(10.0, 0.1, 3600)
+    statvfs_timeout_seconds: float = number(1.0, 0.01, 600)
+    max_inflight: int = number(16, 1, 1024)
+    """At most this many statvfs calls within their deadline in flight at once."""
     exclude_fstypes: tuple[str, ...] = ()
     """Filesystem types to skip on top of the built-in pseudo filesystems."""
     overrides: tuple[OverrideConfig, ...] = ()
+    max_stuck: int = number(128, 0, 4096)
+    """At most this many statvfs calls past their deadline left waiting in the helper (threads: max_inflight +
+    max_stuck); while that many are stuck, only mounts that answered in time last round are called."""
 
 
 @dataclass(frozen=True)
@@ -69,14 +116,14 @@ class ProbesConfig:
     """Probe these mountpoints (exact paths or globs) too."""
     scratch_dir: str = ".storwatch-probe"
     """Directory on each probed mount for the probe's file, relative to the mountpoint; created when missing."""
-    interval_seconds: float = 30.0
-    timeout_seconds: float = 5.0
-    size_bytes: int = 4096
+    interval_seconds: float = number(30.0, 0.1, 86400)
+    timeout_seconds: float = number(5.0, 0.01, 600)
+    size_bytes: int = number(4096, 1, 1 << 20)
 
 
 @dataclass(frozen=True)
 class DiskIOConfig:
-    interval_seconds: float = 1.0
+    interval_seconds: float = number(1.0, 0.1, 3600)
 
 
 ALL_NFS_OPERATIONS = "*"
@@ -93,7 +140,7 @@ checkpoint writes and renames wait on, and pNFS layouts."""
 
 @dataclass(frozen=True)
 class NFSConfig:
-    interval_seconds: float = 1.0
+    interval_seconds: float = number(1.0, 0.1, 3600)
     operations: tuple[str, ...] = DEFAULT_NFS_OPERATIONS
     """The procedures whose storwatch_nfs_* series are exported, as the kernel names them; ["*"] for every one it
     counts (NFSv4.2 counts about seventy, nine series each, per mount). READ, WRITE and COMMIT feed the per-mount
@@ -108,10 +155,12 @@ MAX_BUFFERED_READ_SECONDS = 10.0
 class GPUConfig:
     enabled: bool = True
     """Read GPUs through NVML. On a node without the NVIDIA driver the source reports nvml_up 0 and retries."""
-    interval_seconds: float = 1.0
-    call_timeout_seconds: float = 2.0
+    interval_seconds: float = number(1.0, 0.1, 3600)
+    call_timeout_seconds: float = number(2.0, 0.01, 600)
     """Past this an NVML call is stuck: the GPUs show as down and no second sampling starts."""
-    samples_interval_seconds: float = 5.0
+    samples_interval_seconds: float = number(
+        5.0, 0.0, MAX_BUFFERED_READ_SECONDS, why="the driver keeps about 14 s of samples"
+    )
     """How often the driver's sample buffers (GPU utilisation samples, per-process SM utilisation) are read: 1.5-3 ms
     of CPU per GPU a read on an H100, and the driver keeps about 14 s of samples; 0 reads them every tick."""
 
@@ -122,23 +171,67 @@ class CheckpointsConfig:
     """Host directories to search for checkpoints (the kubelet's pod volumes are added on Kubernetes nodes)."""
     kubelet: bool = True
     """Search /var/lib/kubelet/pods under the host root when it exists."""
-    interval_seconds: float = 30.0
-    settle_seconds: float = 60.0
+    interval_seconds: float = number(30.0, 0.1, 86400)
+    settle_seconds: float = number(60.0, 0.0, 86400)
     """A Hugging Face Trainer directory is complete once nothing in it changed for this long."""
-    deep_per_scan: int = 1
+    deep_per_scan: int = number(1, 0, 1000)
     """Complete checkpoints read in full (every CRC; torch.load with torch installed) per scan, newest first."""
-    deep_max_bytes: int = 1 << 30
+    deep_max_bytes: int = number(1 << 30, 0, 1 << 50)
     """Larger checkpoints are read in full only on demand (storwatch verify --deep)."""
-    max_entries: int = 200_000
-    max_depth: int = 12
-    max_seconds: float = 10.0
+    max_entries: int = number(200_000, 1, 10_000_000)
+    max_depth: int = number(12, 1, 64)
+    max_seconds: float = number(10.0, 0.1, 3600)
+    allowed_globals: tuple[str, ...] = ()
+    """Extra ``module.name`` (or ``module.*``) globals a torch.save pickle may name, as torch's add_safe_globals; they
+    are never imported or called. Any other global outside storwatch's allow-lists makes the checkpoint corrupt."""
+    deep_wall_seconds: float = number(300.0, 1.0, 86400)
+    """Wall time of one check; past it the verdict is unknown."""
+    deep_max_inflate_ratio: float = number(100.0, 1.0, 100_000)
+    deep_max_inflated_bytes: int = number(8 << 30, 1 << 20, 1 << 50)
+    deep_max_inflated_factor: float = number(4.0, 1.0, 100_000)
+    deep_max_json_bytes: int = number(16 << 20, 1 << 10, 1 << 30)
+    deep_max_json_depth: int = number(64, 2, 1000)
+    deep_max_pickle_bytes: int = number(64 << 20, 1 << 10, 1 << 32)
+    deep_max_pickle_objects: int = number(4_000_000, 1000, 1 << 31)
+    deep_max_yaml_bytes: int = number(16 << 20, 1 << 10, 1 << 30)
+    deep_torch_load: bool = True
+    """Load torch.save files with torch (weights_only=True) in a limited child process during deep checks."""
+    deep_torch_address_space_bytes: int = number(3 << 30, 256 << 20, 1 << 44)
+    deep_torch_cpu_seconds: int = number(120, 1, 86400)
+    deep_torch_wall_seconds: float = number(180.0, 1.0, 86400)
+
+    def deep_limits(self) -> DeepLimits:
+        """The bounds of every checkpoint check (see storwatch/checkpoints/limits.py)."""
+        return DeepLimits(
+            wall_seconds=self.deep_wall_seconds,
+            max_inflate_ratio=self.deep_max_inflate_ratio,
+            max_inflated_bytes=self.deep_max_inflated_bytes,
+            max_inflated_factor=self.deep_max_inflated_factor,
+            max_json_bytes=self.deep_max_json_bytes,
+            max_json_depth=self.deep_max_json_depth,
+            max_pickle_bytes=self.deep_max_pickle_bytes,
+            max_pickle_objects=self.deep_max_pickle_objects,
+            max_yaml_bytes=self.deep_max_yaml_bytes,
+            torch_load=self.deep_torch_load,
+            torch_address_space_bytes=self.deep_torch_address_space_bytes,
+            torch_cpu_seconds=self.deep_torch_cpu_seconds,
+            torch_wall_seconds=self.deep_torch_wall_seconds,
+            allowed_globals=self.allowed_globals,
+        )
+
+    timeout_seconds: float = number(30.0, 0.1, 3600)
+    """Deadline of one root's (or one mount's below a root) walk and cheap checks in the helper process; past it the
+    root is reported stuck. Walks stop themselves after max_seconds: only a hung mount takes this long."""
+    deep_timeout_seconds: float = number(360.0, 1.0, 86400)
+    """Deadline of one deep check in the helper process, beyond deep_wall_seconds (where a check stops itself); past
+    it the root holding that checkpoint is reported stuck."""
 
 
 @dataclass(frozen=True)
 class KubeConfig:
     enabled: bool = True
     """Watch the Kubernetes API (in-cluster config or a kubeconfig); off by itself where there is neither."""
-    interval_seconds: float = 2.0
+    interval_seconds: float = number(2.0, 0.1, 3600)
     """How often the latest watched state is taken into the View (the watches themselves are continuous)."""
 
 
@@ -147,8 +240,8 @@ class Config:
     listen: str = DEFAULT_LISTEN
     platform: str = "auto"
     log_level: str = "info"
-    tick_seconds: float = 1.0
-    history_size: int = 300
+    tick_seconds: float = number(1.0, 0.1, 3600)
+    history_size: int = number(300, 1, 86_400, why="a day at one tick a second")
     paths: PathsConfig = field(default_factory=PathsConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
     mounts: MountsConfig = field(default_factory=MountsConfig)
@@ -171,39 +264,18 @@ class Config:
             problems.append(f"platform: {self.platform!r} is not one of auto, {', '.join(PLATFORMS)}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             problems.append(f"log_level: {self.log_level!r} is not one of debug, info, warning, error")
-        for name, value in (
-            ("tick_seconds", self.tick_seconds),
-            ("mounts.interval_seconds", self.mounts.interval_seconds),
-            ("mounts.statvfs_timeout_seconds", self.mounts.statvfs_timeout_seconds),
-            ("diskio.interval_seconds", self.diskio.interval_seconds),
-            ("nfs.interval_seconds", self.nfs.interval_seconds),
-            ("probes.interval_seconds", self.probes.interval_seconds),
-            ("probes.timeout_seconds", self.probes.timeout_seconds),
-            ("gpu.interval_seconds", self.gpu.interval_seconds),
-            ("gpu.call_timeout_seconds", self.gpu.call_timeout_seconds),
-            ("checkpoints.interval_seconds", self.checkpoints.interval_seconds),
-            ("checkpoints.max_seconds", self.checkpoints.max_seconds),
-            ("kube.interval_seconds", self.kube.interval_seconds),
-        ):
-            if value <= 0:
-                problems.append(f"{name}: must be greater than 0, got {value}")
-        if not 0 <= self.gpu.samples_interval_seconds <= MAX_BUFFERED_READ_SECONDS:
-            problems.append(
-                f"gpu.samples_interval_seconds: must be 0 to {MAX_BUFFERED_READ_SECONDS:g} (the driver keeps about "
-                f"14 s of samples), got {self.gpu.samples_interval_seconds}"
-            )
-        if self.history_size < 1:
-            problems.append(f"history_size: must be at least 1, got {self.history_size}")
+        problems.extend(_range_problems(self))
         for name in self.nfs.operations:
             if name != ALL_NFS_OPERATIONS and not (name.isascii() and name.replace("_", "").isalnum()):
                 problems.append(f"nfs.operations: {name!r} is not a procedure name (READ, GETATTR...) or '*'")
-        if self.mounts.max_inflight < 1:
-            problems.append(f"mounts.max_inflight: must be at least 1, got {self.mounts.max_inflight}")
+        problems += [
+            f"checkpoints.allowed_globals: {p}"
+            for p in map(allowed_global_problem, self.checkpoints.allowed_globals)
+            if p
+        ]
         for root in self.checkpoints.roots:
             if not os.path.isabs(root):
                 problems.append(f"checkpoints.roots: {root!r} must be an absolute path on the host")
-        if not 1 <= self.probes.size_bytes <= 1 << 20:
-            problems.append(f"probes.size_bytes: must be 1 to 1048576, got {self.probes.size_bytes}")
         scratch = self.probes.scratch_dir
         if not scratch or os.path.isabs(scratch) or ".." in scratch.split("/") or "\0" in scratch:
             problems.append(f"probes.scratch_dir: {scratch!r} must be a relative path inside the mount, without '..'")
@@ -222,6 +294,21 @@ class Config:
                 return f"{where}:{line}: {problem}" if line else f"{where}: {problem}"
 
             raise ConfigError("\n".join(located(p) for p in problems))
+
+
+def _range_problems(section: Any, prefix: str = "") -> Iterator[str]:
+    """``FIELD: problem`` for each number of ``section`` (a config dataclass) outside its range, sections within
+    included, in the order they are declared."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        name = f"{prefix}{f.name}"
+        declared = f.metadata.get(RANGE)
+        if declared is not None:
+            problem = declared.problem(value)
+            if problem is not None:
+                yield f"{name}: {problem}"
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            yield from _range_problems(value, f"{name}.")
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -259,6 +346,9 @@ def _build(tp: Any, node: yaml.Node, where: str, field_path: str, lines: dict[st
         known = {f.name: f for f in dataclasses.fields(tp)}
         values: dict[str, Any] = {}
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):  # "? [a, b]": a list or a mapping as a key
+                line = key_node.start_mark.line + 1
+                raise ConfigError(f"{where}:{line}: {field_path or '(top level)'}: a key must be a field name")
             key = key_node.value
             sub = f"{field_path}.{key}" if field_path else str(key)
             if key not in known:
@@ -296,7 +386,10 @@ def _build(tp: Any, node: yaml.Node, where: str, field_path: str, lines: dict[st
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise fail(f"expected a number, got {value!r}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            raise fail(f"{node.value[:20]}... is out of range") from None
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise fail(f"expected a whole number, got {value!r}")
@@ -308,9 +401,41 @@ def _build(tp: Any, node: yaml.Node, where: str, field_path: str, lines: dict[st
     raise fail(f"unsupported type {_type_name(tp)}")  # pragma: no cover - a bug in the schema above
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader's composer with bounds: nesting past MAX_DEPTH (which would exhaust the stack: the composer
+    recurses) or more than MAX_NODES nodes is a YAML error at the line where it happens."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        self._depth += 1
+        self._nodes += 1
+        try:
+            if self._depth > MAX_DEPTH or self._nodes > MAX_NODES:
+                what = f"nested deeper than {MAX_DEPTH} levels" if self._depth > MAX_DEPTH else "too many nodes"
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise yaml.composer.ComposerError(None, None, what, mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def parse_config(text: str, where: str = "config") -> Config:
+    """Parse and validate; every problem is a ConfigError naming ``where`` (and the line, where there is one)."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        return _parse_config(text, where)
+    except ConfigError:
+        raise
+    except Exception as err:  # a file that meets a bug here is still a bad file, not a traceback
+        raise ConfigError(f"{where}: cannot load: {type(err).__name__}: {err}") from err
+
+
+def _parse_config(text: str, where: str) -> Config:
+    try:
+        node = yaml.compose(text, Loader=_BoundedLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -332,10 +457,14 @@ def load_config(path: str | None) -> Config:
     if path is None:
         return Config()
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes; not a storwatch configuration")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text: {err}") from None
     return parse_config(text, path)

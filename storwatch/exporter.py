@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform as _platform
 import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import cast
 
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -265,6 +266,10 @@ _CHECKPOINT_GAUGES = (
     ("storwatch_checkpoint_incomplete", "The run's incomplete checkpoints (being written, or abandoned mid-write)."),
     ("storwatch_checkpoint_corrupt", "The run's corrupt checkpoints (finished, then damaged, or never valid)."),
     ("storwatch_checkpoint_write_in_progress", "1 while the run's newest checkpoint is incomplete."),
+    (
+        "storwatch_checkpoint_orphaned_temp_bytes",
+        "Bytes of the run's atomic_save temporaries whose writer is gone (removed by the run's next atomic_save).",
+    ),
 )
 
 _GPU_GAUGES = (
@@ -583,8 +588,28 @@ class ViewCollector(Collector):
             gauges["storwatch_checkpoint_incomplete"].add_metric([rv.label], run.incomplete)
             gauges["storwatch_checkpoint_corrupt"].add_metric([rv.label], run.corrupt)
             gauges["storwatch_checkpoint_write_in_progress"].add_metric([rv.label], 1 if run.write_in_progress else 0)
+            gauges["storwatch_checkpoint_orphaned_temp_bytes"].add_metric([rv.label], run.orphaned_temp_bytes)
         yield last
         yield from gauges.values()
+        facts = view.checkpoint_scan
+        if facts is None:
+            return
+        stuck = GaugeMetricFamily(
+            "storwatch_checkpoint_root_stuck",
+            "1 while the walk or a check of a checkpoint root (or of a mount below one) is past its deadline.",
+            labels=["root"],
+        )
+        stuck_roots = {s.path for s in facts.stuck_roots}
+        for root in sorted({*facts.roots, *stuck_roots}):
+            stuck.add_metric([display_path(root)], 1 if root in stuck_roots else 0)
+        errors = _counter(
+            "storwatch_checkpoint_check_errors_total",
+            "Checks of one checkpoint that raised (its verdict says so; the others go on), by kind.",
+            ["reason"],
+        )
+        for reason, count in sorted(facts.check_errors.items()):
+            errors.add_metric([reason], count)
+        yield from (stuck, errors)
 
     def _kube(self, view: View) -> Iterator[Metric]:
         kube = view.kube
@@ -741,13 +766,60 @@ def render_text(families: Iterable[Metric]) -> bytes:
     return "".join(out).encode("utf-8")
 
 
+# -- the agent itself
+
+
+@dataclass
+class ConfigReloads:
+    """How the agent's configuration reloads went (SIGHUP), for storwatch_config_*."""
+
+    errors_total: int = 0
+    last_success: bool = True
+    """The configuration the agent started with counts as a success: it would not have started otherwise."""
+
+    def succeeded(self) -> None:
+        self.last_success = True
+
+    def failed(self) -> None:
+        self.errors_total += 1
+        self.last_success = False
+
+
+class ConfigReloadCollector(Collector):
+    def __init__(self, reloads: ConfigReloads) -> None:
+        self.reloads = reloads
+
+    def collect(self) -> Iterator[Metric]:
+        reloads = self.reloads
+        errors = _counter(
+            "storwatch_config_reload_errors_total",
+            "Configuration reloads (SIGHUP) that failed; the last good configuration stayed in force.",
+            [],
+        )
+        errors.add_metric([], reloads.errors_total)
+        yield errors
+        yield GaugeMetricFamily(
+            "storwatch_config_last_reload_success",
+            "1 when the last configuration reload succeeded (or none was asked for), 0 when it failed.",
+            value=1 if reloads.last_success else 0,
+        )
+
+
 class Exporter:
     """Holds the registry; ``render`` turns a View into exposition bytes."""
 
-    def __init__(self, process_metrics: bool = True, nfs_operations: Iterable[str] = DEFAULT_NFS_OPERATIONS) -> None:
+    def __init__(
+        self,
+        process_metrics: bool = True,
+        nfs_operations: Iterable[str] = DEFAULT_NFS_OPERATIONS,
+        reloads: ConfigReloads | None = None,
+    ) -> None:
+        """``reloads``: the agent's reload record, exported as storwatch_config_* (left out without it)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self._view_collector = ViewCollector(nfs_operations)
         self.registry.register(self._view_collector)
+        if reloads is not None:
+            self.registry.register(ConfigReloadCollector(reloads))
         if process_metrics:
             ProcessCollector(registry=self.registry)
 

@@ -6,6 +6,7 @@ Pure: no Kubernetes client here. ``sources/kube.py`` fills the snapshot types be
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -286,6 +287,19 @@ class ClusterObjects:
         """The pod with this UID (GPU process attribution: cgroup pod UID -> name, namespace, owner)."""
         return self.pods.get(uid.lower())
 
+    @functools.cached_property
+    def host_paths(self) -> Mapping[str, tuple[PodInfo, VolumeInfo]]:
+        """hostPath volumes by their path on the node (no trailing slash), the first pod by namespace and name where
+        several use one path. ``/`` is left out: a pod that mounts the whole host (this agent, a node debugger)
+        looks at the node's mounts, it does not store data in them."""
+        found: dict[str, tuple[PodInfo, VolumeInfo]] = {}
+        for pod in sorted(self.pods.values(), key=lambda p: (p.namespace, p.name)):
+            for vol in pod.volumes:
+                path = (vol.path or "").rstrip("/")
+                if vol.kind == HOST_PATH and path:
+                    found.setdefault(path, (pod, vol))
+        return found
+
 
 @dataclass(frozen=True)
 class KubeFacts:
@@ -422,11 +436,9 @@ def _volume_evidence(pod: PodInfo, vol: VolumeInfo, mount: Mount, cluster: Clust
             EvidenceSource.KUBERNETES, Durability.NODE, f"emptyDir {where}: deleted with the pod, lost with the node"
         )
     if vol.kind == HOST_PATH:
-        return Evidence(
-            EvidenceSource.KUBERNETES,
-            Durability.NODE,
-            f"hostPath {where} ({vol.path or '?'}): a directory of this node, lost with the node",
-        )
+        # A hostPath says where the pod sees a directory of the host, not how long it lives: a hostPath onto a
+        # Lustre /fsx or an NFS /shared survives the node like the filesystem under it, so that filesystem decides.
+        return None
     if vol.kind in API_PROJECTED_KINDS:
         return Evidence(
             EvidenceSource.KUBERNETES,
@@ -460,7 +472,7 @@ def volume_evidence(mount: Mount, cluster: ClusterObjects) -> Evidence | None:
     """Durability evidence from the Kubernetes volume behind ``mount``, or None when it is not a known volume."""
     kp = kubelet_path_of(mount)
     if kp is None:
-        return _host_path_evidence(mount, cluster)
+        return None  # a host mount, perhaps some pod's hostPath: its filesystem decides (see _volume_evidence)
     pod = cluster.pod_for_uid(kp.pod_uid)
     if pod is not None:
         vol = pod.volume(kp.volume_dir_name)
@@ -490,15 +502,80 @@ def volume_evidence(mount: Mount, cluster: ClusterObjects) -> Evidence | None:
     return None
 
 
-def _host_path_evidence(mount: Mount, cluster: ClusterObjects) -> Evidence | None:
-    # A hostPath volume is handed to the runtime as is, so no kubelet path shows; a mount exactly at a pod's hostPath
-    # is that volume. Mounts merely containing one (the root disk) are left to the filesystem evidence, which also
-    # keeps a hostPath on an NFS-mounted host directory "cluster".
-    for pod in cluster.pods.values():
-        for vol in pod.volumes:
-            if vol.kind == HOST_PATH and vol.path and vol.path.rstrip("/") == mount.mountpoint.rstrip("/"):
-                return _volume_evidence(pod, vol, mount, cluster)
-    return None
+@dataclass(frozen=True)
+class VolumeRef:
+    """The Kubernetes objects behind a mount, as far as the mount path and the API show them (None where unknown)."""
+
+    pod_uid: str | None
+    """From the kubelet path; for a hostPath, the pod's."""
+    namespace: str | None
+    pod: str | None
+    volume: str | None
+    """The volume's name in the pod spec (for a PV-backed mount the API is needed to learn it)."""
+    volume_kind: str | None
+    """emptyDir, emptyDirMemory, hostPath, pvc, ephemeral, ... as in ``VolumeInfo.kind``."""
+    pvc: str | None
+    """The claim's name (in the pod's namespace)."""
+    pv: str | None
+    storage_class: str | None
+    """The claim's StorageClass, else the PV's."""
+    provisioner: str | None
+    """The StorageClass's provisioner; without a known StorageClass, the CSI driver of the PV or inline volume."""
+
+
+def volume_ref(mount: Mount, cluster: ClusterObjects) -> VolumeRef | None:
+    """The pod, volume, PVC, PV and StorageClass behind ``mount``; None when it is neither a kubelet volume nor a
+    pod's hostPath. A kubelet path alone gives the pod UID (and an emptyDir's name) while the API is away."""
+    kp = kubelet_path_of(mount)
+    if kp is None:
+        hit = cluster.host_paths.get(mount.mountpoint.rstrip("/"))
+        if hit is None:
+            return None
+        user, host_vol = hit
+        return VolumeRef(user.uid, user.namespace, user.name, host_vol.name, HOST_PATH, None, None, None, None)
+    pod = cluster.pod_for_uid(kp.pod_uid)
+    vol = pod.volume(kp.volume_dir_name) if pod is not None else None
+    pvc: PVCInfo | None = None
+    pv = cluster.pvs.get(kp.volume_dir_name) if vol is None else None
+    if pod is not None and vol is None and pv is not None:
+        # PV-backed plugins name the directory after the PV: the pod's claim bound to it is the volume.
+        for v in pod.volumes:
+            claim = cluster.pvcs.get((pod.namespace, v.claim_name)) if v.claim_name else None
+            if claim is not None and claim.volume_name == pv.name:
+                vol, pvc = v, claim
+                break
+    if pvc is None and vol is not None and vol.claim_name and pod is not None:
+        pvc = cluster.pvcs.get((pod.namespace, vol.claim_name))
+    if pvc is None and pv is not None:
+        pvc = _pvc_for_pv(pv.name, cluster)
+    if pv is None and pvc is not None and pvc.volume_name:
+        pv = cluster.pvs.get(pvc.volume_name)
+    storage_class = (pvc.storage_class if pvc is not None else None) or (pv.storage_class if pv is not None else None)
+    sc = cluster.storage_classes.get(storage_class) if storage_class else None
+    provisioner: str | None
+    if sc is not None:
+        provisioner = sc.provisioner
+    else:
+        provisioner = (pv.csi_driver if pv is not None else None) or (vol.csi_driver if vol is not None else None)
+    volume: str | None
+    kind: str | None
+    if vol is not None:
+        volume, kind = vol.name, vol.kind
+    elif kp.plugin == "kubernetes.io~empty-dir":
+        volume, kind = kp.volume_dir_name, EMPTY_DIR_MEMORY if mount.fstype in ("tmpfs", "ramfs") else EMPTY_DIR
+    else:
+        volume, kind = (kp.volume_dir_name, None) if kp.subpath else (None, None)
+    return VolumeRef(
+        kp.pod_uid,
+        pod.namespace if pod is not None else (pvc.namespace if pvc is not None else None),
+        pod.name if pod is not None else None,
+        volume,
+        kind,
+        pvc.name if pvc is not None else None,
+        pv.name if pv is not None else None,
+        storage_class,
+        provisioner or None,
+    )
 
 
 class KubeVolumeEvidence:

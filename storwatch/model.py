@@ -218,6 +218,10 @@ class View:
     gpus: GPUFacts | None = None
     containers: dict[int, ContainerRef | None] = field(default_factory=dict)
     checkpoints: tuple[RunView, ...] = ()
+    checkpoint_roots: tuple[str, ...] | None = None
+    """The host directories the checkpoint scan searches, as the host names them; None before it first reports."""
     kube: KubeFacts | None = None
     ready: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    checkpoint_scan: CheckpointFacts | None = None
+    """The checkpoint source's facts beyond the runs: stuck roots, check errors."""

@@ -13,6 +13,10 @@ DEFAULT_PROCFS = "/proc"
 DEFAULT_SYSFS = "/sys"
 DEFAULT_ROOTFS = "/"
 
+OWN_SOMAXCONN = "/proc/sys/net/core/somaxconn"
+"""The longest listen queue the kernel allows, in the agent's own network namespace (where its port is), which is
+not the host's --path.procfs."""
+
 
 @dataclass(frozen=True)
 class HostPaths:

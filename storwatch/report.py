@@ -5,11 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from storwatch.analysis.latency import WindowStats
-from storwatch.model import MountView, View
+from storwatch.classify import is_pseudo_mount
+from storwatch.kubevolumes import ClusterObjects, volume_ref
+from storwatch.model import FsUsage, Mount, MountView, View
 from storwatch.sources.mounts import display_path
 
+GPU_OFF = "GPU source off"
+"""The NVML error of a View without GPU facts (gpu.enabled: false)."""
 
-def view_to_dict(view: View) -> dict[str, Any]:
+
+def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, Any]:
+    """The View as plain data. ``sample_seconds``: the latency is that of one interval of this length (``scan
+    --sample``), labelled ``sample`` rather than as the agent's minute and hour windows."""
+    cluster = view.kube.cluster if view.kube is not None else ClusterObjects()
     mounts = []
     for mv in view.mounts:
         m = mv.mount
@@ -21,6 +29,7 @@ def view_to_dict(view: View) -> dict[str, Any]:
                 "fstype": m.fstype,
                 "durability": mv.verdict.durability.value,
                 "ephemeral": mv.verdict.durability.ephemeral,
+                "pseudo": is_pseudo_mount(m.mountpoint),
                 "reason": mv.verdict.reason,
                 "evidence": [
                     {"source": e.source.label, "durability": e.durability.value, "reason": e.reason}
@@ -33,19 +42,25 @@ def view_to_dict(view: View) -> dict[str, Any]:
                 "used_bytes": (u.size_bytes - u.free_bytes) if u else None,
                 "avail_bytes": u.avail_bytes if u else None,
                 "free_bytes": u.free_bytes if u else None,
+                "reserved_bytes": (u.free_bytes - u.avail_bytes) if u else None,
+                "used_ratio": used_ratio(u),
                 "files": u.files if u else None,
                 "files_free": u.files_free if u else None,
                 "usage_error": m.usage_error,
                 "root": display_path(m.root),
                 "device_number": f"{m.major}:{m.minor}",
                 "stuck_probe": bool(mv.io.probe and mv.io.probe.stuck),
-                "io": _io_dict(mv),
+                "io": _io_dict(mv, sample_seconds),
+                "kube": _volume_dict(m, cluster),
             }
         )
     return {
         "generated_at": view.timestamp,
+        "latency_windows": ["sample"] if sample_seconds else ["1m", "1h"],
+        "sample_seconds": sample_seconds or None,
         "gpus": _gpus_dict(view),
         "checkpoints": _checkpoints_dict(view),
+        "checkpoint_roots": None if view.checkpoint_roots is None else [display_path(r) for r in view.checkpoint_roots],
         "kubernetes": _kube_dict(view),
         "nvml": nvml_status(view),
         "ready": view.ready,
@@ -65,6 +80,23 @@ def view_to_dict(view: View) -> dict[str, Any]:
             }
             for c in view.collectors
         ],
+    }
+
+
+def _volume_dict(mount: Mount, cluster: ClusterObjects) -> dict[str, Any] | None:
+    ref = volume_ref(mount, cluster)
+    if ref is None:
+        return None
+    return {
+        "namespace": ref.namespace,
+        "pod": ref.pod,
+        "pod_uid": ref.pod_uid,
+        "volume": ref.volume,
+        "volume_kind": ref.volume_kind,
+        "pvc": ref.pvc,
+        "pv": ref.pv,
+        "storage_class": ref.storage_class,
+        "provisioner": ref.provisioner,
     }
 
 
@@ -163,6 +195,9 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "incomplete": run.incomplete,
                 "corrupt": run.corrupt,
                 "write_in_progress": run.write_in_progress,
+                "orphaned_temps": run.orphaned_temps,
+                "orphaned_temp_bytes": run.orphaned_temp_bytes,
+                "orphaned_temp_paths": [display_path(p) for p in run.orphaned_temp_paths],
                 "checkpoints": [
                     {
                         "path": display_path(c.path),
@@ -196,7 +231,7 @@ def human_seconds(seconds: float | None) -> str:
 def nvml_status(view: View) -> dict[str, Any]:
     facts = view.gpus
     if facts is None:
-        return {"nvml_up": False, "error": "GPU source off", "driver_version": None}
+        return {"nvml_up": False, "error": GPU_OFF, "driver_version": None}
     return {"nvml_up": facts.nvml_up, "error": facts.error, "driver_version": facts.driver_version}
 
 
@@ -211,16 +246,20 @@ def _window(stats: WindowStats) -> dict[str, Any]:
     }
 
 
-def _io_dict(mv: MountView) -> dict[str, Any]:
+def _io_dict(mv: MountView, sample_seconds: float | None) -> dict[str, Any]:
     io = mv.io
     block = mv.mount.block
     probe = io.probe
+    if sample_seconds:
+        latency = {op: {"sample": _window(s.minute)} for op, s in sorted(io.latency.items())}
+    else:
+        latency = {op: {"1m": _window(s.minute), "1h": _window(s.hour)} for op, s in sorted(io.latency.items())}
     return {
         "device": io.device,
         "physical_devices": list(block.physical) if block else [],
         "backing_file": display_path(block.backing_file) if block and block.backing_file else None,
         "nfs": io.nfs is not None,
-        "latency": {op: {"1m": _window(s.minute), "1h": _window(s.hour)} for op, s in sorted(io.latency.items())},
+        "latency": latency,
         "probe": None
         if probe is None
         else {
@@ -233,10 +272,13 @@ def _io_dict(mv: MountView) -> dict[str, Any]:
 
 
 def latency_cell(mount: dict[str, Any], op: str, window: str = "1m") -> str:
-    """``p50/p95/max`` in milliseconds for one operation, or ``-`` when the mount did none in the window."""
+    """``p50/p95/max`` in milliseconds for one operation, or ``-`` when the mount did none in the window; for the one
+    interval of a ``sample``, its average."""
     w = mount["io"]["latency"].get(op, {}).get(window)
     if not w or not w["samples"]:
         return "-"
+    if window == "sample":
+        return _ms(w["mean_seconds"])
     return "/".join(_ms(w[k]) for k in ("p50_seconds", "p95_seconds", "max_seconds"))
 
 
@@ -258,11 +300,60 @@ def human_bytes(n: int | None) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def used_ratio(usage: FsUsage | None) -> float | None:
+    """The share of the space a user can write to that is used, as df(1) counts it: used / (used + avail).
+
+    Space reserved for root (ext4 keeps 5% by default) is neither: it is free but not available, and counting it in
+    the size made / look a third as full as df says."""
+    if usage is None:
+        return None
+    used = usage.size_bytes - usage.free_bytes
+    total = used + usage.avail_bytes
+    return used / total if total > 0 else None
+
+
 def usage_percent(mount: dict[str, Any]) -> str:
-    size, used = mount.get("size_bytes"), mount.get("used_bytes")
-    if not size or used is None:
+    """Used space as df(1) prints it: used / (used + avail), rounded up to a whole percent."""
+    used, avail = mount.get("used_bytes"), mount.get("avail_bytes")
+    if used is None or avail is None or used + avail <= 0:
         return "-"
-    return f"{100.0 * used / size:.0f}%"
+    return f"{-(-100 * used // (used + avail))}%"
+
+
+def kube_cell(kube: dict[str, Any] | None) -> str:
+    """A mount's Kubernetes objects in a line: pod, volume, PVC -> PV, StorageClass (provisioner)."""
+    if kube is None:
+        return "-"
+    if kube["pod"] is not None:
+        parts = [f"{kube['namespace']}/{kube['pod']}"]
+    else:
+        parts = [f"pod {kube['pod_uid']} (not known to the API)"]
+    if kube["volume"] is not None:
+        parts.append(f"{kube['volume_kind'] or 'volume'} {kube['volume']}")
+    if kube["pvc"] is not None or kube["pv"] is not None:
+        parts.append(f"PVC {kube['pvc'] or '?'} -> PV {kube['pv'] or '?'}")
+    if kube["storage_class"] is not None or kube["provisioner"] is not None:
+        sc = f"StorageClass {kube['storage_class']}" if kube["storage_class"] else "no StorageClass"
+        parts.append(sc + (f" ({kube['provisioner']})" if kube["provisioner"] else ""))
+    return ", ".join(parts)
+
+
+def no_gpus_line(data: dict[str, Any]) -> str:
+    """What an empty GPU table means."""
+    nvml = data["nvml"]
+    if nvml["nvml_up"]:
+        return "no GPUs: NVML answers but lists none"
+    return f"no GPUs: NVML not available ({nvml['error'] or 'no reason given'})"
+
+
+def no_checkpoints_line(data: dict[str, Any]) -> str:
+    """What an empty checkpoint table means: where the scan looked, or that it has nowhere to look."""
+    roots = data.get("checkpoint_roots")
+    if roots is None:
+        return "no checkpoints: the checkpoint scan has not reported yet"
+    if not roots:
+        return "no checkpoints: no directories to search (checkpoints.roots is empty and this is no Kubernetes node)"
+    return "no checkpoints under " + ", ".join(roots)
 
 
 def mount_state(mount: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import signal
 import ssl
 import subprocess
@@ -40,6 +41,7 @@ __all__ = [
     "Response",
     "fetch",
     "running_agent",
+    "start_agent",
     "wait_until",
 ]
 
@@ -148,6 +150,10 @@ class _Drain:
                     return None
                 self._cond.wait(min(left, 0.2))
 
+    def at_eof(self) -> bool:
+        with self._cond:
+            return self._eof
+
     def join(self, timeout: float) -> bool:
         """Wait for end of file; True once the reader thread is done."""
         self._thread.join(timeout)
@@ -197,12 +203,35 @@ class AgentProcess:
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         m = self._stderr.wait_for(regex, timeout, since)
         if m is None:
-            state = "still running" if self.proc.poll() is None else f"exited with {self.proc.returncode}"
             raise AssertionError(
-                f"no stderr line matching {regex.pattern!r} within {timeout} s (agent {state}); stderr:\n"
+                f"no stderr line matching {regex.pattern!r} within {timeout} s (agent {self.state()}); stderr:\n"
                 + self.stderr_text()
             )
         return m
+
+    def wait_serving(self, timeout: float = 10.0) -> None:
+        """Wait for the line that says the agent serves, and learn its port from it; AgentStartError (with the
+        agent's stderr) when it exits first or ``timeout`` passes."""
+        m = self._stderr.wait_for(SERVING_LINE, timeout)
+        if m is None:
+            raise AgentStartError(
+                f"agent {' '.join(map(str, self.proc.args))} did not log its port within {timeout} s "
+                f"({self.state()}); stderr:\n" + self.stderr_text()
+            )
+        self.host = _connect_host(m.group("listen"))
+        self.port = int(m.group("port"))
+
+    def state(self) -> str:
+        """Whether the agent still runs, or its exit status ("exited with N").
+
+        End of file on stderr comes before the exit status can be collected (the process closes its pipes as it
+        exits and becomes waitable a moment later), so once stderr has ended this waits up to 5 s for the status
+        rather than calling an exiting agent "still running"."""
+        if self._stderr.at_eof():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5.0)
+        code = self.proc.poll()
+        return "still running" if code is None else f"exited with {code}"
 
     def send_signal(self, sig: int) -> None:
         if self.proc.poll() is None:
@@ -265,22 +294,22 @@ def _connect_host(listen: str) -> str:
     return host
 
 
-@contextlib.contextmanager
-def running_agent(
+def start_agent(
     *args: str,
     env: Mapping[str, str | None] | None = None,
-    timeout: float = 10.0,
     stop_timeout: float = 5.0,
     cwd: str | os.PathLike[str] | None = None,
-) -> Iterator[AgentProcess]:
-    """Start ``python -m storwatch agent *args`` and yield it once it logged its port.
-
-    ``args`` should include ``--listen 127.0.0.1:0``. ``env`` is laid over this process's environment (a value of
-    None removes the variable). ``timeout`` bounds the wait for the port line; :class:`AgentStartError` (with the
-    agent's stderr) if it exits first or the deadline passes. ``cwd`` defaults to the repository root, so the
-    working tree's ``storwatch`` is the one imported.
-    """
+    nofile: int | None = None,
+) -> AgentProcess:
+    """Start ``python -m storwatch agent *args`` and return at once; :meth:`AgentProcess.wait_serving` waits for its
+    port. The caller stops it (:meth:`AgentProcess.stop`). Starting several this way and then waiting for each lets
+    them start concurrently. ``nofile``: the agent's file descriptor limit (RLIMIT_NOFILE, soft and hard)."""
     cmd = [sys.executable, "-m", "storwatch", "agent", *args]
+
+    def limit_fds() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     started_at = time.monotonic()
     proc = subprocess.Popen(
         cmd,
@@ -294,18 +323,30 @@ def running_agent(
         env=_environment(env),
         cwd=str(cwd if cwd is not None else REPO_ROOT),
         start_new_session=True,
+        preexec_fn=limit_fds if nofile is not None else None,
     )
-    agent = AgentProcess(proc, stop_timeout, started_at)
+    return AgentProcess(proc, stop_timeout, started_at)
+
+
+@contextlib.contextmanager
+def running_agent(
+    *args: str,
+    env: Mapping[str, str | None] | None = None,
+    timeout: float = 10.0,
+    stop_timeout: float = 5.0,
+    cwd: str | os.PathLike[str] | None = None,
+    nofile: int | None = None,
+) -> Iterator[AgentProcess]:
+    """Start ``python -m storwatch agent *args`` and yield it once it logged its port; stop it afterwards.
+
+    ``args`` should include ``--listen 127.0.0.1:0``. ``env`` is laid over this process's environment (a value of
+    None removes the variable). ``timeout`` bounds the wait for the port line; :class:`AgentStartError` (with the
+    agent's stderr) if it exits first or the deadline passes. ``cwd`` defaults to the repository root, so the
+    working tree's ``storwatch`` is the one imported. ``nofile``: see :func:`start_agent`.
+    """
+    agent = start_agent(*args, env=env, stop_timeout=stop_timeout, cwd=cwd, nofile=nofile)
     try:
-        m = agent._stderr.wait_for(SERVING_LINE, timeout)
-        if m is None:
-            state = "was still running" if proc.poll() is None else f"exited with {proc.returncode}"
-            raise AgentStartError(
-                f"agent {' '.join(cmd[3:])} did not log its port within {timeout} s ({state}); stderr:\n"
-                + agent.stderr_text()
-            )
-        agent.host = _connect_host(m.group("listen"))
-        agent.port = int(m.group("port"))
+        agent.wait_serving(timeout)
         yield agent
     finally:
         agent.stop()

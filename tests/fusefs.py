@@ -4,13 +4,16 @@
 Usage::
 
     python tests/fusefs.py --backing DIR --mountpoint MNT [--write-delay-ms N] [--block-statfs]
-                           [--ready-file PATH] [--fsname NAME] [--debug]
+                           [--block-readdir] [--block-getattr] [--ready-file PATH] [--fsname NAME] [--debug]
 
 * Every operation is passed through to the same path under ``--backing``.
 * ``--write-delay-ms N`` sleeps N ms in every ``write`` handler: a loop device whose backing image lives
   on this mount then shows real write latency in /proc/diskstats.
 * ``--block-statfs`` makes ``statfs`` block forever, so ``os.statvfs(MNT)`` hangs in the kernel the way it
   does on a hung NFS server. Release it with the connection's ``abort`` file in fusectl.
+* ``--block-readdir`` and ``--block-getattr`` make ``readdir`` (listing any directory) or ``getattr`` (a stat of
+  anything, the mount's root included) block the same way while ``statfs`` still answers, as s3fs can: statvfs
+  says the mount is fine, and a walk of it hangs.
 * Runs in the foreground, multithreaded. Once the kernel has sent FUSE_INIT (that is, the filesystem is
   mounted) it writes ``--ready-file`` (atomically) or prints ``ready`` on stdout.
 
@@ -83,13 +86,17 @@ class Passthrough(Operations):  # type: ignore[misc]
         block_statfs: bool = False,
         ready_file: str | None = None,
         mountpoint: str | None = None,
+        block_readdir: bool = False,
+        block_getattr: bool = False,
     ) -> None:
         self.backing = os.path.realpath(backing)
         self.mountpoint = mountpoint
         self.write_delay_s = write_delay_s
         self.block_statfs = block_statfs
+        self.block_readdir = block_readdir
+        self.block_getattr = block_getattr
         self.ready_file = ready_file
-        # statfs waits on this when --block-statfs. Nothing sets it while the filesystem is mounted: only
+        # statfs (readdir, getattr) waits on this when --block-statfs (...). Nothing sets it while mounted: only
         # once the mount is gone (the harness aborted the connection and unmounted), so that libfuse, which
         # joins its worker threads on exit, can end without a SIGKILL.
         self._unmounted = threading.Event()
@@ -107,7 +114,7 @@ class Passthrough(Operations):  # type: ignore[misc]
 
     def init(self, path: str) -> None:
         # Called once the kernel has sent FUSE_INIT: the filesystem is in the mount table now.
-        if self.block_statfs and self.mountpoint:
+        if (self.block_statfs or self.block_readdir or self.block_getattr) and self.mountpoint:
             threading.Thread(target=self._watch_unmount, name="watch-unmount", daemon=True).start()
         # libfuse may chdir("/") before this runs, so ready_file is made absolute in main().
         try:
@@ -129,6 +136,9 @@ class Passthrough(Operations):  # type: ignore[misc]
     # -- metadata ------------------------------------------------------------------------------------------
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        if self.block_getattr:
+            self._unmounted.wait()
+            raise FuseOSError(errno.ENOTCONN)
         try:
             st = os.fstat(fh) if fh is not None else os.lstat(self._full(path))
         except OSError as exc:
@@ -189,6 +199,9 @@ class Passthrough(Operations):  # type: ignore[misc]
     # -- directories ---------------------------------------------------------------------------------------
 
     def readdir(self, path: str, fh: int) -> list[str]:
+        if self.block_readdir:
+            self._unmounted.wait()
+            raise FuseOSError(errno.ENOTCONN)
         try:
             return [".", "..", *os.listdir(self._full(path))]
         except OSError as exc:
@@ -319,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mountpoint", required=True)
     parser.add_argument("--write-delay-ms", type=float, default=0.0, help="sleep this long in every write")
     parser.add_argument("--block-statfs", action="store_true", help="statfs blocks forever (a hung mount)")
+    parser.add_argument("--block-readdir", action="store_true", help="readdir blocks forever (statfs answers)")
+    parser.add_argument("--block-getattr", action="store_true", help="getattr blocks forever (statfs answers)")
     parser.add_argument("--ready-file", default=None, help="written once mounted (else 'ready' on stdout)")
     parser.add_argument("--fsname", default="storwatch-fusefs", help="source shown in the mount table")
     parser.add_argument("--debug", action="store_true", help="libfuse debug output on stderr")
@@ -334,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         block_statfs=args.block_statfs,
         ready_file=os.path.abspath(args.ready_file) if args.ready_file else None,
         mountpoint=os.path.realpath(args.mountpoint),
+        block_readdir=args.block_readdir,
+        block_getattr=args.block_getattr,
     )
     FUSE(
         ops,

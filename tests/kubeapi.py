@@ -451,13 +451,15 @@ def fake_kube_api() -> Iterator[FakeKubeAPI]:
 NODE = "gpu-node-1"
 TRAINER_UID = "5a1e7c3b-2f4d-4e8a-9b6c-0d1e2f3a4b5c"
 LOADER_UID = "9b2d4f6a-8c1e-4a3b-b5d7-e9f1a3c5d7e9"
+AGENT_UID = "c0ffee00-1111-4222-8333-444455556666"
 PV_NFS = "pvc-0a6f2e1d-3c4b-4a59-8e7f-112233445566"
 PV_LOCAL = "pvc-1b7e3f2a-4d5c-4b6a-9f8e-223344556677"
 PV_EPHEMERAL = "pvc-2c8f4a3b-5e6d-4c7b-8a9f-334455667788"
 
 
 def k8s_node_objects() -> list[Obj]:
-    """A GPU node, a trainer pod with one volume of each kind, a second pod, and the storage objects behind them."""
+    """A GPU node, a trainer pod with one volume of each kind (hostPaths onto a local disk, Lustre and NFS among
+    them), a second pod, this agent's pod, and the storage objects behind them."""
     trainer = {
         "kind": "Pod",
         "metadata": {
@@ -474,6 +476,8 @@ def k8s_node_objects() -> list[Obj]:
                 {"name": "scratch", "emptyDir": {}},
                 {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "256Gi"}},
                 {"name": "nvme", "hostPath": {"path": "/mnt/local-nvme", "type": "Directory"}},
+                {"name": "fsx", "hostPath": {"path": "/fsx", "type": "Directory"}},
+                {"name": "datasets", "hostPath": {"path": "/shared/"}},
                 {"name": "shared", "persistentVolumeClaim": {"claimName": "ckpt-shared"}},
                 {"name": "local", "persistentVolumeClaim": {"claimName": "ckpt-local"}},
                 {
@@ -500,6 +504,25 @@ def k8s_node_objects() -> list[Obj]:
         "spec": {"nodeName": NODE, "volumes": [{"name": "kube-api-access-7hq2m", "projected": {"sources": []}}]},
         "status": {"phase": "Running"},
     }
+    # This agent's own pod, as daemonset/daemonset.yaml runs it: the host's /, /proc and /sys as hostPaths.
+    agent = {
+        "kind": "Pod",
+        "metadata": {
+            "name": "storwatch-x7k2p",
+            "namespace": "storwatch",
+            "uid": AGENT_UID,
+            "ownerReferences": [{"kind": "DaemonSet", "name": "storwatch", "uid": "ds-1", "controller": True}],
+        },
+        "spec": {
+            "nodeName": NODE,
+            "volumes": [
+                {"name": "proc", "hostPath": {"path": "/proc"}},
+                {"name": "sys", "hostPath": {"path": "/sys"}},
+                {"name": "root", "hostPath": {"path": "/"}},
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
     elsewhere = {
         "kind": "Pod",
         "metadata": {"name": "other", "namespace": "train", "uid": "00000000-0000-4000-8000-0000000000ff"},
@@ -510,6 +533,7 @@ def k8s_node_objects() -> list[Obj]:
         {"kind": "Node", "metadata": {"name": "gpu-node-2"}, "spec": {}},
         trainer,
         loader,
+        agent,
         elsewhere,
         {"kind": "StorageClass", "metadata": {"name": "nfs"}, "provisioner": "nfs.csi.k8s.io"},
         {"kind": "StorageClass", "metadata": {"name": "local-path"}, "provisioner": "rancher.io/local-path"},

@@ -550,6 +550,8 @@ class FuseMount:
     log_path: Path
     write_delay_ms: float = 0.0
     block_statfs: bool = False
+    block_readdir: bool = False
+    block_getattr: bool = False
     _aborted: bool = field(default=False, repr=False)
 
     def abort(self) -> bool:
@@ -623,10 +625,14 @@ def fuse_mount(
     block_statfs: bool = False,
     ready_timeout: float = 10.0,
     debug: bool = False,
+    block_readdir: bool = False,
+    block_getattr: bool = False,
 ) -> Iterator[FuseMount]:
     """Mount ``tests/fusefs.py`` (a passthrough over ``backing``, or over a fresh temporary dir) at ``dir``.
 
-    ``write_delay_ms`` sleeps in every write; ``block_statfs`` makes ``statvfs(dir)`` hang in the kernel.
+    ``write_delay_ms`` sleeps in every write; ``block_statfs`` makes ``statvfs(dir)`` hang in the kernel;
+    ``block_readdir`` / ``block_getattr`` make listing / stat'ing anything on it hang while statvfs answers (fill
+    ``backing`` before mounting: nothing on such a mount can be read or written through it).
     Waits (up to ``ready_timeout``) until the mount is in /proc/self/mountinfo and the daemon has answered
     FUSE_INIT. Teardown aborts the connection through fusectl, unmounts lazily and stops the daemon, so it
     works for a hung mount too.
@@ -661,6 +667,10 @@ def fuse_mount(
             cmd += ["--write-delay-ms", str(write_delay_ms)]
         if block_statfs:
             cmd.append("--block-statfs")
+        if block_readdir:
+            cmd.append("--block-readdir")
+        if block_getattr:
+            cmd.append("--block-getattr")
         if debug:
             cmd.append("--debug")
         with open(log_path, "wb") as log:
@@ -697,6 +707,8 @@ def fuse_mount(
             log_path=log_path,
             write_delay_ms=float(write_delay_ms),
             block_statfs=block_statfs,
+            block_readdir=block_readdir,
+            block_getattr=block_getattr,
         )
         stack.callback(_fuse_teardown, mount)
         if block_statfs:

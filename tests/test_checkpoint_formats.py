@@ -72,9 +72,11 @@ def save_safetensors(tensors: dict[str, Any], path: Path) -> None:
     serialize_file(specs, str(path), None)
 
 
-def assert_not_complete(result: CheckResult) -> None:
-    assert result.verdict in ("incomplete", "corrupt"), result
-    assert result.reason and result.reason != "all checks passed"
+def assert_truncated(result: CheckResult, size: int) -> None:
+    """A torch.save cut short: its ZIP end record, the last thing written, is missing (or nothing was written)."""
+    assert result.verdict == "incomplete", result
+    expected = "the file is empty" if size == 0 else "ZIP end of central directory not found"
+    assert result.reason.startswith(expected), result
 
 
 # ---- identification ----------------------------------------------------------------------------------------------
@@ -114,8 +116,8 @@ def test_identify(tmp_path: Path, layout: dict[str, bytes], target: str, expecte
 def test_unknown_is_reported_not_raised(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     result = check(str(tmp_path / "notes.txt"))
-    assert (result.format, result.verdict) == (None, "corrupt")
-    assert "not a recognised checkpoint format" in result.reason
+    assert (result.format, result.verdict) == (None, "unknown")
+    assert "not a recognised checkpoint format" in result.reason and "no checkpoint found" in result.reason
 
 
 # ---- torch.save ZIP, hand-built (no torch needed) ------------------------------------------------------------------
@@ -201,10 +203,11 @@ def test_fifty_truncated_torch_saves_are_never_complete(tmp_path: Path) -> None:
         data = buf.getvalue()
         for cut in range(10):
             path = tmp_path / f"m{model}-{cut}.pt"
-            path.write_bytes(data[: rng.randrange(0, len(data))])
-            assert_not_complete(check(str(path)))
+            size = rng.randrange(0, len(data))
+            path.write_bytes(data[:size])
+            assert_truncated(check(str(path)), size)
             if cut % 5 == 0:
-                assert_not_complete(check(str(path), deep=True))
+                assert_truncated(check(str(path), deep=True), size)
 
 
 @pytest.mark.realpart
@@ -342,9 +345,12 @@ def test_dcp_written_by_torch(tmp_path: Path) -> None:
     distcp = next(target.glob("*.distcp"))
     data = distcp.read_bytes()
     distcp.write_bytes(data[: len(data) // 2])
-    assert check(str(target)).verdict == "complete"  # the cheap check reads only the markers
+    # The cheap check compares each shard with the extent .metadata places in it (read without unpickling).
+    result = check(str(target))
+    assert result.verdict == "incomplete" and distcp.name in result.reason and "truncated" in result.reason
     assert check(str(target), deep=True).verdict == "incomplete"
     distcp.write_bytes(data)
+    assert check(str(target)).verdict == "complete"
 
     (target / ".metadata").unlink()
     result = check(str(target))
@@ -420,8 +426,109 @@ def test_orbax_tmp_and_committed(tmp_path: Path) -> None:
     assert check(str(committed)).verdict == "complete"
 
 
-def test_torchsnapshot_metadata(tmp_path: Path) -> None:
+def test_torchsnapshot_manifest_extents(tmp_path: Path) -> None:
+    # The layout torchsnapshot 0.1.0 writes (recorded from Snapshot.take with torch 2.13): JSON metadata, and
+    # batched tensor files whose byte ranges the manifest lists.
+    (tmp_path / "batched").mkdir()
+    blob = tmp_path / "batched" / "6c585e71"
+    blob.write_bytes(bytes(860))
     (tmp_path / "0").mkdir()
-    (tmp_path / ".snapshot_metadata").write_text("version: 0.0.3")
+    (tmp_path / "0" / "extra_obj").write_bytes(b"x" * 10)
+    manifest = {
+        "0/extra": {"type": "dict", "keys": ["step", "t"]},
+        "0/extra/step": {"type": "int", "serialized_value": "5", "replicated": False, "readable": None},
+        "0/extra/t": {
+            "type": "Tensor",
+            "location": "batched/6c585e71",
+            "serializer": "buffer_protocol",
+            "dtype": "torch.int64",
+            "shape": [100],
+            "replicated": False,
+            "byte_range": [0, 800],
+        },
+        "0/model/weight": {
+            "type": "Tensor",
+            "location": "batched/6c585e71",
+            "serializer": "buffer_protocol",
+            "dtype": "torch.float32",
+            "shape": [3, 4],
+            "replicated": False,
+            "byte_range": [800, 860],
+        },
+        "0/obj": {"type": "object", "location": "0/extra_obj", "serializer": "torch_save", "obj_type": "x"},
+    }
+    (tmp_path / ".snapshot_metadata").write_text(
+        json.dumps({"version": "0.1.0", "world_size": 1, "manifest": manifest})
+    )
     assert check(str(tmp_path)).verdict == "complete"
-    assert check(str(tmp_path)).size_bytes == len("version: 0.0.3")
+    assert check(str(tmp_path), deep=True).verdict == "complete"
+    blob.write_bytes(bytes(859))
+    result = check(str(tmp_path))
+    assert result.verdict == "incomplete" and "batched/6c585e71" in result.reason and "860" in result.reason
+    (tmp_path / "0" / "extra_obj").unlink()
+    blob.write_bytes(bytes(860))
+    result = check(str(tmp_path))
+    assert result.verdict == "incomplete" and "0/extra_obj" in result.reason and "missing" in result.reason
+    # Older torchsnapshot releases wrote YAML: read from parser events, never with aliases.
+    (tmp_path / "0" / "extra_obj").write_bytes(b"x")
+    yaml_text = "version: 0.0.3\nworld_size: 1\nmanifest:\n  0/t:\n    type: Tensor\n    location: batched/6c585e71\n"
+    yaml_text += "    serializer: buffer_protocol\n    dtype: torch.float32\n    shape: [215]\n"
+    (tmp_path / ".snapshot_metadata").write_text(yaml_text)
+    assert check(str(tmp_path)).verdict == "complete"
+    (tmp_path / ".snapshot_metadata").write_text(yaml_text.replace("[215]", "[216]"))
+    assert check(str(tmp_path)).verdict == "incomplete"
+    (tmp_path / ".snapshot_metadata").write_text("a: &x [1]\nmanifest: *x\n")
+    result = check(str(tmp_path))
+    assert result.verdict == "corrupt" and "anchors" in result.reason
+    (tmp_path / ".snapshot_metadata").write_text(json.dumps({"manifest": {"0/t": {"location": "../../etc/passwd"}}}))
+    result = check(str(tmp_path))
+    assert result.verdict == "corrupt" and "outside the snapshot" in result.reason
+
+
+@pytest.mark.realpart
+@needs_torch
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_torchsnapshot_written_by_the_library(tmp_path: Path) -> None:
+    torchsnapshot = pytest.importorskip(
+        "torchsnapshot", reason="torchsnapshot is not installed (pip install torchsnapshot==0.1.0 numpy aiofiles)"
+    )
+    assert torch is not None
+    app_state = {
+        "model": torch.nn.Linear(64, 32),
+        "extra": torchsnapshot.StateDict(step=5, name="run", t=torch.arange(1000)),
+    }
+    target = tmp_path / "snap-5"
+    torchsnapshot.Snapshot.take(path=str(target), app_state=app_state)
+    assert identify(str(target)) == "torchsnapshot"
+    assert check(str(target)).verdict == "complete"
+    assert check(str(target), deep=True).verdict == "complete"
+    blob = max((p for p in target.rglob("*") if p.is_file() and p.name != ".snapshot_metadata"), key=os.path.getsize)
+    data = blob.read_bytes()
+    blob.write_bytes(data[: len(data) // 2])
+    result = check(str(target))
+    assert result.verdict == "incomplete" and blob.name in result.reason and "truncated" in result.reason
+
+
+@pytest.mark.realpart
+@needs_torch
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_dcp_shard_cut_to_1000_bytes_is_incomplete_in_verify(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's case: a real dcp.save step whose __0_0.distcp is truncated to 1,000 bytes, without --deep."""
+    assert torch is not None
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    from storwatch.cli import main
+
+    target = tmp_path / "step-100"
+    dcp_save({"model": {"w": torch.randn(128, 128)}, "step": torch.tensor(100)}, checkpoint_id=str(target))
+    assert main(["verify", str(target)]) == 0
+    capsys.readouterr()
+    with open(target / "__0_0.distcp", "r+b") as f:
+        f.truncate(1000)
+    assert main(["verify", "--json", str(target)]) == 1
+    (result,) = json.loads(capsys.readouterr().out)
+    assert (result["format"], result["verdict"], result["deep"]) == ("torch-dcp", "incomplete", False)
+    assert "__0_0.distcp has 1,000 bytes but .metadata places data up to" in result["reason"]

@@ -1,12 +1,16 @@
 """The checkpoint source over time: runs, newest complete, ages and intervals under an injected clock, write timings
-from the training side's event log, and the durability of the mount a run is on."""
+from the training side's event log, the durability of the mount a run is on, a check that raises kept to its own
+checkpoint, and orphaned temporaries. Every source here runs its real helper process (closed by the fixture)."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +42,21 @@ def set_mtime(path: Path, t: float) -> None:
     os.utime(path, (t, t))
 
 
-def test_runs_ages_and_intervals_are_exact(tmp_path: Path) -> None:
+@pytest.fixture
+def make_source() -> Iterator[Callable[..., CheckpointSource]]:
+    """CheckpointSource(...), closed (its helper process stopped) when the test ends."""
+    made: list[CheckpointSource] = []
+
+    def make(*args: Any, **kwargs: Any) -> CheckpointSource:
+        made.append(CheckpointSource(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for source in made:
+        source.close()
+
+
+def test_runs_ages_and_intervals_are_exact(tmp_path: Path, make_source: Callable[..., CheckpointSource]) -> None:
     run = tmp_path / "jobs" / "llama"
     run.mkdir(parents=True)
     t0 = 1_800_000_000.0
@@ -47,7 +65,7 @@ def test_runs_ages_and_intervals_are_exact(tmp_path: Path) -> None:
         torch_like_zip(f)
         set_mtime(f, t)
     clock = Clock(t0 + 1500)
-    source = CheckpointSource([str(tmp_path)], clock=clock, deep_per_scan=0)
+    source = make_source([str(tmp_path)], clock=clock, deep_per_scan=0)
     facts = source.collect()
     (state,) = facts.runs
     assert state.path == str(run)
@@ -68,7 +86,7 @@ def test_runs_ages_and_intervals_are_exact(tmp_path: Path) -> None:
     assert run_dict["run"] == os.path.join("jobs", "llama")
 
 
-def test_truncated_and_in_progress_checkpoints(tmp_path: Path) -> None:
+def test_truncated_and_in_progress_checkpoints(tmp_path: Path, make_source: Callable[..., CheckpointSource]) -> None:
     run = tmp_path / "run"
     run.mkdir()
     good = run / "a.pt"
@@ -79,15 +97,17 @@ def test_truncated_and_in_progress_checkpoints(tmp_path: Path) -> None:
     data = partial.read_bytes()
     partial.write_bytes(data[: len(data) // 2])  # a write cut off half-way: no central directory
     set_mtime(partial, 2000.0)
-    source = CheckpointSource([str(tmp_path)], clock=Clock(2100.0), deep_per_scan=0)
+    source = make_source([str(tmp_path)], clock=Clock(2100.0), deep_per_scan=0)
     (state,) = source.collect().runs
     verdicts = {os.path.basename(c.path): c.verdict for c in state.checkpoints}
     assert verdicts["a.pt"] == "complete"
-    assert verdicts["b.pt"] in ("incomplete", "corrupt")
+    assert verdicts["b.pt"] == "incomplete"  # no ZIP end record: a save cut short, not a damaged file
     assert state.newest_complete is not None and state.newest_complete.path == str(good)
 
 
-def test_write_duration_from_the_event_log_and_from_watching(tmp_path: Path) -> None:
+def test_write_duration_from_the_event_log_and_from_watching(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
     run = tmp_path / "run"
     run.mkdir()
     f = run / "step-1.pt"
@@ -97,7 +117,7 @@ def test_write_duration_from_the_event_log_and_from_watching(tmp_path: Path) -> 
         "not json\n" + json.dumps({"path": str(f), "start": 100.0, "end": 112.5, "bytes": 2500.0, "step": 1}) + "\n"
     )
     clock = Clock(200.0)
-    source = CheckpointSource([str(tmp_path)], clock=clock, deep_per_scan=0)
+    source = make_source([str(tmp_path)], clock=clock, deep_per_scan=0)
     (state,) = source.collect().runs
     (ckpt,) = state.checkpoints
     assert ckpt.write_seconds == 12.5
@@ -118,7 +138,9 @@ def test_write_duration_from_the_event_log_and_from_watching(tmp_path: Path) -> 
     assert second.write_seconds == 30.0
 
 
-def test_deep_check_runs_at_a_low_rate_and_catches_a_flipped_byte(tmp_path: Path) -> None:
+def test_deep_check_runs_at_a_low_rate_and_catches_a_flipped_byte(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
     run = tmp_path / "run"
     run.mkdir()
     files = []
@@ -133,7 +155,7 @@ def test_deep_check_runs_at_a_low_rate_and_catches_a_flipped_byte(tmp_path: Path
     raw[at + 10] ^= 0xFF
     files[0].write_bytes(bytes(raw))
     set_mtime(files[0], 1000.0)
-    source = CheckpointSource([str(tmp_path)], clock=Clock(5000.0), deep_per_scan=1)
+    source = make_source([str(tmp_path)], clock=Clock(5000.0), deep_per_scan=1)
     first = source.collect().runs[0]
     assert sum(c.deep_checked for c in first.checkpoints) == 1  # one deep check per scan, newest first
     assert next(c for c in first.checkpoints if c.deep_checked).path == str(files[2])
@@ -145,13 +167,15 @@ def test_deep_check_runs_at_a_low_rate_and_catches_a_flipped_byte(tmp_path: Path
     assert third.corrupt == 1
 
 
-def test_metrics_carry_the_durability_of_the_mount(tmp_path: Path) -> None:
+def test_metrics_carry_the_durability_of_the_mount(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
     run = tmp_path / "scratch" / "run"
     run.mkdir(parents=True)
     f = run / "model.pt"
     torch_like_zip(f)
     set_mtime(f, 1234.0)
-    facts = CheckpointSource([str(tmp_path)], clock=Clock(2000.0), deep_per_scan=0).collect()
+    facts = make_source([str(tmp_path)], clock=Clock(2000.0), deep_per_scan=0).collect()
     usage = FsUsage(1 << 30, 1 << 29, 1 << 29, 1000, 500)
     mounts = (
         Mount(1, "/", "/dev/nvme0n1p1", "ext4", "/", 259, 1, False, (), (), usage, False, 0.0),
@@ -179,15 +203,173 @@ def test_default_roots_add_the_kubelet_pod_volumes(tmp_path: Path) -> None:
 
 
 @pytest.mark.realpart
-def test_atomic_save_events_give_exact_write_timings(tmp_path: Path) -> None:
+def test_atomic_save_events_give_exact_write_timings(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
     torch = pytest.importorskip("torch", reason="torch==2.13.0 is installed by make test")
     from storwatch.training import atomic_save
 
     run = tmp_path / "run"
     run.mkdir()
     atomic_save({"w": torch.zeros(1000)}, run / "step-7.pt", step=7)
-    (state,) = CheckpointSource([str(tmp_path)], deep_per_scan=1).collect().runs
+    (state,) = make_source([str(tmp_path)], deep_per_scan=1).collect().runs
     (ckpt,) = state.checkpoints
     assert ckpt.verdict == "complete" and ckpt.deep_checked
     assert ckpt.write_seconds is not None and 0 <= ckpt.write_seconds < 5
-    assert ckpt.write_bytes_per_second is None or ckpt.write_bytes_per_second > 0
+    size = (run / "step-7.pt").stat().st_size
+    if ckpt.write_seconds > 0:
+        assert ckpt.write_bytes_per_second == pytest.approx(size / ckpt.write_seconds)
+    else:  # the clock did not move during the write: no rate rather than a division by zero
+        assert ckpt.write_bytes_per_second is None
+
+
+def test_a_check_that_raises_fails_only_its_own_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard around check() in the helper (formats.check is built never to raise; the guard still holds if it
+    does): the checkpoint becomes corrupt, or unknown when it is no known format, with the exception in the reason."""
+    from storwatch import _checkpoint_worker as worker
+
+    good, bad = tmp_path / "good.pt", tmp_path / "bad.pt"
+    torch_like_zip(good)
+    torch_like_zip(bad)
+    real_check = worker.check
+
+    def check(path: str, **kwargs: Any) -> Any:
+        if path == str(bad):
+            raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
+        return real_check(path, **kwargs)
+
+    monkeypatch.setattr(worker, "check", check)
+    errors: dict[str, int] = {}
+    assert worker.guarded_check(str(good), False, 0.0, 60.0, errors)["verdict"] == "complete"
+    result = worker.guarded_check(str(bad), False, 0.0, 60.0, errors, size=7, mtime=5.0)
+    assert result["verdict"] == "corrupt" and result["format"] == "torch-zip"
+    assert "RecursionError: maximum recursion depth" in result["reason"]
+    assert (result["size_bytes"], result["mtime"]) == (7, 5.0)
+    monkeypatch.setattr(worker, "identify", lambda path: None)
+    result = worker.guarded_check(str(bad), True, 0.0, 60.0, errors)
+    assert result["verdict"] == "unknown" and result["deep"] is True
+    assert errors == {"recursion_error": 2}
+    assert worker.error_reason(OSError()) == "os_error" and worker.error_reason(UnicodeError()) == "value_error"
+    assert worker.error_reason(MemoryError()) == "memory_error" and worker.error_reason(KeyError()) == "other"
+
+
+def test_poison_files_beside_a_healthy_run_never_stop_its_tracking(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """Issue 12: a safetensors header of 200,000 nested '[' raised RecursionError and a Megatron tracker holding
+    '\u00b2' raised ValueError, each failing the whole collector; new checkpoints of healthy runs went unseen."""
+    healthy = tmp_path / "healthy"
+    healthy.mkdir()
+    torch_like_zip(healthy / "step-1.pt")
+    poison = tmp_path / "poison"
+    poison.mkdir()
+    header = b"[" * 200_000
+    (poison / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    megatron = poison / "megatron"
+    (megatron / "iter_0000100").mkdir(parents=True)
+    (megatron / "latest_checkpointed_iteration.txt").write_text("\u00b2")
+    source = make_source([str(tmp_path)], deep_per_scan=1)
+    first = source.collect()
+    assert first.failure is None
+    runs = {os.path.basename(r.path): r for r in first.runs}
+    assert [c.verdict for c in runs["healthy"].checkpoints] == ["complete"]
+    poisoned = [c for r in first.runs if r.path.startswith(str(poison)) for c in r.checkpoints]
+    assert poisoned and all(c.verdict != "complete" for c in poisoned), poisoned
+    assert all(c.reason for c in poisoned)
+    torch_like_zip(healthy / "step-2.pt")
+    second = source.collect()
+    (run,) = [r for r in second.runs if r.path == str(healthy)]
+    assert len(run.complete) == 2 and second.failure is None
+    assert set(second.check_errors) == {"os_error", "value_error", "recursion_error", "memory_error", "other"}
+
+
+def _orphan(directory: Path, final: str, size: int, age: float) -> Path:
+    """A temporary of atomic_save whose writer is gone (this version's name: its lock would be free)."""
+    path = directory / f".{final}.tmp-4242-{os.urandom(8).hex()}"
+    path.write_bytes(b"t" * size)
+    then = time.time() - age
+    os.utime(path, (then, then))
+    return path
+
+
+def test_orphaned_temporaries_are_reported_per_run(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    from storwatch.report import view_to_dict
+    from storwatch.training import TEMP_GRACE_SECONDS
+    from storwatch.web import render_status_page
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch_like_zip(run / "step-1.pt")
+    old = [_orphan(run, "step-2.pt", 1000, 2 * TEMP_GRACE_SECONDS), _orphan(run, "step-3.pt", 500, 600)]
+    _orphan(run, "step-4.pt", 99, 1)  # within the grace time: perhaps a writer on another node
+    lonely = tmp_path / "lonely"  # a run whose every save was killed: no checkpoint, only litter
+    lonely.mkdir()
+    _orphan(lonely, "model.pt", 7, 3600)
+    facts = make_source([str(tmp_path)], deep_per_scan=0).collect()
+    runs = {os.path.basename(r.path): r for r in facts.runs}
+    assert runs["run"].orphaned_temps == 2 and runs["run"].orphaned_temp_bytes == 1500
+    assert runs["run"].orphaned_temp_paths == tuple(sorted(str(p) for p in old))
+    assert runs["lonely"].checkpoints == () and runs["lonely"].orphaned_temp_bytes == 7
+    view = build_view(Snapshot(timestamp=time.time(), checkpoints=facts), Classifier("generic"), Platform("g", "t"))
+    text = Exporter(process_metrics=False).render(view).decode()
+    assert 'storwatch_checkpoint_orphaned_temp_bytes{run="run"} 1500.0' in text
+    assert 'storwatch_checkpoint_orphaned_temp_bytes{run="lonely"} 7.0' in text
+    data = view_to_dict(view)
+    entry = next(r for r in data["checkpoints"] if r["run"] == "run")
+    assert entry["orphaned_temps"] == 2 and entry["orphaned_temp_bytes"] == 1500
+    page = render_status_page(data)
+    assert "2 orphaned temporaries" in page
+
+
+def test_a_stuck_unit_keeps_its_last_result_and_fails_the_collector(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """A mount below a root (from the mount table) is walked on its own; one whose statvfs is stuck is not walked at
+    all, its last result is kept, and the collector names it; the root and the other units go on."""
+    root = tmp_path / "pods"
+    vol_a, vol_b = root / "a" / "vol", root / "b" / "vol"
+    for vol in (vol_a, vol_b):
+        vol.mkdir(parents=True)
+        torch_like_zip(vol / "model.pt")
+    torch_like_zip(root / "top.pt")
+    stuck: list[str] = []
+    source = make_source(
+        [str(root)],
+        deep_per_scan=0,
+        mountpoints=lambda: [str(vol_a), str(vol_b), "/elsewhere"],
+        stuck_paths=lambda: stuck,
+    )
+    first = source.collect()
+    assert first.failure is None and first.stuck_roots == ()
+    assert sorted(os.path.relpath(r.path, root) for r in first.runs) == [".", "a/vol", "b/vol"]
+    assert all(r.root == str(root) for r in first.runs)  # labels stay relative to the configured root
+    stuck.append(str(vol_b))
+    torch_like_zip(vol_b / "model2.pt")  # not seen: its unit is not walked while stuck
+    torch_like_zip(vol_a / "model2.pt")
+    second = source.collect()
+    runs = {os.path.relpath(r.path, root): r for r in second.runs}
+    assert len(runs["a/vol"].checkpoints) == 2 and len(runs["b/vol"].checkpoints) == 1
+    assert [s.path for s in second.stuck_roots] == [str(vol_b)]
+    assert second.failure is not None and str(vol_b) in second.failure and "stuck" in second.failure
+    view = build_view(Snapshot(timestamp=time.time(), checkpoints=second), Classifier("generic"), Platform("g", "t"))
+    text = Exporter(process_metrics=False).render(view).decode()
+    assert f'storwatch_checkpoint_root_stuck{{root="{vol_b}"}} 1.0' in text
+    assert f'storwatch_checkpoint_root_stuck{{root="{root}"}} 0.0' in text
+
+
+def test_the_limits_reach_the_checks_in_the_helper(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """checkpoints.deep_* (DeepLimits) travel with each request: a limit the file exceeds shows in its verdict."""
+    from storwatch.checkpoints.limits import DeepLimits
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    (plain,) = make_source([str(tmp_path)], deep_per_scan=0).collect().runs
+    assert plain.checkpoints[0].verdict == "complete"
+    (limited,) = make_source([str(tmp_path)], deep_per_scan=0, limits=DeepLimits(max_json_depth=1)).collect().runs
+    assert limited.checkpoints[0].verdict != "complete"
+    assert "max_json_depth" in limited.checkpoints[0].reason, limited.checkpoints[0].reason

@@ -191,7 +191,7 @@ def test_collectors_that_are_off_export_no_up_series_and_say_off(quiet_node: Age
     page = quiet_node.fetch("/status").body.decode()
     assert "kube: off (no in-cluster service account token and no kubeconfig" in page
     assert "kube: ok" not in page and "gpu: ok" not in page
-    assert "No GPUs: the GPU collector is off (gpu.enabled is false in the configuration)" in page
+    assert "The GPU collector is off: gpu.enabled is false in the configuration." in page
 
 
 def test_status_page_says_ok_failed_or_off_and_escapes_what_the_input_said() -> None:
@@ -223,4 +223,4 @@ def test_status_page_says_ok_failed_or_off_and_escapes_what_the_input_said() -> 
     assert "diskstats: ok" in page
     assert "kube: off (kube.enabled is false in the configuration)" in page
     # No GPU source at all in this View: NVML was never asked, and the page says why the table is empty.
-    assert "No GPUs: NVML not available" in page
+    assert "no GPUs: NVML not available" in page

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
+import typing
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from storwatch.agent import Agent
 from storwatch.classify import Override
 from storwatch.config import (
+    RANGE,
     Config,
     ConfigError,
     MountsConfig,
@@ -140,10 +147,29 @@ ERRORS = [
     pytest.param("listen: localhost\n", 1, "listen", "'localhost' is not HOST:PORT", id="listen-without-port"),
     pytest.param("platform: generic\nlisten: \":99999\"\n", 2, "listen", "is not HOST:PORT", id="listen-port-range"),
     pytest.param("platform: generic\nmounts:\n  interval_seconds: 0\n", 3, "mounts.interval_seconds",
-                 "must be greater than 0, got 0.0", id="zero-interval"),
+                 "must be 0.1 to 3600, got 0.0", id="zero-interval"),
     pytest.param("mounts:\n  statvfs_timeout_seconds: -1\n", 2, "mounts.statvfs_timeout_seconds",
-                 "must be greater than 0", id="negative-timeout"),
-    pytest.param("tick_seconds: -0.5\n", 1, "tick_seconds", "must be greater than 0", id="negative-tick"),
+                 "must be 0.01 to 600, got -1.0", id="negative-timeout"),
+    pytest.param("tick_seconds: -0.5\n", 1, "tick_seconds", "must be 0.1 to 3600, got -0.5", id="negative-tick"),
+    pytest.param("tick_seconds: .nan\n", 1, "tick_seconds", "must be 0.1 to 3600, got nan", id="nan-tick"),
+    pytest.param("mounts:\n  statvfs_timeout_seconds: .NaN\n", 2, "mounts.statvfs_timeout_seconds",
+                 "must be 0.01 to 600, got nan", id="nan-timeout"),
+    pytest.param("mounts:\n  interval_seconds: .inf\n", 2, "mounts.interval_seconds", "must be 0.1 to 3600, got inf",
+                 id="inf-interval"),
+    pytest.param("gpu:\n  call_timeout_seconds: -.inf\n", 2, "gpu.call_timeout_seconds",
+                 "must be 0.01 to 600, got -inf", id="minus-inf-timeout"),
+    pytest.param("probes:\n  timeout_seconds: 1.0e+400\n", 2, "probes.timeout_seconds", "must be 0.01 to 600, got inf",
+                 id="float-overflowing-to-inf"),
+    pytest.param("kube:\n  interval_seconds: 1" + "0" * 400 + "\n", 2, "kube.interval_seconds", "is out of range",
+                 id="integer-too-large-for-a-float"),
+    pytest.param("history_size: 100000000000000000000\n", 1, "history_size",
+                 "must be 1 to 86400 (a day at one tick a second), got 100000000000000000000", id="huge-history"),
+    pytest.param("history_size: 1e20\n", 1, "history_size", "expected a whole number, got '1e20'",
+                 id="yaml11-exponent-is-a-string"),
+    pytest.param("checkpoints:\n  max_depth: 0\n", 2, "checkpoints.max_depth", "must be 1 to 64, got 0",
+                 id="int-below-range"),
+    pytest.param("mounts:\n  ? [a, b]\n  : 1\n", 2, "mounts", "a key must be a field name", id="complex-key"),
+    pytest.param("? {a: 1}\n: 1\n", 1, "(top level)", "a key must be a field name", id="complex-key-top-level"),
     pytest.param("gpu:\n  samples_interval_seconds: 30\n", 2, "gpu.samples_interval_seconds",
                  "must be 0 to 10 (the driver keeps about 14 s of samples), got 30.0", id="samples-past-buffer"),
     pytest.param("log_level: chatty\n", 1, "log_level", "'chatty' is not one of debug", id="bad-log-level"),
@@ -175,8 +201,8 @@ def test_several_problems_are_reported_together_each_with_its_line(tmp_path: Pat
         load_config(path)
     lines = str(excinfo.value).splitlines()
     assert lines == [
-        f"{path}:4: mounts.interval_seconds: must be greater than 0, got -3.0",
-        f"{path}:3: mounts.max_inflight: must be at least 1, got 0",
+        f"{path}:4: mounts.interval_seconds: must be 0.1 to 3600, got -3.0",
+        f"{path}:3: mounts.max_inflight: must be 1 to 1024, got 0",
         f"{path}:1: listen: 'nowhere' is not HOST:PORT",
     ]
 
@@ -195,6 +221,84 @@ def test_broken_yaml_names_the_line(tmp_path: Path, text: str, line: int) -> Non
     with pytest.raises(ConfigError) as excinfo:
         load_config(path)
     assert str(excinfo.value).startswith(f"{path}:{line}: invalid YAML: "), str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        pytest.param(
+            "mounts: " + "[" * 5000 + "]" * 5000 + "\n", 1, "nested deeper than 16 levels", id="5000-deep-flow"
+        ),
+        pytest.param(
+            "".join(" " * i + f"k{i}:\n" for i in range(40)), 16, "nested deeper than 16 levels", id="deep-block"
+        ),
+        pytest.param("nfs:\n  operations: [" + "READ, " * 100_001 + "]\n", 2, "too many nodes", id="100k-nodes"),
+    ],
+)
+def test_parsing_is_bounded(tmp_path: Path, text: str, line: int, message: str) -> None:
+    """Depth (the composer recurses: 5,000 levels was a RecursionError) and node count are bounded, with the line."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    assert str(excinfo.value) == f"{path}:{line}: invalid YAML: {message}"
+
+
+def test_a_file_past_1_mib_is_refused_unread(tmp_path: Path) -> None:
+    path = write(tmp_path, "# padding\n" * 110_000)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    assert str(excinfo.value) == f"{path}: larger than 1048576 bytes; not a storwatch configuration"
+
+
+def numeric_fields(tp: Any = Config, prefix: str = "") -> Iterator[tuple[str, Any, dataclasses.Field[Any]]]:
+    """(dotted name, owning dataclass, field) of every int or float field of the schema, sections within included."""
+    hints = typing.get_type_hints(tp)
+    for f in dataclasses.fields(tp):
+        hint = hints[f.name]
+        if hint in (int, float):
+            yield f"{prefix}{f.name}", tp, f
+        elif dataclasses.is_dataclass(hint):
+            yield from numeric_fields(hint, f"{prefix}{f.name}.")
+
+
+def test_every_number_in_the_schema_has_a_range() -> None:
+    """A new numeric field is declared with config.number(default, minimum, maximum): NaN, infinity and absurd values
+    are then refused like every other."""
+    names = [name for name, _, _ in numeric_fields()]
+    assert len(names) >= 20 and "tick_seconds" in names and "checkpoints.max_depth" in names
+    missing = [name for name, _, f in numeric_fields() if RANGE not in f.metadata]
+    assert not missing, f"declare these with config.number(default, minimum, maximum): {missing}"
+    for name, _, f in numeric_fields():
+        declared = f.metadata[RANGE]
+        assert declared.minimum <= f.default <= declared.maximum, name
+        assert math.isfinite(declared.minimum) and math.isfinite(declared.maximum), name
+
+
+def with_value(name: str, value: float) -> Config:
+    """The default Config with one field (a dotted name) set to ``value``."""
+
+    def set_in(section: Any, parts: list[str]) -> Any:
+        if len(parts) == 1:
+            return dataclasses.replace(section, **{parts[0]: value})
+        return dataclasses.replace(section, **{parts[0]: set_in(getattr(section, parts[0]), parts[1:])})
+
+    return typing.cast(Config, set_in(Config(), name.split(".")))
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in numeric_fields()])
+def test_each_number_takes_its_bounds_and_refuses_what_lies_outside(name: str) -> None:
+    f = next(f for n, _, f in numeric_fields() if n == name)
+    declared = f.metadata[RANGE]
+    for ok in (declared.minimum, declared.maximum):
+        with_value(name, ok).validate()
+    step = 1 if isinstance(f.default, int) and not isinstance(f.default, bool) else 1e-9
+    bad = [declared.minimum - step, declared.maximum + step]
+    if not isinstance(f.default, int):
+        bad += [math.nan, math.inf, -math.inf]
+    for value in bad:
+        with pytest.raises(ConfigError) as excinfo:
+            with_value(name, value).validate("cfg")
+        assert str(excinfo.value).startswith(f"cfg: {name}: must be "), str(excinfo.value)
 
 
 @pytest.mark.parametrize("text", ["- listen: ':9477'\n", "just a string\n"], ids=["list", "scalar"])
@@ -251,6 +355,18 @@ mounts:
 """
 
 
+def reload_metrics(agent: Agent) -> tuple[float, float]:
+    """(storwatch_config_reload_errors_total, storwatch_config_last_reload_success) as the agent exports them."""
+    text = agent.exporter.render(None).decode()
+    values = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("storwatch_config_")
+    }
+    return values["storwatch_config_reload_errors_total"], values["storwatch_config_last_reload_success"]
+
+
 def test_agent_reload_applies_a_good_file_and_keeps_it_when_the_next_is_bad(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -258,6 +374,7 @@ def test_agent_reload_applies_a_good_file_and_keeps_it_when_the_next_is_bad(
     # No sources: nothing reads this machine's mounts; only the configuration and classifier are exercised.
     agent = Agent(load_config(path), config_path=path, sources=[], process_metrics=False)
     try:
+        assert reload_metrics(agent) == (0.0, 1.0)
         assert agent.platform.name == "together-k8s"
         assert agent.classifier.classify(nvme_mount()).durability is Durability.NODE
 
@@ -283,8 +400,9 @@ def test_agent_reload_applies_a_good_file_and_keeps_it_when_the_next_is_bad(
         assert len(errors) == 1
         message = errors[0].getMessage()
         assert "keeping the last good configuration" in message
-        assert f"{path}:3: mounts.interval_seconds: must be greater than 0" in message
+        assert f"{path}:3: mounts.interval_seconds: must be 0.1 to 3600, got -1.0" in message
         assert not [r for r in caplog.records if "configuration reloaded" in r.getMessage()]
+        assert reload_metrics(agent) == (1.0, 0.0)
 
         write(tmp_path, "platform: together-k8s\nmounts:\n  overrides: [\n")
         caplog.clear()
@@ -294,10 +412,13 @@ def test_agent_reload_applies_a_good_file_and_keeps_it_when_the_next_is_bad(
         assert [r.levelno for r in caplog.records] == [logging.ERROR]
         assert f"{path}:4: invalid YAML" in caplog.records[0].getMessage()
 
+        assert reload_metrics(agent) == (2.0, 0.0)
+
         # The file is fixed again: the reload goes through.
         write(tmp_path, GOOD_WITH_OVERRIDE.replace("cluster", "region"))
         assert agent.reload() is True
         assert agent.classifier.classify(nvme_mount()).durability is Durability.REGION
+        assert reload_metrics(agent) == (2.0, 1.0)
     finally:
         agent.stop()
 
@@ -312,5 +433,48 @@ def test_agent_reload_keeps_config_when_the_file_disappears(tmp_path: Path, capl
             assert agent.reload() is False
         assert agent.config is before
         assert f"{path}: cannot read" in caplog.records[-1].getMessage()
+    finally:
+        agent.stop()
+
+
+class RefusingMounts:
+    """A mounts source whose configure() fails for an interval of 20 s (a bug in applying a reload, say)."""
+
+    name = "mounts"
+    interval_seconds = 3600.0
+
+    def __init__(self) -> None:
+        self.configured: list[float] = []
+
+    def configure(self, config: MountsConfig) -> None:
+        if config.interval_seconds == 20.0:
+            raise RuntimeError("cannot take 20 s")
+        self.configured.append(config.interval_seconds)
+
+    def collect(self) -> tuple[Mount, ...]:
+        return ()
+
+    def close(self) -> None:
+        pass
+
+
+def test_agent_reload_that_fails_to_apply_puts_the_last_good_config_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path, "platform: generic\nhistory_size: 40\n")
+    source = RefusingMounts()
+    agent = Agent(load_config(path), config_path=path, sources=[source], process_metrics=False)
+    try:
+        good = agent.config
+        write(tmp_path, GOOD_WITH_OVERRIDE)  # valid, but its mounts section makes the source raise
+        with caplog.at_level(logging.ERROR, logger="storwatch.agent"):
+            assert agent.reload() is False
+        assert agent.config is good and agent.platform.name == "generic"
+        assert agent.history.capacity == 40
+        assert source.configured == [10.0]  # the last good section given back to the source
+        assert [r.getMessage() for r in caplog.records] == [
+            f"reload failed, keeping the last good configuration:\n{path}: cannot apply: RuntimeError: cannot take 20 s"
+        ]
+        assert reload_metrics(agent) == (1.0, 0.0)
     finally:
         agent.stop()

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from storwatch.blocking import BlockingCalls
+from storwatch.blocking import BlockingCalls, CallOutcome
 from tests.agentproc import running_agent
-from tests.realmounts import fuse_mount
+from tests.realmounts import fuse_mount, tmpfs_mount
 
 pytestmark = pytest.mark.realpart
 
@@ -32,8 +32,11 @@ def _threads(pid: int) -> int:
 def _children(pid: int) -> list[int]:
     kids: list[int] = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            kids += [int(x) for x in f.read().split()]
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            continue  # a thread that ended between the listing and the read (its children are its process's)
     return kids
 
 
@@ -64,6 +67,8 @@ def test_blocking_calls_mark_a_hung_statvfs_stuck_and_never_call_twice(tmp_path:
     calls = BlockingCalls(max_inflight=4)
     try:
         key = str(hung.mountpoint)
+        # The helper process started first (its start-up is not what the deadline below is about).
+        assert calls.call_many("statvfs", {"/": ["/"]}, timeout=10.0)["/"].values is not None
         started = time.monotonic()
         first = calls.call_many("statvfs", {key: [key], "/": ["/"]}, timeout=0.3)
         assert time.monotonic() - started < 1.0
@@ -75,7 +80,13 @@ def test_blocking_calls_mark_a_hung_statvfs_stuck_and_never_call_twice(tmp_path:
         assert calls.in_flight() == 1  # one call per key, however often it is asked
         assert again[key].in_flight_seconds >= first[key].in_flight_seconds
         hung.abort()  # the daemon "dies": the stuck call fails and the key is free again
-        released = calls.call_many("statvfs", {key: [key]}, 2.0)[key]
+        # A call past its deadline is not waited for: each round says at once that it is still stuck.
+
+        def unstuck() -> CallOutcome | None:
+            outcome = calls.call_many("statvfs", {key: [key]}, 0.1)[key]
+            return None if outcome.stuck else outcome
+
+        released = _wait_for(unstuck, 5, "the aborted call to come back")
         assert not released.stuck
         # The stuck call itself comes back, failed (ECONNABORTED); a new one would fail with ENOTCONN.
         assert released.error in ("Software caused connection abort", "Transport endpoint is not connected")
@@ -148,26 +159,28 @@ def test_scan_with_a_hung_mount_returns_promptly(tmp_path: Path, real_mounts) ->
     assert mounts["/"]["size_bytes"] > 0
 
 
+def _stuck_lines(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.startswith("storwatch_mount_stuck{") and line.endswith(" 1.0"))
+
+
 def test_scrapes_continue_while_statvfs_threads_are_stuck(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
-    """Several hung mounts at once, more than max_inflight allows: still bounded, still answering."""
+    """More hung mounts than the stuck set holds: threads stay bounded, healthy mounts are measured, scrapes answer,
+    and the mount left unmeasured by the limit makes the collector fail."""
     hung = [real_mounts(fuse_mount(tmp_path / f"hung{i}", block_statfs=True)) for i in range(3)]
     config = tmp_path / "storwatch.yaml"
     config.write_text(
         "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.2\n  max_inflight: 2\n"
+        "  max_stuck: 2\n"
     )
     with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
-
-        def stuck_count() -> int:
-            lines = _get(agent.port, "/metrics")[1].decode().splitlines()
-            return sum(1 for line in lines if line.startswith("storwatch_mount_stuck{") and line.endswith(" 1.0"))
-
-        # Every slot ends up held by a stuck call (ours, or any other hung mount on the machine) and no more.
-        _wait_for(lambda: stuck_count() == 2, 10, "two stuck mounts")
+        # The stuck set fills (with ours, or any other hung mount on the machine); the third of ours is then never
+        # called: nothing is known of it, so it is not called stuck, and the collector says a mount went unmeasured.
+        _wait_for(lambda: _stuck_lines(_get(agent.port, "/metrics")[1].decode()) >= 2, 10, "two stuck mounts")
         time.sleep(1.5)
         helper = _children(agent.proc.pid)[0]
-        assert _threads(helper) <= 2 + 1
-        assert stuck_count() == 2
+        assert _threads(helper) <= 2 + 2 + 1  # max_inflight + max_stuck calls, plus the helper's main thread
         text = _get(agent.port, "/metrics")[1].decode()
+        assert 2 <= _stuck_lines(text) <= 4
         assert (
             sum(
                 'storwatch_mount_info{device="storwatch-fusefs"' in line and str(h.mountpoint) in line
@@ -176,6 +189,11 @@ def test_scrapes_continue_while_statvfs_threads_are_stuck(tmp_path: Path, real_m
             )
             == 3
         )  # all three are listed, stuck or not
+        assert 'storwatch_mount_size_bytes{mountpoint="/"}' in text
+        assert 'storwatch_collector_success{collector="mounts"} 0.0' in text
+        mounts = {m["mountpoint"]: m for m in json.loads(_get(agent.port, "/api/status")[1])["mounts"]}
+        left_out = [m for m in mounts.values() if (m["usage_error"] or "").startswith("not called")]
+        assert left_out and all(not m["stuck"] and m["size_bytes"] is None for m in left_out)
         errors: list[str] = []
 
         def scrape() -> None:
@@ -192,6 +210,44 @@ def test_scrapes_continue_while_statvfs_threads_are_stuck(tmp_path: Path, real_m
         assert errors == []
 
 
+def test_twenty_hung_mounts_leave_every_healthy_mount_fresh(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
+    """Issue 13: 16 hung FUSE mounts used to take every statvfs slot, and every mount's usage went blank while the
+    collector said success. With 20 (more than max_inflight's 16), every healthy mount keeps fresh usage."""
+    hung = [real_mounts(fuse_mount(tmp_path / f"hung{i:02}", block_statfs=True)) for i in range(20)]
+    healthy = real_mounts(tmpfs_mount(tmp_path / "healthy"))
+    config = tmp_path / "storwatch.yaml"
+    config.write_text("tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.3\n")
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
+
+        def all_ours_stuck() -> bool:
+            text = _get(agent.port, "/metrics")[1].decode()
+            return all(f'storwatch_mount_stuck{{mountpoint="{h.mountpoint}"}} 1.0' in text for h in hung)
+
+        _wait_for(all_ours_stuck, 20, "all 20 hung mounts to show stuck")
+
+        def avail() -> int:
+            mounts = {m["mountpoint"]: m for m in json.loads(_get(agent.port, "/api/status")[1])["mounts"]}
+            return int(mounts[str(healthy.mountpoint)]["avail_bytes"])
+
+        before = avail()
+        (healthy.mountpoint / "blob").write_bytes(os.urandom(4 << 20))
+        _wait_for(lambda: avail() <= before - (4 << 20), 5, "the healthy mount's usage to follow a 4 MiB write")
+        status = json.loads(_get(agent.port, "/api/status")[1])
+        for m in status["mounts"]:
+            # Every mount either answered this round or is stuck itself; none is left blank by the hung ones.
+            assert m["stuck"] or m["size_bytes"] is not None, m
+        collectors = {c["name"]: c for c in status["collectors"]}
+        assert collectors["mounts"]["success"] is True, collectors["mounts"]
+        helper = _children(agent.proc.pid)[0]
+        assert _threads(helper) <= 16 + 128 + 1
+
+        started = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(timeout=5) == 0
+        print(f"SIGTERM to exit: {time.monotonic() - started:.2f} s")
+        assert time.monotonic() - started < 5
+
+
 def test_checkpoint_scan_skips_a_hung_mount_under_its_root(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
     """A hung mount inside a checkpoint root: once statvfs marks it stuck the walk leaves it alone, the checkpoints
     beside it are still found, and SIGTERM still ends the agent in 5 s."""
@@ -205,7 +261,7 @@ def test_checkpoint_scan_skips_a_hung_mount_under_its_root(tmp_path: Path, real_
     config = tmp_path / "storwatch.yaml"
     config.write_text(
         "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.2\n"
-        f"checkpoints:\n  roots: ['{root}']\n  kubelet: false\n  interval_seconds: 0.5\n"
+        f"checkpoints:\n  roots: ['{root}']\n  kubelet: false\n  interval_seconds: 0.5\n  timeout_seconds: 1.0\n"
     )
     with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
         _wait_for(
@@ -237,4 +293,119 @@ def test_checkpoint_scan_skips_a_hung_mount_under_its_root(tmp_path: Path, real_
         started = time.monotonic()
         agent.proc.send_signal(signal.SIGTERM)
         assert agent.proc.wait(timeout=5) == 0
+        print(f"SIGTERM to exit: {time.monotonic() - started:.2f} s")
         assert time.monotonic() - started < 5
+
+
+def _kernel_stacks(pid: int) -> dict[int, str]:
+    """Each thread's kernel stack (/proc/PID/task/TID/stack, root only): where a thread blocked in a syscall waits."""
+    stacks = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stack") as f:
+                stacks[int(task)] = f.read()
+        except OSError:
+            continue  # the thread ended meanwhile
+    return stacks
+
+
+def test_checkpoint_roots_whose_readdir_or_getattr_hangs_are_stuck_and_hold_no_agent_thread(  # type: ignore[no-untyped-def]
+    tmp_path: Path, real_mounts
+) -> None:
+    """Issue 12: a checkpoint root on a FUSE mount whose readdir or getattr hangs while statfs answers (as s3fs can)
+    pinned an agent thread in the kernel, the collector said success, and the agent could not finish exiting."""
+    from tests.test_checkpoint_source import torch_like_zip
+
+    healthy = tmp_path / "healthy"
+    run = healthy / "run"
+    run.mkdir(parents=True)
+    torch_like_zip(run / "step-1.pt")
+    # A root of its own whose listing hangs, and a mount below the healthy root whose every stat hangs.
+    readdir_backing = tmp_path / "readdir-backing"
+    (readdir_backing / "job").mkdir(parents=True)
+    torch_like_zip(readdir_backing / "job" / "step-1.pt")
+    hung_readdir = real_mounts(fuse_mount(tmp_path / "hung-readdir", backing=readdir_backing, block_readdir=True))
+    hung_getattr = real_mounts(fuse_mount(healthy / "zz-getattr", block_getattr=True))
+    config = tmp_path / "storwatch.yaml"
+    config.write_text(
+        "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.5\n  statvfs_timeout_seconds: 0.5\n"
+        f"checkpoints:\n  roots: ['{healthy}', '{hung_readdir.mountpoint}']\n  kubelet: false\n"
+        "  interval_seconds: 0.5\n  timeout_seconds: 1.0\n"
+    )
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
+        started = time.monotonic()
+
+        def stuck_roots() -> str | None:
+            text = _get(agent.port, "/metrics")[1].decode()
+            lines = [
+                f'storwatch_checkpoint_root_stuck{{root="{m.mountpoint}"}} 1.0' for m in (hung_readdir, hung_getattr)
+            ]
+            return text if all(line in text for line in lines) else None
+
+        text = _wait_for(stuck_roots, 15, "both hung roots to show stuck")
+        # Within its deadline (1 s) after the first walk was sent, plus a scan interval and the agent's start.
+        reported = time.monotonic() - started
+        print(f"hung roots reported stuck {reported:.2f} s after the agent served (deadline 1 s)")
+        assert reported < 1.0 + 0.5 + 4.0
+        assert f'storwatch_checkpoint_root_stuck{{root="{healthy}"}} 0.0' in text
+        # statfs answers on both: the mount source sees nothing wrong, the checkpoint source does.
+        for m in (hung_readdir, hung_getattr):
+            assert f'storwatch_mount_stuck{{mountpoint="{m.mountpoint}"}} 0.0' in text
+        assert 'storwatch_collector_success{collector="checkpoints"} 0.0' in text
+        collectors = {c["name"]: c for c in json.loads(_get(agent.port, "/api/status")[1])["collectors"]}
+        error = collectors["checkpoints"]["error"] or ""
+        assert str(hung_readdir.mountpoint) in error and "stuck" in error, error
+        # The healthy root keeps being scanned: a new checkpoint beside the hung mount is found.
+        assert 'storwatch_checkpoint_kept{run="run"} 1.0' in text
+        torch_like_zip(run / "step-2.pt")
+        _wait_for(
+            lambda: 'storwatch_checkpoint_kept{run="run"} 2.0' in _get(agent.port, "/metrics")[1].decode(),
+            10,
+            "the healthy root's new checkpoint",
+        )
+
+        # The hung calls wait in the kernel in the helper, never in the agent.
+        agent_stacks = _kernel_stacks(agent.proc.pid)
+        assert agent_stacks, "no kernel stacks readable (needs root)"
+        in_fuse = {tid: s for tid, s in agent_stacks.items() if "fuse" in s}
+        assert not in_fuse, in_fuse
+        helper_stacks = [s for child in _children(agent.proc.pid) for s in _kernel_stacks(child).values()]
+        assert sum("fuse" in s for s in helper_stacks) >= 2  # the detection above can see such a thread
+
+        started = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(timeout=5) == 0
+        print(f"SIGTERM to exit: {time.monotonic() - started:.2f} s")
+        assert time.monotonic() - started < 5
+
+
+def test_a_walk_still_out_is_waited_for_only_as_long_as_walks_bound_themselves(  # type: ignore[no-untyped-def]
+    tmp_path: Path, real_mounts
+) -> None:
+    """A collection waits max_seconds plus a margin for the walks, not the whole deadline: a hung unit delays the
+    first answer that long, is not a failure while within its deadline, and is stuck once past it."""
+    from storwatch.sources.checkpoints import WAIT_MARGIN_SECONDS, CheckpointSource
+    from tests.test_checkpoint_source import torch_like_zip
+
+    healthy = tmp_path / "healthy"
+    healthy.mkdir()
+    torch_like_zip(healthy / "step-1.pt")
+    hung = real_mounts(fuse_mount(tmp_path / "hung", block_readdir=True))
+    source = CheckpointSource(
+        [str(healthy), str(hung.mountpoint)], deep_per_scan=0, max_seconds=0.5, timeout_seconds=6.0
+    )
+    try:
+        started = time.monotonic()
+        first = source.collect()
+        took = time.monotonic() - started
+        assert 0.5 + WAIT_MARGIN_SECONDS - 0.1 <= took < 6.0
+        assert [r.path for r in first.runs] == [str(healthy)]
+        assert first.stuck_roots == () and first.failure is None  # still within its deadline
+        while not (later := source.collect()).stuck_roots and time.monotonic() - started < 15:
+            time.sleep(0.2)
+        assert time.monotonic() - started >= 6.0  # not before its deadline
+        assert [s.path for s in later.stuck_roots] == [str(hung.mountpoint)]
+        assert later.failure is not None and str(hung.mountpoint) in later.failure
+        assert [r.path for r in later.runs] == [str(healthy)]
+    finally:
+        source.close()

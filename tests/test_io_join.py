@@ -7,9 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from storwatch.analysis.io import WindowFeeder, mount_io
-from storwatch.analysis.latency import EMPTY, HOUR, MINUTE, LatencySummary, LatencyWindows, MountLatency, WindowStats
-from storwatch.model import Mount, Snapshot
+from storwatch.analysis.io import FORGET_EVERY_SECONDS, WindowFeeder, mount_io
+from storwatch.analysis.latency import (
+    EMPTY,
+    GONE_MARGIN_SECONDS,
+    HOUR,
+    MINUTE,
+    LatencySummary,
+    LatencyWindows,
+    MountLatency,
+    WindowStats,
+)
+from storwatch.model import CollectorStatus, Mount, Snapshot
 from storwatch.procfs.diskstats import DiskStats, diskstats_delta, parse_line
 from storwatch.procfs.mountstats import NFSMount, parse_mountstats
 from storwatch.sources.blockdev import MountDevice
@@ -295,6 +304,88 @@ def test_forget_idle_drops_only_keys_idle_for_an_hour() -> None:
     # A forgotten key starts afresh when its mount does I/O again.
     windows.add("/old", "read", T + 9000, 2, 0.010)
     assert windows.summary("/old", "read", T + 9000).hour.samples == 1
+
+
+def test_forget_drops_mountpoints_gone_from_the_mount_table() -> None:
+    windows = LatencyWindows()
+    windows.add("/gone", "read", T, 1, 0.001)
+    windows.add("/gone", "write", T + 30, 1, 0.001)
+    windows.add("/new-nfs", "read", T + 30, 1, 0.001)  # NFS statistics name a new mount before the table does
+    windows.add("/mounted-idle", "read", T, 1, 0.001)
+    mounted = {"/mounted-idle"}
+    # The table read at T+35 lacks /gone, whose last I/O was 5 s before: not yet (the margin for a read's length).
+    windows.forget(T + 40, mounted, table_time=T + 30 + GONE_MARGIN_SECONDS)
+    assert set(windows.summaries(T + 40)) == {"/gone", "/new-nfs", "/mounted-idle"}
+    windows.forget(T + 40, mounted, table_time=T + 30 + GONE_MARGIN_SECONDS + 1)
+    assert set(windows.summaries(T + 40)) == {"/mounted-idle"}  # /new-nfs, not in a table read after its I/O: gone
+    assert len(windows) == 1
+    # One whose I/O is newer than the last read of the table is kept however long ago that read was.
+    windows.add("/newer", "read", T + 100, 1, 0.001)
+    windows.forget(T + 500, mounted, table_time=T + 90)
+    assert set(windows.summaries(T + 500)) == {"/mounted-idle", "/newer"}
+    # Without a table read, nothing is taken for gone.
+    windows.forget(T + 1000, set(), table_time=None)
+    assert len(windows) == 2
+    # A mounted mountpoint is kept until it has been idle for an hour, as forget_idle does.
+    windows.forget(T + HOUR + 1, {"/mounted-idle", "/newer"}, table_time=T + HOUR)
+    assert set(windows.summaries(T + HOUR + 1)) == {"/newer"}
+
+
+def test_forget_keeps_at_most_max_mountpoints_the_most_recently_busy() -> None:
+    windows = LatencyWindows(max_mountpoints=3)
+    for i in range(6):
+        windows.add(f"/m{i}", "read", T + (i * 7) % 6, 1, 0.001)  # newest samples at T+0, 1, 2, 3, 4, 5 shuffled
+    assert len(windows) == 6
+    windows.forget(T + 6, None)
+    kept = set(windows.summaries(T + 6))
+    assert kept == {f"/m{i}" for i in range(6) if (i * 7) % 6 >= 3}
+
+
+def test_a_short_lived_window_holds_only_its_own_samples() -> None:
+    windows = LatencyWindows()
+    _add_series(windows, "/pod-volume", "write", [(T + k, 1.0, 0.002) for k in range(3)])
+    ring = windows._rings["/pod-volume"]["write"]
+    assert [len(a) for a in (ring.t, ring.ops, ring.secs)] == [3, 3, 3]  # not 3,600 each (86 KB) from the start
+    full = LatencyWindows(capacity=5)
+    _add_series(full, "/", "read", [(T + k, 1.0, k / 1000) for k in range(1, 13)])
+    ring = full._rings["/"]["read"]
+    assert [len(a) for a in (ring.t, ring.ops, ring.secs)] == [5, 5, 5]
+    assert list(ring.t) == [T + k for k in (11, 12, 8, 9, 10)]  # wrapped: the oldest overwritten first
+    assert full.summary("/", "read", T + 12).minute.max_seconds == 0.012
+
+
+def _mounts_read(at: float, success: bool = True) -> CollectorStatus:
+    return CollectorStatus("mounts", success, 0.01, at if success else None)
+
+
+def test_feeder_forgets_gone_mounts_and_probe_timestamps_every_ten_seconds() -> None:
+    windows = LatencyWindows()
+    feeder = WindowFeeder(windows)
+    pod = "/var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/x"
+    pod_mount = _mount(pod, "/dev/nvme1n1", "xfs", MountDevice("nvme1n1", ("nvme1n1",)))
+    feeder.feed(
+        Snapshot(T, (DATA, pod_mount), disks=_disk_io(T, BEFORE, AFTER), probes=(_probe(pod, T, {"write": 0.01}),))
+    )
+    assert set(windows.summaries(T)) == {"/mnt/data", pod}
+    assert "probe:" + pod in feeder._fed
+    feeder.forget(Snapshot(T, (DATA, pod_mount), collectors=(_mounts_read(T),)))
+    assert set(windows.summaries(T)) == {"/mnt/data", pod}
+    # The pod is deleted: the next read of the mount table lacks its volume, and its windows go.
+    later = T + FORGET_EVERY_SECONDS
+    feeder.forget(Snapshot(later, (DATA,), collectors=(_mounts_read(later),)))
+    assert set(windows.summaries(later)) == {"/mnt/data"}
+    assert "probe:" + pod not in feeder._fed
+    # It looks again only ten seconds after it last looked.
+    windows.add("/elsewhere", "read", T, 1, 0.001)
+    feeder.forget(Snapshot(later + 9, (DATA,), collectors=(_mounts_read(later + 9),)))
+    assert set(windows.summaries(later + 9)) == {"/mnt/data", "/elsewhere"}
+    feeder.forget(Snapshot(later + 10, (DATA,), collectors=(_mounts_read(later + 10),)))
+    assert set(windows.summaries(later + 10)) == {"/mnt/data"}
+    # A failing mount source, or no mounts at all: nothing is taken for gone.
+    windows.add("/elsewhere", "read", later + 11, 1, 0.001)
+    feeder.forget(Snapshot(later + 100, (DATA,), collectors=(_mounts_read(later + 100, success=False),)))
+    feeder.forget(Snapshot(later + 200, (), collectors=(_mounts_read(later + 200),)))
+    assert set(windows.summaries(later + 200)) == {"/mnt/data", "/elsewhere"}
 
 
 def test_summaries_forget_idle_keys_too() -> None:

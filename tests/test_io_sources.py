@@ -56,7 +56,7 @@ def test_diskstats_source_reports_deltas_and_skips_garbled_lines(
     assert delta.write_latency_seconds == pytest.approx(0.025)
     warnings = [r for r in caplog.records if "diskstats" in r.getMessage()]
     assert len(warnings) == 2, [r.getMessage() for r in warnings]  # one per bad line, not one per read
-    assert "nvme9n1" in warnings[0].getMessage() or "nvme9n1" in warnings[1].getMessage()
+    assert ["nvme9n1" in warnings[0].getMessage(), "nvme9n2" in warnings[1].getMessage()] == [True, True]
 
 
 def test_nfs_source_reports_op_deltas_and_skips_garbled_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

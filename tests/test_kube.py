@@ -19,8 +19,10 @@ from storwatch.kubevolumes import (
     KubeVolumeEvidence,
     PodInfo,
     VolumeInfo,
+    VolumeRef,
     parse_kubelet_volume_path,
     volume_evidence,
+    volume_ref,
 )
 from storwatch.model import Durability, EvidenceSource, Mount
 from storwatch.procfs.mountinfo import parse_mountinfo
@@ -157,9 +159,6 @@ def test_parse_kubelet_volume_path(path: str, expected: KubeletVolumePath | None
             id="emptyDir-memory",
         ),
         pytest.param(
-            "/mnt/local-nvme", N, ["hostPath", "'nvme'", "train/trainer-0", "lost with the node"], id="hostPath"
-        ),
-        pytest.param(
             f"{POD_DIR}/kubernetes.io~csi/{PV_NFS}/mount",
             C,
             ["'shared'", "train/trainer-0", "PVC train/ckpt-shared", "nfs.csi.k8s.io", "survives"],
@@ -189,6 +188,94 @@ def test_volume_classified(source: KubeSource, mountpoint: str, durability: Dura
     assert verdict.evidence[0].source is EvidenceSource.KUBERNETES
     missing = [w for w in words if w.lower() not in verdict.reason.lower()]
     assert not missing, f"reason {verdict.reason!r} lacks {missing}"
+
+
+@pytest.mark.parametrize(
+    ("mountpoint", "durability", "source_of_evidence", "words"),
+    [
+        pytest.param("/mnt/local-nvme", N, EvidenceSource.DEVICE, ["xfs", "/dev/nvme1n1"], id="hostPath-local-disk"),
+        pytest.param("/fsx", C, EvidenceSource.FILESYSTEM, ["lustre", "survives"], id="hostPath-lustre"),
+        pytest.param("/shared", C, EvidenceSource.FILESYSTEM, ["nfs4", "10.0.0.5:/shared"], id="hostPath-nfs"),
+        pytest.param("/", N, EvidenceSource.DEVICE, ["ext4", "/dev/nvme0n1p1"], id="agent-hostPath-root"),
+    ],
+)
+def test_host_path_volume_leaves_the_class_to_its_filesystem(
+    source: KubeSource, mountpoint: str, durability: Durability, source_of_evidence: EvidenceSource, words: list[str]
+) -> None:
+    # The trainer mounts /mnt/local-nvme, /fsx and /shared as hostPaths and the agent's own pod mounts / : where a pod
+    # sees a host directory says nothing of how long it lives, so no pod is the reason and no pod decides.
+    provider = KubeVolumeEvidence()
+    provider.update(source.collect())
+    classifier = Classifier(GENERIC)
+    classifier.add_provider(provider)
+    verdict = classifier.classify(fixture_mounts()[mountpoint])
+    assert verdict.durability is durability, verdict
+    assert [e.source for e in verdict.evidence] == [source_of_evidence], verdict.evidence
+    missing = [w for w in words if w not in verdict.reason]
+    assert not missing, f"reason {verdict.reason!r} lacks {missing}"
+    for pod in ("trainer-0", "storwatch", "hostPath"):
+        assert pod not in verdict.reason
+
+
+def _ref(
+    pod_uid: str | None,
+    namespace: str | None,
+    pod: str | None,
+    volume: str | None,
+    kind: str | None,
+    pvc: str | None = None,
+    pv: str | None = None,
+    storage_class: str | None = None,
+    provisioner: str | None = None,
+) -> VolumeRef:
+    return VolumeRef(pod_uid, namespace, pod, volume, kind, pvc, pv, storage_class, provisioner)
+
+
+def _expected_refs() -> dict[str, VolumeRef | None]:
+    t = (TRAINER_UID, "train", "trainer-0")
+    return {
+        "/": None,
+        "/run": None,
+        "/mnt/local-nvme": _ref(*t, "nvme", "hostPath"),
+        "/fsx": _ref(*t, "fsx", "hostPath"),
+        "/shared": _ref(*t, "datasets", "hostPath"),
+        f"{POD_DIR}/kubernetes.io~empty-dir/scratch": _ref(*t, "scratch", "emptyDir"),
+        f"{POD_DIR}/kubernetes.io~empty-dir/dshm": _ref(*t, "dshm", "emptyDirMemory"),
+        f"{POD_DIR}/kubernetes.io~projected/kube-api-access-x2k9p": _ref(*t, "kube-api-access-x2k9p", "projected"),
+        f"{POD_DIR}/kubernetes.io~csi/{PV_NFS}/mount": _ref(
+            *t, "shared", "pvc", "ckpt-shared", PV_NFS, "nfs", "nfs.csi.k8s.io"
+        ),
+        f"{POD_DIR}/kubernetes.io~local-volume/{PV_LOCAL}": _ref(
+            *t, "local", "pvc", "ckpt-local", PV_LOCAL, "local-path", "rancher.io/local-path"
+        ),
+        f"{POD_DIR}/kubernetes.io~csi/{PV_EPHEMERAL}/mount": _ref(
+            *t, "cache", "ephemeral", "trainer-0-cache", PV_EPHEMERAL, "ebs-gp3", "ebs.csi.aws.com"
+        ),
+        f"/var/lib/kubelet/pods/{LOADER_UID}/volumes/kubernetes.io~projected/kube-api-access-7hq2m": _ref(
+            LOADER_UID, "data", "loader-7d9f", "kube-api-access-7hq2m", "projected"
+        ),
+    }
+
+
+def test_volume_ref_names_pod_volume_pvc_pv_storage_class(source: KubeSource) -> None:
+    cluster = source.collect().cluster
+    mounts = fixture_mounts()
+    expected = _expected_refs()
+    assert set(expected) <= set(mounts)
+    got = {mp: volume_ref(mounts[mp], cluster) for mp in expected}
+    assert got == expected
+
+
+def test_volume_ref_from_the_kubelet_path_alone_while_the_api_is_away() -> None:
+    mounts = fixture_mounts()
+    empty = ClusterObjects()
+    assert volume_ref(mounts[f"{POD_DIR}/kubernetes.io~empty-dir/dshm"], empty) == _ref(
+        TRAINER_UID, None, None, "dshm", "emptyDirMemory"
+    )
+    assert volume_ref(mounts[f"{POD_DIR}/kubernetes.io~csi/{PV_NFS}/mount"], empty) == _ref(
+        TRAINER_UID, None, None, None, None
+    )
+    assert volume_ref(mounts["/fsx"], empty) is None  # a hostPath is known only from a pod spec
 
 
 def test_network_block_pvc_survives_node_loss() -> None:
@@ -228,7 +315,7 @@ def test_pod_for_uid(source: KubeSource) -> None:
     loader = facts.pod_for_uid(LOADER_UID)
     assert loader is not None and loader.owner_kind == "ReplicaSet"
     # Only this node's pods are watched.
-    assert {p.name for p in facts.pods} == {"trainer-0", "loader-7d9f"}
+    assert {p.name for p in facts.pods} == {"trainer-0", "loader-7d9f", "storwatch-x7k2p"}
     assert facts.pod_for_uid("00000000-0000-4000-8000-0000000000ff") is None
 
 
@@ -292,7 +379,7 @@ def test_pod_deletion_seen_within_2s(api: FakeKubeAPI, tmp_path: Path) -> None:
 
 def test_api_outage_keeps_mapping_and_recovers(api: FakeKubeAPI, source: KubeSource) -> None:
     before = source.collect()
-    assert before.api_up and len(before.pods) == 2
+    assert before.api_up and len(before.pods) == 3
     assert before.failure is None and source.off_reason is None
     api.go_away(5.0)
     wait_for(lambda: not source.collect().api_up, 2.0)

@@ -96,6 +96,29 @@ def test_agent_maps_volumes_pods_and_sees_a_drain(tmp_path: Path) -> None:
             assert local["durability"] == "node" and "ckpt-local" in local["reason"]
             dshm = mounts[f"{base}/kubernetes.io~empty-dir/dshm"]
             assert dshm["durability"] == "volatile" and "dshm" in dshm["reason"]
+            # Every mount says which Kubernetes objects are behind it, not only where they decided the class.
+            assert nfs["kube"] == {
+                "namespace": "train",
+                "pod": "trainer-0",
+                "pod_uid": TRAINER_UID,
+                "volume": "shared",
+                "volume_kind": "pvc",
+                "pvc": "ckpt-shared",
+                "pv": "pvc-0a6f2e1d-3c4b-4a59-8e7f-112233445566",
+                "storage_class": "nfs",
+                "provisioner": "nfs.csi.k8s.io",
+            }
+            assert (dshm["kube"]["pod"], dshm["kube"]["volume"], dshm["kube"]["pvc"]) == ("trainer-0", "dshm", None)
+            # A hostPath onto Lustre stays cluster; the agent's own hostPath of / is no reason for /.
+            fsx = mounts["/fsx"]
+            assert fsx["durability"] == "cluster" and "lustre" in fsx["reason"]
+            assert (fsx["kube"]["pod"], fsx["kube"]["volume"], fsx["kube"]["volume_kind"]) == (
+                "trainer-0",
+                "fsx",
+                "hostPath",
+            )
+            root = mounts["/"]
+            assert root["kube"] is None and "storwatch" not in root["reason"] and "/dev/nvme0n1p1" in root["reason"]
             (proc,) = status["gpus"][0]["processes"]
             assert (proc["namespace"], proc["pod"], proc["pod_uid"]) == ("train", "trainer-0", TRAINER_UID)
             assert proc["owner"] == "StatefulSet/trainer"
@@ -148,11 +171,14 @@ def test_api_server_gone_for_a_minute(tmp_path: Path) -> None:
                 return str(mounts.get(nfs_mount, {}).get("reason", ""))
 
             _until(lambda: "ckpt-shared" in reason(), 15, "the mapping")
+            # Paced as the scrapes during the outage are, so that both sets render a new tick's exposition alike
+            # (back to back, most scrapes would be served from the tick before, which costs far less than a render).
             baseline = []
-            for _ in range(50):
+            for _ in range(20):
                 started = time.perf_counter()
                 agent.fetch("/metrics")
                 baseline.append(time.perf_counter() - started)
+                time.sleep(0.25)
             api.go_away(60)
             gone_at = time.monotonic()
             _until(lambda: "storwatch_kube_api_up 0.0" in agent.fetch("/metrics").body.decode(), 40, "api_up 0")

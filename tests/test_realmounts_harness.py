@@ -162,7 +162,7 @@ def test_fuse_block_statfs_hangs_and_teardown_releases(tmp_path: Path) -> None:
     assert not thread.is_alive(), "statvfs still blocked after teardown"
     error = result.get("error")
     assert isinstance(error, OSError), result
-    assert error.errno in {errno.ENOTCONN, errno.ECONNABORTED, errno.EIO, errno.ENODEV}, error
+    assert error.errno == errno.ECONNABORTED, error  # the request in flight when the connection was aborted
     assert not is_mounted(fm.mountpoint)
     assert fm.proc.poll() is not None
 
@@ -173,7 +173,7 @@ def test_fuse_abort_makes_mount_fail_like_a_dead_server(tmp_path: Path) -> None:
         assert fm.abort()
         with pytest.raises(OSError) as info:
             os.listdir(fm.mountpoint)
-        assert info.value.errno in {errno.ENOTCONN, errno.ECONNABORTED}
+        assert info.value.errno == errno.ENOTCONN  # a new request on an aborted connection
     assert not is_mounted(fm.mountpoint)
 
 

@@ -155,13 +155,24 @@ def test_status_page_table_matches_api_status(
         assert column in header, header
     mp_col, dur_col, reason_col = (header.index(c) for c in ("Mountpoint", "Durability", "Reason"))
 
-    expected = [(m["mountpoint"], m["durability"], m["reason"]) for m in api["mounts"]]
+    # Kernel interfaces (a cgroup tmpfs under /sys) are left off the page and named under the table.
+    expected = [(m["mountpoint"], m["durability"], m["reason"]) for m in api["mounts"] if not m["pseudo"]]
+    page = " ".join(dom.stdout.decode("utf-8").split())
+    for m in api["mounts"]:
+        if m["pseudo"]:
+            assert m["mountpoint"] in page.split("Not shown: ", 1)[1].split(" under ", 1)[0]
     shown = [(row[mp_col], row[dur_col], row[reason_col]) for row in parser.body_rows]
     assert len(expected) > 0
     assert [e[:2] for e in shown] == [e[:2] for e in expected]
     assert [e[2] for e in shown] == [" ".join(e[2].split()) for e in expected]
     assert all(len(row) == len(header) for row in parser.body_rows)
     assert "/" in [mp for mp, _, _ in shown]
+    # Empty tables say why (this machine has no GPU and no checkpoint roots; elsewhere the tables have rows).
+    if not api["gpus"]:
+        assert ("no GPUs: NVML answers" if api["nvml"]["nvml_up"] else "no GPUs: NVML not available") in page
+    if not api["checkpoints"]:
+        roots = api["checkpoint_roots"]
+        assert ("no checkpoints under " + ", ".join(roots) if roots else "no checkpoints: no directories") in page
 
     assert screenshot.returncode == 0, screenshot.stderr.decode(errors="replace")[-2000:]
     assert shot.is_file(), "chromium wrote no screenshot"

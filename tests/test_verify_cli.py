@@ -79,6 +79,53 @@ def test_run_directory_checks_every_checkpoint_below_it(tmp_path: Path, capsys: 
 
 def test_directory_without_checkpoints_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "notes.txt").write_text("no checkpoints here\n")
-    assert main(["verify", str(tmp_path)]) == 1
+    assert main(["verify", str(tmp_path)]) == 3
     out = capsys.readouterr().out
+    assert out.startswith("UNKNOWN")
     assert "not a recognised checkpoint format" in out and "none was found below it" in out
+
+
+@pytest.mark.parametrize("kind", ["empty-dir", "text-file"])
+def test_nothing_verifiable_is_unknown_with_its_own_exit_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    target = tmp_path / "empty"
+    if kind == "empty-dir":
+        target.mkdir()
+    else:
+        target.write_text("just some text\n")
+    assert main(["verify", "--json", str(target)]) == 3
+    (result,) = json.loads(capsys.readouterr().out)
+    assert result["verdict"] == "unknown" and result["format"] is None
+    assert "no checkpoint found" in result["reason"]
+
+
+def test_unknown_beside_incomplete_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.txt").write_text("text")
+    write_safetensors(tmp_path / "bad.safetensors", truncate=2)
+    assert main(["verify", str(tmp_path / "notes.txt"), str(tmp_path / "bad.safetensors")]) == 1
+    out = capsys.readouterr().out
+    assert "UNKNOWN" in out and "INCOMPLETE" in out
+
+
+def test_help_documents_verdicts_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for line in (
+        "0  every path is a complete checkpoint",
+        "1  some checkpoint is incomplete or corrupt",
+        "2  usage",
+        "3  ",
+    ):
+        assert line in out
+    assert "unknown     not a checkpoint" in out
+
+
+def test_bad_config_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_safetensors(tmp_path / "a.safetensors")
+    config = tmp_path / "c.yaml"
+    config.write_text("checkpoints:\n  allowed_globals: [os.system]\n")
+    assert main(["verify", "--config", str(config), str(tmp_path / "a.safetensors")]) == 2
+    assert "never allowed" in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from storwatch.analysis.latency import LatencyWindows, MountLatency
 from storwatch.model import Mount, MountIO, Snapshot
 from storwatch.sources.nfs import OpDelta
@@ -10,12 +12,40 @@ from storwatch.sources.nfs import OpDelta
 NFS_OPS = {"read": "READ", "write": "WRITE", "fsync": "COMMIT"}
 
 
+MOUNTS_COLLECTOR = "mounts"
+"""The mount source's name in the snapshot's collector statuses."""
+FORGET_EVERY_SECONDS = 10.0
+"""How often ``forget`` looks for windows to let go of (it walks every mountpoint's windows)."""
+
+
 class WindowFeeder:
-    """Feeds each source's new facts into the latency windows exactly once, whatever the tick rate."""
+    """Feeds each source's new facts into the latency windows exactly once, whatever the tick rate, and lets go of
+    the windows of mounts that are gone."""
 
     def __init__(self, windows: LatencyWindows) -> None:
         self.windows = windows
         self._fed: dict[str, float] = {}
+        """The timestamp of the facts last fed, by source ("diskstats", "nfs", "probe:<mountpoint>")."""
+        self._next_forget = -math.inf
+
+    def forget(self, snapshot: Snapshot) -> None:
+        """At most every FORGET_EVERY_SECONDS: drop the windows of mounts gone from the mount table or idle for an
+        hour, and the probe timestamps of mounts no longer probed. Without it a node whose pods come and go keeps
+        every short-lived volume's windows for ever."""
+        now = snapshot.timestamp
+        if now < self._next_forget:
+            return
+        self._next_forget = now + FORGET_EVERY_SECONDS
+        # When the mount table was last read: a mountpoint missing from it did I/O before then, or it is gone. No
+        # successful read yet says nothing about what is gone.
+        table_time = next(
+            (c.last_success_timestamp for c in snapshot.collectors if c.name == MOUNTS_COLLECTOR and c.success), None
+        )
+        if not snapshot.mounts:  # a table without even / was not read right, whatever its collector says
+            table_time = None
+        self.windows.forget(now, {m.mountpoint for m in snapshot.mounts}, table_time)
+        probed = {f"probe:{p.mountpoint}" for p in snapshot.probes}
+        self._fed = {k: t for k, t in self._fed.items() if not k.startswith("probe:") or k in probed}
 
     def _new(self, source: str, timestamp: float) -> bool:
         if self._fed.get(source) == timestamp:

@@ -1,8 +1,10 @@
 """Per-mount latency windows for the join: p50, p95, max and mean over the last minute and hour.
 
 Each sample is one collection interval's average latency for one (mountpoint, operation) with the number of
-operations behind it, as diskstats, mountstats and probes give them. Samples live in fixed-size arrays, so memory is
-bounded whatever the uptime: 3 doubles x ``capacity`` per (mountpoint, operation), and only for those that did I/O.
+operations behind it, as diskstats, mountstats and probes give them. Samples live in arrays that grow to a fixed
+size, so memory is bounded whatever the uptime: at most 3 doubles x ``capacity`` per (mountpoint, operation), only for
+those that did I/O, and a short-lived mount holds only the samples it made. Windows of mounts that are gone, or idle
+for an hour, are forgotten (``forget``), and at most ``max_mountpoints`` mountpoints are kept.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import operator
 import threading
 from array import array
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 MINUTE = 60.0
@@ -58,9 +60,11 @@ class _Ring:
     """
 
     def __init__(self, capacity: int) -> None:
-        self.t = array("d", bytes(8 * capacity))
-        self.ops = array("d", bytes(8 * capacity))
-        self.secs = array("d", bytes(8 * capacity))
+        # Grown by one sample at a time until full: a pod volume that lives a minute never holds an hour's arrays
+        # (86 KB per operation at a 1 s cadence).
+        self.t = array("d")
+        self.ops = array("d")
+        self.secs = array("d")
         self.capacity = capacity
         self.added = 0
         """Samples ever added; sample number n sits at index n % capacity until it is overwritten."""
@@ -78,7 +82,12 @@ class _Ring:
         if self.hour_first < self.hour_end and self.hour_first == n - self.capacity:
             self._let_go_of_oldest()  # about to be overwritten while still in the hour (a sub-second cadence)
         i = self.next
-        self.t[i], self.ops[i], self.secs[i] = t, ops, secs
+        if self.count < self.capacity:  # still growing: i is the arrays' length
+            self.t.append(t)
+            self.ops.append(ops)
+            self.secs.append(secs)
+        else:
+            self.t[i], self.ops[i], self.secs[i] = t, ops, secs
         self.added = n + 1
         self.next = 0 if i + 1 == self.capacity else i + 1
         if self.count < self.capacity:
@@ -159,9 +168,17 @@ class _Ring:
         )
 
 
+GONE_MARGIN_SECONDS = 5.0
+"""A mountpoint missing from the mount table is gone once its newest sample is this much older than the table: NFS
+statistics can name a new mount before the mount source reads the table again, and a read takes a moment."""
+MAX_MOUNTPOINTS = 10_000
+"""The most mountpoints kept; past it, those whose newest sample is oldest go first."""
+
+
 class LatencyWindows:
-    def __init__(self, capacity: int = 3600) -> None:
+    def __init__(self, capacity: int = 3600, max_mountpoints: int = MAX_MOUNTPOINTS) -> None:
         self.capacity = capacity
+        self.max_mountpoints = max_mountpoints
         self._rings: dict[str, dict[str, _Ring]] = {}
         """By mountpoint, then operation."""
         self._lock = threading.Lock()
@@ -200,6 +217,28 @@ class LatencyWindows:
         """Drop the windows of mounts that did no I/O for an hour (unmounted, or idle)."""
         with self._lock:
             self._forget_idle(now)
+
+    def forget(self, now: float, mounted: Collection[str] | None = None, table_time: float | None = None) -> None:
+        """Drop the windows of mountpoints not in ``mounted`` (the mount table as read at ``table_time``) whose
+        newest sample is older than that read (by GONE_MARGIN_SECONDS), those idle for an hour, and the stalest
+        beyond ``max_mountpoints``."""
+        with self._lock:
+            self._forget_idle(now)
+            rings_by_mount = self._rings
+            if mounted is not None and table_time is not None:
+                before = table_time - GONE_MARGIN_SECONDS
+                for mountpoint in [mp for mp in rings_by_mount if mp not in mounted]:
+                    if max(r.newest() for r in rings_by_mount[mountpoint].values()) < before:
+                        del rings_by_mount[mountpoint]
+            excess = len(rings_by_mount) - self.max_mountpoints
+            if excess > 0:
+                newest = {mp: max(r.newest() for r in rings.values()) for mp, rings in rings_by_mount.items()}
+                for mountpoint in sorted(newest, key=newest.__getitem__)[:excess]:
+                    del rings_by_mount[mountpoint]
+
+    def __len__(self) -> int:
+        """Mountpoints with windows."""
+        return len(self._rings)
 
     def _forget_idle(self, now: float) -> None:
         for mountpoint, rings in list(self._rings.items()):

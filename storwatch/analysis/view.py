@@ -10,6 +10,14 @@ from storwatch.model import Mount, MountView, Platform, Snapshot, Verdict, View
 from storwatch.paths import HostPaths
 
 
+def host_path(paths: HostPaths, local: str) -> str:
+    """A path as this process reaches it (under ``--path.rootfs``) as the host names it."""
+    rootfs = paths.rootfs.rstrip("/")
+    if rootfs and (local == rootfs or local.startswith(rootfs + "/")):
+        return local[len(rootfs) :] or "/"
+    return local
+
+
 class VerdictCache:
     """Verdicts kept from one View to the next while nothing they depend on changed: the same Mount objects (the mount
     source makes new ones when it reads the mounts again), the same classifier and the same Kubernetes facts (from
@@ -46,7 +54,9 @@ def build_view(
     mounts = tuple(
         MountView(m, verdict, mount_io(m, snapshot, windows)) for m, verdict in zip(snapshot.mounts, found, strict=True)
     )
-    checkpoints = run_views(snapshot.checkpoints, mounts, paths or HostPaths())
+    paths = paths or HostPaths()
+    checkpoints = run_views(snapshot.checkpoints, mounts, paths)
+    facts = snapshot.checkpoints
     return View(
         timestamp=snapshot.timestamp,
         platform=platform,
@@ -57,6 +67,8 @@ def build_view(
         gpus=snapshot.gpus,
         containers=snapshot.containers,
         checkpoints=checkpoints,
+        checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
         kube=snapshot.kube,
         ready=ready,
+        checkpoint_scan=snapshot.checkpoints,
     )

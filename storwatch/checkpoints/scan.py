@@ -46,9 +46,18 @@ Incremental rescans
   The cache holds only directories seen by the last complete scan (a truncated scan keeps the previous entries too,
   at most ``max_entries`` of them), so its size follows the tree, not the agent's uptime.
 
+Temporaries
+  Regular files named like ``storwatch.training``'s temporaries (``.NAME.tmp-PID-RANDOM``) are noted per listing and
+  reported with the result (``temps``), reused listings included, so whoever scans can test each for an orphan.
+
 Cost
   A non-candidate file costs no system call beyond the ``getdents`` that lists it (its type comes from ``d_type``);
   a directory costs one ``open``, ``fstat`` and ``close``; a candidate file one ``lstat``.
+
+Where it runs
+  The agent never walks a root itself: its checkpoint source runs one scanner per root, and per mount below a root,
+  in a helper process (``storwatch/_checkpoint_worker.py``), so a walk that hangs on a mount strands a thread there.
+  The module is standard library only (it imports ``storwatch.training``, which is too) for that reason.
 """
 
 from __future__ import annotations
@@ -62,6 +71,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
+
+from storwatch.training import TEMP_MARKER, is_temp_name
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +99,8 @@ RACY_SECONDS = 2.0
 """A directory listed less than this after its last change is listed again on the next scan (see module doc)."""
 MAX_ERRORS = 100
 """Errors kept per scan (unreadable directories, vanished files); further ones are only counted."""
+MAX_TEMPS = 1000
+"""Temporary files reported per scan."""
 _CLOCK_EVERY = 4096
 """Entries between two reads of the clock inside one large directory."""
 _OPEN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
@@ -171,6 +184,9 @@ class ScanResult:
     errors: tuple[str, ...]
     """The first ``MAX_ERRORS`` problems: missing roots, unreadable directories."""
     stats: ScanStats
+    temps: tuple[str, ...] = ()
+    """Paths of regular files named like ``storwatch.training``'s temporaries (``is_temp_name``), in every directory
+    the walk went through: saves in progress, or left by a writer that was killed (at most ``MAX_TEMPS``)."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +209,8 @@ class _Listing:
     file_count: int
     newest_file_ns: int
     """Newest mtime of its regular files (0 when none or not stat'ed)."""
+    temps: tuple[str, ...] = ()
+    """Names of its regular files named like atomic_save's temporaries."""
 
 
 class _DirAcc:
@@ -314,6 +332,7 @@ class CheckpointScanner:
         reason, detail = self._truncated if self._truncated else (None, None)
         if self._truncated:
             log.info("checkpoint scan truncated: %s", detail)
+        temps = [os.path.join(path, name) for path, listing in self._seen.items() for name in listing.temps]
         return ScanResult(
             candidates=tuple(candidates),
             runs=tuple(runs),
@@ -322,6 +341,7 @@ class CheckpointScanner:
             truncated_detail=detail,
             errors=tuple(self._errors),
             stats=self.stats,
+            temps=tuple(sorted(temps)[:MAX_TEMPS]),
         )
 
     def _error(self, message: str) -> None:
@@ -440,6 +460,7 @@ class CheckpointScanner:
         self._listed += 1
         subdirs: list[str] = []
         candidate_files: list[str] = []
+        temps: list[str] = []
         marker: str | None = None
         entries = 0
         budget = self.max_entries - self._entries
@@ -468,6 +489,15 @@ class CheckpointScanner:
                             marker = f"suffix {DCP_SUFFIX}"
                     elif entry.is_file(follow_symlinks=False) and _safe_name(name):
                         candidate_files.append(name)
+                elif (
+                    name[0] == "."
+                    and TEMP_MARKER in name
+                    and is_temp_name(name)
+                    and entry.is_file(follow_symlinks=False)
+                    and _safe_name(name)
+                    and len(temps) < MAX_TEMPS
+                ):
+                    temps.append(name)
                 if inside:
                     files.add(entry)
                 elif entry.is_symlink():
@@ -490,6 +520,7 @@ class CheckpointScanner:
             file_bytes=files.size if inside else None,
             file_count=files.count,
             newest_file_ns=files.newest_ns,
+            temps=tuple(temps),
         )
 
     # -- results

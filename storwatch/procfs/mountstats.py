@@ -800,8 +800,11 @@ def _later_blocks(data: bytes) -> list[int]:
     return starts
 
 
-MAX_DEVICE_LINES = 4096
-"""Parsed device lines kept by a reader (mounts come and go; this bounds what they leave behind)."""
+def device_line_bound(blocks: int) -> int:
+    """How many parsed device lines a cache keeps for a file of ``blocks`` mounts before it starts again: a few
+    more than the file has, so lines of unmounted mounts (pod volumes come and go) cannot pile up. A fixed bound of
+    4,096 let the two caches grow by some 5 MB over 10,000 short-lived NFS mounts."""
+    return 2 * blocks + 64
 
 
 class MountStatsReader:
@@ -820,6 +823,7 @@ class MountStatsReader:
         self.report = report
         self._known: dict[bytes, NFSMount] = {}
         self._heads: dict[bytes, _DeviceLine] = {}
+        self._head_bound = device_line_bound(0)
         self._ops: dict[str, tuple[dict[bytes, NFSOperation], dict[bytes, NFSOperation]]] = {}
         """By mountpoint: the per-op lines parsed (or found parsed) by its newest mount that looked at any, and those
         of the mount before. Most stand still from one read to the next (a busy mount moves a few of its procedures'
@@ -853,6 +857,7 @@ class MountStatsReader:
             truncated = MountStatsError(lineno, "truncated: the last line has no newline", _shown(data[cut:]))
             data = data[:cut]
         starts = [0, *_later_blocks(data), len(data)]
+        self._head_bound = device_line_bound(len(starts))
         lineno = 1
         for begin, end in itertools.pairwise(starts):
             block = data[begin:end]
@@ -883,7 +888,7 @@ class MountStatsReader:
             except MountStatsError:
                 head = None
             else:
-                if len(self._heads) >= MAX_DEVICE_LINES:
+                if len(self._heads) >= self._head_bound:
                     self._heads.clear()
                 self._heads[first] = head
         if head is not None and head.fstype in NFS_FSTYPES:
@@ -912,6 +917,7 @@ class OperationLines:
         # The kernel pads names to 12 columns ("\t%12s: "): a short name follows a space, a long one the tab.
         self._keys = [(name, os.fsencode(name) + b": ") for name in names]
         self._heads: dict[bytes, _DeviceLine | None] = {}
+        self._head_bound = device_line_bound(0)
         self.device_lines = 0
         """How many ``device`` lines (good or bad) the last :meth:`find` saw: 0 means the data is no mountstats."""
         self.bad_device_lines = 0
@@ -921,6 +927,7 @@ class OperationLines:
         """(mountpoint, procedure, line, offset of the line in ``data``) for every line found, in file order."""
         first = [0] if data.startswith((b"device ", b"no device ")) else []
         starts = [*first, *_later_blocks(data), len(data)]
+        self._head_bound = device_line_bound(len(starts))
         found: list[tuple[str, str, bytes, int]] = []
         self.device_lines, self.bad_device_lines = len(starts) - 1, 0
         for begin, end in itertools.pairwise(starts):
@@ -945,7 +952,7 @@ class OperationLines:
         first = data[begin:newline]
         heads = self._heads
         if first not in heads:
-            if len(heads) >= MAX_DEVICE_LINES:
+            if len(heads) >= self._head_bound:
                 heads.clear()
             try:
                 heads[first] = _parse_device_line(first, 1)

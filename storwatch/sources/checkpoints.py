@@ -1,31 +1,64 @@
 """The checkpoint source: finds checkpoints under the watched roots, checks each, and follows every run over time.
 
-Each scan is bounded (entries, depth, seconds; see checkpoints/scan.py). A candidate is checked cheaply when it is
-new or changed; one complete checkpoint per scan gets the deep check (every CRC, and torch.load where torch is
-installed), newest first, so a node's checkpoints are all read in full eventually at a low, steady rate.
-Write timings come from the training side's event log (storwatch.training.atomic_save) where there is one, else
-from when this source first saw the checkpoint incomplete and then complete.
+Nothing here touches a checkpoint root: the walks, stats, checks and event-log reads run in a helper process
+(``_checkpoint_worker.py``) through ``storwatch.blocking``, each with a deadline, one per unit. A unit is a scan root,
+or a mount below one (read from this process's mount table), each walked on its own, so a pod volume on a FUSE mount
+whose readdir or stat hangs makes that one unit stuck (``stuck_roots``, and the collector fails naming it) while the
+others are still scanned, and the agent's threads never wait in the kernel. A collection waits for the walks no longer
+than they bound themselves (``max_seconds``, plus a margin); a unit still out then keeps its last result, and is stuck
+once past ``timeout_seconds``. A stuck unit's last result is kept.
+
+Each walk is bounded (entries, depth, seconds per unit; see checkpoints/scan.py). A candidate is checked cheaply when
+it is new or changed; one complete checkpoint per scan gets the deep check (every CRC, and torch.load where torch is
+installed), newest first, so a node's checkpoints are all read in full eventually at a low, steady rate. A check that
+raises makes only its own checkpoint ``corrupt`` (``unknown`` when it is no known format) and is counted by kind
+(``check_errors``). Write timings come from the training side's event log (storwatch.training.atomic_save) where there
+is one, else from when this source first saw the checkpoint incomplete and then complete. Temporaries of
+``atomic_save`` whose writer is gone are reported per run (never removed: the next save does that).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from storwatch.checkpoints.formats import CheckResult, check
-from storwatch.checkpoints.scan import CheckpointCandidate, CheckpointScanner
+from storwatch._checkpoint_worker import CHECK_ERROR_REASONS
+from storwatch._checkpoint_worker import command as worker_command
+from storwatch.blocking import BlockingCalls, CallOutcome
+from storwatch.checkpoints.formats import CheckResult
+from storwatch.checkpoints.limits import DeepLimits
 from storwatch.paths import HostPaths
+from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.training import EVENT_LOG_NAME as EVENT_LOG
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "CHECK_ERROR_REASONS",
+    "EVENT_LOG",
+    "KUBELET_PODS",
+    "CheckpointFacts",
+    "CheckpointSource",
+    "CheckpointState",
+    "RunState",
+    "StuckRoot",
+    "default_roots",
+]
 
-_EVENT_LOG_TAIL = 64 * 1024
 KUBELET_PODS = "/var/lib/kubelet/pods"
+ORPHAN_PATHS_PER_RUN = 20
+"""Paths of orphaned temporaries named per run (all of them are counted)."""
+WAIT_MARGIN_SECONDS = 2.0
+"""A collection waits for the walks at most max_seconds (where they stop themselves) plus this, or timeout_seconds if
+that is shorter: a unit still walking then keeps its last result, and is stuck only once past timeout_seconds."""
+_DEEP = "deep\0"
+"""Prefix of a deep check's key among the helper's calls (a unit's key is its path)."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +66,7 @@ class CheckpointState:
     path: str
     format: str | None
     verdict: str
-    """complete, incomplete or corrupt."""
+    """complete, incomplete, corrupt or unknown."""
     reason: str
     size_bytes: int
     mtime: float
@@ -53,6 +86,11 @@ class RunState:
     root: str
     checkpoints: tuple[CheckpointState, ...]
     """Oldest first."""
+    orphaned_temps: int = 0
+    """atomic_save temporaries in the run whose writer is gone (storwatch.training.orphaned_temp)."""
+    orphaned_temp_bytes: int = 0
+    orphaned_temp_paths: tuple[str, ...] = ()
+    """The first ORPHAN_PATHS_PER_RUN of them."""
 
     @property
     def complete(self) -> tuple[CheckpointState, ...]:
@@ -84,6 +122,15 @@ class RunState:
 
 
 @dataclass(frozen=True)
+class StuckRoot:
+    path: str
+    """The scan root, or the mount below one, whose walk or check has not returned."""
+    seconds: float
+    """How long the call has been in flight (0 when its mount's statvfs is stuck and it was not tried)."""
+    reason: str
+
+
+@dataclass(frozen=True)
 class CheckpointFacts:
     timestamp: float
     runs: tuple[RunState, ...]
@@ -91,6 +138,11 @@ class CheckpointFacts:
     truncated_reason: str | None
     scan_seconds: float
     roots: tuple[str, ...]
+    stuck_roots: tuple[StuckRoot, ...] = ()
+    check_errors: dict[str, int] = field(default_factory=dict)
+    """Checks that raised since the agent started, by kind (each of CHECK_ERROR_REASONS, zeros included)."""
+    failure: str | None = None
+    """Why this collection is a failure of the source: a stuck unit, or one whose scan could not run."""
 
 
 @dataclass
@@ -103,6 +155,19 @@ class _Seen:
     deep: bool = False
 
 
+@dataclass(frozen=True)
+class _UnitResult:
+    """One unit's last answer from the helper."""
+
+    resolved: str
+    candidates: tuple[dict[str, Any], ...]
+    truncated: bool
+    truncated_reason: str | None
+    truncated_detail: str | None
+    seconds: float
+    orphans: tuple[dict[str, Any], ...]
+
+
 def default_roots(paths: HostPaths, configured: Sequence[str], kubelet: bool) -> list[str]:
     """Configured roots (host paths), plus the kubelet's pod volumes when this is a Kubernetes node."""
     roots = [paths.root(r) for r in configured]
@@ -110,6 +175,38 @@ def default_roots(paths: HostPaths, configured: Sequence[str], kubelet: bool) ->
     if kubelet and os.path.isdir(pods) and pods not in roots:
         roots.append(pods)
     return roots
+
+
+class OwnMountpoints:
+    """The mountpoints of this process's own mount table (where the paths it walks lead), parsed again only when the
+    table changed. The kubelet's pod volumes are mounts below its root: each becomes a unit of its own."""
+
+    def __init__(self, paths: HostPaths | None = None) -> None:
+        self.path = (paths or HostPaths()).proc("self", "mountinfo")
+        self._last: tuple[bytes, list[str]] = (b"", [])
+
+    def __call__(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return []
+        if data != self._last[0]:
+            infos, _ = parse_mountinfo(data)
+            self._last = (data, sorted({info.mountpoint for info in infos}))
+        return self._last[1]
+
+
+def _result(d: dict[str, Any]) -> CheckResult:
+    return CheckResult(
+        path=str(d["path"]),
+        format=d.get("format"),
+        verdict=str(d["verdict"]),
+        reason=str(d["reason"]),
+        size_bytes=int(d.get("size_bytes") or 0),
+        mtime=float(d.get("mtime") or 0.0),
+        deep=bool(d.get("deep")),
+    )
 
 
 class CheckpointSource:
@@ -123,85 +220,292 @@ class CheckpointSource:
         deep_per_scan: int = 1,
         deep_max_bytes: int = 1 << 30,
         clock: Callable[[], float] = time.time,
-        scanner: CheckpointScanner | None = None,
         max_entries: int = 200_000,
         max_depth: int = 12,
         max_seconds: float = 10.0,
         stuck_paths: Callable[[], Iterable[str]] | None = None,
+        timeout_seconds: float = 30.0,
+        deep_timeout_seconds: float = 300.0,
+        mountpoints: Callable[[], Iterable[str]] | None = None,
+        calls: BlockingCalls | None = None,
+        max_inflight: int = 8,
+        limits: DeepLimits | None = None,
     ) -> None:
-        self.roots = tuple(roots)
+        self.roots = tuple(os.path.normpath(r) for r in roots)
         self.stuck_paths = stuck_paths
+        self.mountpoints = mountpoints if mountpoints is not None else OwnMountpoints()
         self.interval_seconds = interval_seconds
         self.settle_seconds = settle_seconds
         self.deep_per_scan = deep_per_scan
         self.deep_max_bytes = deep_max_bytes
         self.clock = clock
-        self.scanner = scanner or CheckpointScanner(
-            list(roots),
-            max_entries=max_entries,
-            max_depth=max_depth,
-            max_seconds=max_seconds,
-            wall_clock=clock,
-            settle_seconds=settle_seconds,
-        )
+        self.max_entries = max_entries
+        self.max_depth = max_depth
+        self.max_seconds = max_seconds
+        self.timeout_seconds = timeout_seconds
+        self.deep_timeout_seconds = deep_timeout_seconds
+        self.limits = limits
+        """The bounds of every check (None: formats' defaults), sent to the helper with each request."""
+        self.calls = calls if calls is not None else BlockingCalls(max_inflight, command=worker_command())
+        self._round = 0
         self._seen: dict[str, _Seen] = {}
-        self._events: dict[str, tuple[float, dict[str, dict[str, float]]]] = {}
+        self._units: dict[str, _UnitResult] = {}
+        """Each unit's last answer: kept while a later walk is stuck or still within its deadline."""
+        self._deep_pending: dict[str, tuple[str, str]] = {}
+        """Deep checks sent and not answered yet: key -> (checkpoint path, unit)."""
+        self._deep_stuck: set[str] = set()
+        """Keys of deep checks past their deadline at the last round (they hold no place among deep_per_scan)."""
+        self._check_errors = dict.fromkeys(CHECK_ERROR_REASONS, 0)
 
     def configure(self, settings: object) -> None:
-        self.interval_seconds = float(getattr(settings, "interval_seconds", self.interval_seconds))
+        """Take a reloaded ``checkpoints`` section (roots and the kubelet switch take effect on restart)."""
+        for name in (
+            "interval_seconds",
+            "settle_seconds",
+            "deep_per_scan",
+            "deep_max_bytes",
+            "max_entries",
+            "max_depth",
+            "max_seconds",
+            "timeout_seconds",
+            "deep_timeout_seconds",
+        ):
+            if hasattr(settings, name):
+                setattr(self, name, getattr(settings, name))
+        deep_limits = getattr(settings, "deep_limits", None)
+        if callable(deep_limits):
+            self.limits = deep_limits()
 
-    def _check(self, cand: CheckpointCandidate, now: float) -> _Seen:
-        footprint = (cand.size_bytes, cand.newest_mtime)
-        seen = self._seen.get(cand.path)
-        if seen is not None and seen.footprint == footprint and seen.result.verdict != "incomplete":
-            return seen  # unchanged and settled: the earlier verdict stands
-        result = check(cand.path, deep=False, now=now, settle_seconds=self.settle_seconds)
+    # -- units
+
+    def _plan(self) -> list[tuple[str, str]]:
+        """(unit, the configured root it lies in): every root, then every mountpoint strictly below a root."""
+        mountpoints = sorted(set(self.mountpoints()))
+        units: dict[str, str] = {}
+        for root in self.roots:
+            base = os.path.normpath(root)
+            units.setdefault(base, base)
+            prefix = base.rstrip("/") + "/"
+            for mp in mountpoints:
+                if mp.startswith(prefix):
+                    units.setdefault(mp, base)
+        return list(units.items())
+
+    # -- collection
+
+    def collect(self) -> CheckpointFacts:
+        if not self.roots:
+            return CheckpointFacts(self.clock(), (), False, None, 0.0, ())
+        self._round += 1
+        now = self.clock()
+        plan = self._plan()
+        unit_paths = sorted(u for u, _ in plan)
+        stuck_mounts = {os.path.normpath(p) for p in self.stuck_paths()} if self.stuck_paths is not None else set()
+        stuck: list[StuckRoot] = []
+        problems: list[str] = []
+        requests: dict[str, tuple[str, str]] = {}
+        for unit, _ in plan:
+            if unit in stuck_mounts:
+                stuck.append(StuckRoot(unit, 0.0, "its mount's statvfs is stuck; not walked"))
+                continue
+            prefix = unit.rstrip("/") + "/"
+            skip = [u for u in unit_paths if u.startswith(prefix)] + [m for m in stuck_mounts if m.startswith(prefix)]
+            params = {
+                "now": now,
+                "settle": self.settle_seconds,
+                "max_entries": self.max_entries,
+                "max_depth": self.max_depth,
+                "max_seconds": self.max_seconds,
+                "skip": skip,
+                "round": self._round,
+                "limits": self._limits_param(),
+            }
+            requests[unit] = (unit, json.dumps(params).encode().hex())
+        wait = min(self.timeout_seconds, self.max_seconds + WAIT_MARGIN_SECONDS)
+        outcomes = self.calls.call_many("ckpt_scan", requests, self.timeout_seconds, wait=wait)
+        fresh: set[str] = set()
+        for unit, outcome in outcomes.items():
+            if outcome.text is not None:
+                try:
+                    before = self._units.get(unit)
+                    self._units[unit] = result = self._take(json.loads(outcome.text))
+                    fresh.add(unit)
+                    if result.truncated and (before is None or before.truncated_detail != result.truncated_detail):
+                        log.info("checkpoint scan of %s truncated: %s", unit, result.truncated_detail)
+                except (ValueError, KeyError, TypeError) as err:
+                    problems.append(f"{unit}: unreadable answer from the helper ({type(err).__name__}: {err})")
+            elif outcome.stuck:
+                stuck.append(StuckRoot(unit, outcome.in_flight_seconds, "its walk has not returned"))
+            elif outcome.error is not None:
+                problems.append(f"{unit}: {outcome.error}")
+        planned = {u for u, _ in plan}
+        self._units = {u: r for u, r in self._units.items() if u in planned}
+        root_of = dict(plan)
+        resolved_roots = {root: self._units[root].resolved for root in self.roots if root in self._units}
+
+        # Every candidate of every unit (this round's answer, or the last one), tracked over time.
+        candidates: dict[str, tuple[dict[str, Any], str]] = {}
+        for unit, result in self._units.items():
+            for cand in result.candidates:
+                candidates.setdefault(cand["path"], (cand, unit))
+                if unit in fresh:
+                    self._track(cand, now)
+        if not any(r.truncated for r in self._units.values()):
+            self._seen = {p: s for p, s in self._seen.items() if p in candidates}
+        if self.deep_per_scan > 0 or self._deep_pending:
+            stuck.extend(self._deep_checks(now, candidates, {s.path for s in stuck}))
+
+        runs = self._runs(candidates, root_of, resolved_roots)
+        failure = None
+        if stuck or problems:
+            parts = [f"checkpoint root {s.path} is stuck: {s.reason} ({s.seconds:.0f} s)" for s in stuck] + problems
+            failure = "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
+        truncated = [r for r in self._units.values() if r.truncated]
+        return CheckpointFacts(
+            now,
+            runs,
+            bool(truncated),
+            truncated[0].truncated_reason if truncated else None,
+            sum(self._units[u].seconds for u in fresh),
+            self.roots,
+            tuple(stuck),
+            dict(self._check_errors),
+            failure,
+        )
+
+    def _limits_param(self) -> dict[str, Any] | None:
+        return None if self.limits is None else dataclasses.asdict(self.limits)
+
+    def _take(self, answer: dict[str, Any]) -> _UnitResult:
+        for reason, count in answer.get("check_errors", {}).items():
+            key = reason if reason in self._check_errors else "other"
+            self._check_errors[key] += int(count)
+        return _UnitResult(
+            resolved=str(answer["root"]),
+            candidates=tuple(answer["candidates"]),
+            truncated=bool(answer["truncated"]),
+            truncated_reason=answer.get("truncated_reason"),
+            truncated_detail=answer.get("truncated_detail"),
+            seconds=float(answer.get("seconds") or 0.0),
+            orphans=tuple(answer.get("orphans") or ()),
+        )
+
+    def _track(self, cand: dict[str, Any], now: float) -> None:
+        path = cand["path"]
+        footprint = (int(cand["size_bytes"]), float(cand["newest_mtime"]))
+        result = _result(cand["check"])
+        seen = self._seen.get(path)
         if seen is None:
-            incomplete = now if result.verdict == "incomplete" else None
-            seen = _Seen(footprint, result, now, incomplete)
+            seen = self._seen[path] = _Seen(footprint, result, now, now if result.verdict == "incomplete" else None)
+        elif seen.deep and seen.footprint == footprint:
+            pass  # unchanged since its deep check: that verdict stands
         else:
             seen.footprint, seen.result, seen.deep = footprint, result, False
-        if result.verdict == "complete" and seen.completed_seen is None:
+        if seen.result.verdict == "complete" and seen.completed_seen is None:
             seen.completed_seen = now
-        self._seen[cand.path] = seen
-        return seen
 
-    def _event_log(self, run: str) -> dict[str, dict[str, float]]:
-        """The last write record of each checkpoint path in the run's event log (read again when it changes)."""
-        path = os.path.join(run, EVENT_LOG)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return {}
-        cached = self._events.get(run)
-        if cached is not None and cached[0] == st.st_mtime:
-            return cached[1]
-        records: dict[str, dict[str, float]] = {}
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                size = os.fstat(fd).st_size
-                os.lseek(fd, max(0, size - _EVENT_LOG_TAIL), os.SEEK_SET)
-                data = os.read(fd, _EVENT_LOG_TAIL)
-            finally:
-                os.close(fd)
-        except OSError:
-            return {}
-        for line in data.splitlines()[1 if size > _EVENT_LOG_TAIL else 0 :]:
-            try:
-                rec = json.loads(line)
-                target = os.path.join(run, os.path.basename(str(rec["path"])))
-                records[target] = {"start": float(rec["start"]), "end": float(rec["end"]), "bytes": float(rec["bytes"])}
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn or foreign line: the others still count
-        self._events[run] = (st.st_mtime, records)
-        return records
+    def _deep_checks(
+        self, now: float, candidates: dict[str, tuple[dict[str, Any], str]], stuck_units: set[str]
+    ) -> list[StuckRoot]:
+        busy = {unit for _, unit in self._deep_pending.values()}
+        todo = sorted(
+            # A deep check reads every byte: larger checkpoints are checked in full only on demand (storwatch verify).
+            (
+                (path, s)
+                for path, s in self._seen.items()
+                if s.result.verdict == "complete"
+                and not s.deep
+                and s.result.size_bytes <= self.deep_max_bytes
+                and path in candidates
+                and candidates[path][1] not in stuck_units | busy
+            ),
+            key=lambda item: item[1].result.mtime,
+            reverse=True,
+        )
+        active = len(self._deep_pending) - len(self._deep_stuck & self._deep_pending.keys())
+        for path, _ in todo[: max(0, self.deep_per_scan - active)]:
+            self._deep_pending[_DEEP + path] = (path, candidates[path][1])
+        params = json.dumps({"now": now, "settle": self.settle_seconds, "limits": self._limits_param()}).encode().hex()
+        requests = {key: (path, params) for key, (path, _) in self._deep_pending.items()}
+        outcomes = self.calls.call_many("ckpt_deep", requests, self.deep_timeout_seconds)
+        stuck: list[StuckRoot] = []
+        self._deep_stuck = {key for key, outcome in outcomes.items() if outcome.stuck}
+        for key, outcome in outcomes.items():
+            path, unit = self._deep_pending[key]
+            if outcome.stuck:
+                stuck.append(StuckRoot(unit, outcome.in_flight_seconds, f"the deep check of {path} has not returned"))
+                continue
+            if outcome.text is None and outcome.error is None:
+                continue  # still within its deadline
+            del self._deep_pending[key]
+            seen = self._seen.get(path)
+            if outcome.text is None or seen is None:
+                if outcome.error is not None:
+                    log.info("deep check of %s not made: %s", path, outcome.error)
+                continue
+            deep = self._deep_answer(outcome)
+            if deep is None:
+                continue
+            if deep.verdict != "complete":
+                log.warning("checkpoint %s failed its deep check: %s", deep.path, deep.reason)
+            seen.result, seen.deep = deep, True
+        return stuck
 
-    def _state(self, cand: CheckpointCandidate, seen: _Seen, events: dict[str, dict[str, float]]) -> CheckpointState:
+    def _deep_answer(self, outcome: CallOutcome) -> CheckResult | None:
+        try:
+            answer = json.loads(outcome.text or "")
+            for reason, count in answer.get("check_errors", {}).items():
+                key = reason if reason in self._check_errors else "other"
+                self._check_errors[key] += int(count)
+            return _result(answer["check"])
+        except (ValueError, KeyError, TypeError) as err:
+            log.warning("unreadable deep-check answer from the helper: %s", err)
+            return None
+
+    def _runs(
+        self,
+        candidates: dict[str, tuple[dict[str, Any], str]],
+        root_of: dict[str, str],
+        resolved_roots: dict[str, str],
+    ) -> tuple[RunState, ...]:
+        members: dict[str, list[tuple[float, str, CheckpointState]]] = {}
+        run_root: dict[str, str] = {}
+        for path, (cand, unit) in candidates.items():
+            seen = self._seen.get(path)
+            if seen is None:
+                continue  # seen only in a kept answer of a unit this source has not tracked yet
+            run = str(cand["run"])
+            root = root_of.get(unit, unit)
+            run_root.setdefault(run, resolved_roots.get(root, root))
+            members.setdefault(run, []).append((float(cand["newest_mtime"]), path, self._state(cand, seen)))
+        orphans: dict[str, list[dict[str, Any]]] = {}
+        for unit, result in self._units.items():
+            root = root_of.get(unit, unit)
+            for orphan in result.orphans:
+                run = str(orphan["run"])
+                orphans.setdefault(run, []).append(orphan)
+                run_root.setdefault(run, resolved_roots.get(root, root))
+        runs = []
+        for run in sorted(set(members) | set(orphans)):
+            states = tuple(state for _, _, state in sorted(members.get(run, []), key=lambda m: (m[0], m[1])))
+            left = sorted(orphans.get(run, []), key=lambda o: str(o["path"]))
+            runs.append(
+                RunState(
+                    run,
+                    run_root[run],
+                    states,
+                    len(left),
+                    sum(int(o["bytes"]) for o in left),
+                    tuple(str(o["path"]) for o in left[:ORPHAN_PATHS_PER_RUN]),
+                )
+            )
+        return tuple(runs)
+
+    def _state(self, cand: dict[str, Any], seen: _Seen) -> CheckpointState:
         r = seen.result
         write_seconds: float | None = None
         rate: float | None = None
-        rec = events.get(cand.path)
+        rec = cand.get("event")
         if rec is not None and rec["end"] >= rec["start"]:
             write_seconds = rec["end"] - rec["start"]
             rate = rec["bytes"] / write_seconds if write_seconds > 0 else None
@@ -209,7 +513,7 @@ class CheckpointSource:
             write_seconds = seen.completed_seen - seen.first_incomplete
             rate = r.size_bytes / write_seconds if write_seconds > 0 else None
         return CheckpointState(
-            cand.path,
+            cand["path"],
             r.format,
             r.verdict,
             r.reason,
@@ -221,45 +525,5 @@ class CheckpointSource:
             rate,
         )
 
-    def _deep_checks(self, now: float) -> None:
-        todo = sorted(
-            # A deep check reads every byte: larger checkpoints are checked in full only on demand (storwatch verify).
-            (
-                s
-                for s in self._seen.values()
-                if s.result.verdict == "complete" and not s.deep and s.result.size_bytes <= self.deep_max_bytes
-            ),
-            key=lambda s: s.result.mtime,
-            reverse=True,
-        )
-        for seen in todo[: self.deep_per_scan]:
-            deep = check(seen.result.path, deep=True, now=now, settle_seconds=self.settle_seconds)
-            if deep.verdict != "complete":
-                log.warning("checkpoint %s failed its deep check: %s", deep.path, deep.reason)
-            seen.result, seen.deep = deep, True
-
-    def collect(self) -> CheckpointFacts:
-        if not self.roots:
-            return CheckpointFacts(self.clock(), (), False, None, 0.0, ())
-        if self.stuck_paths is not None:
-            self.scanner.skip = frozenset(self.stuck_paths())
-        result = self.scanner.scan()
-        now = self.clock()
-        for cand in result.candidates:
-            self._check(cand, now)
-        if self.deep_per_scan > 0:
-            self._deep_checks(now)
-        present = {c.path for c in result.candidates}
-        if not result.truncated:
-            self._seen = {p: s for p, s in self._seen.items() if p in present}
-        runs = []
-        for run in result.runs:
-            events = self._event_log(run.path)
-            states = tuple(self._state(c, self._seen[c.path], events) for c in run.candidates)
-            runs.append(RunState(run.path, run.root, states))
-        return CheckpointFacts(
-            now, tuple(runs), result.truncated, result.truncated_reason, result.stats.seconds, self.roots
-        )
-
     def close(self) -> None:
-        pass
+        self.calls.close()

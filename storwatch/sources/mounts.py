@@ -26,13 +26,25 @@ PSEUDO_FSTYPES = frozenset({
 _ST_RDONLY = 1
 
 
+class MountFacts(tuple[Mount, ...]):
+    """The mounts of one collection, and what makes it a failure of the source: a mount left unmeasured because of
+    a limit on the statvfs calls (a stuck mount is a fact about that mount, not a failure)."""
+
+    failure: str | None
+
+    def __new__(cls, mounts: tuple[Mount, ...] = (), failure: str | None = None) -> MountFacts:
+        self = super().__new__(cls, mounts)
+        self.failure = failure
+        return self
+
+
 class MountSource:
     name = "mounts"
 
     def __init__(self, paths: HostPaths, config: MountsConfig, calls: BlockingCalls | None = None) -> None:
         self.paths = paths
         self.configure(config)
-        self.calls = calls if calls is not None else BlockingCalls(config.max_inflight)
+        self.calls = calls if calls is not None else BlockingCalls(config.max_inflight, max_stuck=config.max_stuck)
         self._bad_lines = OnceLog(log)
         self.parse_errors = 0
         """Lines of the mount table that could not be parsed, counted at every read that holds them."""
@@ -49,6 +61,7 @@ class MountSource:
         self._last_table = None  # read again with the new exclusions
         if hasattr(self, "calls"):
             self.calls.max_inflight = config.max_inflight
+            self.calls.max_stuck = config.max_stuck
 
     def read_mountinfo(self) -> bytes:
         return self.read_mountinfo_named()[1]
@@ -82,12 +95,14 @@ class MountSource:
         return visible
 
     def collect(self) -> tuple[Mount, ...]:
+        """The mounts, as a MountFacts (its ``failure`` says when a mount was left unmeasured by a limit)."""
         path, data = self.read_mountinfo_named()
         infos = self.visible_mounts(data, path)
         requests = {info.mountpoint: (self.paths.root(info.mountpoint),) for info in infos}
         outcomes = self.calls.call_many("statvfs", requests, self.config.statvfs_timeout_seconds)
         mounts = []
         usage_now: dict[str, FsUsage] = {}
+        skipped = [(mp, o.error) for mp, o in outcomes.items() if o.skipped]
         for info in infos:
             outcome = outcomes.get(info.mountpoint)
             usage: FsUsage | None = None
@@ -133,7 +148,11 @@ class MountSource:
                 )
             )
         self._last_usage = usage_now
-        return tuple(mounts)
+        failure = None
+        if skipped:
+            mp, why = skipped[0]
+            failure = f"{len(skipped)} mounts not measured this round ({display_path(mp)}: {why})"
+        return MountFacts(tuple(mounts), failure)
 
     def close(self) -> None:
         self.calls.close()

@@ -74,6 +74,18 @@ class _Hist:
         return Histogram(tuple(cumulative), self.sum, self.count)
 
 
+class ProbeFacts(tuple[ProbeResult, ...]):
+    """This round's probes, and what makes the round a failure of the source: a chosen mount left unprobed because
+    of a limit on the calls in flight (a stuck probe is a fact about its mount, not a failure)."""
+
+    failure: str | None
+
+    def __new__(cls, results: tuple[ProbeResult, ...] = (), failure: str | None = None) -> ProbeFacts:
+        self = super().__new__(cls, results)
+        self.failure = failure
+        return self
+
+
 def selected(config: ProbesConfig, target: ProbeTarget) -> bool:
     if target.readonly:
         return False
@@ -112,11 +124,18 @@ class ProbeSource:
             return None
         return "no probes.classes or probes.mountpoints chosen"
 
-    def collect(self) -> tuple[ProbeResult, ...]:
+    def collect(self) -> ProbeFacts:
         config = self.config
-        chosen = [t for t in self.targets() if selected(config, t)]
+        targets = self.targets()
+        present = {t.mountpoint for t in targets}
+        with self._lock:
+            # Histograms of mounts that are gone (or stuck, which _probe_targets leaves out) go with them: a node
+            # whose pod volumes come and go would otherwise keep one per volume it ever probed.
+            if any(mp not in present for mp, _ in self._hists):
+                self._hists = {key: h for key, h in self._hists.items() if key[0] in present}
+        chosen = [t for t in targets if selected(config, t)]
         if not chosen:
-            return ()
+            return ProbeFacts()
         requests = {
             t.mountpoint: (self.paths.root(t.mountpoint), config.scratch_dir, str(config.size_bytes)) for t in chosen
         }
@@ -152,7 +171,9 @@ class ProbeSource:
                         hists,
                     )
                 )
-        return tuple(results)
+        skipped = [t.mountpoint for t in chosen if (o := outcomes.get(t.mountpoint)) is not None and o.skipped]
+        failure = f"{len(skipped)} mounts not probed this round (limit on calls in flight)" if skipped else None
+        return ProbeFacts(tuple(results), failure)
 
     def close(self) -> None:
         self.calls.close()

@@ -1,0 +1,297 @@
+"""The helper process behind the checkpoint source: walks the checkpoint roots, checks what it finds, reads the
+training side's event logs and tests temporaries for an orphan, so a mount whose readdir or stat hangs strands a
+thread here and never one of the agent's.
+
+Started by :func:`command` (``python -I``, this tree first on ``sys.path``); it imports only storwatch's
+standard-library modules
+(``checkpoints.scan``, ``checkpoints.formats``, ``training``) and answers requests as ``_blocking_worker`` does, one
+thread per request. It keeps, per unit (a scan root, or a mount below one), the incremental scanner and the cheap
+check of every candidate that did not change, so a rescan costs here what it cost in the agent.
+
+Operations (the path hex-encoded, the parameters a hex-encoded JSON object; both answer one JSON text):
+
+``ckpt_scan UNIT PARAMS``
+    Walk UNIT (``skip``: directories not to enter), cheap-check new and changed candidates, read each run's event
+    log, and find the temporaries whose writer is gone. A check that raises makes only its candidate ``corrupt``
+    (``unknown`` when it is no known format), with the exception in the reason, and is counted by kind.
+``ckpt_deep PATH PARAMS``
+    The deep check of one checkpoint, isolated the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from storwatch._blocking_worker import serve
+from storwatch.checkpoints.formats import check, identify
+from storwatch.checkpoints.limits import DeepLimits
+from storwatch.checkpoints.scan import CheckpointCandidate, CheckpointScanner, ScanResult
+from storwatch.paths import HostPaths
+from storwatch.training import EVENT_LOG_NAME, orphaned_temp
+
+EVENT_LOG_TAIL = 64 * 1024
+"""Bytes read from the end of a run's event log."""
+CHECK_ERROR_REASONS = ("os_error", "value_error", "recursion_error", "memory_error", "other")
+"""What a check that raised is counted as (storwatch_checkpoint_check_errors_total{reason})."""
+FORGET_ROUNDS = 3
+"""A unit not asked for in this many rounds is forgotten (a pod volume that went away)."""
+OOM_SCORE_ADJ = 500
+"""This helper's oom_score_adj: under memory pressure (the DaemonSet's limit) the kernel kills it before the agent
+(whose BlockingCalls start a new one); a deep check's torch-load child has 1000."""
+
+
+def error_reason(err: BaseException) -> str:
+    if isinstance(err, RecursionError):
+        return "recursion_error"
+    if isinstance(err, MemoryError):
+        return "memory_error"
+    if isinstance(err, OSError):
+        return "os_error"
+    if isinstance(err, ValueError):
+        return "value_error"
+    return "other"
+
+
+def limits_from(params: dict[str, Any]) -> DeepLimits | None:
+    """The checks' limits as the agent sent them (``DeepLimits`` as a dict), or None for the defaults."""
+    given = params.get("limits")
+    if not given:
+        return None
+    return DeepLimits(**{**given, "allowed_globals": tuple(given.get("allowed_globals", ()))})
+
+
+def guarded_check(
+    path: str,
+    deep: bool,
+    now: float,
+    settle: float,
+    errors: dict[str, int],
+    size: int = 0,
+    mtime: float = 0.0,
+    limits: DeepLimits | None = None,
+) -> dict[str, Any]:
+    """``check()`` as a plain dict; whatever it raises makes this checkpoint's verdict, never the scan's (check() is
+    built never to raise; this holds if it ever does)."""
+    try:
+        return check(path, deep=deep, now=now, settle_seconds=settle, limits=limits).to_dict()
+    except Exception as err:  # one bad file must not end the scan of the others
+        reason = error_reason(err)
+        errors[reason] = errors.get(reason, 0) + 1
+        try:
+            fmt = identify(path)
+        except Exception:
+            fmt = None
+        text = str(err).replace("\n", " ")[:300]
+        return {
+            "path": path,
+            "format": fmt,
+            "verdict": "corrupt" if fmt is not None else "unknown",
+            "reason": f"checking it raised {type(err).__name__}: {text}"
+            + ("" if fmt is not None else "; it is no checkpoint format storwatch knows"),
+            "size_bytes": size,
+            "mtime": mtime,
+            "deep": deep,
+        }
+
+
+@dataclass
+class _Unit:
+    scanner: CheckpointScanner
+    verdicts: dict[str, tuple[tuple[int, float], dict[str, Any]]] = field(default_factory=dict)
+    """Candidate path -> (size and newest mtime, its cheap check) as last checked."""
+    events: dict[str, tuple[int, dict[str, dict[str, float]]]] = field(default_factory=dict)
+    """Run directory -> (its event log's mtime, the last record per checkpoint path)."""
+    round: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_units: dict[str, _Unit] = {}
+_units_lock = threading.Lock()
+
+
+def _unit(path: str, params: dict[str, Any]) -> _Unit:
+    round_ = int(params.get("round", 0))
+    with _units_lock:
+        unit = _units.get(path)
+    if unit is None:
+        # Outside the lock: the scanner resolves its root, which hangs on a hung mount (that unit's thread only).
+        made = _Unit(CheckpointScanner([path]))
+        with _units_lock:
+            unit = _units.setdefault(path, made)
+    with _units_lock:
+        unit.round = round_
+        for name in [n for n, u in _units.items() if u.round < round_ - FORGET_ROUNDS]:
+            del _units[name]
+    scanner = unit.scanner
+    scanner.max_entries = int(params["max_entries"])
+    scanner.max_depth = int(params["max_depth"])
+    scanner.max_seconds = float(params["max_seconds"])
+    scanner.settle_seconds = float(params["settle"])
+    scanner.skip = frozenset(params.get("skip", ()))
+    return unit
+
+
+def _event_log(unit: _Unit, run: str) -> dict[str, dict[str, float]]:
+    """The last write record of each checkpoint path in the run's event log (read again when it changes)."""
+    path = os.path.join(run, EVENT_LOG_NAME)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        unit.events.pop(run, None)
+        return {}
+    cached = unit.events.get(run)
+    if cached is not None and cached[0] == st.st_mtime_ns:
+        return cached[1]
+    records: dict[str, dict[str, float]] = {}
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode):
+                return {}  # not a regular file: never read a FIFO or device
+            size = opened.st_size
+            os.lseek(fd, max(0, size - EVENT_LOG_TAIL), os.SEEK_SET)
+            data = os.read(fd, EVENT_LOG_TAIL)
+        finally:
+            os.close(fd)
+    except OSError:
+        return {}
+    for line in data.splitlines()[1 if size > EVENT_LOG_TAIL else 0 :]:
+        try:
+            rec = json.loads(line)
+            target = os.path.join(run, os.path.basename(str(rec["path"])))
+            records[target] = {"start": float(rec["start"]), "end": float(rec["end"]), "bytes": float(rec["bytes"])}
+        except (ValueError, KeyError, TypeError, RecursionError):
+            continue  # a torn or foreign line: the others still count
+    unit.events[run] = (st.st_mtime_ns, records)
+    return records
+
+
+def _candidate(c: CheckpointCandidate, result: dict[str, Any], event: dict[str, float] | None) -> dict[str, Any]:
+    return {
+        "path": c.path,
+        "kind": c.kind,
+        "run": c.run,
+        "reason": c.reason,
+        "size_bytes": c.size_bytes,
+        "files": c.files,
+        "mtime": c.mtime,
+        "newest_mtime": c.newest_mtime,
+        "check": result,
+        "event": event,
+    }
+
+
+def _orphans(result: ScanResult, now: float) -> list[dict[str, Any]]:
+    """Temporaries found by the walk whose writer is gone, each with the run it belongs to."""
+    if not result.temps:
+        return []
+    run_of: dict[str, str] = {}
+    dir_candidates: list[tuple[str, str]] = []
+    for c in result.candidates:
+        if c.kind == "dir":
+            dir_candidates.append((c.path, c.run))
+        else:
+            run_of.setdefault(os.path.dirname(c.path), c.run)
+    by_dir: dict[str, list[str]] = {}
+    for temp in result.temps:
+        directory, name = os.path.split(temp)
+        by_dir.setdefault(directory, []).append(name)
+    found: list[dict[str, Any]] = []
+    for directory, names in by_dir.items():
+        run = run_of.get(directory) or next(
+            (r for p, r in dir_candidates if directory == p or directory.startswith(p + "/")), directory
+        )
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            for name in names:
+                orphan = orphaned_temp(dir_fd, name, now)
+                if orphan is not None:
+                    path = os.path.join(directory, name)
+                    found.append({"path": path, "run": run, "bytes": orphan.size_bytes, "why": orphan.why})
+        finally:
+            os.close(dir_fd)
+    return found
+
+
+def scan_unit(path_bytes: bytes, params_hex: str) -> str:
+    params = json.loads(bytes.fromhex(params_hex))
+    path = os.fsdecode(path_bytes)
+    unit = _unit(path, params)
+    now, settle = float(params["now"]), float(params["settle"])
+    limits = limits_from(params)
+    with unit.lock:
+        result = unit.scanner.scan()
+        errors: dict[str, int] = {}
+        verdicts: dict[str, tuple[tuple[int, float], dict[str, Any]]] = {}
+        candidates = []
+        events: dict[str, dict[str, dict[str, float]]] = {}
+        for run in result.runs:
+            events[run.path] = _event_log(unit, run.path)
+        for c in result.candidates:
+            footprint = (c.size_bytes, c.newest_mtime)
+            cached = unit.verdicts.get(c.path)
+            if cached is not None and cached[0] == footprint and cached[1]["verdict"] != "incomplete":
+                checked = cached[1]  # unchanged and settled: the earlier verdict stands
+            else:
+                checked = guarded_check(c.path, False, now, settle, errors, c.size_bytes, c.newest_mtime, limits)
+            verdicts[c.path] = (footprint, checked)
+            candidates.append(_candidate(c, checked, events.get(c.run, {}).get(c.path)))
+        if result.truncated:
+            # What lay beyond the bound was not seen this time: keep its verdicts, bounded by the scan's own bound.
+            for p, v in unit.verdicts.items():
+                if len(verdicts) >= 2 * unit.scanner.max_entries:
+                    break
+                verdicts.setdefault(p, v)
+        unit.verdicts = verdicts
+        unit.events = {r: e for r, e in unit.events.items() if r in events}
+        answer = {
+            "root": unit.scanner.roots[0],
+            "candidates": candidates,
+            "truncated": result.truncated,
+            "truncated_reason": result.truncated_reason,
+            "truncated_detail": result.truncated_detail,
+            "seconds": result.stats.seconds,
+            "check_errors": errors,
+            "orphans": _orphans(result, now),
+        }
+    return json.dumps(answer, separators=(",", ":"))
+
+
+def deep_check(path_bytes: bytes, params_hex: str) -> str:
+    params = json.loads(bytes.fromhex(params_hex))
+    errors: dict[str, int] = {}
+    path = os.fsdecode(path_bytes)
+    checked = guarded_check(
+        path, True, float(params["now"]), float(params["settle"]), errors, 0, 0.0, limits_from(params)
+    )
+    return json.dumps({"check": checked, "check_errors": errors}, separators=(",", ":"))
+
+
+OPS = {"ckpt_scan": scan_unit, "ckpt_deep": deep_check}
+
+
+def command() -> list[str]:
+    """How the agent starts this helper: isolated (``-I``: no environment, no user site, no current directory), with
+    the tree this module comes from first on ``sys.path``."""
+    tree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"import sys; sys.path.insert(0, {tree!r}); from storwatch._checkpoint_worker import main; main()"
+    return [sys.executable, "-I", "-c", code]
+
+
+def main() -> None:
+    try:
+        with open(HostPaths().proc("self", "oom_score_adj"), "w") as f:
+            f.write(str(OOM_SCORE_ADJ))
+    except OSError:
+        pass  # not permitted here: the agent's own score then applies
+    serve(OPS)

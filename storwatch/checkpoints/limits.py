@@ -1,0 +1,98 @@
+"""The bounds every checkpoint check runs within: bytes inflated, decompression ratio, sizes and nesting of the
+metadata it parses, objects a pickle may build, wall time, and the torch-load child's address space, CPU and deadline.
+
+A check that reaches a bound stops there and says which one in its verdict's reason (see ``LimitReached``); the
+defaults are safe for an agent in a 256 MiB memory limit reading hostile files.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class DeepLimits:
+    """Bounds of one check (cheap or deep). Every field has a default fit for a node agent."""
+
+    wall_seconds: float = 300.0
+    """Wall time of one check. Past it the verdict is ``unknown`` (an honest large checkpoint is not corrupt)."""
+    max_inflate_ratio: float = 100.0
+    """Output bytes per input byte while inflating a deflated ZIP entry; torch.save never compresses, so a ratio far
+    above what real data reaches means a decompression bomb."""
+    max_inflated_bytes: int = 8 * GIB
+    """Absolute cap on the bytes inflated from deflated ZIP entries by one check."""
+    max_inflated_factor: float = 4.0
+    """Cap on the bytes inflated by one check, relative to the file's size (the smaller cap applies)."""
+    max_json_bytes: int = 16 * MIB
+    """Largest JSON document parsed (a safetensors header, an index); the safetensors library's own cap is 100 MB."""
+    max_json_depth: int = 64
+    """Deepest nesting of a JSON document, checked before parsing (a safetensors header is three levels deep)."""
+    max_pickle_bytes: int = 64 * MIB
+    """Largest pickle read (a DCP ``.metadata``, a torch.save ``data.pkl``)."""
+    max_pickle_objects: int = 4_000_000
+    """Objects (values and container slots) a pickle may build in the restricted reader."""
+    max_yaml_bytes: int = 16 * MIB
+    """Largest torchsnapshot ``.snapshot_metadata`` parsed."""
+    torch_load: bool = True
+    """Whether the deep check of a torch.save file also loads it with torch (``weights_only=True``, in a child)."""
+    torch_address_space_bytes: int = 3 * GIB
+    """RLIMIT_AS of the torch-load child, on top of the file's size (torch maps the file; importing torch alone
+    reserves about 0.5 GiB of address space)."""
+    torch_cpu_seconds: int = 120
+    """RLIMIT_CPU of the torch-load child."""
+    torch_wall_seconds: float = 180.0
+    """The torch-load child is killed past this."""
+    allowed_globals: tuple[str, ...] = field(default=())
+    """Extra ``module.name`` globals a torch.save pickle may reference (as torch's add_safe_globals); ``module.*``
+    allows a whole module. They are never imported or called: each stands for an inert record."""
+
+    def deadline(self) -> Deadline:
+        return Deadline(self.wall_seconds)
+
+
+class LimitReached(Exception):
+    """A bound stopped a check. ``limit`` names the config field; ``verdict`` is what the check then reports."""
+
+    def __init__(self, limit: str, message: str, verdict: str = "unknown") -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.verdict = verdict
+
+
+class Deadline:
+    """A wall-time budget, checked by the loops of a check."""
+
+    __slots__ = ("end", "seconds")
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def check(self) -> None:
+        if time.monotonic() > self.end:
+            raise LimitReached(
+                "wall_seconds",
+                f"stopped at the wall-time limit ({self.seconds:g} s, checkpoints.deep_wall_seconds): the check did "
+                "not finish, which says nothing against the checkpoint",
+            )
+
+
+_GLOBAL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\.([A-Za-z_][A-Za-z0-9_]*|\*)")
+NEVER_ALLOWED_MODULES = frozenset(
+    ("builtins", "os", "posix", "nt", "sys", "subprocess", "importlib", "runpy", "pickle")
+)
+"""Modules no configured allow-list entry may name: they hold the classic payload functions."""
+
+
+def allowed_global_problem(name: str) -> str | None:
+    """What is wrong with an entry of checkpoints.allowed_globals, or None."""
+    if not _GLOBAL_NAME.fullmatch(name):
+        return f"{name!r} is not module.name or module.*"
+    if name.split(".", 1)[0] in NEVER_ALLOWED_MODULES:
+        return f"{name!r} is in a module that is never allowed ({', '.join(sorted(NEVER_ALLOWED_MODULES))})"
+    return None

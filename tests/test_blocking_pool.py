@@ -1,0 +1,136 @@
+"""The pool of BlockingCalls: hung keys cannot starve healthy ones, and the helper's threads stay bounded.
+
+The helper here is the real worker loop (``_blocking_worker.serve``) with one test operation: a path starting with
+``hang`` never returns (a thread parked on an event, as a thread stuck in the kernel would be), any other answers at
+once. Real hung FUSE mounts run through the same pool in tests/test_hung_mount.py.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from storwatch.blocking import BlockingCalls
+
+REPO = Path(__file__).resolve().parents[1]
+DEADLINE = 1.0
+"""Each call's deadline: far beyond what a healthy answer takes even on a busy machine (a round that sends hung keys
+lasts this long, so the tests take a few seconds)."""
+WORKER = f"""
+import sys, threading
+sys.path.insert(0, {str(REPO)!r})
+from storwatch._blocking_worker import serve
+
+def answer(path):
+    if path.startswith(b"hang"):
+        threading.Event().wait()
+    return [path.decode()]
+
+serve({{"answer": answer}})
+"""
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def pool(tmp_path: Path):  # type: ignore[no-untyped-def]
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    calls = BlockingCalls(max_inflight=4, max_stuck=8, command=[sys.executable, "-I", str(script)])
+    yield calls
+    calls.close()
+
+
+def test_hung_keys_never_starve_healthy_ones_and_threads_stay_bounded(pool: BlockingCalls) -> None:
+    hung = {f"hang{i:02}": [f"hang{i:02}"] for i in range(20)}
+    healthy = {f"ok{i}": [f"ok{i}"] for i in range(6)}
+    # More hung keys than the pool has threads for (4 working + 8 stuck), listed after the healthy ones as pod
+    # volumes come after / and the node's disks in the mount table.
+    requests = {**healthy, **hung}
+    for _ in range(5):
+        out = pool.call_many("answer", requests, timeout=DEADLINE)
+        # Every round measures every healthy key: they answered in time before, so they go first, and a hung key
+        # past its deadline leaves its working slot for the stuck set.
+        assert all(out[k].values == (k,) for k in healthy), {k: out[k] for k in healthy}
+    assert pool.stuck() == 8
+    assert pool.in_flight() <= 4 + 8
+    stuck = [k for k in hung if out[k].stuck]
+    skipped = [k for k in hung if out[k].skipped]
+    assert len(stuck) >= 8 and len(stuck) + len(skipped) == 20
+    # Those never called are said to be left out by the limit (the mount source makes that a collector failure).
+    assert skipped and all("limit 8" in (out[k].error or "") for k in skipped)
+    assert all(not out[k].stuck and out[k].values is None for k in skipped)
+    assert pool._proc is not None
+    assert _threads(pool._proc.pid) <= 4 + 8 + 1
+
+
+def test_keys_that_answered_go_first_whatever_the_request_order(pool: BlockingCalls) -> None:
+    healthy = {f"ok{i}": [f"ok{i}"] for i in range(6)}
+    assert all(o.values for o in pool.call_many("answer", healthy, timeout=DEADLINE).values())
+    hung = {f"hang{i:02}": [f"hang{i:02}"] for i in range(20)}
+    for _ in range(4):
+        out = pool.call_many("answer", {**hung, **healthy}, timeout=DEADLINE)
+        assert all(out[k].values == (k,) for k in healthy)
+
+
+def test_a_hundred_hung_keys_with_the_default_limits(tmp_path: Path) -> None:
+    """Issue 13's bar: 100 hung mounts, the default max_inflight (16) and max_stuck (128), healthy mounts listed among
+    them: from the second round on every healthy key is answered each round, and the helper's threads stay bounded."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    calls = BlockingCalls(command=[sys.executable, "-I", str(script)])
+    try:
+        keys = [f"hang{i:03}" for i in range(100)]
+        healthy = [f"ok{i:02}" for i in range(30)]
+        for i, key in enumerate(healthy):
+            keys.insert(i * 4, key)  # scattered among the hung ones, as pod volumes are in the mount table
+        requests = {k: [k] for k in keys}
+        for round_ in range(10):
+            out = calls.call_many("answer", requests, timeout=DEADLINE)
+            answered = [k for k in healthy if out[k].values == (k,)]
+            if round_ >= 1 + 100 // 16:  # by then every hung key has had its one call and sits in the stuck set
+                assert answered == healthy, [k for k in healthy if k not in answered]
+        assert calls.stuck() == 100
+        assert not any(out[k].skipped for k in keys)
+        assert calls._proc is not None and _threads(calls._proc.pid) <= 16 + 128 + 1
+    finally:
+        calls.close()
+
+
+def test_a_round_waits_for_no_call_already_past_its_deadline(pool: BlockingCalls) -> None:
+    import time
+
+    first = pool.call_many("answer", {"hang": ["hang"], "ok": ["ok"]}, timeout=DEADLINE)
+    assert first["hang"].stuck and first["ok"].values == ("ok",)
+    started = time.monotonic()
+    again = pool.call_many("answer", {"hang": ["hang"], "ok": ["ok"]}, timeout=30.0)
+    assert time.monotonic() - started < DEADLINE  # the hung key's call is past its deadline: not waited for
+    assert again["hang"].stuck and again["hang"].in_flight_seconds >= DEADLINE
+    assert again["ok"].values == ("ok",)
+
+
+def test_a_call_within_its_deadline_is_in_flight_not_stuck(pool: BlockingCalls) -> None:
+    out = pool.call_many("answer", {"hang": ["hang"]}, timeout=30.0, wait=0.1)
+    assert not out["hang"].stuck and out["hang"].values is None and out["hang"].error is None
+    assert out["hang"].in_flight_seconds >= 0.1
+
+
+def test_the_worker_answers_json_as_one_text(tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(
+        f"import sys, json\nsys.path.insert(0, {str(REPO)!r})\nfrom storwatch._blocking_worker import serve\n"
+        "serve({'doc': lambda path: json.dumps({'path': path.decode(), 'words': 'a  b'})})\n"
+    )
+    calls = BlockingCalls(command=[sys.executable, "-I", str(script)])
+    try:
+        out = calls.call_many("doc", {"k": ["/some path"]}, timeout=5.0)["k"]
+    finally:
+        calls.close()
+    assert out.values == () and out.text == '{"path": "/some path", "words": "a  b"}'
+    assert sys.executable  # the helper runs under the same interpreter

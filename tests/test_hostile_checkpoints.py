@@ -1,0 +1,433 @@
+"""Hostile checkpoints (tests/hostile.py) through check(), through ``storwatch verify --deep`` as a process, and
+through the running agent: no payload ever runs, memory and time stay bounded, each gets the right verdict, and a
+healthy run beside the poison is still tracked. One agent test runs in a 256 MiB memory cgroup with the zip bomb."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from storwatch.checkpoints import DeepLimits, check
+from tests import hostile
+from tests.agentproc import REPO_ROOT, AgentProcess, running_agent, wait_until
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - depends on the environment
+    torch = None  # type: ignore[assignment]
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (pip install torch==2.13.0, CPU wheel)")
+CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[hostile.Item]]:
+    root = tmp_path_factory.mktemp("hostile")
+    marker = root.parent / f"MARKER-{secrets.token_hex(4)}"
+    items = hostile.build_corpus(root / "corpus", marker)
+    return root / "corpus", marker, items
+
+
+@pytest.fixture(scope="module")
+def bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return hostile.zip_bomb(tmp_path_factory.mktemp("bomb") / "model.pt")
+
+
+def verify_process(*args: str, timeout: float = 120.0) -> tuple[int, str, float, int, int]:
+    """``storwatch verify ARGS`` in a process of its own: exit status, stdout, wall seconds, its own peak RSS and the
+    peak RSS of its children (the torch-load child), in bytes."""
+    code = (
+        "import resource, sys\n"
+        "from storwatch.cli import main\n"
+        "rc = main(sys.argv[1:])\n"
+        "sys.stdout.flush()\n"
+        # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across execve, so it would report pytest's own peak.
+        "own = [int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+        "kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+        "sys.stderr.write(f'PEAK {own} {kids}\\n')\n"
+        "sys.exit(rc)\n"
+    )
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "verify", *args],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    peak = [line for line in proc.stderr.splitlines() if line.startswith("PEAK ")]
+    assert peak, proc.stderr
+    own, kids = (int(v) * 1024 for v in peak[-1].split()[1:])
+    return proc.returncode, proc.stdout, elapsed, own, kids
+
+
+# ---- the corpus is hostile for real ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(hostile.PAYLOADS))
+def test_payloads_run_when_unpickled_the_ordinary_way(tmp_path: Path, kind: str) -> None:
+    """The control: the standard unpickler runs every payload, so the marker assertions below can fail."""
+    marker = tmp_path / "MARKER"
+    for protocol in (2, 4):
+        assert hostile.payload_would_run(hostile.payload(marker, kind, protocol), marker)
+
+
+# ---- check() in this process ---------------------------------------------------------------------------------------
+
+
+def test_every_hostile_item_gets_its_verdict_and_nothing_runs(corpus: tuple[Path, Path, list[hostile.Item]]) -> None:
+    _, marker, items = corpus
+    assert len(items) > 40
+    for item in items:
+        for deep in (False, True):
+            result = check(str(item.path), deep=deep)
+            assert result.verdict in item.verdicts, (item.name, deep, result)
+            assert item.mentions in result.reason, (item.name, result.reason)
+            assert result.verdict != "complete"
+    assert not marker.exists()
+
+
+def test_refused_global_names_it_and_the_way_out(tmp_path: Path) -> None:
+    marker = tmp_path / "MARKER"
+    path = hostile.torch_zip(tmp_path / "m.pt", hostile.payload(marker, "builtins.exec", 2))
+    result = check(str(path))
+    assert result.verdict == "corrupt"
+    assert "data.pkl references builtins.exec: refused" in result.reason
+    assert "checkpoints.allowed_globals" in result.reason
+    assert not marker.exists()
+
+
+def test_configured_allowed_global_is_inert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+    import types
+
+    class Hyper:  # a harmless class of a user's own, as Lightning hyper-parameters carry
+        pass
+
+    module = types.ModuleType("myproject.config")
+    Hyper.__module__, Hyper.__qualname__ = module.__name__, "Hyper"
+    module.Hyper = Hyper  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "myproject", types.ModuleType("myproject"))
+    monkeypatch.setitem(sys.modules, "myproject.config", module)
+    h = Hyper()
+    h.lr = 0.1  # type: ignore[attr-defined]
+    data = pickle.dumps({"hparams": h}, protocol=2)
+    path = hostile.torch_zip(tmp_path / "m.pt", data)
+    assert check(str(path)).verdict == "corrupt"
+    for allowed in ("myproject.config.Hyper", "myproject.config.*"):
+        limits = DeepLimits(allowed_globals=(allowed,))
+        assert check(str(path), limits=limits).verdict == "complete", allowed
+
+
+def test_hardlink_to_a_file_outside_is_read_only_and_not_complete(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root-only secret\n" * 10)
+    secret.chmod(0o600)
+    before = secret.read_bytes()
+    link = hostile.hardlinked_secret(tmp_path / "root", secret)
+    result = check(str(link), deep=True)
+    assert result.verdict in ("incomplete", "corrupt")
+    assert "secret" not in result.reason
+    assert secret.read_bytes() == before and secret.stat().st_nlink == 2
+
+
+def test_a_check_that_raises_is_corrupt_not_an_exception(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from storwatch.checkpoints import formats
+
+    path = hostile.healthy_pt(tmp_path / "m.pt")
+
+    def boom(*_: Any) -> Any:
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setitem(formats._CHECKS, "torch-zip", boom)
+    result = check(str(path))
+    assert result.verdict == "corrupt" and result.error == "RuntimeError" and "injected failure" in result.reason
+
+
+def test_wall_time_limit_is_unknown_not_corrupt(tmp_path: Path) -> None:
+    path = hostile.healthy_pt(tmp_path / "m.pt", numel=4 << 20)
+    result = check(str(path), deep=True, limits=DeepLimits(wall_seconds=0.0))
+    assert result.verdict == "unknown" and result.limit == "wall_seconds"
+    assert "wall-time limit" in result.reason and "says nothing against the checkpoint" in result.reason
+
+
+def test_decompression_limits_name_themselves(tmp_path: Path) -> None:
+    path = hostile.zip_bomb(tmp_path / "small-bomb.pt", inflated=64 * MIB)
+    assert check(str(path)).verdict == "complete"  # the structure is sound: only inflating shows the bomb
+    result = check(str(path), deep=True)
+    assert (result.verdict, result.limit) == ("corrupt", "max_inflate_ratio")
+    assert "decompression-ratio limit" in result.reason and "> 100:1" in result.reason
+    result = check(str(path), deep=True, limits=DeepLimits(max_inflate_ratio=1e9, max_inflated_factor=2.0))
+    assert (result.verdict, result.limit) == ("unknown", "max_inflated_bytes")
+    assert "inflated-bytes limit" in result.reason
+
+
+def test_pickle_and_json_size_limits_are_unknown(tmp_path: Path) -> None:
+    st = tmp_path / "m.safetensors"
+    header = json.dumps(
+        {"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "__metadata__": {"x": "y" * 5000}}
+    )
+    st.write_bytes(len(header).to_bytes(8, "little") + header.encode() + bytes(4))
+    assert check(str(st)).verdict == "complete"
+    result = check(str(st), limits=DeepLimits(max_json_bytes=1000))
+    assert (result.verdict, result.limit) == ("unknown", "max_json_bytes")
+    dcp = hostile.dcp_dir(tmp_path / "dcp", hostile.pickle_memo_bomb(copies=10))
+    result = check(str(dcp), limits=DeepLimits(max_pickle_bytes=100))
+    assert (result.verdict, result.limit) == ("unknown", "max_pickle_bytes")
+
+
+# ---- storwatch verify --deep as a process ------------------------------------------------------------------------
+
+
+@pytest.mark.realpart
+def test_verify_deep_on_the_whole_corpus(corpus: tuple[Path, Path, list[hostile.Item]]) -> None:
+    _, marker, items = corpus
+    rc, out, elapsed, own, _ = verify_process("--deep", "--json", *(str(i.path) for i in items))
+    results = json.loads(out)
+    assert len(results) == len(items)
+    for item, result in zip(items, results, strict=True):
+        assert result["verdict"] in item.verdicts, (item.name, result)
+        assert item.mentions in result["reason"], (item.name, result["reason"])
+    assert rc == 1
+    assert not marker.exists()
+    print(f"verify --deep on {len(items)} hostile items: {elapsed:.1f} s, peak RSS {own / MIB:.0f} MiB")
+    assert own < 300 * MIB
+
+
+@pytest.mark.realpart
+def test_verify_deep_on_the_zip_bomb_is_bounded(bomb: Path) -> None:
+    assert bomb.stat().st_size < 4 * MIB
+    rc, out, elapsed, own, kids = verify_process("--deep", str(bomb))
+    print(
+        f"zip bomb ({bomb.stat().st_size / MIB:.1f} MB, 3 GiB inflated): {elapsed:.2f} s, peak RSS {own / MIB:.0f} MiB"
+    )
+    assert rc == 1 and out.startswith("CORRUPT")
+    assert "decompression-ratio limit" in out
+    assert own < 300 * MIB and kids < 300 * MIB
+    assert elapsed < 60
+
+
+@pytest.mark.realpart
+@needs_torch
+def test_verify_deep_loads_with_torch_only_in_a_limited_child(tmp_path: Path) -> None:
+    assert torch is not None
+    path = tmp_path / "model.pt"
+    torch.save({"w": torch.randn(512, 512), "step": 10}, path)
+    rc, out, _, own, kids = verify_process("--deep", str(path))
+    assert rc == 0 and out.startswith("COMPLETE"), out
+    # The child imported torch (about 200 MB); the verify process itself never did.
+    print(f"verify --deep of a real torch.save: own peak RSS {own / MIB:.0f} MiB, torch child {kids / MIB:.0f} MiB")
+    assert kids > 100 * MIB
+    assert own < kids / 2
+
+
+@pytest.mark.realpart
+@needs_torch
+def test_torch_child_address_space_limit_is_unknown(tmp_path: Path) -> None:
+    assert torch is not None
+    path = tmp_path / "model.pt"
+    torch.save({"w": torch.randn(64, 64)}, path)
+    result = check(str(path), deep=True, limits=DeepLimits(torch_address_space_bytes=64 * MIB))
+    assert result.verdict == "unknown" and "within the child's limits" in result.reason, result
+
+
+# ---- the running agent ---------------------------------------------------------------------------------------------
+
+
+def _status(agent: AgentProcess) -> dict[str, Any]:
+    resp = agent.fetch("/api/status")
+    assert resp.status == 200
+    data: dict[str, Any] = json.loads(resp.body)
+    return data
+
+
+def _checkpoints(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["path"]: c for run in status["checkpoints"] for c in run["checkpoints"]}
+
+
+def _deep_checked(agent: AgentProcess, path: Path) -> dict[str, Any] | None:
+    """The agent's status once ``path`` has had its deep check, else None."""
+    status = _status(agent)
+    return status if _checkpoints(status).get(str(path), {}).get("deep_checked") else None
+
+
+def _collector_ok(status: dict[str, Any]) -> bool:
+    (ckpt,) = [c for c in status["collectors"] if c["name"] == "checkpoints"]
+    return bool(ckpt["success"])
+
+
+class _PeakRSS:
+    """Polls a process's RSS on a thread; ``peak`` in bytes."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(psutil.Error):
+                self.peak = max(self.peak, self.proc.memory_info().rss)
+            self._stop.wait(0.1)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(2)
+        return self.peak
+
+
+def _config(tmp_path: Path, root: Path, interval: float, extra: str = "") -> Path:
+    config = tmp_path / "storwatch.yaml"
+    config.write_text(
+        "tick_seconds: 0.5\ngpu: {enabled: false}\nmounts: {interval_seconds: 5}\n"
+        f"checkpoints:\n  roots: ['{root}']\n  kubelet: false\n  interval_seconds: {interval}\n"
+        f"  settle_seconds: 1\n  deep_per_scan: 100\n{extra}"
+    )
+    return config
+
+
+@pytest.mark.realpart
+@needs_torch
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_agent_beside_the_corpus(tmp_path: Path, corpus: tuple[Path, Path, list[hostile.Item]], bomb: Path) -> None:
+    assert torch is not None
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    _, marker, _ = corpus
+    root = tmp_path / "root"
+    root.mkdir()
+    items = hostile.build_corpus(root / "poison-copy", marker)
+    os.link(bomb, root / "poison-copy" / "bomb.pt")
+    healthy = root / "healthy-run"
+    healthy.mkdir()
+    torch.save({"w": torch.randn(64, 64), "step": 1}, healthy / "step-1.pt")
+    dcp = root / "dcp-run"
+    for step in (100, 200):
+        dcp_save(
+            {"model": {"w": torch.randn(64, 64)}, "step": torch.tensor(step)}, checkpoint_id=str(dcp / f"step-{step}")
+        )
+    shard = next((dcp / "step-200").glob("*.distcp"))
+    with open(shard, "r+b") as f:
+        f.truncate(1000)
+    interval = 2.0
+    config = _config(tmp_path, root, interval)
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", timeout=20) as agent:
+        rss = _PeakRSS(agent.pid)
+        try:
+            status = wait_until(
+                lambda: _deep_checked(agent, root / "poison-copy" / "bomb.pt"),
+                60,
+                what="the zip bomb's deep check",
+            )
+            cks = _checkpoints(status)
+            bomb_state = cks[str(root / "poison-copy" / "bomb.pt")]
+            assert bomb_state["verdict"] == "corrupt" and "decompression-ratio limit" in bomb_state["reason"]
+            assert cks[str(dcp / "step-100")]["verdict"] == "complete"
+            truncated = cks[str(dcp / "step-200")]
+            assert truncated["verdict"] == "incomplete" and shard.name in truncated["reason"]
+            assert cks[str(healthy / "step-1.pt")]["verdict"] == "complete"
+            for path, state in cks.items():
+                if "poison-copy" in path and state["verdict"] == "complete":
+                    raise AssertionError(f"a hostile item reads complete: {path}: {state}")
+            assert _collector_ok(status)
+            # A healthy run beside the poison: its new checkpoint is tracked within one scan interval.
+            started = time.monotonic()
+            torch.save({"w": torch.randn(64, 64), "step": 2}, healthy / "step-2.pt")
+            wait_until(
+                lambda: str(healthy / "step-2.pt") in _checkpoints(_status(agent)),
+                interval + 6.0,  # the next scan, plus its collect: a deep check with a torch-load child
+                what="the healthy run's new checkpoint",
+            )
+            seen_after = time.monotonic() - started
+            assert _collector_ok(_status(agent)) and agent.running()
+            maps = {m.path for m in psutil.Process(agent.pid).memory_maps()}
+            assert not any("libtorch" in p for p in maps), "torch was loaded into the agent"
+        finally:
+            peak = rss.stop()
+        print(
+            f"agent beside {len(items)} hostile items and the zip bomb: peak RSS {peak / MIB:.0f} MiB; "
+            f"new healthy checkpoint seen after {seen_after:.1f} s (scan interval {interval} s)"
+        )
+        assert peak < 200 * MIB
+    assert not marker.exists()
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
+    """A child memory cgroup (v1) with a limit; removed at the end (its processes moved back to the root first)."""
+    if not (CGROUP_MEMORY / "cgroup.procs").exists():
+        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    group = CGROUP_MEMORY / f"storwatch-test-{os.getpid()}-{secrets.token_hex(3)}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        yield group
+    finally:
+        with contextlib.suppress(OSError):
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (CGROUP_MEMORY / "cgroup.procs").write_text(pid)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+@pytest.mark.realpart
+def test_agent_in_a_256_mib_cgroup_survives_the_zip_bomb(tmp_path: Path, bomb: Path) -> None:
+    root = tmp_path / "root"
+    (root / "run").mkdir(parents=True)
+    hostile.healthy_pt(root / "run" / "step-1.pt")
+    config = _config(tmp_path, root, 1.0)
+    with (
+        memory_cgroup(256 * MIB) as group,
+        running_agent("--config", str(config), "--listen", "127.0.0.1:0", timeout=20) as agent,
+    ):
+        (group / "cgroup.procs").write_text(str(agent.pid))
+        assert str(agent.pid) in (group / "cgroup.procs").read_text().split()
+        # The bomb arrives only once the agent is inside the cgroup.
+        staging = tmp_path / "staging"
+        staging.mkdir()
+        os.link(bomb, staging / "step-2.pt")
+        os.rename(staging / "step-2.pt", root / "run" / "step-2.pt")
+        status = wait_until(
+            lambda: _deep_checked(agent, root / "run" / "step-2.pt"),
+            60,
+            what="the zip bomb's deep check inside the cgroup",
+        )
+        state = _checkpoints(status)[str(root / "run" / "step-2.pt")]
+        assert state["verdict"] == "corrupt" and "decompression-ratio limit" in state["reason"]
+        time.sleep(2.0)  # a few more scans and ticks inside the limit
+        assert agent.running() and _collector_ok(_status(agent))
+        oom = dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())
+        peak = int((group / "memory.max_usage_in_bytes").read_text())
+        rss = psutil.Process(agent.pid).memory_info().rss
+        print(
+            f"agent in a 256 MiB cgroup with the zip bomb: RSS {rss / MIB:.0f} MiB, cgroup peak {peak / MIB:.0f} MiB, "
+            f"oom_kill {oom.get('oom_kill')}"
+        )
+        assert oom.get("oom_kill", "0") == "0" and oom["under_oom"] == "0"
+        assert peak < 256 * MIB
