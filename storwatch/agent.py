@@ -346,8 +346,13 @@ class Agent:
         if interval_error is not None:
             error = f"{error}; {interval_error}" if error else interval_error
         with self._lock:
-            if facts is not None:
+            # A reload may have paused or replaced the source while it collected (gpu.enabled: false shuts NVML
+            # down and drops its facts): what this collection saw is then stale, and must not come back.
+            current = st.source is src and not st.paused
+            if facts is not None and current:
                 st.facts = facts
+        if not current:
+            return 0.0
         self._record(
             st,
             src.name,
@@ -383,6 +388,8 @@ class Agent:
         elif error != st.last_error:
             log.warning("collector %s failed: %s", name, error)
         with self._lock:
+            if st.paused and off_reason is None:
+                return  # paused by a reload since: the off status it set stands
             st.last_error, st.off_reason = error, off_reason
             st.status = CollectorStatus(
                 name,

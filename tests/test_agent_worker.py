@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -226,3 +227,33 @@ def test_every_known_collector_is_reported_running_or_off(run_agent: Callable[..
     agent.config = dataclasses.replace(config, gpu=GPUConfig(enabled=True))
     statuses = {c.name: c for c in agent.collector_statuses()}
     assert statuses["gpu"].off_reason == "gpu.enabled was false when the agent started; turning it on takes a restart"
+
+
+def test_a_collection_that_ends_after_a_reload_paused_its_source_is_dropped(run_agent: Callable[..., Agent]) -> None:
+    """gpu.enabled: false on reload drops the GPU facts; a sampling that was in flight then must not bring them
+    back, nor its success (the scraper would see NVML series of a released driver)."""
+    release = threading.Event()
+    source = Scripted("gpu")
+    source.script = lambda: Failing(None)
+    agent = run_agent(source)
+    wait_status(agent, "gpu", lambda s: s.success, "a first success")
+    entered = threading.Event()
+
+    def slow() -> Failing:
+        entered.set()
+        release.wait(10)
+        return Failing(None)
+
+    source.script = slow
+    assert entered.wait(5)
+    with agent._lock:
+        agent._switch_gpu(dataclasses.replace(agent.config, gpu=GPUConfig(enabled=False)))
+    assert source.closed
+    release.set()
+    calls = source.calls
+    time.sleep(0.2)  # the released collection returns and is looked at (a check that something does not happen)
+    assert source.calls == calls  # paused: no new collection
+    assert agent._sources[0].facts is None
+    status = status_of(agent, "gpu")
+    assert status is not None and status.off_reason == GPU_OFF_REASON
+    assert ("storwatch_collector_success", "gpu") not in scrape(agent)
