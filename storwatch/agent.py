@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import math
 import select
 import signal
 import socket
@@ -47,6 +48,16 @@ log = logging.getLogger(__name__)
 ConfigTransform = Callable[[Config], Config]
 # How long the first View waits for every source's first report before going out without the slow ones.
 STARTUP_GRACE_SECONDS = 5.0
+KNOWN_COLLECTORS = ("mounts", "diskstats", "nfs", "probe", "gpu", "processes", "checkpoints", "kube")
+"""Every collector the agent knows: each is reported (``storwatch_collector_enabled``), running or off."""
+FALLBACK_INTERVAL_SECONDS = 10.0
+"""How often a worker runs its source when the source's interval_seconds cannot be waited (NaN, infinite, not above
+0; the config refuses these, a source may still hold one), and after an error of the worker loop itself."""
+STALLED_MIN_SECONDS = 300.0
+STALLED_INTERVALS = 10
+"""A collect() in flight longer than the larger of STALLED_MIN_SECONDS and STALLED_INTERVALS intervals is reported
+as a failure: sources keep their own deadlines, so only a bug or a hang they did not foresee gets there."""
+GPU_OFF_REASON = "gpu.enabled is false in the configuration"
 # How long stop() waits for the agent's threads, all together (each sleeps on the stop event, so they end at once
 # unless one is inside a collect(), which no hung mount can hold: those calls run in the helper process).
 STOP_JOIN_SECONDS = 2.0
@@ -90,8 +101,31 @@ class _SourceState:
     facts: Any = None
     status: CollectorStatus | None = None
     last_error: str | None = None
+    last_success: float | None = None
+    off_reason: str | None = None
+    collecting_since: float | None = None
+    """time.monotonic() when the collect() in flight started; None between collections."""
     paused: bool = False
     """Switched off by a reload (gpu.enabled: false releases the NVIDIA driver); its worker idles."""
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _usable_interval(value: object) -> tuple[float, str | None]:
+    """The seconds a worker can wait between two collections, and why not the source's own value when it cannot."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        seconds = math.nan
+    if math.isfinite(seconds) and seconds > 0:
+        return min(seconds, threading.TIMEOUT_MAX), None
+    return FALLBACK_INTERVAL_SECONDS, (
+        f"interval_seconds {value!r} is not a finite number of seconds above 0; "
+        f"collecting every {FALLBACK_INTERVAL_SECONDS:g} s instead"
+    )
 
 
 class Agent:
@@ -265,41 +299,144 @@ class Agent:
     # -- workers
 
     def _run_source(self, st: _SourceState) -> None:
-        last_success: float | None = None
-        while not self._stop.is_set():
-            if st.paused:
-                self._stop.wait(1.0)
-                continue
-            src = st.source  # a reload may have replaced it
-            started = time.monotonic()
-            error: str | None = None
-            facts: Any = None
-            try:
-                facts = src.collect()
-                # A source may answer and still have failed (a stuck NVML call): its facts say so and are kept.
-                error = getattr(facts, "failure", None)
-            except Exception as err:  # a failing source reports itself and the agent goes on
-                error = f"{type(err).__name__}: {err}"
-            duration = time.monotonic() - started
+        """One source's worker: collect, record how it went, wait the source's interval, until the agent stops.
+        Whatever the source or this loop raises (BaseException included: a SystemExit would end a thread silently)
+        becomes that collector's failure and the loop goes on, so a worker never ends while its collector still
+        shows its last success."""
+        try:
+            while not self._stop.is_set():
+                try:
+                    wait = self._collect_once(st)
+                except BaseException as err:
+                    wait = FALLBACK_INTERVAL_SECONDS
+                    self._record(st, st.source.name, f"worker error: {_describe(err)}", 0.0, None, None)
+                self._stop.wait(wait)
+        finally:
+            if not self._stop.is_set():  # only a failing Event could get here; say so rather than go quiet
+                self._record(st, st.source.name, "worker stopped", 0.0, None, None)
+
+    def _collect_once(self, st: _SourceState) -> float:
+        """Run the source once and record its status; the seconds to wait before the next run."""
+        if st.paused:
+            if st.status is None or st.status.off_reason is None:
+                self._record(st, st.source.name, None, 0.0, st.off_reason or GPU_OFF_REASON, None)
+            return 1.0
+        src = st.source  # a reload may have replaced it
+        interval, interval_error = _usable_interval(getattr(src, "interval_seconds", None))
+        started = time.monotonic()
+        st.collecting_since = started
+        error: str | None = None
+        facts: Any = None
+        try:
+            facts = src.collect()
+            # A source may answer and still have failed (a stuck NVML call): its facts say so and are kept.
+            failure = getattr(facts, "failure", None)
+            error = None if failure is None else str(failure)
+        except BaseException as err:  # a failing source reports itself and the agent goes on
+            error = _describe(err)
+        finally:
+            st.collecting_since = None
+        duration = time.monotonic() - started
+        try:
+            off = getattr(src, "off_reason", None)
+            parse_errors = getattr(src, "parse_errors", None)
+        except Exception as err:
+            off, parse_errors = None, None
+            error = f"{error}; {_describe(err)}" if error else _describe(err)
+        if interval_error is not None:
+            error = f"{error}; {interval_error}" if error else interval_error
+        with self._lock:
+            # A reload may have paused or replaced the source while it collected (gpu.enabled: false shuts NVML
+            # down and drops its facts): what this collection saw is then stale, and must not come back.
+            current = st.source is src and not st.paused
+            if facts is not None and current:
+                st.facts = facts
+        if not current:
+            return 0.0
+        self._record(
+            st,
+            src.name,
+            error,
+            duration,
+            None if off is None else str(off),
+            parse_errors if isinstance(parse_errors, int) else None,
+        )
+        return max(0.0, interval - duration)
+
+    def _record(
+        self,
+        st: _SourceState,
+        name: str,
+        error: str | None,
+        duration: float,
+        off_reason: str | None,
+        parse_errors: int | None,
+    ) -> None:
+        """Keep one collection's status (logging a change of state once) for the next snapshot."""
+        try:
             now = self.clock()
-            if error is None:
-                last_success = now
-                if st.last_error is not None:
-                    log.info("collector %s recovered", src.name)
-            elif error != st.last_error:
-                log.warning("collector %s failed: %s", src.name, error)
-            with self._lock:
-                if facts is not None:
-                    st.facts = facts
-                st.last_error = error
-                st.status = CollectorStatus(src.name, error is None, duration, last_success, error)
-            if self._ticked is None:
-                self._dirty.set()  # until the first tick, every first report may complete it
-            self._stop.wait(max(0.0, src.interval_seconds - duration))
+        except Exception:  # an injected clock's bug must not end the worker either
+            now = time.time()
+        if off_reason is not None:
+            if off_reason != st.off_reason:
+                log.info("collector %s is off: %s", name, off_reason)
+            error = None
+        elif error is None:
+            st.last_success = now
+            if st.last_error is not None:
+                log.info("collector %s recovered", name)
+        elif error != st.last_error:
+            log.warning("collector %s failed: %s", name, error)
+        with self._lock:
+            if st.paused and off_reason is None:
+                return  # paused by a reload since: the off status it set stands
+            st.last_error, st.off_reason = error, off_reason
+            st.status = CollectorStatus(
+                name,
+                error is None and off_reason is None,
+                duration,
+                st.last_success,
+                error,
+                off_reason,
+                parse_errors,
+            )
+        if self._ticked is None:
+            self._dirty.set()  # until the first tick, every first report may complete it
+
+    def collector_statuses(self) -> tuple[CollectorStatus, ...]:
+        """Every known collector's status: each running source's last report (a failure where its collect() has
+        been in flight for too long), and an off status for each known collector the agent does not run."""
+        now = time.monotonic()
+        out = []
+        for st in self._sources:
+            status, since = st.status, st.collecting_since
+            if since is not None:
+                interval, _ = _usable_interval(getattr(st.source, "interval_seconds", None))
+                stalled = now - since
+                if stalled > max(STALLED_MIN_SECONDS, STALLED_INTERVALS * interval):
+                    error = f"collect() has not returned after {stalled:.0f} s"
+                    last = status.last_success_timestamp if status is not None else None
+                    status = CollectorStatus(st.source.name, False, stalled, last, error)
+            if status is not None:
+                out.append(status)
+        running = {st.source.name for st in self._sources}
+        for name in KNOWN_COLLECTORS:
+            if name not in running:
+                out.append(CollectorStatus(name, False, 0.0, None, off_reason=self._absent_reason(name)))
+        return tuple(out)
+
+    def _absent_reason(self, name: str) -> str:
+        section = {"gpu": "gpu", "processes": "gpu", "kube": "kube"}.get(name)
+        if section is None:
+            return "not started by this agent"
+        if not getattr(self.config, section).enabled:
+            return GPU_OFF_REASON if section == "gpu" else "kube.enabled is false in the configuration"
+        # Sources are made at start: a reload that turns one on finds none to resume.
+        return f"{section}.enabled was false when the agent started; turning it on takes a restart"
 
     def snapshot(self) -> Snapshot:
         with self._lock:
-            collectors = tuple(st.status for st in self._sources if st.status is not None)
+            collectors = self.collector_statuses()
             return Snapshot(
                 timestamp=self.clock(),
                 mounts=self._facts("mounts") or (),
@@ -464,9 +601,12 @@ class Agent:
                     st.paused = True
                     st.source.close()
                     st.facts = None
+                    st.status = CollectorStatus(st.source.name, False, 0.0, st.last_success, None, GPU_OFF_REASON)
                     log.info("GPU source disabled: NVML shut down, the NVIDIA driver is no longer held")
             elif st.source.name == "processes":
                 st.paused = not new.gpu.enabled
+                if st.paused:
+                    st.status = CollectorStatus(st.source.name, False, 0.0, st.last_success, None, GPU_OFF_REASON)
 
     def run_until_signalled(self, exiting: bool = False) -> None:
         """Serve until SIGTERM or SIGINT; SIGHUP reloads. Must be called from the main thread.

@@ -613,11 +613,10 @@ class ViewCollector(Collector):
 
     def _kube(self, view: View) -> Iterator[Metric]:
         kube = view.kube
-        if kube is None:
+        if kube is None or not kube.enabled:
+            # Off (no cluster on this node): no API server to be up or down, so no up-series that could page.
             return
-        up = GaugeMetricFamily(
-            "storwatch_kube_api_up", "1 when the Kubernetes API answered the agent's watches (0 also when off)."
-        )
+        up = GaugeMetricFamily("storwatch_kube_api_up", "1 when the Kubernetes API answered the agent's watches.")
         up.add_metric([], 1 if kube.api_up else 0)
         yield up
         if kube.node is not None:
@@ -643,8 +642,20 @@ class ViewCollector(Collector):
         yield left
 
     def _collectors(self, view: View) -> Iterator[Metric]:
+        enabled = GaugeMetricFamily(
+            "storwatch_collector_enabled",
+            "1 when the collector runs; 0 when it is off (disabled in the config, or nothing for it on this node).",
+            labels=["collector"],
+        )
+        parse_errors = _counter(
+            "storwatch_parse_errors_total",
+            "Lines of the collector's input that could not be parsed, counted each time one is read.",
+            ["collector"],
+        )
         success = GaugeMetricFamily(
-            "storwatch_collector_success", "1 when the collector's last run succeeded.", labels=["collector"]
+            "storwatch_collector_success",
+            "1 when the collector's last run read and parsed its input; 0 with the error on /api/status.",
+            labels=["collector"],
         )
         duration = GaugeMetricFamily(
             "storwatch_collector_duration_seconds", "How long the collector's last run took.", labels=["collector"]
@@ -655,11 +666,16 @@ class ViewCollector(Collector):
             labels=["collector"],
         )
         for c in view.collectors:
+            enabled.add_metric([c.name], 1 if c.enabled else 0)
+            if c.parse_errors is not None:
+                parse_errors.add_metric([c.name], c.parse_errors)
+            if not c.enabled:
+                continue  # an off collector neither succeeds nor fails
             success.add_metric([c.name], 1 if c.success else 0)
             duration.add_metric([c.name], c.duration_seconds)
             if c.last_success_timestamp is not None:
                 last.add_metric([c.name], c.last_success_timestamp)
-        yield from (success, duration, last)
+        yield from (enabled, success, duration, last, parse_errors)
 
 
 # prometheus_client's own number formatting (Go's, as Prometheus writes numbers), so our text is what it would write.

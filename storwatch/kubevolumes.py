@@ -316,6 +316,14 @@ class KubeFacts:
     """When every watch was last in sync with the API server."""
 
     @property
+    def failure(self) -> str | None:
+        """Why this collection is a failure of the source (``storwatch_collector_success`` 0): a source that watches
+        an API server which does not answer (its last known objects are kept). None when off or in sync."""
+        if not self.enabled or self.api_up:
+            return None
+        return f"the Kubernetes API is not answering: {self.last_error or 'watches not in sync yet'}"
+
+    @property
     def pods(self) -> tuple[PodInfo, ...]:
         return tuple(self.cluster.pods.values())
 

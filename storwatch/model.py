@@ -107,11 +107,30 @@ class Mount:
 
 @dataclass(frozen=True)
 class CollectorStatus:
+    """How one source's last collection went, or that it is off."""
+
     name: str
     success: bool
+    """The last collection read and parsed its input (always False while off)."""
     duration_seconds: float
     last_success_timestamp: float | None
     error: str | None = None
+    """Why the last collection failed."""
+    off_reason: str | None = None
+    """Why the source is off (disabled in the config, nothing to watch on this node); None while it runs."""
+    parse_errors: int | None = None
+    """Lines of its input it could not parse since the agent started; None for a source that parses no lines."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.off_reason is None
+
+    @property
+    def state(self) -> str:
+        """``ok``, ``failed`` or ``off``, as /status and /api/status say it."""
+        if self.off_reason is not None:
+            return "off"
+        return "ok" if self.success else "failed"
 
 
 @dataclass(frozen=True)

@@ -69,10 +69,14 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
         "collectors": [
             {
                 "name": c.name,
+                "state": c.state,
+                "enabled": c.enabled,
                 "success": c.success,
                 "duration_seconds": round(c.duration_seconds, 6),
                 "last_success_timestamp": c.last_success_timestamp,
                 "error": c.error,
+                "off_reason": c.off_reason,
+                "parse_errors": c.parse_errors,
             }
             for c in view.collectors
         ],

@@ -167,12 +167,8 @@ def render_status_page(data: dict[str, Any]) -> str:
         gpu_rows.append(f"<tr><td colspan='8' class='empty'>{e(no_gpus_line(data))}</td></tr>")
     if not ckpt_rows:
         ckpt_rows.append(f"<tr><td colspan='7' class='empty'>{e(no_checkpoints_line(data))}</td></tr>")
-    nvml = data["nvml"]
-    gpu_note = "" if nvml["nvml_up"] else f"<p>NVML not available: {e(nvml['error'] or 'unknown')}</p>"
-    collectors = ", ".join(
-        "{}: {}".format(e(c["name"]), "ok" if c["success"] else "FAILED " + e(c["error"] or ""))
-        for c in data["collectors"]
-    )
+    gpu_note = _gpu_note(data)
+    collectors = ", ".join(_collector_text(c) for c in data["collectors"])
     plat = data["platform"]
     stuck_count = sum(1 for m in storage if m["stuck"])
     ephemeral = sum(1 for m in storage if m["ephemeral"])
@@ -234,6 +230,30 @@ its last round.</p>
 <p><a href="/metrics">/metrics</a> · <a href="/api/status">/api/status</a></p>
 </body></html>
 """
+
+
+def _collector_text(c: dict[str, Any]) -> str:
+    e = html.escape
+    if c["state"] == "off":
+        text = f"off ({e(c['off_reason'] or '')})"
+    elif c["state"] == "ok":
+        text = "ok"
+    else:
+        text = "FAILED " + e(c["error"] or "")
+    return f"<span class='collector-{e(c['state'])}'>{e(c['name'])}: {text}</span>"
+
+
+def _gpu_note(data: dict[str, Any]) -> str:
+    """What the GPU table's own rows cannot say: that the collector is off and why, or that NVML stopped answering
+    while the GPUs it knew are listed (as down). An empty table says why in its row (report.no_gpus_line)."""
+    e = html.escape
+    gpu = next((c for c in data["collectors"] if c["name"] == "gpu"), None)
+    if gpu is not None and gpu["state"] == "off":
+        return f"<p id='gpu-note'>The GPU collector is off: {e(gpu['off_reason'] or 'no reason given')}.</p>"
+    nvml = data["nvml"]
+    if not nvml["nvml_up"] and data["gpus"]:
+        return f"<p id='gpu-note'>NVML is not answering: {e(nvml['error'] or 'no reason given')}</p>"
+    return ""
 
 
 # -- the server

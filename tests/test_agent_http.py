@@ -104,16 +104,18 @@ def test_metrics_served_within_10s_of_start(default_agent: tuple[AgentProcess, f
     assert elapsed < 10.0, f"first full /metrics took {elapsed:.2f} s from Popen"
     assert 'storwatch_collector_success{collector="mounts"} 1.0' in body.splitlines()
     success = dict((labels["collector"], value) for labels, value in samples(body, "storwatch_collector_success"))
+    [(_, nvml_up)] = samples(body, "storwatch_nvml_up")
     assert success == {
         "mounts": 1.0,
         "diskstats": 1.0,
         "nfs": 1.0,
-        "probe": 1.0,
         "checkpoints": 1.0,
-        "kube": 1.0,
-        "gpu": 1.0,
+        "gpu": nvml_up,  # a machine without NVML: the GPU collector fails, with the reason
         "processes": 1.0,
     }
+    # Off without a config choosing probes, or cluster credentials: neither succeeds nor fails.
+    enabled = dict((labels["collector"], value) for labels, value in samples(body, "storwatch_collector_enabled"))
+    assert enabled == {**dict.fromkeys(success, 1.0), "probe": 0.0, "kube": 0.0}
     roots = [labels for labels, value in samples(body, "storwatch_mount_info") if labels["mountpoint"] == "/"]
     assert len(roots) == 1, body
     # The root of any machine this suite runs on is a local disk (or a container's overlay): lost with the node.
@@ -543,9 +545,8 @@ def test_a_thousand_slow_clients_leave_fds_bounded_and_scrapes_answered(tmp_path
                 "mounts": 1.0,
                 "diskstats": 1.0,
                 "nfs": 1.0,
-                "probe": 1.0,
                 "checkpoints": 1.0,
-            }
+            }  # probe: off, with no probes chosen (no success series either way)
             # The connection cap is 256 // 4 = 64; a few more fds are the scrapes of this test and files being read.
             assert most_fds <= fds_before + 64 + 8, (fds_before, most_fds)
             assert most_threads <= threads_before + 2, (threads_before, most_threads)

@@ -328,3 +328,20 @@ def test_v1_preference_order(preferred: tuple[str, ...]) -> None:
     ref = container_of(reversed(entries))
     assert ref is not None
     assert ref.container_id == "abcde"[rank] * 64
+
+
+def test_process_source_counts_bad_cgroup_lines_and_keeps_the_good_one(tmp_path: Path) -> None:
+    from storwatch.paths import HostPaths
+    from storwatch.sources.processes import ProcessSource
+
+    good = (FIXTURES / "containerd-systemd-v2").read_bytes()
+    for pid, extra in ((4101, b"garbage without colons\n"), (4102, b"")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_bytes(extra + good)
+    source = ProcessSource(HostPaths(procfs=str(tmp_path)), lambda: [4101, 4102, 4103])
+    refs = source.collect()
+    assert refs[4101] == refs[4102] == container_of(parse_cgroup(good)[0])
+    assert refs[4101] is not None and refs[4103] is None  # 4103 has no cgroup file: not a parse error
+    assert source.parse_errors == 1
+    source.collect()
+    assert source.parse_errors == 1  # a PID's cgroup is read once

@@ -129,6 +129,7 @@ BAD_LINES = [
     pytest.param("   8     0x0 sda 1 0 8 1 1 0 8 1 0 1 2", "not a non-negative decimal integer",
                  id="hex-minor"),
     pytest.param("\x00\x00\xde\xad garbage", "expected 14, 18 or 20 fields, got 2", id="garbage"),
+    pytest.param("   8       0 sd\x00a 1 0 8 1 1 0 8 1 0 1 2", "device name holds a NUL byte", id="nul-in-name"),
     pytest.param("", "expected 14, 18 or 20 fields, got 0", id="empty"),
 ]  # fmt: skip
 

@@ -155,7 +155,8 @@ def render_scrape(tmp: Path) -> str:
     for name in ("diskstats", "1/mountinfo", "1/mountstats"):
         shutil.copy(GPU_NODE / "proc" / name, proc / name)
     paths = HostPaths(procfs=str(proc), sysfs=str(GPU_NODE / "sys"), rootfs=str(rootfs))
-    mounts = MountSource(paths, MountsConfig(), calls=FakeStatvfs()).collect()  # type: ignore[arg-type]
+    mount_source = MountSource(paths, MountsConfig(), calls=FakeStatvfs())  # type: ignore[arg-type]
+    mounts = mount_source.collect()
 
     clock = FakeClock(FIRST_READ)
     disks = DiskIOSource(paths, DiskIOConfig(), clock=clock, monotonic=clock.monotonic)
@@ -175,10 +176,12 @@ def render_scrape(tmp: Path) -> str:
         Snapshot(timestamp=FIRST_READ + 0.5, mounts=mounts, disks=disks_first, nfs=nfs_first, probes=earlier[-1:])
     )
     collectors = (
-        CollectorStatus("mounts", True, 0.0125, 1_700_000_000.0),
-        CollectorStatus("diskstats", True, 0.0004, SECOND_READ),
-        CollectorStatus("nfs", True, 0.0021, SECOND_READ),
+        CollectorStatus("mounts", True, 0.0125, 1_700_000_000.0, parse_errors=mount_source.parse_errors),
+        CollectorStatus("diskstats", True, 0.0004, SECOND_READ, parse_errors=disks.parse_errors),
+        CollectorStatus("nfs", True, 0.0021, SECOND_READ, parse_errors=nfs.parse_errors),
         CollectorStatus("probe", True, 0.017, PROBED),
+        # Off: exported as collector_enabled 0 and nothing else (no success, no kube_api_up).
+        CollectorStatus("kube", False, 0.0, None, off_reason="no in-cluster service account token and no kubeconfig"),
     )
     snapshot = Snapshot(
         timestamp=SNAPSHOT,
@@ -247,6 +250,14 @@ def test_golden_scrape_says_what_the_fixture_means(tmp_path: Path) -> None:
     assert _sample(text, "storwatch_collector_success", {"collector": "mounts"}) == 1
     assert _sample(text, "storwatch_collector_duration_seconds", {"collector": "mounts"}) == 0.0125
     assert _sample(text, "storwatch_collector_last_success_timestamp_seconds", {"collector": "mounts"}) == 1.7e9
+    assert _sample(text, "storwatch_collector_enabled", {"collector": "mounts"}) == 1
+    assert _sample(text, "storwatch_collector_enabled", {"collector": "kube"}) == 0
+    assert _sample(text, "storwatch_collector_success", {"collector": "kube"}) is None
+    assert "storwatch_kube_api_up" not in text
+    # The fixture's files parse whole; probes parse no lines, so they have no parse error series.
+    assert _sample(text, "storwatch_parse_errors_total", {"collector": "mounts"}) == 0
+    assert _sample(text, "storwatch_parse_errors_total", {"collector": "nfs"}) == 0
+    assert _sample(text, "storwatch_parse_errors_total", {"collector": "probe"}) is None
     infos = [line for line in text.splitlines() if line.startswith("storwatch_mount_info{")]
     assert len(infos) == 28
     # No process metrics were asked for.

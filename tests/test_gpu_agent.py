@@ -7,6 +7,7 @@ processes the fake reports map to containers and pods exactly as on a Kubernetes
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -149,8 +150,6 @@ def test_eight_gpus_export_exactly_the_scripted_values(tmp_path: Path, fake_lib:
 
 
 def test_pids_map_to_their_container_and_pod(tmp_path: Path, fake_lib: Path) -> None:
-    import json
-
     from storwatch.procfs.cgroup import container_of, parse_cgroup
 
     fake = FakeNVML(fake_lib.parent, tmp_path)
@@ -182,11 +181,40 @@ def test_no_library_agent_serves_with_nvml_down(tmp_path: Path) -> None:
     ) as agent:
         m = _wait(agent.url("/metrics"), lambda s: "storwatch_nvml_up" in s)
         assert m["storwatch_nvml_up"] == 0
-        assert m[_key('storwatch_collector_success{collector="gpu"}')] == 1  # no driver is a fact, not a failure
+        # No library: the collector has no GPU to report, and fails with the reason (gpu.enabled: false turns it off).
+        assert m[_key('storwatch_collector_success{collector="gpu"}')] == 0
         assert m[_key('storwatch_collector_success{collector="mounts"}')] == 1
+        [gpu] = [c for c in json.loads(agent.fetch("/api/status").body)["collectors"] if c["name"] == "gpu"]
+        assert gpu["success"] is False and "libnvidia-ml.so.1" in gpu["error"]
+        page = agent.fetch("/status").body.decode()
+        assert "gpu: FAILED nvmlInit" in page and "gpu: ok" not in page
+        assert "no GPUs: NVML not available (nvmlInit" in page  # the empty table says why
         time.sleep(2)
         assert agent.proc.poll() is None  # no crash, no restart
         assert _samples(agent.url("/metrics"))["storwatch_nvml_up"] == 0
+
+
+def test_stuck_nvml_call_fails_the_collector_until_it_returns(tmp_path: Path, fake_lib: Path) -> None:
+    fake = FakeNVML(fake_lib.parent, tmp_path)
+    fake.write_script(SCRIPT_8)
+    success = _key('storwatch_collector_success{collector="gpu"}')
+    with running_agent("--config", str(_config(tmp_path)), "--listen", "127.0.0.1:0", env=fake.env()) as agent:
+        url = agent.url("/metrics")
+        _wait(url, lambda s: s.get("storwatch_nvml_up") == 1 and s.get(success) == 1)
+        # A GPU that stops answering: one power reading hangs past call_timeout_seconds (1 s), then returns.
+        fake.write_script(SCRIPT_8 + "slow nvmlDeviceGetPowerUsage ms=6000 gpu=2 times=1\n")
+        m = _wait(url, lambda s: s.get(success) == 0)
+        assert m["storwatch_nvml_up"] == 0
+        assert all(m[_series("storwatch_gpu_up", i)] == 0 for i in range(8))
+        [gpu] = [c for c in json.loads(agent.fetch("/api/status").body)["collectors"] if c["name"] == "gpu"]
+        assert gpu["success"] is False
+        assert "nvmlDeviceGetPowerUsage on GPU 2 has not returned" in gpu["error"]
+        page = agent.fetch("/status").body.decode()
+        assert "gpu: FAILED nvmlDeviceGetPowerUsage on GPU 2 has not returned" in page
+        assert "NVML is not answering: nvmlDeviceGetPowerUsage on GPU 2" in page
+        # Once the call returns, the next sampling succeeds.
+        m = _wait(url, lambda s: s.get(success) == 1 and s.get("storwatch_nvml_up") == 1)
+        assert fake.counts()["slow_returned"] == 1
 
 
 def test_one_gpu_lost_the_other_seven_keep_reporting(tmp_path: Path, fake_lib: Path) -> None:

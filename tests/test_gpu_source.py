@@ -111,16 +111,19 @@ def test_no_library_reports_nvml_down_and_does_not_raise(tmp_path: Path) -> None
         assert f["nvml_up"] is False
         assert f["gpus"] == []
         assert "libnvidia-ml.so.1 not found" in f["error"]
-        assert answer["failure"] is None  # no GPUs here is a fact, not a failure of the source
+        # No library: the source has no GPU to report, and says so as its failure (collector_success 0).
+        assert answer["failure"] == f["error"]
     assert "next try in" in facts(again)["error"]
     assert log.count("NVML unavailable") == 1
 
 
 def test_no_bindings_reports_nvml_down(tmp_path: Path) -> None:
     with GPUSourceProcess({"LD_LIBRARY_PATH": str(tmp_path)}, ["--hide-pynvml"]) as proc:
-        f = facts(proc.collect())
+        answer = proc.collect()
+    f = facts(answer)
     assert f["nvml_up"] is False
     assert "nvidia-ml-py" in f["error"]
+    assert answer["failure"] == f["error"]
 
 
 def test_backoff_doubles_to_five_minutes() -> None:
@@ -437,8 +440,9 @@ def test_slow_nvml_init_is_not_stuck_until_its_own_timeout(nvml: FakeNVML, run_s
     answer = proc.collect()
     assert answer["wall"] < 0.6
     f = facts(answer)
-    assert f["nvml_up"] is False and f["stuck"] is False and answer["failure"] is None
+    assert f["nvml_up"] is False and f["stuck"] is False
     assert "nvmlInit in progress" in f["error"]
+    assert answer["failure"] == f["error"]  # no GPU seen yet: not a success, though not stuck either
     answer = wait_for(lambda: (a := proc.collect()) and facts(a)["nvml_up"] and a, 5, "nvmlInit to finish")
     assert len(facts(answer)["gpus"]) == 8
     assert nvml.counts()["init"] == 1
@@ -480,7 +484,7 @@ def test_init_failure_retries_with_backoff_then_comes_up(nvml: FakeNVML, run_sou
         collects += 1
         f = facts(answer)
         assert f["nvml_up"] is False and "kernel driver is not loaded" in f["error"]
-        assert answer["failure"] is None
+        assert answer["failure"] == f["error"]  # no driver: the collector fails, with the reason
         time.sleep(0.02)
     attempts = nvml.counts()["init_attempts"]
     # Tries at 0, 0.25, 0.75, 1.75 s: four in two seconds, not one per collect.

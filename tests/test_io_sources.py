@@ -10,6 +10,7 @@ import pytest
 
 from storwatch.config import DiskIOConfig, NFSConfig
 from storwatch.paths import HostPaths
+from storwatch.sources import UnusableInput
 from storwatch.sources.diskio import DiskIOSource
 from storwatch.sources.nfs import NFSSource
 
@@ -149,3 +150,95 @@ def test_diskstats_deltas_are_worked_out_when_asked_for(monkeypatch: pytest.Monk
     assert deltas.get(name) is deltas[name] and worked == [name]  # once, then kept
     assert deltas.get("nvme9n9") is None
     assert dict(deltas) == {n: diskstats_delta(before[n], after[n], 2.0) for n in before}
+
+
+# -- input that gives nothing to report: the collector fails, naming the file; bad lines are counted
+
+
+@pytest.mark.parametrize(
+    ("data", "message", "bad_lines"),
+    [
+        pytest.param(b"", "diskstats: empty: no device in it", 0, id="empty"),
+        pytest.param(b"\x00\xde\xad torn\n 8 0 sda 1 2\n", "no device could be parsed, 2 malformed; the first: line 1",
+                     2, id="garbage"),
+    ],
+)  # fmt: skip
+def test_diskstats_with_no_good_line_fails_and_the_last_good_read_stays_the_base(
+    tmp_path: Path, data: bytes, message: str, bad_lines: int
+) -> None:
+    proc = _proc(tmp_path)
+    good = (FIXTURES / "diskstats" / "linux-6.8").read_text()
+    (proc / "diskstats").write_text(good)
+    source = DiskIOSource(HostPaths(procfs=str(proc)), DiskIOConfig(), clock=lambda: 1000.0)
+    source.collect()
+    (proc / "diskstats").write_bytes(data)
+    with pytest.raises(UnusableInput, match=message) as excinfo:
+        source.collect()
+    assert str(proc / "diskstats") in str(excinfo.value)
+    assert source.parse_errors == bad_lines
+    (proc / "diskstats").write_text(_bump_diskstats(good, "nvme0n1", 10, 250))
+    after = source.collect()
+    assert after.deltas["nvme0n1"].writes == 10  # against the read before the bad one
+
+
+def test_diskstats_parse_errors_count_each_bad_line_of_each_read(tmp_path: Path) -> None:
+    proc = _proc(tmp_path)
+    good = (FIXTURES / "diskstats" / "linux-6.8").read_text()
+    (proc / "diskstats").write_text(good + " 259 9 nvme9n1 12 oops\n 259 10 nvme\x009n2 " + "1 " * 17 + "\n")
+    source = DiskIOSource(HostPaths(procfs=str(proc)), DiskIOConfig(), clock=lambda: 1000.0)
+    source.collect()
+    assert source.parse_errors == 2
+    source.collect()
+    assert source.parse_errors == 4
+
+
+def _mountstats_of(tmp_path: Path, data: bytes) -> tuple[Path, NFSSource]:
+    proc = _proc(tmp_path)
+    (proc / "1" / "mountstats").write_bytes(data)
+    return proc / "1" / "mountstats", NFSSource(HostPaths(procfs=str(proc)), NFSConfig(), clock=lambda: 1000.0)
+
+
+@pytest.mark.parametrize(
+    ("data", "message", "bad_lines"),
+    [
+        pytest.param(b"", "mountstats: empty", 0, id="empty"),
+        pytest.param(b"\x00\xde\xad torn read\n\tage:\t12\n", "no 'device ... mounted on ... with fstype ...' line "
+                     "could be parsed, 2 malformed; the first: line 1: expected a 'device ...' line", 2, id="garbage"),
+        pytest.param(b"device sda1 mounted on /\n\tage:\t1\ndevice srv:/x mounted at /x with fstype nfs\n",
+                     "could be parsed, 2 malformed", 2, id="every-device-line-bad"),
+        pytest.param(b"device rootfs mounted on / with fstype rootfs", "could be parsed, 1 malformed; the first: "
+                     "line 1: truncated", 1, id="torn-before-the-first-newline"),
+    ],
+)  # fmt: skip
+def test_mountstats_with_no_good_device_line_fails_naming_the_file(
+    tmp_path: Path, data: bytes, message: str, bad_lines: int
+) -> None:
+    path, source = _mountstats_of(tmp_path, data)
+    with pytest.raises(UnusableInput, match=message) as excinfo:
+        source.collect()
+    assert str(path) in str(excinfo.value)
+    assert source.parse_errors == bad_lines
+
+
+def test_mountstats_without_nfs_mounts_is_a_success_with_nothing_to_report(tmp_path: Path) -> None:
+    _, source = _mountstats_of(
+        tmp_path, b"device rootfs mounted on / with fstype rootfs\ndevice proc mounted on /proc with fstype proc\n"
+    )
+    stats = source.collect()
+    assert dict(stats.mounts) == {} and stats.deltas == {}
+    assert source.parse_errors == 0
+
+
+def test_mountstats_parse_errors_count_bad_lines_of_reads_and_of_tables(tmp_path: Path) -> None:
+    text = (FIXTURES / "mountstats" / "nfsv3").read_bytes()
+    read_line = next(line for line in text.split(b"\n") if line.strip().startswith(b"READ:"))
+    damaged = text.replace(read_line, read_line + b" x")
+    nfs_line = next(i for i, line in enumerate(damaged.split(b"\n")) if b"with fstype nfs" in line)
+    lines = damaged.split(b"\n")
+    lines.insert(nfs_line + 1, b"\tevents:\tgarbage here")
+    _, source = _mountstats_of(tmp_path, b"\n".join(lines))
+    stats = source.collect()
+    assert source.parse_errors == 1  # the READ line, read every second for the latency windows
+    [mount] = stats.mounts.values()  # a consumer has the tables parsed: the events line is bad too
+    assert mount.operation("READ") is None and mount.events
+    assert source.parse_errors == 3

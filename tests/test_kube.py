@@ -380,6 +380,7 @@ def test_pod_deletion_seen_within_2s(api: FakeKubeAPI, tmp_path: Path) -> None:
 def test_api_outage_keeps_mapping_and_recovers(api: FakeKubeAPI, source: KubeSource) -> None:
     before = source.collect()
     assert before.api_up and len(before.pods) == 3
+    assert before.failure is None and source.off_reason is None
     api.go_away(5.0)
     wait_for(lambda: not source.collect().api_up, 2.0)
     slowest = 0.0
@@ -390,6 +391,8 @@ def test_api_outage_keeps_mapping_and_recovers(api: FakeKubeAPI, source: KubeSou
         slowest = max(slowest, time.monotonic() - start)
         assert not facts.api_up
         assert facts.last_error
+        # Its input could not be read: the collector fails (collector_success 0), the mapping is kept.
+        assert facts.failure == f"the Kubernetes API is not answering: {facts.last_error}"
         assert facts.pod_for_uid(TRAINER_UID) is not None
         assert facts.cluster.pvs.keys() == before.cluster.pvs.keys()
         time.sleep(0.1)
@@ -437,6 +440,9 @@ def test_no_kubeconfig_source_off_logged_once(tmp_path: Path, caplog: pytest.Log
     )
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "source off" in lines[0] and "kubeconfig" in lines[0]
+    # Off, not failing: no API server to be down on a node without a cluster.
+    assert src.off_reason is not None and "kubeconfig" in src.off_reason
+    assert all(f.failure is None for f in facts)
     assert src.post_event("R", "m") == "disabled"
 
 

@@ -188,6 +188,7 @@ def test_api_server_gone_for_a_minute(tmp_path: Path) -> None:
                 body = agent.fetch("/metrics").body.decode()
                 latencies.append(time.perf_counter() - started)
                 assert "storwatch_kube_api_up 0.0" in body
+                assert 'storwatch_collector_success{collector="kube"} 0.0' in body
                 time.sleep(0.25)
             assert statistics.quantiles(latencies, n=100)[98] < 0.05
             assert statistics.median(latencies) < 3 * statistics.median(baseline) + 0.002
@@ -197,3 +198,8 @@ def test_api_server_gone_for_a_minute(tmp_path: Path) -> None:
             _until(lambda: "storwatch_kube_api_up 1.0" in agent.fetch("/metrics").body.decode(), 35, "api_up 1")
             assert time.monotonic() - back <= 31  # one backoff at most (capped at 30 s)
             assert "ckpt-shared" in reason()
+            _until(
+                lambda: 'storwatch_collector_success{collector="kube"} 1.0' in agent.fetch("/metrics").body.decode(),
+                5,
+                "the kube collector's success",
+            )

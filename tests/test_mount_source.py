@@ -13,6 +13,7 @@ from storwatch.blocking import BlockingCalls, CallOutcome
 from storwatch.config import MountsConfig
 from storwatch.model import FsUsage
 from storwatch.paths import HostPaths
+from storwatch.sources import UnusableInput
 from storwatch.sources.mounts import MountSource
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -75,10 +76,13 @@ def test_malformed_lines_are_logged_once_and_good_mounts_reported(caplog: pytest
     assert [m.mountpoint for m in mounts] == ["/", "/run", "/mnt/local-nvme", "/home", "/lustre"]
     assert [m.fstype for m in mounts] == ["ext4", "tmpfs", "xfs", "nfs4", "lustre"]
     warnings = mount_warnings(caplog)
-    assert len(warnings) == 2
+    assert len(warnings) == 3
     assert warnings[0].startswith("mountinfo: skipping malformed line 5: expected at least 10 fields")
     assert "/var/lib/kubelet/pods/81742e8f" in warnings[0]
     assert warnings[1].startswith("mountinfo: skipping malformed line 7: no ' - ' separator")
+    # A mount point with an escaped NUL (\000) fails its own line only.
+    assert warnings[2].startswith("mountinfo: skipping malformed line 9: mount point holds a NUL byte")
+    assert source.parse_errors == 3
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=MOUNTS_LOGGER):
@@ -96,13 +100,13 @@ def test_a_new_malformed_line_is_logged_when_it_first_appears(tmp_path: Path, ca
     source = source_on(proc, FakeStatvfs())
     with caplog.at_level(logging.WARNING, logger=MOUNTS_LOGGER):
         source.collect()
-        assert len(mount_warnings(caplog)) == 2
+        assert len(mount_warnings(caplog)) == 3
         (proc / "1" / "mountinfo").write_bytes(good + b"999 24 0:99 /\n")
         source.collect()
         source.collect()
     warnings = mount_warnings(caplog)
-    assert len(warnings) == 3
-    assert "line 9" in warnings[2] and "999 24 0:99 /" in warnings[2]
+    assert len(warnings) == 4
+    assert "line 10" in warnings[3] and "999 24 0:99 /" in warnings[3]
 
 
 def test_usage_comes_from_statvfs_in_bytes() -> None:
@@ -229,6 +233,44 @@ def test_unreadable_mount_table_raises_naming_each_candidate(tmp_path: Path) -> 
         source.collect()
     assert str(tmp_path / "proc" / "1" / "mountinfo") in str(excinfo.value)
     assert str(tmp_path / "proc" / "self" / "mountinfo") in str(excinfo.value)
+
+
+GARBAGE = b"\x00\xde\xad\xbe\xef torn read\nnot a mount table either\n\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "message", "bad_lines"),
+    [
+        pytest.param(b"", r"mountinfo: empty: no mount in it", 0, id="empty"),
+        pytest.param(b"\n\n", r"mountinfo: empty: no mount in it", 0, id="blank-lines"),
+        pytest.param(GARBAGE, r"mountinfo: no mount could be parsed, 2 malformed; the first: line 1: no ' - '", 2,
+                     id="garbage"),
+    ],
+)  # fmt: skip
+def test_a_mount_table_with_no_good_line_fails_naming_the_file(
+    tmp_path: Path, data: bytes, message: str, bad_lines: int
+) -> None:
+    proc = tmp_path / "proc"
+    (proc / "1").mkdir(parents=True)
+    (proc / "1" / "mountinfo").write_bytes(data)
+    calls = FakeStatvfs()
+    source = source_on(proc, calls)
+    for read in (1, 2):  # the same bad table read again fails again, and its lines count again
+        with pytest.raises(UnusableInput, match=message) as excinfo:
+            source.collect()
+        assert str(proc / "1" / "mountinfo") in str(excinfo.value)
+        assert source.parse_errors == read * bad_lines
+    assert calls.calls == []  # nothing to statvfs
+    (proc / "1" / "mountinfo").write_bytes((MALFORMED_PROC / "1" / "mountinfo").read_bytes())
+    assert [m.mountpoint for m in source.collect()][:1] == ["/"]  # and it recovers with the file
+
+
+def test_parse_errors_count_every_read_of_a_bad_line(tmp_path: Path) -> None:
+    source = source_on(MALFORMED_PROC, FakeStatvfs())
+    source.collect()
+    assert source.parse_errors == 3
+    source.collect()  # the same table, not parsed again, but its three bad lines were read again
+    assert source.parse_errors == 6
 
 
 # -- the real helper process, against real paths on this machine

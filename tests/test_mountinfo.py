@@ -193,6 +193,12 @@ GOOD_LINES = [
         mi(47, 27, 0, 44, "/", "/mnt/-", ("rw",), (), "tmpfs", "-", ("rw",)),
         id="source-that-is-a-dash",
     ),
+    pytest.param(
+        # An escaped backslash followed by the digits 000 is a backslash and three zeros, not a NUL.
+        b"48 27 0:45 / /mnt/a\\134000 rw - tmpfs tmpfs rw",
+        mi(48, 27, 0, 45, "/", "/mnt/a\\000", ("rw",), (), "tmpfs", "tmpfs", ("rw",)),
+        id="escaped-backslash-then-zeros",
+    ),
 ]  # fmt: skip
 
 
@@ -244,6 +250,15 @@ BAD_LINES = [
                  id="non-numeric-major"),
     pytest.param(b"\x00\x00\xde\xad garbage", "no ' - ' separator", id="garbage"),
     pytest.param(b"", "no ' - ' separator", id="empty"),
+    # The kernel prints C strings: \000 (or a raw NUL) in a path is a torn or forged line, and no system call could
+    # take that path.
+    pytest.param(b"99 24 0:80 / /mnt/bad\\000name rw - tmpfs tmpfs rw", "mount point holds a NUL byte",
+                 id="escaped-nul-in-mountpoint"),
+    pytest.param(b"99 24 0:80 /x\\0001 /mnt/a rw - ext4 /dev/sda1 rw", "root holds a NUL byte",
+                 id="escaped-nul-in-root"),
+    pytest.param(b"99 24 0:80 / /mnt/a rw - tmpfs tmp\x00fs rw", "source holds a NUL byte", id="raw-nul-in-source"),
+    pytest.param(b"99 24 0:80 / /mnt/a\\134\\000 rw - tmpfs tmpfs rw", "mount point holds a NUL byte",
+                 id="escaped-backslash-then-escaped-nul"),
 ]  # fmt: skip
 
 
@@ -329,8 +344,9 @@ def test_gpu_node_fixture_bytes_are_as_the_kernel_prints_them() -> None:
 def test_malformed_fixture_keeps_good_lines_and_numbers_bad_ones() -> None:
     mounts, errors = parse_mountinfo(MALFORMED_MOUNTINFO.read_bytes())
     assert [m.mountpoint for m in mounts] == ["/", "/sys", "/run", "/mnt/local-nvme", "/home", "/lustre"]
-    assert [e.lineno for e in errors] == [5, 7]
-    truncated, garbage = errors
+    assert [e.lineno for e in errors] == [5, 7, 9]
+    truncated, garbage, nul = errors
+    assert "mount point holds a NUL byte" in str(nul) and "/mnt/torn\\000read" in nul.line
     assert "expected at least 10 fields" in str(truncated)
     assert truncated.line.startswith("516 24 0:74 / /var/lib/kubelet/pods/")
     assert truncated.line.endswith("- nfs4")

@@ -233,6 +233,10 @@ BAD_DEVICE_LINES = [
                  id="misspelt-statvers"),
     pytest.param(b"device srv:/x mounted on /x with fstype nfs statvers=", "expected 'statvers=VERSION'",
                  id="empty-statvers"),
+    pytest.param(b"device srv:/x mounted on /x\\000y with fstype nfs statvers=1.1", "holds a NUL byte",
+                 id="escaped-nul-in-mountpoint"),
+    pytest.param(b"device srv:/x\x00 mounted on /x with fstype nfs statvers=1.1", "holds a NUL byte",
+                 id="raw-nul-in-source"),
 ]  # fmt: skip
 
 

@@ -120,6 +120,8 @@ def parse_line(line: str | bytes, lineno: int = 1) -> DiskStats:
     if missing is None:
         raise DiskStatsError(lineno, f"expected 14, 18 or 20 fields, got {len(fields)}", text)
     name = fields.pop(2)
+    if "\x00" in name:  # the kernel prints names as C strings: a NUL is a torn or forged line
+        raise DiskStatsError(lineno, "device name holds a NUL byte", text)
     # One check for all numbers (split() gives no empty fields). int() alone would take "-1", "+1", "1_000" and
     # non-ASCII digits; the kernel prints none of those.
     digits = "".join(fields)

@@ -82,6 +82,11 @@ def parse_line(line: bytes, lineno: int = 1) -> MountInfo:
         raise MountInfoError(lineno, "mount ID, parent ID or MAJOR:MINOR is not numeric", shown) from None
     # Super options can be absent on some kernels' lines for filesystems with none; tolerate a missing field.
     super_opts = fields[sep + 3] if len(fields) > sep + 3 else b""
+    # The kernel prints C strings: a NUL byte, raw or escaped as \000, is never in a line it wrote. A path holding
+    # one could not be passed to a system call (statvfs would fail on it), so the line is refused here, alone.
+    for name, raw in (("root", fields[3]), ("mount point", fields[4]), ("source", fields[sep + 2])):
+        if b"\x00" in raw or b"\\000" in raw:
+            raise MountInfoError(lineno, f"{name} holds a NUL byte, which no path or name can hold", shown)
     return MountInfo(
         mount_id=mount_id,
         parent_id=parent_id,

@@ -623,6 +623,9 @@ def _parse_device_line(line: bytes, lineno: int) -> _DeviceLine:
         if key != b"statvers" or not sep or not value:
             raise MountStatsError(lineno, "expected 'statvers=VERSION' after the fstype", _shown(line))
         statvers = os.fsdecode(value)
+    if b"\x00" in line or b"\\000" in fields[1] + b" " + fields[4]:
+        # The kernel prints C strings (see mountinfo.parse_line): a NUL is never in a line it wrote.
+        raise MountStatsError(lineno, "the source or mount point holds a NUL byte", _shown(line))
     return _DeviceLine(unescape(fields[1]), unescape(fields[4]), os.fsdecode(fields[7]), statvers)
 
 
@@ -915,6 +918,10 @@ class OperationLines:
         self._keys = [(name, os.fsencode(name) + b": ") for name in names]
         self._heads: dict[bytes, _DeviceLine | None] = {}
         self._head_bound = device_line_bound(0)
+        self.device_lines = 0
+        """How many ``device`` lines (good or bad) the last :meth:`find` saw: 0 means the data is no mountstats."""
+        self.bad_device_lines = 0
+        """How many of them did not parse."""
 
     def find(self, data: bytes) -> list[tuple[str, str, bytes, int]]:
         """(mountpoint, procedure, line, offset of the line in ``data``) for every line found, in file order."""
@@ -922,6 +929,7 @@ class OperationLines:
         starts = [*first, *_later_blocks(data), len(data)]
         self._head_bound = device_line_bound(len(starts))
         found: list[tuple[str, str, bytes, int]] = []
+        self.device_lines, self.bad_device_lines = len(starts) - 1, 0
         for begin, end in itertools.pairwise(starts):
             head = self._head(data, begin, end)
             if head is None:
@@ -939,6 +947,7 @@ class OperationLines:
         """The block's device line, when it is an NFS mount's."""
         newline = data.find(b"\n", begin, end)
         if newline < 0:
+            self.bad_device_lines += 1
             return None  # cut short
         first = data[begin:newline]
         heads = self._heads
@@ -950,7 +959,10 @@ class OperationLines:
             except MountStatsError:
                 heads[first] = None
         head = heads[first]
-        return head if head is not None and head.fstype in NFS_FSTYPES else None
+        if head is None:
+            self.bad_device_lines += 1
+            return None
+        return head if head.fstype in NFS_FSTYPES else None
 
 
 def line_number(data: bytes, offset: int) -> int:

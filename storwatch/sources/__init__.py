@@ -6,8 +6,24 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from storwatch.procfs import LineError
+
 
 class Source(Protocol):
+    """What the agent runs on its own worker, every ``interval_seconds``.
+
+    How a source tells the agent about its health (each optional; the agent reads them with ``getattr``):
+
+    - ``collect()`` raising: the collection failed (``storwatch_collector_success`` 0, the exception as the error);
+      the facts of the last good collection are kept;
+    - a ``failure`` attribute of the facts that is not None: it answered, but failed (a stuck NVML call); the
+      facts are kept;
+    - ``parse_errors``: an int, the lines of its input it could not parse so far
+      (``storwatch_parse_errors_total``);
+    - ``off_reason``: a str while the source is off (no cluster to watch, nothing chosen to probe): then it is
+      reported as off (``storwatch_collector_enabled`` 0), never as a success or a failure.
+    """
+
     name: str
     """The collector name in ``storwatch_collector_*{collector=...}``."""
     interval_seconds: float
@@ -36,11 +52,39 @@ class OnceLog:
 
 def read_first(paths: Sequence[str], what: str) -> bytes:
     """The contents of the first readable file of ``paths``; an OSError naming them all when none is."""
+    return read_first_named(paths, what)[1]
+
+
+def read_first_named(paths: Sequence[str], what: str) -> tuple[str, bytes]:
+    """The first readable file of ``paths`` and its contents; an OSError naming them all when none is."""
     errors = []
     for path in paths:
         try:
             with open(path, "rb") as f:
-                return f.read()
+                return path, f.read()
         except OSError as err:
             errors.append(f"{path}: {err.strerror}")
     raise OSError(f"cannot read {what}: " + "; ".join(errors))
+
+
+class UnusableInput(OSError):
+    """A source's input was read but gave it nothing to report: the file is empty, or none of its lines parsed.
+    Raised from ``collect()``, so the collector reports failure with this message (``storwatch_collector_success``
+    0) rather than success with no data. An OSError, so a caller that handles an unreadable file (``scan``) handles
+    an unusable one the same way."""
+
+
+_SHOWN_ERROR_CHARS = 300
+"""How much of the first bad line's error an UnusableInput message quotes (a garbled line can be kilobytes)."""
+
+
+def require_parsed(path: str, what: str, parsed: int, errors: Sequence[LineError]) -> None:
+    """Raise UnusableInput unless at least one of the ``what`` records of ``path`` parsed."""
+    if parsed:
+        return
+    if not errors:
+        raise UnusableInput(f"{path}: empty: no {what} in it")
+    first = str(errors[0])
+    if len(first) > _SHOWN_ERROR_CHARS:
+        first = first[:_SHOWN_ERROR_CHARS] + "..."
+    raise UnusableInput(f"{path}: no {what} could be parsed, {len(errors)} malformed; the first: {first}")

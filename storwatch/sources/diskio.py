@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from storwatch.config import DiskIOConfig
 from storwatch.paths import HostPaths
 from storwatch.procfs.diskstats import DiskStats, DiskStatsDelta, diskstats_delta, parse_diskstats
-from storwatch.sources import OnceLog, read_first
+from storwatch.sources import OnceLog, read_first_named, require_parsed
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +69,22 @@ class DiskIOSource:
         self._prev: dict[str, DiskStats] = {}
         self._prev_mono = 0.0
         self._bad_lines = OnceLog(log)
+        self.parse_errors = 0
+        """Lines of /proc/diskstats that could not be parsed, counted at every read that holds them."""
 
     def configure(self, config: DiskIOConfig) -> None:
         self.interval_seconds = config.interval_seconds
 
     def collect(self) -> DiskIO:
-        data = read_first((self.paths.proc("diskstats"),), "diskstats")
+        path, data = read_first_named((self.paths.proc("diskstats"),), "diskstats")
         mono = self.monotonic()
         disks, errors = parse_diskstats(data)
+        self.parse_errors += len(errors)
         for err in errors:
             self._bad_lines.warning(err.line, "diskstats: skipping malformed %s", err)
+        # Nothing to report is a failure, not an idle node: an empty file or one of garbage (a torn read, a wrong
+        # --path.procfs). The last good read stays the base for the next deltas.
+        require_parsed(path, "device", len(disks), errors)
         counters = {d.name: d for d in disks}
         seconds = mono - self._prev_mono
         deltas: Mapping[str, DiskStatsDelta] = (

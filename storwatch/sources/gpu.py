@@ -178,8 +178,8 @@ class GPUState:
 class GPUFacts:
     timestamp: float
     nvml_up: bool
-    """NVML initialised and answering. False on a node without the library or driver (not an error of the source)
-    and while sampling is stuck."""
+    """NVML initialised and answering. False on a node without the library or driver and while sampling is stuck
+    (both failures of the source: see ``failure``)."""
     driver_version: str | None
     error: str | None
     """Why NVML is not up, or why the sampling is stuck."""
@@ -191,9 +191,11 @@ class GPUFacts:
 
     @property
     def failure(self) -> str | None:
-        """What makes this collection a failure of the source (``storwatch_collector_success`` 0): a stuck NVML call.
-        A node without NVML is a fact (nvml_up False), not a failure of the source."""
-        return self.error if self.stuck else None
+        """What makes this collection a failure of the source (``storwatch_collector_success`` 0): NVML not up, for
+        whatever reason (no library or bindings, no driver, nvmlInit failing or still running, NVML lost, a stuck
+        call). Each leaves the source with no GPU to report, and a success would say the GPUs were seen. A node that
+        has no GPUs on purpose sets ``gpu: {enabled: false}``, which turns the collector off instead."""
+        return None if self.nvml_up else (self.error or "NVML is not up")
 
 
 # -- the NVML side: used only on the worker thread

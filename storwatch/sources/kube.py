@@ -513,6 +513,12 @@ class KubeSource:
             log.warning("kube: API unreachable or failing, keeping the last known objects: %s", message)
 
     @property
+    def off_reason(self) -> str | None:
+        """Why the source is off (no cluster credentials, no client), or None while it watches an API server. An
+        off source exports no ``storwatch_kube_api_up``: a node without Kubernetes has no API server to be down."""
+        return None if self.enabled else (self.disabled_reason or "off")
+
+    @property
     def api_up(self) -> bool:
         with self._lock:
             return bool(self._watchers) and all(w.state.ok for w in self._watchers)

@@ -10,7 +10,7 @@ from storwatch.config import MountsConfig
 from storwatch.model import FsUsage, Mount
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import MountInfo, parse_mountinfo
-from storwatch.sources import OnceLog, read_first
+from storwatch.sources import OnceLog, read_first_named, require_parsed
 from storwatch.sources.blockdev import BlockDevices
 
 log = logging.getLogger(__name__)
@@ -46,31 +46,44 @@ class MountSource:
         self.configure(config)
         self.calls = calls if calls is not None else BlockingCalls(config.max_inflight, max_stuck=config.max_stuck)
         self._bad_lines = OnceLog(log)
+        self.parse_errors = 0
+        """Lines of the mount table that could not be parsed, counted at every read that holds them."""
         self._last_usage: dict[str, FsUsage] = {}
-        self._last_table: tuple[bytes, list[MountInfo]] = (b"", [])
-        """The mount table as last read, and its visible mounts: it changes when pods come and go, not every read."""
+        self._last_table: tuple[bytes, list[MountInfo], int] | None = None
+        """The mount table as last read, its visible mounts and its bad lines: it changes when pods come and go, not
+        every read."""
         self.devices = BlockDevices(paths)
 
     def configure(self, config: MountsConfig) -> None:
         self.config = config
         self.interval_seconds = config.interval_seconds
         self.skip = PSEUDO_FSTYPES | set(config.exclude_fstypes)
-        self._last_table = (b"", [])  # read again with the new exclusions
+        self._last_table = None  # read again with the new exclusions
         if hasattr(self, "calls"):
             self.calls.max_inflight = config.max_inflight
             self.calls.max_stuck = config.max_stuck
 
     def read_mountinfo(self) -> bytes:
-        return read_first(self.paths.mountinfo_candidates(), "the mount table")
+        return self.read_mountinfo_named()[1]
 
-    def visible_mounts(self, data: bytes) -> list[MountInfo]:
-        """Parse, drop pseudo filesystems, and keep the top mount where several stack on one mountpoint."""
-        last_data, last_visible = self._last_table
-        if data == last_data:
-            return last_visible
+    def read_mountinfo_named(self) -> tuple[str, bytes]:
+        """The mount table's path and contents."""
+        return read_first_named(self.paths.mountinfo_candidates(), "the mount table")
+
+    def visible_mounts(self, data: bytes, path: str = "mountinfo") -> list[MountInfo]:
+        """Parse, drop pseudo filesystems, and keep the top mount where several stack on one mountpoint. Bad lines
+        are logged once and counted at every read; a table with no good line (empty, or all garbage) raises
+        UnusableInput naming ``path``."""
+        last = self._last_table
+        if last is not None and data == last[0]:
+            self.parse_errors += last[2]
+            return last[1]
         infos, errors = parse_mountinfo(data)
+        self.parse_errors += len(errors)
         for err in errors:
             self._bad_lines.warning(err.line, "mountinfo: skipping malformed %s", err)
+        # Not cached: the same bad table read again raises again (and its lines are counted again above).
+        require_parsed(path, "mount", len(infos), errors)
         by_point: dict[str, MountInfo] = {}
         for info in infos:
             # mountinfo lists mounts in mount order: a later one on the same point hides the earlier,
@@ -78,12 +91,13 @@ class MountSource:
             by_point.pop(info.mountpoint, None)
             by_point[info.mountpoint] = info
         visible = [info for info in by_point.values() if info.fstype not in self.skip]
-        self._last_table = (data, visible)
+        self._last_table = (data, visible, len(errors))
         return visible
 
     def collect(self) -> tuple[Mount, ...]:
         """The mounts, as a MountFacts (its ``failure`` says when a mount was left unmeasured by a limit)."""
-        infos = self.visible_mounts(self.read_mountinfo())
+        path, data = self.read_mountinfo_named()
+        infos = self.visible_mounts(data, path)
         requests = {info.mountpoint: (self.paths.root(info.mountpoint),) for info in infos}
         outcomes = self.calls.call_many("statvfs", requests, self.config.statvfs_timeout_seconds)
         mounts = []

@@ -19,9 +19,10 @@ from storwatch.procfs.mountstats import (
     OperationTimes,
     line_number,
     moved,
+    parse_mountstats,
     parse_operation_times,
 )
-from storwatch.sources import OnceLog, read_first
+from storwatch.sources import OnceLog, read_first_named, require_parsed
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,10 @@ class NFSSource:
         self.clock = clock
         self.configure(config)
         self._bad_lines = OnceLog(log)
+        self.parse_errors = 0
+        """Lines of mountstats that could not be parsed: counted by each read of the READ, WRITE and COMMIT lines, and
+        by the tables when a consumer has them parsed (in its own thread, hence the lock)."""
+        self._count_lock = threading.Lock()
         self._reader = MountStatsReader(self._log_bad_lines)
         self._reader_lock = threading.Lock()
         self._lines = OperationLines(DELTA_OPERATIONS)
@@ -113,17 +118,22 @@ class NFSSource:
 
     def _log_bad_lines(self, errors: list[MountStatsError]) -> None:
         # Called by collect() and, for tables read when first used, by whichever thread uses them.
+        if errors:
+            with self._count_lock:
+                self.parse_errors += len(errors)
         for err in errors:
             self._bad_lines.warning(str(err), "mountstats: skipping malformed %s", err)
 
     def collect(self) -> NFSStats:
         """Every second: the READ, WRITE and COMMIT lines of each NFS mount, and the change of those that moved.
         The rest of the file waits for a consumer (NFSStats.mounts)."""
-        data = read_first(self.paths.host_process_file("mountstats"), "mountstats")
+        path, data = read_first_named(self.paths.host_process_file("mountstats"), "mountstats")
         last = self._last
         now: dict[tuple[str, str], tuple[bytes, OperationTimes]] = {}
         deltas: dict[str, dict[str, OpDelta]] = {}
-        for mountpoint, name, line, offset in self._lines.find(data):
+        found = self._lines.find(data)
+        self._check(path, data)
+        for mountpoint, name, line, offset in found:
             key = (mountpoint, name)
             before = last.get(key)
             if before is not None and before[0] == line:  # the same line: nothing happened
@@ -140,6 +150,17 @@ class NFSSource:
                 deltas.setdefault(mountpoint, {})[name] = delta
         self._last = now
         return NFSStats(self.clock(), _Tables(data, self._reader, self._reader_lock), deltas)
+
+    def _check(self, path: str, data: bytes) -> None:
+        """Raise UnusableInput when mountstats gave nothing to go by: every mount, NFS or not, has a ``device``
+        line (the root filesystem at least), so a file without one that parses is empty, garbage or a torn read.
+        Only then is the whole file parsed here, to count and name its bad lines."""
+        lines, bad = self._lines.device_lines, self._lines.bad_device_lines
+        if lines and bad < lines:
+            return
+        _, errors = parse_mountstats(data)
+        self._log_bad_lines(errors)
+        require_parsed(path, "'device ... mounted on ... with fstype ...' line", 0, errors)
 
     def close(self) -> None:
         pass

@@ -117,6 +117,13 @@ class ProbeSource:
         self.config = config
         self.interval_seconds = config.interval_seconds
 
+    @property
+    def off_reason(self) -> str | None:
+        """Probes are opt-in: off until ``probes.classes`` or ``probes.mountpoints`` chooses something."""
+        if self.config.classes or self.config.mountpoints:
+            return None
+        return "no probes.classes or probes.mountpoints chosen"
+
     def collect(self) -> ProbeFacts:
         config = self.config
         targets = self.targets()

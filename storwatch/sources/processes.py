@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 
 from storwatch.paths import HostPaths
 from storwatch.procfs.cgroup import ContainerRef, container_of, parse_cgroup
+from storwatch.sources import OnceLog
 
 log = logging.getLogger(__name__)
 
@@ -23,17 +24,24 @@ class ProcessSource:
         self.pids = pids
         self.interval_seconds = interval_seconds
         self._known: dict[int, ContainerRef | None] = {}
+        self._bad_lines = OnceLog(log)
+        self.parse_errors = 0
+        """Lines of <pid>/cgroup files that could not be parsed (each file is read once per process)."""
 
     def configure(self, settings: object) -> None:
         self.interval_seconds = float(getattr(settings, "interval_seconds", self.interval_seconds))
 
     def container(self, pid: int) -> ContainerRef | None:
+        path = self.paths.proc(str(pid), "cgroup")
         try:
-            with open(self.paths.proc(str(pid), "cgroup"), "rb") as f:
+            with open(path, "rb") as f:
                 data = f.read()
         except OSError:
             return None  # exited, or not visible from here (no hostPID and no host /proc)
-        entries, _ = parse_cgroup(data)
+        entries, errors = parse_cgroup(data)
+        self.parse_errors += len(errors)
+        for err in errors:
+            self._bad_lines.warning(err.line, "%s: skipping malformed %s", path, err)
         return container_of(entries)
 
     def collect(self) -> dict[int, ContainerRef | None]:
