@@ -86,7 +86,8 @@ def write_config(path: Path, text: str) -> None:
 @pytest.fixture(scope="module")
 def default_agent() -> Iterator[tuple[AgentProcess, float, str]]:
     """An agent with no config; yields it, the seconds from Popen to the first full /metrics, and that body."""
-    with running_agent(*LISTEN) as agent:
+    # No cluster credentials, whatever the machine running the tests has: the kube collector is off.
+    with running_agent(*LISTEN, env={"KUBECONFIG": None, "KUBERNETES_SERVICE_HOST": None}) as agent:
 
         def full_scrape() -> str | None:
             resp = agent.fetch("/metrics")
@@ -109,13 +110,13 @@ def test_metrics_served_within_10s_of_start(default_agent: tuple[AgentProcess, f
         "mounts": 1.0,
         "diskstats": 1.0,
         "nfs": 1.0,
-        "checkpoints": 1.0,
         "gpu": nvml_up,  # a machine without NVML: the GPU collector fails, with the reason
         "processes": 1.0,
     }
-    # Off without a config choosing probes, or cluster credentials: neither succeeds nor fails.
+    # Off without a config choosing probes, cluster credentials, or anywhere to look for checkpoints (no
+    # checkpoints.roots, no kubelet here): neither succeeds nor fails.
     enabled = dict((labels["collector"], value) for labels, value in samples(body, "storwatch_collector_enabled"))
-    assert enabled == {**dict.fromkeys(success, 1.0), "probe": 0.0, "kube": 0.0}
+    assert enabled == {**dict.fromkeys(success, 1.0), "probe": 0.0, "kube": 0.0, "checkpoints": 0.0}
     roots = [labels for labels, value in samples(body, "storwatch_mount_info") if labels["mountpoint"] == "/"]
     assert len(roots) == 1, body
     # The root of any machine this suite runs on is a local disk (or a container's overlay): lost with the node.
@@ -545,8 +546,7 @@ def test_a_thousand_slow_clients_leave_fds_bounded_and_scrapes_answered(tmp_path
                 "mounts": 1.0,
                 "diskstats": 1.0,
                 "nfs": 1.0,
-                "checkpoints": 1.0,
-            }  # probe: off, with no probes chosen (no success series either way)
+            }  # probe and checkpoints: off, with no probes chosen and no roots (no success series either way)
             # The connection cap is 256 // 4 = 64; a few more fds are the scrapes of this test and files being read.
             assert most_fds <= fds_before + 64 + 8, (fds_before, most_fds)
             assert most_threads <= threads_before + 2, (threads_before, most_threads)

@@ -175,12 +175,12 @@ def test_a_mountinfo_line_with_an_escaped_nul_fails_only_itself(quiet_node: Agen
 
 def test_collectors_that_are_off_export_no_up_series_and_say_off(quiet_node: AgentProcess) -> None:
     metrics = scrape(quiet_node)
-    for name in ("kube", "gpu", "processes", "probe"):
+    for name in ("kube", "gpu", "processes", "probe", "checkpoints"):
         assert metrics[("storwatch_collector_enabled", name)] == 0, name
         assert ("storwatch_collector_success", name) not in metrics, name
     assert ("storwatch_kube_api_up", "") not in metrics  # no cluster here: nothing to page about
     assert ("storwatch_nvml_up", "") not in metrics
-    for name in ("mounts", "diskstats", "nfs", "checkpoints"):
+    for name in ("mounts", "diskstats", "nfs"):
         assert metrics[("storwatch_collector_enabled", name)] == 1, name
 
     status = collectors(quiet_node)
@@ -188,6 +188,9 @@ def test_collectors_that_are_off_export_no_up_series_and_say_off(quiet_node: Age
     assert status["kube"]["success"] is False and status["kube"]["error"] is None
     assert status["gpu"]["off_reason"] == "gpu.enabled is false in the configuration"
     assert status["probe"]["off_reason"] == "no probes.classes or probes.mountpoints chosen"
+    assert status["checkpoints"]["off_reason"] == (
+        "no checkpoints.roots configured and no kubelet pod volumes on this node"
+    )
     page = quiet_node.fetch("/status").body.decode()
     assert "kube: off (no in-cluster service account token and no kubeconfig" in page
     assert "kube: ok" not in page and "gpu: ok" not in page

@@ -293,6 +293,11 @@ class CheckpointSource:
 
     # -- collection
 
+    @property
+    def off_reason(self) -> str | None:
+        """Off where there is nowhere to look: no checkpoints.roots configured and no kubelet pod volumes."""
+        return None if self.roots else "no checkpoints.roots configured and no kubelet pod volumes on this node"
+
     def collect(self) -> CheckpointFacts:
         if not self.roots:
             return CheckpointFacts(self.clock(), (), False, None, 0.0, ())
