@@ -22,16 +22,17 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from storwatch.analysis.build import VerdictCache, build_view
 from storwatch.analysis.io import WindowFeeder
 from storwatch.analysis.latency import LatencyWindows
-from storwatch.analysis.view import VerdictCache, build_view
+from storwatch.analysis.view import View
 from storwatch.classify import Classifier, resolve_platform
 from storwatch.config import Config, ConfigError, load_config
 from storwatch.exporter import ConfigReloads, Exporter
 from storwatch.history import History
 from storwatch.kubevolumes import KubeVolumeEvidence
-from storwatch.model import CollectorStatus, Platform, Snapshot, View
 from storwatch.paths import HostPaths
+from storwatch.snapshot import Snapshot
 from storwatch.sources import Source
 from storwatch.sources.checkpoints import CheckpointSource, default_roots
 from storwatch.sources.diskio import DiskIOSource
@@ -41,6 +42,7 @@ from storwatch.sources.mounts import MountSource
 from storwatch.sources.nfs import NFSSource
 from storwatch.sources.probe import ProbeSource, ProbeTarget
 from storwatch.sources.processes import ProcessSource
+from storwatch.vocabulary import CollectorStatus, Platform
 from storwatch.web import NOT_CACHED, NotCached, StatusHTTPServer
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,7 @@ class _Served:
 
 @dataclass
 class _SourceState:
-    source: Source
+    source: Source[Any]
     facts: Any = None
     status: CollectorStatus | None = None
     last_error: str | None = None
@@ -135,7 +137,7 @@ class Agent:
         config_path: str | None = None,
         flags: ConfigTransform = lambda c: c,
         clock: Callable[[], float] = time.time,
-        sources: list[Source] | None = None,
+        sources: list[Source[Any]] | None = None,
         process_metrics: bool = True,
         server: StatusHTTPServer | None = None,
     ) -> None:
@@ -178,7 +180,7 @@ class Agent:
         classifier.add_provider(self._kube_evidence)
         return classifier
 
-    def _default_sources(self, config: Config) -> list[Source]:
+    def _default_sources(self, config: Config) -> list[Source[Any]]:
         paths = config.host_paths()
         return [
             MountSource(paths, config.mounts),

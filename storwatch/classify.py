@@ -7,21 +7,28 @@ its backing device. The strongest piece decides; all are kept so a person can se
 
 from __future__ import annotations
 
-import fnmatch
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from storwatch.model import Durability, Evidence, EvidenceSource, Mount, Platform, Verdict
 from storwatch.paths import DEFAULT_PROCFS, DEFAULT_SYSFS, HostPaths
+from storwatch.vocabulary import (
+    GENERIC,
+    GRADIENT,
+    PLATFORMS,
+    TOGETHER_K8S,
+    TOGETHER_SLURM,
+    Durability,
+    Evidence,
+    EvidenceSource,
+    Mount,
+    Override,
+    Platform,
+    Verdict,
+)
 
 EvidenceProvider = Callable[[Mount], "Evidence | None"]
 
-GENERIC = "generic"
-TOGETHER_K8S = "together-k8s"
-TOGETHER_SLURM = "together-slurm"
-GRADIENT = "gradient"
-PLATFORMS = (GENERIC, TOGETHER_K8S, TOGETHER_SLURM, GRADIENT)
 
 VOLATILE_FSTYPES = frozenset({"tmpfs", "ramfs"})
 # Shared filesystems served from other machines: data on them survives losing this node.
@@ -250,22 +257,6 @@ def platform_evidence(platform: str, mount: Mount) -> Evidence | None:
         if rule.matches(mount):
             return Evidence(EvidenceSource.PLATFORM, rule.durability, rule.reason)
     return None
-
-
-@dataclass(frozen=True)
-class Override:
-    """A config entry that pins a mount's class; ``mountpoint`` is an exact path or a glob."""
-
-    mountpoint: str
-    durability: Durability
-    reason: str = ""
-
-    def evidence(self, mount: Mount) -> Evidence | None:
-        mp = mount.mountpoint
-        if mp == self.mountpoint or fnmatch.fnmatchcase(mp, self.mountpoint):
-            why = self.reason or f"set by the configuration for {self.mountpoint}"
-            return Evidence(EvidenceSource.OVERRIDE, self.durability, why)
-        return None
 
 
 class Classifier:

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from storwatch import __version__
-from storwatch.classify import PLATFORMS
 from storwatch.config import Config, ConfigError, load_config, parse_listen
+from storwatch.vocabulary import PLATFORMS
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_NOTHING_VERIFIED = 0, 1, 2, 3
 
@@ -273,15 +273,16 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
     With ``sample_seconds`` > 0, diskstats and mountstats are read twice that far apart, so the View has the latency
     of that one interval (view_to_dict labels it ``sample``, not as the agent's minute and hour windows).
     """
+    from storwatch.analysis.build import build_view
     from storwatch.analysis.io import WindowFeeder
     from storwatch.analysis.latency import LatencyWindows
-    from storwatch.analysis.view import build_view
     from storwatch.classify import Classifier, resolve_platform
     from storwatch.kubevolumes import KubeVolumeEvidence
-    from storwatch.model import CollectorStatus, Snapshot
+    from storwatch.snapshot import Snapshot
     from storwatch.sources.diskio import DiskIOSource
     from storwatch.sources.mounts import MountSource
     from storwatch.sources.nfs import NFSSource
+    from storwatch.vocabulary import CollectorStatus
 
     log = logging.getLogger("storwatch")
     platform = resolve_platform(config.platform, config.host_paths())

@@ -22,9 +22,8 @@ from typing import Any, TypeVar, Union
 import yaml
 
 from storwatch.checkpoints.limits import DeepLimits, allowed_global_problem
-from storwatch.classify import PLATFORMS, Override
-from storwatch.model import Durability
 from storwatch.paths import DEFAULT_PROCFS, DEFAULT_ROOTFS, DEFAULT_SYSFS, HostPaths
+from storwatch.vocabulary import PLATFORMS, Durability, Override
 
 DEFAULT_LISTEN = ":9477"
 

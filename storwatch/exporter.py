@@ -15,12 +15,13 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from storwatch import __version__
+from storwatch.analysis.view import View
 from storwatch.config import ALL_NFS_OPERATIONS, DEFAULT_NFS_OPERATIONS
-from storwatch.model import Durability, View
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount, NFSOperation
 from storwatch.sources.mounts import display_path
 from storwatch.sources.probe import BUCKETS
+from storwatch.vocabulary import Durability
 
 EMPTY_VIEW_TIMESTAMP = 0.0
 

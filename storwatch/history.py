@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from storwatch.model import Snapshot
+from storwatch.snapshot import Snapshot
 
 
 class History:

@@ -11,7 +11,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from storwatch.model import Durability, Evidence, EvidenceSource, Mount
+from storwatch.sources import FactsKey
+from storwatch.vocabulary import Durability, Evidence, EvidenceSource, Mount
 
 # Volume kinds, as the pod spec names the volume source (emptyDir with medium Memory is its own kind: it is tmpfs).
 EMPTY_DIR = "emptyDir"
@@ -359,6 +360,10 @@ class KubeFacts:
 
     def pod_for_uid(self, uid: str) -> PodInfo | None:
         return self.cluster.pod_for_uid(uid)
+
+
+KUBE: FactsKey[KubeFacts] = FactsKey("kube")
+"""The Kubernetes source's facts in a Snapshot."""
 
 
 def _driver_durability(driver: str) -> tuple[Durability, str] | None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from storwatch.analysis.latency import WindowStats
+from storwatch.analysis.view import MountView, View
 from storwatch.classify import is_pseudo_mount
 from storwatch.kubevolumes import ClusterObjects, volume_ref
-from storwatch.model import FsUsage, Mount, MountView, View
 from storwatch.sources.mounts import display_path
+from storwatch.vocabulary import FsUsage, Mount
 
 GPU_OFF = "GPU source off"
 """The NVML error of a View without GPU facts (gpu.enabled: false)."""

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from storwatch.analysis.view import View
 from storwatch.classify import KERNEL_INTERFACE_DIRS
 from storwatch.config import ConfigError, TLSConfig, parse_listen
-from storwatch.model import View
 from storwatch.paths import OWN_SOMAXCONN
 from storwatch.report import (
     human_bytes,

@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from storwatch.agent import Agent  # noqa: E402
 from storwatch.config import parse_config  # noqa: E402
-from storwatch.model import CollectorStatus  # noqa: E402
 from storwatch.report import view_to_dict  # noqa: E402
+from storwatch.vocabulary import CollectorStatus  # noqa: E402
 from storwatch.web import render_status_page  # noqa: E402
 
 LIFETIME_TICKS = 3

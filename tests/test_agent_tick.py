@@ -13,8 +13,9 @@ import pytest
 
 import storwatch.agent as agent_module
 from storwatch.agent import Agent
+from storwatch.analysis.view import View
 from storwatch.config import Config
-from storwatch.model import Mount, View
+from storwatch.vocabulary import Mount
 from storwatch.web import StatusHTTPServer
 from tests.test_classify import mount
 

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import storwatch.agent as agent_module
 from storwatch.agent import GPU_OFF_REASON, KNOWN_COLLECTORS, Agent
 from storwatch.config import Config, GPUConfig, KubeConfig
-from storwatch.model import CollectorStatus, Mount
+from storwatch.vocabulary import CollectorStatus, Mount
 from tests.agentproc import wait_until
 from tests.test_classify import mount
 

@@ -19,8 +19,9 @@ import pytest
 from storwatch.blocking import CallOutcome
 from storwatch.config import MountsConfig
 from storwatch.paths import HostPaths
-from storwatch.sources.blockdev import BlockDevice, BlockDevices, MountDevice
+from storwatch.sources.blockdev import BlockDevice, BlockDevices
 from storwatch.sources.mounts import MountSource
+from storwatch.vocabulary import MountDevice
 from tests.realmounts import find_mount, loop_ext4_mount
 
 GPU_NODE = Path(__file__).parent / "fixtures" / "gpu-node"

@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
-from storwatch.analysis.view import build_view
+from storwatch.analysis.build import build_view
 from storwatch.classify import Classifier
 from storwatch.exporter import Exporter
-from storwatch.model import FsUsage, Mount, Platform, Snapshot
 from storwatch.paths import HostPaths
+from storwatch.snapshot import Snapshot
 from storwatch.sources.checkpoints import EVENT_LOG, CheckpointSource, default_roots
+from storwatch.vocabulary import FsUsage, Mount, Platform
 
 
 class Clock:

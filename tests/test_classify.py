@@ -8,20 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from storwatch.classify import (
+from storwatch.classify import Classifier, detect_platform
+from storwatch.config import MountsConfig
+from storwatch.paths import HostPaths
+from storwatch.procfs.mountinfo import MountInfo
+from storwatch.sources.mounts import PSEUDO_FSTYPES, MountSource
+from storwatch.vocabulary import (
     GENERIC,
     GRADIENT,
     TOGETHER_K8S,
     TOGETHER_SLURM,
-    Classifier,
+    Durability,
+    Evidence,
+    EvidenceSource,
+    Mount,
     Override,
-    detect_platform,
+    Verdict,
 )
-from storwatch.config import MountsConfig
-from storwatch.model import Durability, Evidence, EvidenceSource, Mount, Verdict
-from storwatch.paths import HostPaths
-from storwatch.procfs.mountinfo import MountInfo
-from storwatch.sources.mounts import PSEUDO_FSTYPES, MountSource
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GPU_NODE_PROC = FIXTURES / "gpu-node" / "proc"

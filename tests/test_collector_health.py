@@ -198,21 +198,25 @@ def test_collectors_that_are_off_export_no_up_series_and_say_off(quiet_node: Age
 
 
 def test_status_page_says_ok_failed_or_off_and_escapes_what_the_input_said() -> None:
-    from storwatch.model import CollectorStatus, Platform, View
+    from storwatch.analysis.view import View
     from storwatch.report import view_to_dict
+    from storwatch.snapshot import Snapshot
+    from storwatch.vocabulary import CollectorStatus, Platform
     from storwatch.web import render_status_page
 
     # A bad line is quoted in the error, and a mount path (under a tenant's control) can hold markup.
     bad = "/proc/1/mountinfo: no mount could be parsed, 1 malformed; the first: line 1: '<img src=x onerror=alert(1)>'"
     view = View(
-        timestamp=1.0,
+        Snapshot(
+            timestamp=1.0,
+            collectors=(
+                CollectorStatus("mounts", False, 0.01, None, bad, parse_errors=1),
+                CollectorStatus("diskstats", True, 0.001, 1.0, parse_errors=0),
+                CollectorStatus("kube", False, 0.0, None, off_reason="kube.enabled is false in the configuration"),
+            ),
+        ),
         platform=Platform("generic", "config"),
         mounts=(),
-        collectors=(
-            CollectorStatus("mounts", False, 0.01, None, bad, parse_errors=1),
-            CollectorStatus("diskstats", True, 0.001, 1.0, parse_errors=0),
-            CollectorStatus("kube", False, 0.0, None, off_reason="kube.enabled is false in the configuration"),
-        ),
     )
     data = view_to_dict(view)
     assert [(c["name"], c["state"], c["enabled"], c["parse_errors"]) for c in data["collectors"]] == [

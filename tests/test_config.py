@@ -14,7 +14,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from storwatch.agent import Agent
-from storwatch.classify import Override
 from storwatch.config import (
     RANGE,
     Config,
@@ -26,7 +25,7 @@ from storwatch.config import (
     load_config,
     parse_config,
 )
-from storwatch.model import Durability, Mount
+from storwatch.vocabulary import Durability, Mount, Override
 
 
 def write(tmp_path: Path, text: str, name: str = "storwatch.yaml") -> str:

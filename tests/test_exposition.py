@@ -21,11 +21,13 @@ from prometheus_client.core import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from storwatch.analysis.view import View
 from storwatch.config import DEFAULT_NFS_OPERATIONS
 from storwatch.exporter import Exporter, TextFamily, render_text
-from storwatch.model import Platform, View
 from storwatch.procfs.mountstats import MountStatsReader
+from storwatch.snapshot import Snapshot
 from storwatch.sources.nfs import NFSStats
+from storwatch.vocabulary import Platform
 from tests.test_golden import render_scrape
 
 MOUNTSTATS = Path(__file__).parent / "fixtures" / "mountstats"
@@ -120,7 +122,7 @@ def _nfs_view(reader: MountStatsReader, data: bytes, timestamp: float) -> View:
     mounts, errors = reader.read(data)
     assert errors == []
     nfs = NFSStats(timestamp, {m.mountpoint: m for m in mounts}, {})
-    return View(timestamp, Platform("generic", "test"), (), (), nfs=nfs)
+    return View(Snapshot(timestamp, nfs=nfs), Platform("generic", "test"))
 
 
 def test_nfs_lines_kept_between_renders_are_the_lines_a_fresh_render_writes() -> None:

@@ -22,19 +22,20 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from storwatch.analysis.build import build_view
 from storwatch.analysis.io import WindowFeeder
 from storwatch.analysis.latency import LatencyWindows
-from storwatch.analysis.view import build_view
 from storwatch.blocking import CallOutcome
 from storwatch.classify import Classifier
 from storwatch.config import DiskIOConfig, MountsConfig, NFSConfig
 from storwatch.exporter import Exporter
-from storwatch.model import CollectorStatus, Platform, Snapshot
 from storwatch.paths import HostPaths
+from storwatch.snapshot import Snapshot
 from storwatch.sources.diskio import DiskIOSource
 from storwatch.sources.mounts import MountSource
 from storwatch.sources.nfs import NFSSource
 from storwatch.sources.probe import Histogram, ProbeResult
+from storwatch.vocabulary import CollectorStatus, Platform
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GPU_NODE = FIXTURES / "gpu-node"

@@ -8,8 +8,8 @@ from pathlib import Path
 from bench.io_sources import BUSY, make_tree, write_tick  # the benchmark's busy node, small
 from storwatch.config import DiskIOConfig, NFSConfig
 from storwatch.history import History
-from storwatch.model import Snapshot
 from storwatch.paths import HostPaths
+from storwatch.snapshot import Snapshot
 from storwatch.sources.diskio import DiskIOSource
 from storwatch.sources.nfs import NFSSource
 

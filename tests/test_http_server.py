@@ -22,8 +22,8 @@ import pytest
 
 import storwatch.web as web
 from storwatch.agent import Agent
+from storwatch.analysis.view import View
 from storwatch.config import Config
-from storwatch.model import View
 from storwatch.paths import OWN_SOMAXCONN
 from storwatch.web import NOT_CACHED, ServerLimits, StatusHTTPServer, accepts_gzip, listen_backlog, parse_head
 from tests.agentproc import wait_until

@@ -18,13 +18,13 @@ from storwatch.analysis.latency import (
     MountLatency,
     WindowStats,
 )
-from storwatch.model import CollectorStatus, Mount, Snapshot
 from storwatch.procfs.diskstats import DiskStats, diskstats_delta, parse_line
 from storwatch.procfs.mountstats import NFSMount, parse_mountstats
-from storwatch.sources.blockdev import MountDevice
+from storwatch.snapshot import Snapshot
 from storwatch.sources.diskio import DiskIO
 from storwatch.sources.nfs import NFSStats, OpDelta
 from storwatch.sources.probe import ProbeResult
+from storwatch.vocabulary import CollectorStatus, Mount, MountDevice
 
 GPU_NODE = Path(__file__).parent / "fixtures" / "gpu-node"
 PVC = (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from storwatch.classify import GENERIC, Classifier
+from storwatch.classify import Classifier
 from storwatch.kubevolumes import (
     ClusterObjects,
     KubeFacts,
@@ -24,9 +24,9 @@ from storwatch.kubevolumes import (
     volume_evidence,
     volume_ref,
 )
-from storwatch.model import Durability, EvidenceSource, Mount
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.sources.kube import KubeSource, parse_time, pod_info
+from storwatch.vocabulary import GENERIC, Durability, EvidenceSource, Mount
 from tests.kubeapi import (
     LOADER_UID,
     NODE,

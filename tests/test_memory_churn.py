@@ -45,9 +45,9 @@ def test_rss_after_10000_mount_cycles_within_10_percent_of_after_100(tmp_path: P
 
 def test_probe_histograms_of_unmounted_volumes_go_with_them(tmp_path: Path) -> None:
     from storwatch.config import ProbesConfig
-    from storwatch.model import Durability
     from storwatch.paths import HostPaths
     from storwatch.sources.probe import ProbeSource, ProbeTarget
+    from storwatch.vocabulary import Durability
 
     for name in ("a", "b"):
         (tmp_path / name).mkdir()

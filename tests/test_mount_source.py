@@ -11,10 +11,10 @@ import pytest
 
 from storwatch.blocking import BlockingCalls, CallOutcome
 from storwatch.config import MountsConfig
-from storwatch.model import FsUsage
 from storwatch.paths import HostPaths
 from storwatch.sources import UnusableInput
 from storwatch.sources.mounts import MountSource
+from storwatch.vocabulary import FsUsage
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MALFORMED_PROC = FIXTURES / "malformed" / "proc"

@@ -20,9 +20,9 @@ import pytest
 from storwatch._blocking_worker import probe_file_name
 from storwatch.blocking import BlockingCalls
 from storwatch.config import ProbesConfig
-from storwatch.model import Durability
 from storwatch.paths import HostPaths
 from storwatch.sources.probe import ProbeResult, ProbeSource, ProbeTarget
+from storwatch.vocabulary import Durability
 from tests.agentproc import running_agent
 from tests.realmounts import tmpfs_mount
 

@@ -11,16 +11,18 @@ from typing import Any
 
 import pytest
 
-from storwatch.analysis.view import build_view
+from storwatch.analysis.build import build_view
+from storwatch.analysis.view import View
 from storwatch.classify import Classifier
 from storwatch.kubevolumes import ClusterObjects, KubeFacts, KubeVolumeEvidence
-from storwatch.model import FsUsage, Platform, Snapshot, View
 from storwatch.paths import HostPaths
 from storwatch.report import view_to_dict
+from storwatch.snapshot import Snapshot
 from storwatch.sources.checkpoints import CheckpointFacts
 from storwatch.sources.gpu import GPUFacts
 from storwatch.sources.kube import pod_info, pv_info, pvc_info, storage_class_info
 from storwatch.sources.mounts import PSEUDO_FSTYPES
+from storwatch.vocabulary import FsUsage, Platform
 from storwatch.web import render_status_page
 from tests.kubeapi import PV_NFS, TRAINER_UID, k8s_node_objects
 from tests.test_kube import fixture_mounts

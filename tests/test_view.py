@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from storwatch.analysis.view import VerdictCache, build_view
+from storwatch.analysis.build import VerdictCache, build_view
 from storwatch.classify import Classifier
 from storwatch.kubevolumes import KubeFacts
-from storwatch.model import Mount, Platform, Snapshot, Verdict
+from storwatch.snapshot import Snapshot
+from storwatch.vocabulary import Mount, Platform, Verdict
 from tests.test_classify import mount
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from storwatch.model import MountView, RunView
+from storwatch.analysis.view import MountView, RunView
 from storwatch.paths import HostPaths
 from storwatch.sources.checkpoints import CheckpointFacts
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 from storwatch.analysis.latency import LatencyWindows, MountLatency
-from storwatch.model import Mount, MountIO, Snapshot
+from storwatch.analysis.view import MountIO
+from storwatch.snapshot import Snapshot
 from storwatch.sources.nfs import OpDelta
+from storwatch.vocabulary import Mount
 
 # NFS procedures that stand for a mount's reads, writes and fsyncs (COMMIT makes unstable writes durable).
 NFS_OPS = {"read": "READ", "write": "WRITE", "fsync": "COMMIT"}

@@ -1,74 +1,112 @@
-"""Build the View from a Snapshot: each mount gets its durability verdict and its I/O."""
+"""The View: what every consumer (exporter, report, web, cli, policy) reads. It holds the tick's Snapshot and adds
+what analysis derived from it: each mount's durability verdict and I/O, each checkpoint run with the mount it is on.
+analysis/build.py makes it."""
 
 from __future__ import annotations
 
-from storwatch.analysis.checkpoints import run_views
-from storwatch.analysis.io import mount_io
-from storwatch.analysis.latency import LatencyWindows
-from storwatch.classify import Classifier
-from storwatch.model import Mount, MountView, Platform, Snapshot, Verdict, View
-from storwatch.paths import HostPaths
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from storwatch.procfs.cgroup import ContainerRef
+from storwatch.procfs.diskstats import DiskStats
+from storwatch.procfs.mountstats import NFSMount
+from storwatch.snapshot import Snapshot
+from storwatch.vocabulary import CollectorStatus, Mount, Platform, Verdict
+
+if TYPE_CHECKING:
+    from storwatch.analysis.latency import LatencySummary
+    from storwatch.kubevolumes import KubeFacts
+    from storwatch.sources.checkpoints import CheckpointFacts, RunState
+    from storwatch.sources.diskio import DiskIO
+    from storwatch.sources.gpu import GPUFacts
+    from storwatch.sources.nfs import NFSStats
+    from storwatch.sources.probe import ProbeResult
 
 
-def host_path(paths: HostPaths, local: str) -> str:
-    """A path as this process reaches it (under ``--path.rootfs``) as the host names it."""
-    rootfs = paths.rootfs.rstrip("/")
-    if rootfs and (local == rootfs or local.startswith(rootfs + "/")):
-        return local[len(rootfs) :] or "/"
-    return local
+@dataclass(frozen=True)
+class MountIO:
+    """A mount's I/O, joined from the block device under it, its NFS statistics and its probe."""
+
+    device: str | None = None
+    """The block device whose counters are the mount's (shared by every mount on that device)."""
+    counters: DiskStats | None = None
+    nfs: NFSMount | None = None
+    probe: ProbeResult | None = None
+    latency: Mapping[str, LatencySummary] = field(default_factory=dict)
+    """Windows by operation: read, write, fsync (from diskstats or NFS) and probe_write, probe_fsync, probe_read
+    (summarised when first read: analysis.latency.MountLatency)."""
 
 
-class VerdictCache:
-    """Verdicts kept from one View to the next while nothing they depend on changed: the same Mount objects (the mount
-    source makes new ones when it reads the mounts again), the same classifier and the same Kubernetes facts (from
-    which the volume evidence comes). Classifying a hundred mounts every tick was most of the tick's cost."""
+@dataclass(frozen=True)
+class MountView:
+    mount: Mount
+    verdict: Verdict
+    io: MountIO = field(default_factory=MountIO)
 
-    def __init__(self) -> None:
-        self._basis: tuple[Classifier, object] | None = None
-        self._verdicts: dict[int, tuple[Mount, Verdict]] = {}
-
-    def verdicts(self, classifier: Classifier, snapshot: Snapshot) -> list[Verdict]:
-        basis = self._basis
-        kept = self._verdicts if basis is not None and basis[0] is classifier and basis[1] is snapshot.kube else {}
-        fresh: dict[int, tuple[Mount, Verdict]] = {}
-        out = []
-        for m in snapshot.mounts:
-            hit = kept.get(id(m))
-            verdict = hit[1] if hit is not None and hit[0] is m else classifier.classify(m)
-            fresh[id(m)] = (m, verdict)  # holding the mount keeps its id from being reused while it is a key
-            out.append(verdict)
-        self._basis, self._verdicts = (classifier, snapshot.kube), fresh
-        return out
+    @property
+    def stuck(self) -> bool:
+        """statvfs or the probe has not returned within its deadline."""
+        return self.mount.stuck or bool(self.io.probe and self.io.probe.stuck)
 
 
-def build_view(
-    snapshot: Snapshot,
-    classifier: Classifier,
-    platform: Platform,
-    ready: bool = True,
-    windows: LatencyWindows | None = None,
-    paths: HostPaths | None = None,
-    verdicts: VerdictCache | None = None,
-) -> View:
-    found = (verdicts or VerdictCache()).verdicts(classifier, snapshot)
-    mounts = tuple(
-        MountView(m, verdict, mount_io(m, snapshot, windows)) for m, verdict in zip(snapshot.mounts, found, strict=True)
-    )
-    paths = paths or HostPaths()
-    checkpoints = run_views(snapshot.checkpoints, mounts, paths)
-    facts = snapshot.checkpoints
-    return View(
-        timestamp=snapshot.timestamp,
-        platform=platform,
-        mounts=mounts,
-        collectors=snapshot.collectors,
-        disks=snapshot.disks,
-        nfs=snapshot.nfs,
-        gpus=snapshot.gpus,
-        containers=snapshot.containers,
-        checkpoints=checkpoints,
-        checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
-        kube=snapshot.kube,
-        ready=ready,
-        checkpoint_scan=snapshot.checkpoints,
-    )
+@dataclass(frozen=True)
+class RunView:
+    """A checkpoint run joined with the mount it is on."""
+
+    run: RunState
+    label: str
+    """A short, stable name for the run: its path below the scan root."""
+    mount: MountView | None
+    """The mount holding the run's directory (its durability is the checkpoints')."""
+
+
+@dataclass(frozen=True)
+class View:
+    """One tick's Snapshot and what analysis made of it."""
+
+    snapshot: Snapshot
+    platform: Platform
+    mounts: tuple[MountView, ...] = ()
+    """Every mount with its verdict and I/O, in the mount table's order."""
+    checkpoints: tuple[RunView, ...] = ()
+    """Checkpoint runs with their mounts, newest first, bounded (analysis/checkpoints.py)."""
+    checkpoint_roots: tuple[str, ...] | None = None
+    """The host directories the checkpoint scan searches, as the host names them; None before it first reports."""
+    ready: bool = True
+    """Every source has reported at least once."""
+
+    # -- the snapshot's facts, as consumers read them
+
+    @property
+    def timestamp(self) -> float:
+        return self.snapshot.timestamp
+
+    @property
+    def collectors(self) -> tuple[CollectorStatus, ...]:
+        return self.snapshot.collectors
+
+    @property
+    def disks(self) -> DiskIO | None:
+        return self.snapshot.disks
+
+    @property
+    def nfs(self) -> NFSStats | None:
+        return self.snapshot.nfs
+
+    @property
+    def gpus(self) -> GPUFacts | None:
+        return self.snapshot.gpus
+
+    @property
+    def containers(self) -> Mapping[int, ContainerRef | None]:
+        return self.snapshot.containers
+
+    @property
+    def kube(self) -> KubeFacts | None:
+        return self.snapshot.kube
+
+    @property
+    def checkpoint_scan(self) -> CheckpointFacts | None:
+        """The checkpoint source's facts beyond the runs: stuck roots, check errors."""
+        return self.snapshot.checkpoints

@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from storwatch.procfs import LineError
 
+F = TypeVar("F")
+F_co = TypeVar("F_co", covariant=True)
 
-class Source(Protocol):
+
+@dataclass(frozen=True, eq=False)
+class FactsKey(Generic[F]):
+    """Names one source's facts in a Snapshot, with their type: ``snapshot.get(DISKIO)`` is a ``DiskIO | None``.
+
+    Declared once, beside the source and its facts type; the registry (storwatch/registry.py) puts the facts of the
+    source it declares under it. Compared by identity: two keys of one name would be a bug the registry refuses."""
+
+    name: str
+    """The facts' name in a Snapshot (``snapshot.facts``); for the core sources also a Snapshot attribute."""
+    for_history: Callable[[F], F] | None = None
+    """What History keeps of these facts, when not all of them (the newest snapshot alone needs the full tables)."""
+
+
+class Source(Protocol[F_co]):
     """What the agent runs on its own worker, every ``interval_seconds``.
 
     How a source tells the agent about its health (each optional; the agent reads them with ``getattr``):
@@ -28,7 +45,7 @@ class Source(Protocol):
     """The collector name in ``storwatch_collector_*{collector=...}``."""
     interval_seconds: float
 
-    def collect(self) -> Any:
+    def collect(self) -> F_co:
         """Return this source's facts, or raise to mark the collection failed."""
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from storwatch.paths import HostPaths
+from storwatch.vocabulary import MountDevice
 
 
 @dataclass(frozen=True)
@@ -29,20 +30,6 @@ class BlockDevice:
     """For a loop device: the file it reads and writes, as the kernel names it."""
     dm_name: str | None = None
     """For a device-mapper device: its name under /dev/mapper."""
-
-
-@dataclass(frozen=True)
-class MountDevice:
-    """How a mount reaches storage."""
-
-    device: str
-    """The block device the filesystem is on (its own line in /proc/diskstats)."""
-    physical: tuple[str, ...]
-    """The devices at the bottom of the stack: whole disks, or loop devices."""
-    backing_file: str | None = None
-    """Set when the stack ends in a loop device: the file behind it."""
-    partition: bool = False
-    """The device is a partition: the kernel counts flush requests on the whole disk only, never here."""
 
 
 def _read(path: str) -> str | None:

@@ -35,6 +35,7 @@ from storwatch.checkpoints.formats import CheckResult
 from storwatch.checkpoints.limits import DeepLimits
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
+from storwatch.sources import FactsKey
 from storwatch.training import EVENT_LOG_NAME as EVENT_LOG
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,10 @@ class CheckpointFacts:
     """Checks that raised since the agent started, by kind (each of CHECK_ERROR_REASONS, zeros included)."""
     failure: str | None = None
     """Why this collection is a failure of the source: a stuck unit, or one whose scan could not run."""
+
+
+CHECKPOINTS: FactsKey[CheckpointFacts] = FactsKey("checkpoints")
+"""The checkpoint source's facts in a Snapshot."""
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from storwatch.config import DiskIOConfig
 from storwatch.paths import HostPaths
 from storwatch.procfs.diskstats import DiskStats, DiskStatsDelta, diskstats_delta, parse_diskstats
-from storwatch.sources import OnceLog, read_first_named, require_parsed
+from storwatch.sources import FactsKey, OnceLog, read_first_named, require_parsed
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,15 @@ class DiskIO:
     """Every device's counters since boot, by kernel name."""
     deltas: Mapping[str, DiskStatsDelta]
     """Each device's activity since the previous read (worked out when first asked for); empty on the first read."""
+
+
+def _diskio_for_history(facts: DiskIO) -> DiskIO:
+    # The deltas keep the two reads they come from; the counters themselves only the newest snapshot needs.
+    return dataclasses.replace(facts, counters={})
+
+
+DISKIO: FactsKey[DiskIO] = FactsKey("disks", _diskio_for_history)
+"""The diskstats source's facts in a Snapshot."""
 
 
 class Deltas(Mapping[str, DiskStatsDelta]):

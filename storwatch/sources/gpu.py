@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from storwatch.sources import OnceLog
+from storwatch.sources import FactsKey, OnceLog
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +199,10 @@ class GPUFacts:
 
 
 # -- the NVML side: used only on the worker thread
+
+
+GPUS: FactsKey[GPUFacts] = FactsKey("gpus")
+"""The GPU source's facts in a Snapshot."""
 
 
 class _NVMLFailure(Exception):

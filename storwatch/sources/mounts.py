@@ -7,11 +7,11 @@ import os
 
 from storwatch.blocking import BlockingCalls
 from storwatch.config import MountsConfig
-from storwatch.model import FsUsage, Mount
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import MountInfo, parse_mountinfo
-from storwatch.sources import OnceLog, read_first_named, require_parsed
+from storwatch.sources import FactsKey, OnceLog, read_first_named, require_parsed
 from storwatch.sources.blockdev import BlockDevices
+from storwatch.vocabulary import FsUsage, Mount
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,10 @@ class MountFacts(tuple[Mount, ...]):
         self = super().__new__(cls, mounts)
         self.failure = failure
         return self
+
+
+MOUNTS: FactsKey[MountFacts] = FactsKey("mounts")
+"""The mount source's facts in a Snapshot."""
 
 
 class MountSource:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -22,7 +23,7 @@ from storwatch.procfs.mountstats import (
     parse_mountstats,
     parse_operation_times,
 )
-from storwatch.sources import OnceLog, read_first_named, require_parsed
+from storwatch.sources import FactsKey, OnceLog, read_first_named, require_parsed
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,15 @@ class NFSStats:
     looked at (a scrape, the status page), not every second; each table is parsed when first used."""
     deltas: dict[str, dict[str, OpDelta]]
     """Per mountpoint and operation in DELTA_OPERATIONS, the change since the previous read (those with requests)."""
+
+
+def _nfs_for_history(facts: NFSStats) -> NFSStats:
+    # Every mount's per-op table only the newest snapshot needs; History keeps the deltas.
+    return dataclasses.replace(facts, mounts={})
+
+
+NFS: FactsKey[NFSStats] = FactsKey("nfs", _nfs_for_history)
+"""The NFS source's facts in a Snapshot."""
 
 
 class _Tables(Mapping[str, NFSMount]):

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from storwatch.blocking import BlockingCalls
 from storwatch.config import ProbesConfig
-from storwatch.model import Durability
 from storwatch.paths import HostPaths
+from storwatch.sources import FactsKey
+from storwatch.vocabulary import Durability
 
 PROBE_OPS = ("write", "fsync", "read")
 # Latency buckets from a local NVMe fsync (~100 us) to a struggling network filesystem (seconds).
@@ -84,6 +85,10 @@ class ProbeFacts(tuple[ProbeResult, ...]):
         self = super().__new__(cls, results)
         self.failure = failure
         return self
+
+
+PROBES: FactsKey[ProbeFacts] = FactsKey("probes")
+"""The probe source's facts in a Snapshot."""
 
 
 def selected(config: ProbesConfig, target: ProbeTarget) -> bool:

@@ -11,9 +11,12 @@ from collections.abc import Callable, Iterable
 
 from storwatch.paths import HostPaths
 from storwatch.procfs.cgroup import ContainerRef, container_of, parse_cgroup
-from storwatch.sources import OnceLog
+from storwatch.sources import FactsKey, OnceLog
 
 log = logging.getLogger(__name__)
+
+CONTAINERS: FactsKey[dict[int, ContainerRef | None]] = FactsKey("containers")
+"""The process source's facts in a Snapshot: each GPU process's container and pod, where it runs in one."""
 
 
 class ProcessSource:

@@ -1,0 +1,69 @@
+"""Build the View from a Snapshot: each mount gets its durability verdict and its I/O, each checkpoint run its mount."""
+
+from __future__ import annotations
+
+from storwatch.analysis.checkpoints import run_views
+from storwatch.analysis.io import mount_io
+from storwatch.analysis.latency import LatencyWindows
+from storwatch.analysis.view import MountView, View
+from storwatch.classify import Classifier
+from storwatch.paths import HostPaths
+from storwatch.snapshot import Snapshot
+from storwatch.vocabulary import Mount, Platform, Verdict
+
+
+def host_path(paths: HostPaths, local: str) -> str:
+    """A path as this process reaches it (under ``--path.rootfs``) as the host names it."""
+    rootfs = paths.rootfs.rstrip("/")
+    if rootfs and (local == rootfs or local.startswith(rootfs + "/")):
+        return local[len(rootfs) :] or "/"
+    return local
+
+
+class VerdictCache:
+    """Verdicts kept from one View to the next while nothing they depend on changed: the same Mount objects (the mount
+    source makes new ones when it reads the mounts again), the same classifier and the same Kubernetes facts (from
+    which the volume evidence comes). Classifying a hundred mounts every tick was most of the tick's cost."""
+
+    def __init__(self) -> None:
+        self._basis: tuple[Classifier, object] | None = None
+        self._verdicts: dict[int, tuple[Mount, Verdict]] = {}
+
+    def verdicts(self, classifier: Classifier, snapshot: Snapshot) -> list[Verdict]:
+        basis = self._basis
+        kept = self._verdicts if basis is not None and basis[0] is classifier and basis[1] is snapshot.kube else {}
+        fresh: dict[int, tuple[Mount, Verdict]] = {}
+        out = []
+        for m in snapshot.mounts:
+            hit = kept.get(id(m))
+            verdict = hit[1] if hit is not None and hit[0] is m else classifier.classify(m)
+            fresh[id(m)] = (m, verdict)  # holding the mount keeps its id from being reused while it is a key
+            out.append(verdict)
+        self._basis, self._verdicts = (classifier, snapshot.kube), fresh
+        return out
+
+
+def build_view(
+    snapshot: Snapshot,
+    classifier: Classifier,
+    platform: Platform,
+    ready: bool = True,
+    windows: LatencyWindows | None = None,
+    paths: HostPaths | None = None,
+    verdicts: VerdictCache | None = None,
+) -> View:
+    found = (verdicts or VerdictCache()).verdicts(classifier, snapshot)
+    mounts = tuple(
+        MountView(m, verdict, mount_io(m, snapshot, windows)) for m, verdict in zip(snapshot.mounts, found, strict=True)
+    )
+    paths = paths or HostPaths()
+    checkpoints = run_views(snapshot.checkpoints, mounts, paths)
+    facts = snapshot.checkpoints
+    return View(
+        snapshot=snapshot,
+        platform=platform,
+        mounts=mounts,
+        checkpoints=checkpoints,
+        checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
+        ready=ready,
+    )

@@ -1,0 +1,164 @@
+"""The vocabulary every layer speaks: durability classes, evidence and verdicts, a mount and its usage, a platform,
+a collector's status. It imports nothing of storwatch, so any module may import it.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+from dataclasses import dataclass
+
+GENERIC = "generic"
+TOGETHER_K8S = "together-k8s"
+TOGETHER_SLURM = "together-slurm"
+GRADIENT = "gradient"
+PLATFORMS = (GENERIC, TOGETHER_K8S, TOGETHER_SLURM, GRADIENT)
+"""The platform presets (classify.py holds what each knows)."""
+
+
+class Durability(str, enum.Enum):
+    """How long data on a mount survives (DESIGN.md, "Durability classes")."""
+
+    VOLATILE = "volatile"
+    """Nothing: a reboot or pod restart loses it."""
+    NODE = "node"
+    """Pod restarts on the same node; lost with the node."""
+    CLUSTER = "cluster"
+    """Node loss."""
+    REGION = "region"
+    """Cluster loss."""
+
+    @property
+    def ephemeral(self) -> bool:
+        return self in (Durability.VOLATILE, Durability.NODE)
+
+
+class EvidenceSource(enum.IntEnum):
+    """Where a piece of durability evidence comes from; a larger value is stronger evidence."""
+
+    DEVICE = 10
+    FILESYSTEM = 20
+    PLATFORM = 30
+    KUBERNETES = 40
+    OVERRIDE = 50
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    source: EvidenceSource
+    durability: Durability
+    reason: str
+    """A sentence a person can read, saying what was seen and what it means for the data."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    durability: Durability
+    reason: str
+    evidence: tuple[Evidence, ...]
+    """Every piece of evidence seen, strongest first; the first decided the verdict."""
+
+
+@dataclass(frozen=True)
+class FsUsage:
+    """statvfs(2) of a mount, in bytes and inodes."""
+
+    size_bytes: int
+    free_bytes: int
+    avail_bytes: int
+    files: int
+    files_free: int
+
+
+@dataclass(frozen=True)
+class MountDevice:
+    """How a mount reaches storage."""
+
+    device: str
+    """The block device the filesystem is on (its own line in /proc/diskstats)."""
+    physical: tuple[str, ...]
+    """The devices at the bottom of the stack: whole disks, or loop devices."""
+    backing_file: str | None = None
+    """Set when the stack ends in a loop device: the file behind it."""
+    partition: bool = False
+    """The device is a partition: the kernel counts flush requests on the whole disk only, never here."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One mount as the mount source saw it."""
+
+    mount_id: int
+    mountpoint: str
+    device: str
+    fstype: str
+    root: str
+    major: int
+    minor: int
+    readonly: bool
+    options: tuple[str, ...]
+    super_options: tuple[str, ...]
+    usage: FsUsage | None
+    """None while statvfs has not answered yet, is stuck, or failed."""
+    stuck: bool
+    """A statvfs on this mount has not returned within its deadline and is still in flight."""
+    stuck_seconds: float
+    usage_error: str | None = None
+    block: MountDevice | None = None
+    """The block device under the filesystem and what it is built on; None for network and memory filesystems."""
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    """How one source's last collection went, or that it is off."""
+
+    name: str
+    success: bool
+    """The last collection read and parsed its input (always False while off)."""
+    duration_seconds: float
+    last_success_timestamp: float | None
+    error: str | None = None
+    """Why the last collection failed."""
+    off_reason: str | None = None
+    """Why the source is off (disabled in the config, nothing to watch on this node); None while it runs."""
+    parse_errors: int | None = None
+    """Lines of its input it could not parse since the agent started; None for a source that parses no lines."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.off_reason is None
+
+    @property
+    def state(self) -> str:
+        """``ok``, ``failed`` or ``off``, as /status and /api/status say it."""
+        if self.off_reason is not None:
+            return "off"
+        return "ok" if self.success else "failed"
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str
+    """generic, together-k8s, together-slurm or gradient."""
+    detected_by: str
+    """Why this platform: "config", "flag", or the evidence auto-detection saw."""
+
+
+@dataclass(frozen=True)
+class Override:
+    """A config entry that pins a mount's class; ``mountpoint`` is an exact path or a glob."""
+
+    mountpoint: str
+    durability: Durability
+    reason: str = ""
+
+    def evidence(self, mount: Mount) -> Evidence | None:
+        mp = mount.mountpoint
+        if mp == self.mountpoint or fnmatch.fnmatchcase(mp, self.mountpoint):
+            why = self.reason or f"set by the configuration for {self.mountpoint}"
+            return Evidence(EvidenceSource.OVERRIDE, self.durability, why)
+        return None
