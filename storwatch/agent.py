@@ -26,11 +26,11 @@ from storwatch.analysis.build import VerdictCache, build_view
 from storwatch.analysis.io import WindowFeeder
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.view import View
+from storwatch.checkpoints.limits import DeepLimits
 from storwatch.classify import Classifier, resolve_platform
 from storwatch.config import Config, ConfigError, load_config
 from storwatch.exporter import ConfigReloads, Exporter
 from storwatch.history import History
-from storwatch.kubevolumes import KubeVolumeEvidence
 from storwatch.paths import HostPaths
 from storwatch.snapshot import Snapshot
 from storwatch.sources import Source
@@ -38,6 +38,7 @@ from storwatch.sources.checkpoints import CheckpointSource, default_roots
 from storwatch.sources.diskio import DiskIOSource
 from storwatch.sources.gpu import GPUSource
 from storwatch.sources.kube import KubeSource
+from storwatch.sources.kubevolumes import KubeVolumeEvidence
 from storwatch.sources.mounts import MountSource
 from storwatch.sources.nfs import NFSSource
 from storwatch.sources.probe import ProbeSource, ProbeTarget
@@ -200,7 +201,7 @@ class Agent:
                 stuck_paths=self._stuck_mount_paths,
                 timeout_seconds=config.checkpoints.timeout_seconds,
                 deep_timeout_seconds=config.checkpoints.deep_timeout_seconds,
-                limits=config.checkpoints.deep_limits(),
+                limits=DeepLimits.from_config(config.checkpoints),
             ),
             *((KubeSource(config.kube.interval_seconds, clock=self.clock),) if config.kube.enabled else ()),
             *(

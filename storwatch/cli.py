@@ -124,7 +124,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if missing:
         print(f"storwatch verify: no such file or directory: {', '.join(missing)}", file=sys.stderr)
         return EXIT_USAGE
-    limits = load_config(args.config).checkpoints.deep_limits()
+    from storwatch.checkpoints.limits import DeepLimits
+
+    limits = DeepLimits.from_config(load_config(args.config).checkpoints)
     # Names from disk may hold bytes that are not UTF-8 (kept as surrogates): printed escaped, never an exception.
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
@@ -277,9 +279,9 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
     from storwatch.analysis.io import WindowFeeder
     from storwatch.analysis.latency import LatencyWindows
     from storwatch.classify import Classifier, resolve_platform
-    from storwatch.kubevolumes import KubeVolumeEvidence
     from storwatch.snapshot import Snapshot
     from storwatch.sources.diskio import DiskIOSource
+    from storwatch.sources.kubevolumes import KubeVolumeEvidence
     from storwatch.sources.mounts import MountSource
     from storwatch.sources.nfs import NFSSource
     from storwatch.vocabulary import CollectorStatus

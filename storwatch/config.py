@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Iterator
@@ -21,9 +22,24 @@ from typing import Any, TypeVar, Union
 
 import yaml
 
-from storwatch.checkpoints.limits import DeepLimits, allowed_global_problem
 from storwatch.paths import DEFAULT_PROCFS, DEFAULT_ROOTFS, DEFAULT_SYSFS, HostPaths
 from storwatch.vocabulary import PLATFORMS, Durability, Override
+
+_GLOBAL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\.([A-Za-z_][A-Za-z0-9_]*|\*)")
+NEVER_ALLOWED_MODULES = frozenset(
+    ("builtins", "os", "posix", "nt", "sys", "subprocess", "importlib", "runpy", "pickle")
+)
+"""Modules no checkpoints.allowed_globals entry may name: they hold the classic payload functions."""
+
+
+def allowed_global_problem(name: str) -> str | None:
+    """What is wrong with an entry of checkpoints.allowed_globals, or None."""
+    if not _GLOBAL_NAME.fullmatch(name):
+        return f"{name!r} is not module.name or module.*"
+    if name.split(".", 1)[0] in NEVER_ALLOWED_MODULES:
+        return f"{name!r} is in a module that is never allowed ({', '.join(sorted(NEVER_ALLOWED_MODULES))})"
+    return None
+
 
 DEFAULT_LISTEN = ":9477"
 
@@ -198,25 +214,6 @@ class CheckpointsConfig:
     deep_torch_address_space_bytes: int = number(3 << 30, 256 << 20, 1 << 44)
     deep_torch_cpu_seconds: int = number(120, 1, 86400)
     deep_torch_wall_seconds: float = number(180.0, 1.0, 86400)
-
-    def deep_limits(self) -> DeepLimits:
-        """The bounds of every checkpoint check (see storwatch/checkpoints/limits.py)."""
-        return DeepLimits(
-            wall_seconds=self.deep_wall_seconds,
-            max_inflate_ratio=self.deep_max_inflate_ratio,
-            max_inflated_bytes=self.deep_max_inflated_bytes,
-            max_inflated_factor=self.deep_max_inflated_factor,
-            max_json_bytes=self.deep_max_json_bytes,
-            max_json_depth=self.deep_max_json_depth,
-            max_pickle_bytes=self.deep_max_pickle_bytes,
-            max_pickle_objects=self.deep_max_pickle_objects,
-            max_yaml_bytes=self.deep_max_yaml_bytes,
-            torch_load=self.deep_torch_load,
-            torch_address_space_bytes=self.deep_torch_address_space_bytes,
-            torch_cpu_seconds=self.deep_torch_cpu_seconds,
-            torch_wall_seconds=self.deep_torch_wall_seconds,
-            allowed_globals=self.allowed_globals,
-        )
 
     timeout_seconds: float = number(30.0, 0.1, 3600)
     """Deadline of one root's (or one mount's below a root) walk and cheap checks in the helper process; past it the

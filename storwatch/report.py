@@ -7,7 +7,7 @@ from typing import Any
 from storwatch.analysis.latency import WindowStats
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import is_pseudo_mount
-from storwatch.kubevolumes import ClusterObjects, volume_ref
+from storwatch.sources.kubevolumes import ClusterObjects, volume_ref
 from storwatch.sources.mounts import display_path
 from storwatch.vocabulary import FsUsage, Mount
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
-from storwatch.kubevolumes import KUBE, KubeFacts
 from storwatch.procfs.cgroup import ContainerRef
 from storwatch.sources import FactsKey
 from storwatch.sources.checkpoints import CHECKPOINTS, CheckpointFacts
 from storwatch.sources.diskio import DISKIO, DiskIO
 from storwatch.sources.gpu import GPUS, GPUFacts
+from storwatch.sources.kubevolumes import KUBE, KubeFacts
 from storwatch.sources.mounts import MOUNTS
 from storwatch.sources.nfs import NFS, NFSStats
 from storwatch.sources.probe import PROBES, ProbeResult

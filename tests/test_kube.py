@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from storwatch.classify import Classifier
-from storwatch.kubevolumes import (
+from storwatch.procfs.mountinfo import parse_mountinfo
+from storwatch.sources.kube import KubeSource, parse_time, pod_info
+from storwatch.sources.kubevolumes import (
     ClusterObjects,
     KubeFacts,
     KubeletVolumePath,
@@ -24,8 +26,6 @@ from storwatch.kubevolumes import (
     volume_evidence,
     volume_ref,
 )
-from storwatch.procfs.mountinfo import parse_mountinfo
-from storwatch.sources.kube import KubeSource, parse_time, pod_info
 from storwatch.vocabulary import GENERIC, Durability, EvidenceSource, Mount
 from tests.kubeapi import (
     LOADER_UID,
@@ -281,7 +281,7 @@ def test_volume_ref_from_the_kubelet_path_alone_while_the_api_is_away() -> None:
 def test_network_block_pvc_survives_node_loss() -> None:
     # The ephemeral volume's EBS disk would survive node loss as an ordinary PVC: only the ephemeral lifecycle
     # (deleted with its pod) makes it node-scoped.
-    from storwatch.kubevolumes import PVCInfo, PVInfo
+    from storwatch.sources.kubevolumes import PVCInfo, PVInfo
 
     pod = PodInfo(TRAINER_UID, "trainer-0", "train", NODE, volumes=(VolumeInfo("cache", "pvc", claim_name="c"),))
     cluster = ClusterObjects.of(

@@ -14,13 +14,13 @@ import pytest
 from storwatch.analysis.build import build_view
 from storwatch.analysis.view import View
 from storwatch.classify import Classifier
-from storwatch.kubevolumes import ClusterObjects, KubeFacts, KubeVolumeEvidence
 from storwatch.paths import HostPaths
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
 from storwatch.sources.checkpoints import CheckpointFacts
 from storwatch.sources.gpu import GPUFacts
 from storwatch.sources.kube import pod_info, pv_info, pvc_info, storage_class_info
+from storwatch.sources.kubevolumes import ClusterObjects, KubeFacts, KubeVolumeEvidence
 from storwatch.sources.mounts import PSEUDO_FSTYPES
 from storwatch.vocabulary import FsUsage, Platform
 from storwatch.web import render_status_page

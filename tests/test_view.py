@@ -6,8 +6,8 @@ import dataclasses
 
 from storwatch.analysis.build import VerdictCache, build_view
 from storwatch.classify import Classifier
-from storwatch.kubevolumes import KubeFacts
 from storwatch.snapshot import Snapshot
+from storwatch.sources.kubevolumes import KubeFacts
 from storwatch.vocabulary import Mount, Platform, Verdict
 from tests.test_classify import mount
 

@@ -16,10 +16,10 @@ from storwatch.vocabulary import CollectorStatus, Mount, Platform, Verdict
 
 if TYPE_CHECKING:
     from storwatch.analysis.latency import LatencySummary
-    from storwatch.kubevolumes import KubeFacts
     from storwatch.sources.checkpoints import CheckpointFacts, RunState
     from storwatch.sources.diskio import DiskIO
     from storwatch.sources.gpu import GPUFacts
+    from storwatch.sources.kubevolumes import KubeFacts
     from storwatch.sources.nfs import NFSStats
     from storwatch.sources.probe import ProbeResult
 

@@ -7,9 +7,12 @@ defaults are safe for an agent in a 256 MiB memory limit reading hostile files.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from storwatch.config import CheckpointsConfig
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -51,6 +54,26 @@ class DeepLimits:
     """Extra ``module.name`` globals a torch.save pickle may reference (as torch's add_safe_globals); ``module.*``
     allows a whole module. They are never imported or called: each stands for an inert record."""
 
+    @classmethod
+    def from_config(cls, section: CheckpointsConfig) -> DeepLimits:
+        """The bounds the ``checkpoints:`` section of the configuration sets."""
+        return cls(
+            wall_seconds=section.deep_wall_seconds,
+            max_inflate_ratio=section.deep_max_inflate_ratio,
+            max_inflated_bytes=section.deep_max_inflated_bytes,
+            max_inflated_factor=section.deep_max_inflated_factor,
+            max_json_bytes=section.deep_max_json_bytes,
+            max_json_depth=section.deep_max_json_depth,
+            max_pickle_bytes=section.deep_max_pickle_bytes,
+            max_pickle_objects=section.deep_max_pickle_objects,
+            max_yaml_bytes=section.deep_max_yaml_bytes,
+            torch_load=section.deep_torch_load,
+            torch_address_space_bytes=section.deep_torch_address_space_bytes,
+            torch_cpu_seconds=section.deep_torch_cpu_seconds,
+            torch_wall_seconds=section.deep_torch_wall_seconds,
+            allowed_globals=section.allowed_globals,
+        )
+
     def deadline(self) -> Deadline:
         return Deadline(self.wall_seconds)
 
@@ -80,19 +103,3 @@ class Deadline:
                 f"stopped at the wall-time limit ({self.seconds:g} s, checkpoints.deep_wall_seconds): the check did "
                 "not finish, which says nothing against the checkpoint",
             )
-
-
-_GLOBAL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\.([A-Za-z_][A-Za-z0-9_]*|\*)")
-NEVER_ALLOWED_MODULES = frozenset(
-    ("builtins", "os", "posix", "nt", "sys", "subprocess", "importlib", "runpy", "pickle")
-)
-"""Modules no configured allow-list entry may name: they hold the classic payload functions."""
-
-
-def allowed_global_problem(name: str) -> str | None:
-    """What is wrong with an entry of checkpoints.allowed_globals, or None."""
-    if not _GLOBAL_NAME.fullmatch(name):
-        return f"{name!r} is not module.name or module.*"
-    if name.split(".", 1)[0] in NEVER_ALLOWED_MODULES:
-        return f"{name!r} is in a module that is never allowed ({', '.join(sorted(NEVER_ALLOWED_MODULES))})"
-    return None

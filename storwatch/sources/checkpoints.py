@@ -33,6 +33,7 @@ from storwatch._checkpoint_worker import command as worker_command
 from storwatch.blocking import BlockingCalls, CallOutcome
 from storwatch.checkpoints.formats import CheckResult
 from storwatch.checkpoints.limits import DeepLimits
+from storwatch.config import CheckpointsConfig
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.sources import FactsKey
@@ -277,9 +278,8 @@ class CheckpointSource:
         ):
             if hasattr(settings, name):
                 setattr(self, name, getattr(settings, name))
-        deep_limits = getattr(settings, "deep_limits", None)
-        if callable(deep_limits):
-            self.limits = deep_limits()
+        if isinstance(settings, CheckpointsConfig):
+            self.limits = DeepLimits.from_config(settings)
 
     # -- units
 

@@ -2,7 +2,7 @@
 
 The only module that imports ``kubernetes``. Watch threads keep a snapshot current; ``collect()`` returns it without
 touching the API, so a slow or absent API server never delays a tick. The snapshot types live in
-``storwatch.kubevolumes`` so every other module reads them without the client installed.
+``storwatch.sources.kubevolumes`` so every other module reads them without the client installed.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from storwatch.kubevolumes import (
+from storwatch.sources.kubevolumes import (
     CONFIG_MAP,
     DOWNWARD_API,
     EMPTY_DIR,
