@@ -26,23 +26,15 @@ from storwatch.analysis.build import VerdictCache, build_view
 from storwatch.analysis.io import WindowFeeder
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.view import View
-from storwatch.checkpoints.limits import DeepLimits
 from storwatch.classify import Classifier, resolve_platform
-from storwatch.config import Config, ConfigError, load_config
+from storwatch.config import Config, ConfigError, GPUConfig
 from storwatch.exporter import ConfigReloads, Exporter
 from storwatch.history import History
 from storwatch.paths import HostPaths
-from storwatch.snapshot import Snapshot
-from storwatch.sources import Source
-from storwatch.sources.checkpoints import CheckpointSource, default_roots
-from storwatch.sources.diskio import DiskIOSource
-from storwatch.sources.gpu import GPUSource
-from storwatch.sources.kube import KubeSource
+from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, load_config
+from storwatch.snapshot import CORE_KEYS, Snapshot
+from storwatch.sources import FactsKey, Source
 from storwatch.sources.kubevolumes import KubeVolumeEvidence
-from storwatch.sources.mounts import MountSource
-from storwatch.sources.nfs import NFSSource
-from storwatch.sources.probe import ProbeSource, ProbeTarget
-from storwatch.sources.processes import ProcessSource
 from storwatch.vocabulary import CollectorStatus, Platform
 from storwatch.web import NOT_CACHED, NotCached, StatusHTTPServer
 
@@ -51,8 +43,9 @@ log = logging.getLogger(__name__)
 ConfigTransform = Callable[[Config], Config]
 # How long the first View waits for every source's first report before going out without the slow ones.
 STARTUP_GRACE_SECONDS = 5.0
-KNOWN_COLLECTORS = ("mounts", "diskstats", "nfs", "probe", "gpu", "processes", "checkpoints", "kube")
-"""Every collector the agent knows: each is reported (``storwatch_collector_enabled``), running or off."""
+KNOWN_COLLECTORS = tuple(spec.name for spec in SOURCES)
+"""Every collector the agent knows (the registry's sources): each is reported (``storwatch_collector_enabled``),
+running or off."""
 FALLBACK_INTERVAL_SECONDS = 10.0
 """How often a worker runs its source when the source's interval_seconds cannot be waited (NaN, infinite, not above
 0; the config refuses these, a source may still hold one), and after an error of the worker loop itself."""
@@ -60,21 +53,11 @@ STALLED_MIN_SECONDS = 300.0
 STALLED_INTERVALS = 10
 """A collect() in flight longer than the larger of STALLED_MIN_SECONDS and STALLED_INTERVALS intervals is reported
 as a failure: sources keep their own deadlines, so only a bug or a hang they did not foresee gets there."""
-GPU_OFF_REASON = "gpu.enabled is false in the configuration"
+GPU_OFF_REASON = BY_NAME["gpu"].off_reason(GPUConfig(enabled=False))
+"""Why the GPU and process collectors are off when ``gpu.enabled`` is false."""
 # How long stop() waits for the agent's threads, all together (each sleeps on the stop event, so they end at once
 # unless one is inside a collect(), which no hung mount can hold: those calls run in the helper process).
 STOP_JOIN_SECONDS = 2.0
-# Which config section each source takes on reload.
-_CONFIG_SECTION = {
-    "mounts": "mounts",
-    "diskstats": "diskio",
-    "nfs": "nfs",
-    "probe": "probes",
-    "gpu": "gpu",
-    "processes": "gpu",
-    "checkpoints": "checkpoints",
-    "kube": "kube",
-}
 
 
 @dataclass(frozen=True)
@@ -101,6 +84,10 @@ class _Served:
 @dataclass
 class _SourceState:
     source: Source[Any]
+    key: FactsKey[Any]
+    """Where its facts go in the Snapshot."""
+    spec: SourceSpec[Any, Any] | None = None
+    """Its declaration in the registry (None for a source given to the Agent directly, as tests do)."""
     facts: Any = None
     status: CollectorStatus | None = None
     last_error: str | None = None
@@ -110,6 +97,13 @@ class _SourceState:
     """time.monotonic() when the collect() in flight started; None between collections."""
     paused: bool = False
     """Switched off by a reload (gpu.enabled: false releases the NVIDIA driver); its worker idles."""
+
+
+def _given(source: Source[Any]) -> _SourceState:
+    """A source handed to the Agent directly (tests, tools): it files its facts where the registry's source of its
+    name would, and is configured on reload like it."""
+    spec = BY_NAME.get(source.name)
+    return _SourceState(source, spec.facts if spec is not None else FactsKey(source.name), spec)
 
 
 def _describe(err: BaseException) -> str:
@@ -160,9 +154,10 @@ class Agent:
         self.windows = LatencyWindows()
         self._feeder = WindowFeeder(self.windows)
         self._verdicts = VerdictCache()
-        if sources is None:
-            sources = self._default_sources(config)
-        self._sources = [_SourceState(s) for s in sources]
+        self._history_keys = (*CORE_KEYS, *(spec.facts for spec in SOURCES if spec.facts not in CORE_KEYS))
+        self._context = SourceContext(config.host_paths(), clock, self.latest, self.current_view)
+        """What the registry's factories are given (facts and View are read when a source asks)."""
+        self._sources = self._made_sources(config) if sources is None else [_given(s) for s in sources]
         self._lock = threading.Lock()
         self._view_lock = threading.Lock()
         """Held while a View or its exposition is made, so two consumers asking at once make it once."""
@@ -181,67 +176,21 @@ class Agent:
         classifier.add_provider(self._kube_evidence)
         return classifier
 
-    def _default_sources(self, config: Config) -> list[Source[Any]]:
-        paths = config.host_paths()
-        return [
-            MountSource(paths, config.mounts),
-            DiskIOSource(paths, config.diskio, self.clock),
-            NFSSource(paths, config.nfs, self.clock),
-            ProbeSource(paths, config.probes, self._probe_targets, self.clock),
-            CheckpointSource(
-                default_roots(paths, config.checkpoints.roots, config.checkpoints.kubelet),
-                interval_seconds=config.checkpoints.interval_seconds,
-                settle_seconds=config.checkpoints.settle_seconds,
-                deep_per_scan=config.checkpoints.deep_per_scan,
-                deep_max_bytes=config.checkpoints.deep_max_bytes,
-                clock=self.clock,
-                max_entries=config.checkpoints.max_entries,
-                max_depth=config.checkpoints.max_depth,
-                max_seconds=config.checkpoints.max_seconds,
-                stuck_paths=self._stuck_mount_paths,
-                timeout_seconds=config.checkpoints.timeout_seconds,
-                deep_timeout_seconds=config.checkpoints.deep_timeout_seconds,
-                limits=DeepLimits.from_config(config.checkpoints),
-            ),
-            *((KubeSource(config.kube.interval_seconds, clock=self.clock),) if config.kube.enabled else ()),
-            *(
-                (
-                    self._gpu_source(config),
-                    ProcessSource(paths, self._gpu_pids, config.gpu.interval_seconds),
-                )
-                if config.gpu.enabled
-                else ()
-            ),
-        ]
+    def _made_sources(self, config: Config) -> list[_SourceState]:
+        """Every source the registry declares that its section leaves on; the others are reported off."""
+        made = []
+        for spec in SOURCES:
+            section = spec.section_of(config)
+            if spec.off_reason(section) is None:
+                made.append(_SourceState(spec.make(self._context, section), spec.facts, spec))
+        return made
 
-    def _stuck_mount_paths(self) -> list[str]:
+    def latest(self, key: FactsKey[Any] | str) -> Any:
+        """A running source's newest facts, by its FactsKey or collector name (None before it reports)."""
         with self._lock:
-            mounts = self._facts("mounts") or ()
-        paths = self.config.host_paths()
-        return [paths.root(m.mountpoint) for m in mounts if m.stuck]
-
-    def _gpu_pids(self) -> list[int]:
-        with self._lock:
-            facts = self._facts("gpu")
-        if facts is None:
-            return []
-        return sorted({p.pid for g in facts.gpus for p in g.processes})
-
-    def _probe_targets(self) -> list[ProbeTarget]:
-        view = self.view
-        if view is None:
-            return []
-        # A mount whose statvfs is stuck would only strand one more call: leave it until it answers.
-        return [
-            ProbeTarget(mv.mount.mountpoint, mv.verdict.durability, mv.mount.readonly)
-            for mv in view.mounts
-            if not mv.mount.stuck
-        ]
-
-    def _facts(self, name: str) -> Any:
-        for st in self._sources:
-            if st.source.name == name:
-                return st.facts
+            for st in self._sources:
+                if st.key is key or st.source.name == key:
+                    return st.facts
         return None
 
     # -- what consumers read
@@ -322,7 +271,7 @@ class Agent:
         """Run the source once and record its status; the seconds to wait before the next run."""
         if st.paused:
             if st.status is None or st.status.off_reason is None:
-                self._record(st, st.source.name, None, 0.0, st.off_reason or GPU_OFF_REASON, None)
+                self._record(st, st.source.name, None, 0.0, st.off_reason or "switched off by a reload", None)
             return 1.0
         src = st.source  # a reload may have replaced it
         interval, interval_error = _usable_interval(getattr(src, "interval_seconds", None))
@@ -423,35 +372,31 @@ class Agent:
             if status is not None:
                 out.append(status)
         running = {st.source.name for st in self._sources}
-        for name in KNOWN_COLLECTORS:
-            if name not in running:
-                out.append(CollectorStatus(name, False, 0.0, None, off_reason=self._absent_reason(name)))
+        for spec in SOURCES:
+            if spec.name not in running:
+                out.append(CollectorStatus(spec.name, False, 0.0, None, off_reason=self._absent_reason(spec)))
         return tuple(out)
 
-    def _absent_reason(self, name: str) -> str:
-        section = {"gpu": "gpu", "processes": "gpu", "kube": "kube"}.get(name)
-        if section is None:
+    def _absent_reason(self, spec: SourceSpec[Any, Any]) -> str:
+        off = spec.off_reason(spec.section_of(self.config))
+        if off is not None:
+            return off
+        if spec.switch is None:
             return "not started by this agent"
-        if not getattr(self.config, section).enabled:
-            return GPU_OFF_REASON if section == "gpu" else "kube.enabled is false in the configuration"
         # Sources are made at start: a reload that turns one on finds none to resume.
-        return f"{section}.enabled was false when the agent started; turning it on takes a restart"
+        return f"{spec.section}.{spec.switch} was false when the agent started; turning it on takes a restart"
 
     def snapshot(self) -> Snapshot:
         with self._lock:
             collectors = self.collector_statuses()
-            return Snapshot(
-                timestamp=self.clock(),
-                mounts=self._facts("mounts") or (),
-                collectors=collectors,
-                disks=self._facts("diskstats"),
-                nfs=self._facts("nfs"),
-                probes=self._facts("probe") or (),
-                gpus=self._facts("gpu"),
-                containers=self._facts("processes") or {},
-                checkpoints=self._facts("checkpoints"),
-                kube=self._facts("kube"),
-            )
+            facts = {st.key.name: st.facts for st in self._sources if not st.paused}
+        return Snapshot(self.clock(), collectors=collectors, facts=facts)
+
+    def collect_now(self) -> None:
+        """Run every running source once, on this thread, and record each as its worker would (tools and tests that
+        drive the agent tick by tick, without its threads)."""
+        for st in list(self._sources):
+            self._collect_once(st)
 
     def tick(self) -> View:
         """Advance one tick and return its View (made now)."""
@@ -464,7 +409,7 @@ class Agent:
         """One tick: build one Snapshot, keep it in History and feed the latency windows; the View follows when a
         consumer asks for it."""
         snap = self.snapshot()
-        self.history.append(snap.for_history())
+        self.history.append(snap.for_history(self._history_keys))
         self._feeder.feed(snap)
         self._feeder.forget(snap)  # the windows of unmounted pod volumes, which would otherwise stay for ever
         if snap.kube is not None:
@@ -531,6 +476,11 @@ class Agent:
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
 
+    def apply_config(self, new: Config) -> None:
+        """Put ``new`` in force as a reload would (validated already; ``listen``, ``tls`` and ``paths`` stay)."""
+        platform = resolve_platform(new.platform, new.host_paths())
+        self._apply(new, platform, self._classifier(platform.name, new))
+
     def reload(self) -> bool:
         """Re-read the configuration file and apply it. On any problem, reading, checking or applying it, the last
         good configuration stays in force, the error is logged as ``FILE:LINE: FIELD: message`` (``FILE: message``
@@ -574,11 +524,13 @@ class Agent:
             self.platform, self.classifier = platform, classifier
             self.history.resize(new.history_size)
             for st in self._sources:
-                section = getattr(new, _CONFIG_SECTION.get(st.source.name, ""), None)
+                if st.spec is None:
+                    continue
+                section = st.spec.section_of(new)
                 configure = getattr(st.source, "configure", None)
-                if section is not None and configure is not None:
+                if configure is not None:
                     configure(section)
-            self._switch_gpu(new)
+                self._switch(st, st.spec.off_reason(section), section)
         with self._view_lock:  # not while a render is using the old set
             self.exporter.configure(new.nfs.operations)
 
@@ -588,28 +540,19 @@ class Agent:
         self._dirty.set()  # a tick, so the next scrape shows the count
         return False
 
-    def _gpu_source(self, config: Config) -> GPUSource:
-        gpu = config.gpu
-        return GPUSource(gpu.interval_seconds, gpu.call_timeout_seconds, self.clock, gpu.samples_interval_seconds)
-
-    def _switch_gpu(self, new: Config) -> None:
-        """gpu.enabled false on reload: shut NVML down so the driver can be unloaded (upgrades); true: start again."""
-        for st in self._sources:
-            if st.source.name == "gpu" and st.paused == new.gpu.enabled:
-                if new.gpu.enabled:
-                    st.source = self._gpu_source(new)
-                    st.paused = False
-                    log.info("GPU source enabled again")
-                else:
-                    st.paused = True
-                    st.source.close()
-                    st.facts = None
-                    st.status = CollectorStatus(st.source.name, False, 0.0, st.last_success, None, GPU_OFF_REASON)
-                    log.info("GPU source disabled: NVML shut down, the NVIDIA driver is no longer held")
-            elif st.source.name == "processes":
-                st.paused = not new.gpu.enabled
-                if st.paused:
-                    st.status = CollectorStatus(st.source.name, False, 0.0, st.last_success, None, GPU_OFF_REASON)
+    def _switch(self, st: _SourceState, off: str | None, section: Any) -> None:
+        """Switched off by a reload: closed (the GPU source shuts NVML down, so the NVIDIA driver can be unloaded for
+        an upgrade), its facts dropped, reported off. Switched on again: made anew. Called with the lock held."""
+        assert st.spec is not None
+        if off is not None and not st.paused:
+            st.paused, st.off_reason, st.facts = True, off, None
+            st.source.close()
+            st.status = CollectorStatus(st.source.name, False, 0.0, st.last_success, None, off)
+            log.info("collector %s switched off: %s", st.source.name, off)
+        elif off is None and st.paused:
+            st.source = st.spec.make(self._context, section)
+            st.paused, st.off_reason = False, None
+            log.info("collector %s switched on again", st.source.name)
 
     def run_until_signalled(self, exiting: bool = False) -> None:
         """Serve until SIGTERM or SIGINT; SIGHUP reloads. Must be called from the main thread.

@@ -283,6 +283,12 @@ class BlockingCalls:
             self._fail_all(f"helper process unreachable: {err}")
         return left
 
+    @property
+    def helper_pid(self) -> int | None:
+        """The helper process's PID while one runs (its threads are the bound this module keeps)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
     def in_flight(self) -> int:
         with self._lock:
             return len(self._pending)

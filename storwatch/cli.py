@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from storwatch import __version__
-from storwatch.config import Config, ConfigError, load_config, parse_listen
-from storwatch.vocabulary import PLATFORMS
+from storwatch.config import Config, ConfigError, parse_listen
+from storwatch.registry import load_config
+from storwatch.vocabulary import PLATFORMS, CollectorStatus
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_NOTHING_VERIFIED = 0, 1, 2, 3
 
@@ -265,124 +266,78 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-KUBE_SCAN_WAIT_SECONDS = 5.0
-"""How long ``scan`` waits for the Kubernetes API to list what the mapping needs."""
-
-
 def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> Any:
-    """Collect every source once, synchronously, and build the View.
+    """Collect every source the registry lets `scan` collect, once and synchronously, and build the View.
 
-    With ``sample_seconds`` > 0, diskstats and mountstats are read twice that far apart, so the View has the latency
-    of that one interval (view_to_dict labels it ``sample``, not as the agent's minute and hour windows).
+    With ``sample_seconds`` > 0 the sampled sources (diskstats, NFS) are read twice that far apart, so the View has
+    the latency of that one interval (view_to_dict labels it ``sample``, not as the agent's minute and hour windows).
     """
     from storwatch.analysis.build import build_view
     from storwatch.analysis.io import WindowFeeder
     from storwatch.analysis.latency import LatencyWindows
     from storwatch.classify import Classifier, resolve_platform
+    from storwatch.registry import SOURCES, SourceContext
     from storwatch.snapshot import Snapshot
-    from storwatch.sources.diskio import DiskIOSource
     from storwatch.sources.kubevolumes import KubeVolumeEvidence
-    from storwatch.sources.mounts import MountSource
-    from storwatch.sources.nfs import NFSSource
-    from storwatch.vocabulary import CollectorStatus
 
     log = logging.getLogger("storwatch")
+    config = dataclasses.replace(config, mounts=dataclasses.replace(config.mounts, statvfs_timeout_seconds=timeout))
     platform = resolve_platform(config.platform, config.host_paths())
     paths = config.host_paths()
-    mounts_cfg = dataclasses.replace(config.mounts, statvfs_timeout_seconds=timeout)
-    source = MountSource(paths, mounts_cfg)
-    started = time.monotonic()
-    try:
-        mounts = source.collect()
-        # A mount left unmeasured (a limit of the statvfs pool) fails the collection as it does in the agent.
-        failure = getattr(mounts, "failure", None)
-        status = CollectorStatus(
-            source.name, failure is None, time.monotonic() - started, time.time() if failure is None else None, failure
-        )
-    except OSError as err:
-        log.error("%s", err)
-        mounts = ()
-        status = CollectorStatus(source.name, False, time.monotonic() - started, None, str(err))
-    finally:
-        source.close()
-    disks = nfs = None
-    windows: LatencyWindows | None = None
-    if sample_seconds > 0:
-        disk_source, nfs_source = DiskIOSource(paths, config.diskio), NFSSource(paths, config.nfs)
+    facts: dict[str, Any] = {}
+    statuses = []
+    ctx = SourceContext(paths, time.time, lambda key: facts.get(key.name), lambda: None)
+    sampled = [spec for spec in SOURCES if spec.scan == "sampled"] if sample_seconds > 0 else []
+    first: dict[str, Any] = {}
+    for spec in sampled:  # the first reads of the sampled sources, the second after the interval below
+        section = spec.section_of(config)
+        if spec.off_reason(section) is None:
+            first[spec.name] = spec.make(ctx, section)
+            _collect(first[spec.name], log)
+    if sampled:
+        time.sleep(sample_seconds)
+    for spec in SOURCES:
+        section = spec.section_of(config)
+        if spec.off_reason(section) is not None or spec.scan == "never" or (spec.scan == "sampled" and not sampled):
+            continue
+        started = time.monotonic()
         try:
-            disk_source.collect()
-            nfs_source.collect()
-            time.sleep(sample_seconds)
-            disks, nfs = disk_source.collect(), nfs_source.collect()
-        except OSError as err:
+            if spec.scan_once is not None:
+                value = spec.scan_once(ctx, section)
+            else:
+                source = first.get(spec.name) or spec.make(ctx, section)
+                try:
+                    value = source.collect()
+                finally:
+                    source.close()
+        except OSError as err:  # an unreadable or unusable kernel file: said, and the rest of the scan goes on
             log.error("%s", err)
+            statuses.append(CollectorStatus(spec.name, False, time.monotonic() - started, None, str(err)))
+            continue
+        facts[spec.facts.name] = value
+        # Facts that answer and still say they failed (a mount the statvfs pool left unmeasured, NVML not up) fail
+        # the collection, as in the agent.
+        failure = getattr(value, "failure", None)
+        ok = failure is None
+        statuses.append(
+            CollectorStatus(spec.name, ok, time.monotonic() - started, time.time() if ok else None, failure)
+        )
+    snap = Snapshot(time.time(), collectors=tuple(statuses), facts=facts)
+    windows: LatencyWindows | None = None
+    if sampled:
         windows = LatencyWindows(capacity=4)
-    gpus, containers = None, dict[int, Any]()
-    if config.gpu.enabled:
-        gpus, containers = _scan_gpus(config)
-    kube = _scan_kube(config) if config.kube.enabled else None
-    snap = Snapshot(
-        timestamp=time.time(),
-        mounts=mounts,
-        collectors=(status,),
-        disks=disks,
-        nfs=nfs,
-        gpus=gpus,
-        containers=containers,
-        kube=kube,
-    )
-    if windows is not None:
         WindowFeeder(windows).feed(snap)
     classifier = Classifier(platform.name, config.overrides())
-    if kube is not None:
-        classifier.add_provider(KubeVolumeEvidence(kube))
+    if snap.kube is not None:
+        classifier.add_provider(KubeVolumeEvidence(snap.kube))
     return build_view(snap, classifier, platform, windows=windows, paths=paths)
 
 
-def _scan_gpus(config: Config) -> tuple[Any, dict[int, Any]]:
-    from storwatch.sources.gpu import GPUSource
-    from storwatch.sources.processes import ProcessSource
-
-    # The GPU source logs for an agent that retries NVML with backoff; a one-shot scan never retries, and prints
-    # what NVML said in its own output instead (keep the log when debugging).
-    gpu_log = logging.getLogger("storwatch.sources.gpu")
-    level = gpu_log.level
-    if not gpu_log.isEnabledFor(logging.DEBUG):
-        gpu_log.setLevel(logging.ERROR)
-    gpu_source = GPUSource(call_timeout_seconds=min(config.gpu.call_timeout_seconds, 2.0))
+def _collect(source: Any, log: logging.Logger) -> None:
     try:
-        gpus = gpu_source.collect()
-    finally:
-        gpu_source.close()
-        gpu_log.setLevel(level)
-    if gpus.error and "; next try in " in gpus.error:
-        gpus = dataclasses.replace(gpus, error=gpus.error.split("; next try in ", 1)[0])
-    pids = [p.pid for g in gpus.gpus for p in g.processes]
-    return gpus, ProcessSource(config.host_paths(), lambda: pids).collect()
-
-
-def _scan_kube(config: Config) -> Any:
-    """This node's pods and the storage objects behind them, listed once (None where no cluster is configured)."""
-    from storwatch.sources.kube import KubeSource
-
-    source = KubeSource(config.kube.interval_seconds)
-    if not source.enabled:
-        return None
-    try:
-        source.start()
-        deadline = time.monotonic() + KUBE_SCAN_WAIT_SECONDS
-        while not source.api_up and time.monotonic() < deadline:
-            time.sleep(0.05)
-        facts = source.collect()
-        if not facts.api_up:
-            logging.getLogger("storwatch").warning(
-                "the Kubernetes API did not answer within %.0f s (%s): mounts are shown without their pods",
-                KUBE_SCAN_WAIT_SECONDS,
-                facts.last_error or "no answer",
-            )
-        return facts
-    finally:
-        source.close()
+        source.collect()
+    except OSError as err:
+        log.error("%s", err)
 
 
 def format_table(data: dict[str, Any], width: int) -> str:

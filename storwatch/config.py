@@ -16,7 +16,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
@@ -247,6 +247,9 @@ class Config:
     gpu: GPUConfig = field(default_factory=GPUConfig)
     checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
     kube: KubeConfig = field(default_factory=KubeConfig)
+    extra_sections: Mapping[str, Any] = field(default_factory=dict)
+    """The sections of sources that declare their own section type (storwatch/registry.py), by name: the loader
+    accepts them only when told their types (``parse_config(..., sections=...)``). Not a key of the file itself."""
 
     def host_paths(self) -> HostPaths:
         return HostPaths(self.paths.procfs, self.paths.sysfs, self.paths.rootfs)
@@ -261,6 +264,8 @@ class Config:
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             problems.append(f"log_level: {self.log_level!r} is not one of debug, info, warning, error")
         problems.extend(_range_problems(self))
+        for name, section in self.extra_sections.items():
+            problems.extend(_range_problems(section, f"{name}."))
         for name in self.nfs.operations:
             if name != ALL_NFS_OPERATIONS and not (name.isascii() and name.replace("_", "").isalnum()):
                 problems.append(f"nfs.operations: {name!r} is not a procedure name (READ, GETATTR...) or '*'")
@@ -319,8 +324,16 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _build(tp: Any, node: yaml.Node, where: str, field_path: str, lines: dict[str, int]) -> Any:
-    """Turn a YAML node into a value of type ``tp``, or raise ConfigError naming the line and field."""
+def _build(
+    tp: Any,
+    node: yaml.Node,
+    where: str,
+    field_path: str,
+    lines: dict[str, int],
+    sections: Mapping[str, type] | None = None,
+) -> Any:
+    """Turn a YAML node into a value of type ``tp``, or raise ConfigError naming the line and field. ``sections``:
+    the top level's sections beyond Config's fields (going to ``extra_sections``)."""
     line = node.start_mark.line + 1
     lines[field_path] = line
 
@@ -339,7 +352,9 @@ def _build(tp: Any, node: yaml.Node, where: str, field_path: str, lines: dict[st
         if not isinstance(node, yaml.MappingNode):
             raise fail("expected a mapping of fields")
         hints = typing.get_type_hints(tp)
-        known = {f.name: f for f in dataclasses.fields(tp)}
+        known = {f.name: f for f in dataclasses.fields(tp) if f.name != "extra_sections"}
+        if sections:
+            hints = {**hints, **sections}
         values: dict[str, Any] = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):  # "? [a, b]": a list or a mapping as a key
@@ -347,9 +362,10 @@ def _build(tp: Any, node: yaml.Node, where: str, field_path: str, lines: dict[st
                 raise ConfigError(f"{where}:{line}: {field_path or '(top level)'}: a key must be a field name")
             key = key_node.value
             sub = f"{field_path}.{key}" if field_path else str(key)
-            if key not in known:
+            if key not in known and key not in (sections or {}):
                 line = key_node.start_mark.line + 1
-                raise ConfigError(f"{where}:{line}: {sub}: unknown field; known: {', '.join(sorted(known))}")
+                names = sorted([*known, *(sections or {})])
+                raise ConfigError(f"{where}:{line}: {sub}: unknown field; known: {', '.join(names)}")
             if key in values:  # YAML loaders keep the last silently: the first would be lost without a word
                 line = key_node.start_mark.line + 1
                 raise ConfigError(f"{where}:{line}: {sub}: given twice (first on line {lines[sub]})")
@@ -361,6 +377,9 @@ def _build(tp: Any, node: yaml.Node, where: str, field_path: str, lines: dict[st
         ]
         if missing:
             raise fail(f"missing required field(s): {', '.join(missing)}")
+        extra = {name: values.pop(name) for name in sections or () if name in values}
+        if extra:
+            values["extra_sections"] = extra
         return typing.cast(Any, tp)(**values)
     if origin is tuple:
         (item_tp, _) = typing.get_args(tp)
@@ -419,17 +438,18 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def parse_config(text: str, where: str = "config") -> Config:
-    """Parse and validate; every problem is a ConfigError naming ``where`` (and the line, where there is one)."""
+def parse_config(text: str, where: str = "config", sections: Mapping[str, type] | None = None) -> Config:
+    """Parse and validate; every problem is a ConfigError naming ``where`` (and the line, where there is one).
+    ``sections``: section types beyond Config's fields, by name (the registry's; see ``Config.extra_sections``)."""
     try:
-        return _parse_config(text, where)
+        return _parse_config(text, where, sections)
     except ConfigError:
         raise
     except Exception as err:  # a file that meets a bug here is still a bad file, not a traceback
         raise ConfigError(f"{where}: cannot load: {type(err).__name__}: {err}") from err
 
 
-def _parse_config(text: str, where: str) -> Config:
+def _parse_config(text: str, where: str, sections: Mapping[str, type] | None) -> Config:
     try:
         node = yaml.compose(text, Loader=_BoundedLoader)
     except yaml.YAMLError as err:
@@ -443,13 +463,13 @@ def _parse_config(text: str, where: str) -> Config:
     if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
         config = Config()
     else:
-        config = _build(Config, node, where, "", lines)
+        config = _build(Config, node, where, "", lines, sections)
     config.validate(where, lines)
     return config
 
 
-def load_config(path: str | None) -> Config:
-    """Load ``path``, or the built-in defaults when it is None."""
+def load_config(path: str | None, sections: Mapping[str, type] | None = None) -> Config:
+    """Load ``path``, or the built-in defaults when it is None (``sections`` as for ``parse_config``)."""
     if path is None:
         return Config()
     try:
@@ -463,4 +483,4 @@ def load_config(path: str | None) -> Config:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text: {err}") from None
-    return parse_config(text, path)
+    return parse_config(text, path, sections)

@@ -37,7 +37,6 @@ sys.path.insert(0, str(REPO_ROOT))
 from storwatch.agent import Agent  # noqa: E402
 from storwatch.config import parse_config  # noqa: E402
 from storwatch.report import view_to_dict  # noqa: E402
-from storwatch.vocabulary import CollectorStatus  # noqa: E402
 from storwatch.web import render_status_page  # noqa: E402
 
 LIFETIME_TICKS = 3
@@ -203,15 +202,11 @@ kube: {{enabled: false}}
 
 
 def collect_all(agent: Agent, now: float) -> None:
-    """Every source once, recorded as Agent._run_source records it."""
-    for st in agent._sources:
-        started = time.monotonic()
-        facts = st.source.collect()
-        error = getattr(facts, "failure", None)
-        if error is not None:
-            raise RuntimeError(f"source {st.source.name} failed: {error}")
-        st.facts = facts
-        st.status = CollectorStatus(st.source.name, True, time.monotonic() - started, now)
+    """Every source once, recorded as the agent's workers record it."""
+    agent.collect_now()
+    failed = [c for c in agent.collector_statuses() if c.enabled and not c.success]
+    if failed:
+        raise RuntimeError(f"source {failed[0].name} failed: {failed[0].error}")
 
 
 def run(root: Path, cycles: int, per_tick: int, at: list[int], event_logs: bool = False) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Agent, FixedMount
         return real_render(view)
 
     monkeypatch.setattr(agent.exporter, "render", render)
-    agent._sources[0].facts = source.collect()
+    agent.collect_now()
     try:
         yield agent, source, counts
     finally:
@@ -85,7 +85,7 @@ def test_each_tick_gets_its_own_view_and_exposition_once(counted: tuple[Agent, F
     assert agent.metrics() is first and (counts.views, counts.renders) == (1, 1)
     assert b'storwatch_mount_info{device="/dev/nvme0n1"' in first
     source.mounts = (*source.mounts, mount("/scratch", "tmpfs", "tmpfs"))
-    agent._sources[0].facts = source.collect()
+    agent.collect_now()
     agent.advance()
     second = agent.metrics()
     assert b'mountpoint="/scratch"' in second and b'mountpoint="/scratch"' not in first
@@ -108,8 +108,8 @@ def test_health_and_readiness_probes_never_render_the_exposition(counted: tuple[
     agent.advance()
     for _ in range(3):
         assert get("/healthz") == (200, b"ok\n")
-        # Not ready: the source's worker never ran here (facts set by hand), so it has not reported yet.
-        assert get("/readyz") == (503, b"not ready\n")
+        # Ready: its one source reported (collect_now records it as the worker would).
+        assert get("/readyz") == (200, b"ready\n")
     assert counts.renders == 0 and counts.views == 1  # /readyz made the View once, nobody rendered
     status, body = get("/metrics")
     assert status == 200 and b"storwatch_mount_info" in body

@@ -102,11 +102,11 @@ def test_a_raising_source_reports_failure_keeps_its_last_facts_and_recovers(run_
     source = Scripted()
     agent = run_agent(source)
     wait_status(agent, "mounts", lambda s: s.success, "a first success")
-    good: tuple[Mount, ...] = agent._sources[0].facts
+    good: tuple[Mount, ...] = agent.latest("mounts")
     source.script = boom
     status = wait_status(agent, "mounts", lambda s: not s.success, "the failure")
     assert status.error == "RuntimeError: boom" and status.state == "failed"
-    assert agent._sources[0].facts == good  # the last good facts stay
+    assert agent.latest("mounts") == good  # the last good facts stay
     metrics = scrape(agent)
     assert metrics[("storwatch_collector_success", "mounts")] == 0
     assert metrics[("storwatch_collector_enabled", "mounts")] == 1
@@ -139,7 +139,7 @@ def test_a_source_raising_a_base_exception_fails_and_its_worker_goes_on(
     assert status.error == error
     calls = source.calls
     wait_until(lambda: source.calls > calls + 2 or None, timeout=5.0, what="the worker to run the source again")
-    assert [t.name for t in agent._threads if t.is_alive()].count("source-mounts") == 1
+    assert [t.name for t in threading.enumerate()].count("source-mounts") == 1
 
 
 @pytest.mark.parametrize("interval", [float("inf"), float("nan"), 0.0, -1.0, "ten", None],
@@ -167,7 +167,7 @@ def test_facts_that_say_they_failed_and_facts_that_cannot_say(run_agent: Callabl
     agent = run_agent(source)
     status = wait_status(agent, "gpu", lambda s: not s.success, "the failure")
     assert status.error == "nvmlDeviceGetCount has not returned after 2.0 s"
-    assert isinstance(agent._sources[0].facts, Failing)  # answered: its facts are kept
+    assert isinstance(agent.latest("gpu"), Failing)  # answered: its facts are kept
     source.script = lambda: Failing(None, broken=True)
     wait_status(agent, "gpu", lambda s: s.error == "KeyError: 'no such field'", "the broken facts")
     source.script = lambda: Failing(None)
@@ -246,14 +246,13 @@ def test_a_collection_that_ends_after_a_reload_paused_its_source_is_dropped(run_
 
     source.script = slow
     assert entered.wait(5)
-    with agent._lock:
-        agent._switch_gpu(dataclasses.replace(agent.config, gpu=GPUConfig(enabled=False)))
+    agent.apply_config(dataclasses.replace(agent.config, gpu=GPUConfig(enabled=False)))
     assert source.closed
     release.set()
     calls = source.calls
     time.sleep(0.2)  # the released collection returns and is looked at (a check that something does not happen)
     assert source.calls == calls  # paused: no new collection
-    assert agent._sources[0].facts is None
+    assert agent.latest("gpu") is None
     status = status_of(agent, "gpu")
     assert status is not None and status.off_reason == GPU_OFF_REASON
     assert ("storwatch_collector_success", "gpu") not in scrape(agent)

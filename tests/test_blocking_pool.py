@@ -66,8 +66,8 @@ def test_hung_keys_never_starve_healthy_ones_and_threads_stay_bounded(pool: Bloc
     # Those never called are said to be left out by the limit (the mount source makes that a collector failure).
     assert skipped and all("limit 8" in (out[k].error or "") for k in skipped)
     assert all(not out[k].stuck and out[k].values is None for k in skipped)
-    assert pool._proc is not None
-    assert _threads(pool._proc.pid) <= 4 + 8 + 1
+    assert pool.helper_pid is not None
+    assert _threads(pool.helper_pid) <= 4 + 8 + 1
 
 
 def test_keys_that_answered_go_first_whatever_the_request_order(pool: BlockingCalls) -> None:
@@ -98,7 +98,7 @@ def test_a_hundred_hung_keys_with_the_default_limits(tmp_path: Path) -> None:
                 assert answered == healthy, [k for k in healthy if k not in answered]
         assert calls.stuck() == 100
         assert not any(out[k].skipped for k in keys)
-        assert calls._proc is not None and _threads(calls._proc.pid) <= 16 + 128 + 1
+        assert calls.helper_pid is not None and _threads(calls.helper_pid) <= 16 + 128 + 1
     finally:
         calls.close()
 

@@ -35,7 +35,7 @@ def agent() -> Iterator[Agent]:
     config = dataclasses.replace(Config(), listen="127.0.0.1:0", platform="generic")
     source = FixedMounts()
     agent = Agent(config, sources=[source], process_metrics=False)
-    agent._sources[0].facts = source.collect()
+    agent.collect_now()
     agent.advance()
     try:
         yield agent
@@ -345,7 +345,7 @@ def test_before_the_first_tick(agent: Agent) -> None:
             for path, status in (("/readyz", 503), ("/api/status", 503), ("/status", 503), ("/metrics", 200)):
                 sock.sendall(f"GET {path} HTTP/1.1\r\n\r\n".encode())
                 assert read_response(sock)[0] == status, path
-        fresh._sources[0].facts = FixedMounts().collect()
+        fresh.collect_now()
         fresh.advance()
         assert fresh.cached_view() is NOT_CACHED  # a tick happened; nobody has made its View yet
     finally:

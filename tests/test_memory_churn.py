@@ -65,7 +65,7 @@ def test_probe_histograms_of_unmounted_volumes_go_with_them(tmp_path: Path) -> N
         del targets[1]  # /b is unmounted
         (second,) = source.collect()
         assert second.mountpoint == "/a" and second.histograms["write"].count == 2
-        assert {mp for mp, _ in source._hists} == {"/a"}
+        assert source.histogram_mountpoints == {"/a"}
         targets.append(ProbeTarget("/b", Durability.NODE, False))  # mounted again: counted from the start
         again = {r.mountpoint: r for r in source.collect()}
         assert again["/b"].histograms["write"].count == 1 and again["/a"].histograms["write"].count == 3

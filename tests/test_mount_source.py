@@ -324,8 +324,8 @@ def test_the_helper_keeps_its_threads_for_later_calls(blocking_calls: BlockingCa
     for _ in range(5):
         outcomes = blocking_calls.call_many("statvfs", dirs, timeout=10.0)
         assert all(o.values is not None for o in outcomes.values())
-    helper = blocking_calls._proc
+    helper = blocking_calls.helper_pid
     assert helper is not None
-    threads = len(os.listdir(f"/proc/{helper.pid}/task"))
+    threads = len(os.listdir(f"/proc/{helper}/task"))
     # 200 calls, at most 4 in flight at a time: a few threads in all (main + those kept), not one per call.
     assert 2 <= threads <= 1 + blocking_calls.max_inflight

@@ -129,6 +129,12 @@ class ProbeSource:
             return None
         return "no probes.classes or probes.mountpoints chosen"
 
+    @property
+    def histogram_mountpoints(self) -> frozenset[str]:
+        """The mounts whose probe histograms are kept: those probed and still mounted (a bound on memory)."""
+        with self._lock:
+            return frozenset(mp for mp, _ in self._hists)
+
     def collect(self) -> ProbeFacts:
         config = self.config
         targets = self.targets()

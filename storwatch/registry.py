@@ -1,0 +1,252 @@
+"""Every source storwatch runs, declared once: its collector name, the configuration section it takes, how it is
+made, the facts it files in the Snapshot, and how `storwatch scan` collects it. The agent, `scan`, reloads and the
+configuration loader are all built from ``SOURCES``; docs/architecture.md has the recipe for adding one.
+
+This module sits at the top of the layers (beside the agent): it is the one place that knows every source, so no
+source, and nothing below the agent, has to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from storwatch.checkpoints.limits import DeepLimits
+from storwatch.config import (
+    CheckpointsConfig,
+    Config,
+    DiskIOConfig,
+    GPUConfig,
+    KubeConfig,
+    MountsConfig,
+    NFSConfig,
+    ProbesConfig,
+)
+from storwatch.config import load_config as _load_config
+from storwatch.config import parse_config as _parse_config
+from storwatch.paths import HostPaths
+from storwatch.sources import FactsKey, Source
+from storwatch.sources.checkpoints import CHECKPOINTS, CheckpointSource, default_roots
+from storwatch.sources.diskio import DISKIO, DiskIOSource
+from storwatch.sources.gpu import GPUS, GPUFacts, GPUSource
+from storwatch.sources.kube import KubeSource
+from storwatch.sources.kubevolumes import KUBE, KubeFacts
+from storwatch.sources.mounts import MOUNTS, MountFacts, MountSource
+from storwatch.sources.nfs import NFS, NFSSource
+from storwatch.sources.probe import PROBES, ProbeSource, ProbeTarget
+from storwatch.sources.processes import CONTAINERS, ProcessSource
+
+if TYPE_CHECKING:
+    from storwatch.analysis.view import View
+
+C = TypeVar("C")
+F = TypeVar("F")
+
+ScanMode = Literal["once", "sampled", "never"]
+"""How `storwatch scan` collects a source: once; twice, ``--sample`` seconds apart (counters whose change is the
+point), and only with ``--sample``; or not at all (probes write to mounts, checkpoint scans take long)."""
+
+KUBE_SCAN_WAIT_SECONDS = 5.0
+"""How long `storwatch scan` waits for the Kubernetes API's first lists."""
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a source's factory may use besides its section: where the host's files are, the clock, and the newest
+    picture of the node (another source's latest facts, the current View), read when the source asks."""
+
+    paths: HostPaths
+    clock: Callable[[], float]
+    latest: Callable[[FactsKey[Any]], Any]
+    """Another source's newest facts (None before it reports)."""
+    view: Callable[[], View | None]
+    """The current View (None before the first tick; always None in `storwatch scan`)."""
+
+
+@dataclass(frozen=True)
+class SourceSpec(Generic[C, F]):
+    """One source, declared once."""
+
+    name: str
+    """Its collector name (``storwatch_collector_*{collector=...}``)."""
+    section: str
+    """The configuration section it takes, on start and on every reload (``configure(section)``)."""
+    section_type: type[C]
+    """The section's dataclass. A section that is not a field of Config is accepted by the loader under ``section``
+    because it is declared here (a source added by the recipe declares its own)."""
+    facts: FactsKey[F]
+    """Where its facts go in the Snapshot."""
+    make: Callable[[SourceContext, C], Source[F]]
+    switch: str | None = None
+    """The section's boolean field that turns the source on and off (``enabled``), if it has one. Off at start, the
+    source is not made (turning it on takes a restart); switched off by a reload, it is closed and its facts dropped
+    (the GPU source so releases the NVIDIA driver); switched on again, it is made anew."""
+    scan: ScanMode = "once"
+    scan_once: Callable[[SourceContext, C], F] | None = None
+    """How `storwatch scan` collects it once, when not simply make, collect, close."""
+
+    def off_reason(self, section: C) -> str | None:
+        """Why ``section`` switches the source off, or None while it leaves it on."""
+        if self.switch is None or getattr(section, self.switch):
+            return None
+        return f"{self.section}.{self.switch} is false in the configuration"
+
+    def section_of(self, config: Config) -> C:
+        """This source's section of ``config`` (its default where the file has none)."""
+        value = getattr(config, self.section, None)
+        if value is None:
+            value = config.extra_sections.get(self.section)
+        return value if value is not None else self.section_type()
+
+
+# -- how each source is made
+
+
+def _mounts(ctx: SourceContext, section: MountsConfig) -> MountSource:
+    return MountSource(ctx.paths, section)
+
+
+def _diskio(ctx: SourceContext, section: DiskIOConfig) -> DiskIOSource:
+    return DiskIOSource(ctx.paths, section, ctx.clock)
+
+
+def _nfs(ctx: SourceContext, section: NFSConfig) -> NFSSource:
+    return NFSSource(ctx.paths, section, ctx.clock)
+
+
+def probe_targets(view: View | None) -> list[ProbeTarget]:
+    """The mounts a probe may go to: every mount of the View but those whose statvfs is stuck (a probe there would
+    only strand one more call: it waits until the mount answers)."""
+    if view is None:
+        return []
+    return [
+        ProbeTarget(mv.mount.mountpoint, mv.verdict.durability, mv.mount.readonly)
+        for mv in view.mounts
+        if not mv.mount.stuck
+    ]
+
+
+def _probe(ctx: SourceContext, section: ProbesConfig) -> ProbeSource:
+    return ProbeSource(ctx.paths, section, lambda: probe_targets(ctx.view()), ctx.clock)
+
+
+def _stuck_mount_paths(ctx: SourceContext) -> list[str]:
+    mounts: MountFacts | None = ctx.latest(MOUNTS)
+    return [ctx.paths.root(m.mountpoint) for m in mounts or () if m.stuck]
+
+
+def _checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> CheckpointSource:
+    return CheckpointSource(
+        default_roots(ctx.paths, section.roots, section.kubelet),
+        interval_seconds=section.interval_seconds,
+        settle_seconds=section.settle_seconds,
+        deep_per_scan=section.deep_per_scan,
+        deep_max_bytes=section.deep_max_bytes,
+        clock=ctx.clock,
+        max_entries=section.max_entries,
+        max_depth=section.max_depth,
+        max_seconds=section.max_seconds,
+        # A mount whose statvfs is stuck would hang the walk's helper too: its directories wait until it answers.
+        stuck_paths=lambda: _stuck_mount_paths(ctx),
+        timeout_seconds=section.timeout_seconds,
+        deep_timeout_seconds=section.deep_timeout_seconds,
+        limits=DeepLimits.from_config(section),
+    )
+
+
+def _kube(ctx: SourceContext, section: KubeConfig) -> KubeSource:
+    return KubeSource(section.interval_seconds, clock=ctx.clock)
+
+
+def _scan_kube(ctx: SourceContext, section: KubeConfig) -> KubeFacts:
+    """This node's pods and the storage objects behind them, listed once (waiting a little for the first lists)."""
+    source = KubeSource(section.interval_seconds)
+    if not source.enabled:
+        return source.collect()
+    try:
+        source.start()
+        deadline = time.monotonic() + KUBE_SCAN_WAIT_SECONDS
+        while not source.api_up and time.monotonic() < deadline:
+            time.sleep(0.05)
+        facts = source.collect()
+        if not facts.api_up:
+            logging.getLogger("storwatch").warning(
+                "the Kubernetes API did not answer within %.0f s (%s): mounts are shown without their pods",
+                KUBE_SCAN_WAIT_SECONDS,
+                facts.last_error or "no answer",
+            )
+        return facts
+    finally:
+        source.close()
+
+
+def _gpu(ctx: SourceContext, section: GPUConfig) -> GPUSource:
+    return GPUSource(
+        section.interval_seconds, section.call_timeout_seconds, ctx.clock, section.samples_interval_seconds
+    )
+
+
+def _scan_gpu(ctx: SourceContext, section: GPUConfig) -> GPUFacts:
+    # The GPU source logs for an agent that retries NVML with backoff; a one-shot scan never retries, and prints
+    # what NVML said in its own output instead (keep the log when debugging).
+    gpu_log = logging.getLogger("storwatch.sources.gpu")
+    level = gpu_log.level
+    if not gpu_log.isEnabledFor(logging.DEBUG):
+        gpu_log.setLevel(logging.ERROR)
+    source = GPUSource(call_timeout_seconds=min(section.call_timeout_seconds, 2.0))
+    try:
+        facts = source.collect()
+    finally:
+        source.close()
+        gpu_log.setLevel(level)
+    if facts.error and "; next try in " in facts.error:
+        facts = dataclasses.replace(facts, error=facts.error.split("; next try in ", 1)[0])
+    return facts
+
+
+def _gpu_pids(ctx: SourceContext) -> list[int]:
+    facts: GPUFacts | None = ctx.latest(GPUS)
+    if facts is None:
+        return []
+    return sorted({p.pid for g in facts.gpus for p in g.processes})
+
+
+def _processes(ctx: SourceContext, section: GPUConfig) -> ProcessSource:
+    return ProcessSource(ctx.paths, lambda: _gpu_pids(ctx), section.interval_seconds)
+
+
+SOURCES: tuple[SourceSpec[Any, Any], ...] = (
+    SourceSpec("mounts", "mounts", MountsConfig, MOUNTS, _mounts),
+    SourceSpec("diskstats", "diskio", DiskIOConfig, DISKIO, _diskio, scan="sampled"),
+    SourceSpec("nfs", "nfs", NFSConfig, NFS, _nfs, scan="sampled"),
+    SourceSpec("probe", "probes", ProbesConfig, PROBES, _probe, scan="never"),
+    SourceSpec("checkpoints", "checkpoints", CheckpointsConfig, CHECKPOINTS, _checkpoints, scan="never"),
+    SourceSpec("kube", "kube", KubeConfig, KUBE, _kube, "enabled", scan_once=_scan_kube),
+    SourceSpec("gpu", "gpu", GPUConfig, GPUS, _gpu, "enabled", scan_once=_scan_gpu),
+    SourceSpec("processes", "gpu", GPUConfig, CONTAINERS, _processes, "enabled"),
+)
+"""Every source, in the order their collectors are reported (a source whose factory reads another's facts comes
+after it: processes after gpu)."""
+
+BY_NAME: Mapping[str, SourceSpec[Any, Any]] = {spec.name: spec for spec in SOURCES}
+assert len(BY_NAME) == len(SOURCES), "two sources of one name"
+assert len({spec.facts.name for spec in SOURCES}) == len(SOURCES), "two sources file facts under one name"
+
+
+def extra_sections() -> dict[str, type]:
+    """The configuration sections declared by sources beyond Config's own fields, by name."""
+    fields = {f.name for f in dataclasses.fields(Config)}
+    return {spec.section: spec.section_type for spec in SOURCES if spec.section not in fields}
+
+
+def load_config(path: str | None) -> Config:
+    """The configuration file (or the defaults), with every source's section known to the loader."""
+    return _load_config(path, sections=extra_sections())
+
+
+def parse_config(text: str, where: str = "config") -> Config:
+    return _parse_config(text, where, sections=extra_sections())
