@@ -189,6 +189,10 @@ class AgentProcess:
         return fetch(self.url(path), method, timeout)
 
     def stderr_text(self) -> str:
+        """What the agent logged so far; once it has exited, all it logged (the drain thread may still be reading
+        its last lines when the exit status is already in: wait for the end of the pipe, a few seconds at most)."""
+        if self.proc.poll() is not None:
+            self._stderr.join(5.0)
         return self._stderr.text()
 
     def stdout_text(self) -> str:
