@@ -115,7 +115,8 @@ class FakeKubeAPI:
         self.compacted_rv = 0
         """Watches from below this resourceVersion are answered 410 Gone, as after etcd compaction."""
         self.watchers: list[_Watcher] = []
-        self.gone_next = 0
+        self.gone_next: dict[str, int] = {}
+        """Per kind, how many of its next watch requests are answered 410 Gone."""
         self.events: dict[tuple[str, str], Obj] = {}
         self.recorded: list[RecordedEvent] = []
         self.requests: list[tuple[str, str]] = []
@@ -224,10 +225,12 @@ class FakeKubeAPI:
         for w in watchers:
             w.end()
 
-    def gone_on_next_watch(self, count: int = 1) -> None:
-        """Answer the next ``count`` watch requests with an ERROR event of code 410, as after compaction."""
+    def gone_on_next_watch(self, count: int = 1, kinds: tuple[str, ...] = tuple(COLLECTIONS.values())) -> None:
+        """Answer the next ``count`` watch requests of each of ``kinds`` with an ERROR event of code 410, as after
+        compaction. Per kind: a kind that relists and watches again quickly must not use up another kind's 410."""
         with self.lock:
-            self.gone_next += count
+            for kind in kinds:
+                self.gone_next[kind] = self.gone_next.get(kind, 0) + count
 
     def compact(self) -> None:
         """Forget history: every watch resuming from an older resourceVersion gets 410 Gone."""
@@ -335,9 +338,9 @@ class _Handler(BaseHTTPRequestHandler):
         since = int(query.get("resourceVersion") or 0)
         watcher = _Watcher(kind, selector, self.connection)
         with api.lock:
-            gone = api.gone_next > 0 or (since and since < api.compacted_rv)
-            if api.gone_next > 0:
-                api.gone_next -= 1
+            gone = api.gone_next.get(kind, 0) > 0 or (since and since < api.compacted_rv)
+            if api.gone_next.get(kind, 0) > 0:
+                api.gone_next[kind] -= 1
             if not gone:
                 for rv, k, etype, obj in api.history:
                     if rv > since and k == kind and _selected(obj, selector):

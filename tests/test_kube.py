@@ -407,7 +407,7 @@ def test_api_outage_keeps_mapping_and_recovers(api: FakeKubeAPI, source: KubeSou
 
 def test_watch_410_gone_relists(api: FakeKubeAPI, source: KubeSource) -> None:
     lists_before = api.count_requests("/api/v1/pods", watch=False)
-    api.gone_on_next_watch(5)
+    api.gone_on_next_watch()  # the next watch of each kind
     api.drop_watches()
     # A pod added while the watches are answered 410 is found by the relist.
     api.add(
