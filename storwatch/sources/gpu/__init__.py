@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from storwatch.sources.gpu.facts import GPUFacts, GPUProcess, GPUState, MIGDevice
 from storwatch.sources.gpu.nvml import INIT_BACKOFF_FIRST_SECONDS, INIT_BACKOFF_MAX_SECONDS, NA, NAType, next_backoff
-from storwatch.sources.gpu.source import GPUSettings, GPUSource
+from storwatch.sources.gpu.sampler import BUFFERED_READ_SECONDS
+from storwatch.sources.gpu.source import INIT_TIMEOUT_SECONDS, GPUSettings, GPUSource
 
 __all__ = [
+    "BUFFERED_READ_SECONDS",
     "INIT_BACKOFF_FIRST_SECONDS",
     "INIT_BACKOFF_MAX_SECONDS",
+    "INIT_TIMEOUT_SECONDS",
     "NA",
     "GPUFacts",
     "GPUProcess",
