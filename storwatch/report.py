@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from storwatch.analysis.latency import WindowStats
+from storwatch.analysis.recovery import checkpoint_age_seconds, recovery_point_seconds
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import is_pseudo_mount
 from storwatch.sources.kubevolumes import ClusterObjects, volume_ref
@@ -189,7 +190,7 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "mountpoint": display_path(rv.mount.mount.mountpoint) if rv.mount else None,
                 "durability": rv.mount.verdict.durability.value if rv.mount else None,
                 "newest_complete": None if newest is None else display_path(newest.path),
-                "newest_complete_age_seconds": None if newest is None else view.timestamp - newest.mtime,
+                "newest_complete_age_seconds": recovery_point_seconds(run, view.timestamp),
                 "newest_complete_size_bytes": None if newest is None else newest.size_bytes,
                 "interval_seconds": run.interval_seconds,
                 "kept": len(run.complete),
@@ -207,7 +208,7 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                         "reason": c.reason,
                         "size_bytes": c.size_bytes,
                         "mtime": c.mtime,
-                        "age_seconds": view.timestamp - c.mtime,
+                        "age_seconds": checkpoint_age_seconds(c, view.timestamp),
                         "deep_checked": c.deep_checked,
                         "write_seconds": c.write_seconds,
                         "write_bytes_per_second": c.write_bytes_per_second,

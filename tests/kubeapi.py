@@ -3,7 +3,8 @@
 It speaks enough of the JSON API for the official Python client: lists with ``fieldSelector``, ``?watch=true`` streams
 of newline-delimited JSON events that resume from a resourceVersion, and POST/PATCH of core/v1 Events. Tests drive it:
 add, modify and delete objects (each pushes a watch event), drop every watch, answer the next watch with 410 Gone,
-go away for a while (listener closed, connections refused), and read back the Events the client created or patched.
+go away for a while (listener closed, connections refused), read back the Events the client created or patched, delete
+an Event, and refuse Event writes with an HTTP status.
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class FakeKubeAPI:
         """Per kind, how many of its next watch requests are answered 410 Gone."""
         self.events: dict[tuple[str, str], Obj] = {}
         self.recorded: list[RecordedEvent] = []
+        self.events_status: int | None = None
+        """Answer every Event create and patch with this HTTP status instead (403: the agent's RBAC has no events)."""
         self.requests: list[tuple[str, str]] = []
         """(method, path with query) of every request, for assertions."""
         self.port = 0
@@ -224,6 +227,11 @@ class FakeKubeAPI:
             watchers, self.watchers = self.watchers, []
         for w in watchers:
             w.end()
+
+    def delete_event(self, namespace: str, name: str) -> None:
+        """Delete an Event, as ``kubectl delete event`` or the API server's event TTL (an hour by default) does."""
+        with self.lock:
+            del self.events[(namespace, name)]
 
     def gone_on_next_watch(self, count: int = 1, kinds: tuple[str, ...] = tuple(COLLECTIONS.values())) -> None:
         """Answer the next ``count`` watch requests of each of ``kinds`` with an ERROR event of code 410, as after
@@ -388,6 +396,11 @@ class _Handler(BaseHTTPRequestHandler):
         api = self.server_api
         with api.lock:
             api.requests.append(("POST", self.path))
+            refused = api.events_status
+        if refused is not None:
+            self._body()
+            self._send(refused, self._status(refused, "Refused", "POST refused by the test"))
+            return
         m = _EVENTS.match(urlsplit(self.path).path)
         if not m or m.group("name"):
             self._send(404, self._status(404, "NotFound", self.path))
@@ -408,6 +421,11 @@ class _Handler(BaseHTTPRequestHandler):
         api = self.server_api
         with api.lock:
             api.requests.append(("PATCH", self.path))
+            refused = api.events_status
+        if refused is not None:
+            self._body()
+            self._send(refused, self._status(refused, "Refused", "PATCH refused by the test"))
+            return
         m = _EVENTS.match(urlsplit(self.path).path)
         if not m or not m.group("name"):
             self._send(404, self._status(404, "NotFound", self.path))

@@ -1,14 +1,13 @@
 """GPUSource through the real nvidia-ml-py bindings, on a fake libnvidia-ml.so.1 built from C (tests/nvml).
 
 Each test runs the source in a subprocess (tests/nvml/gpu_source_driver.py) whose LD_LIBRARY_PATH names the fake, and
-scripts the fake's answers; a test can rewrite the script between collects. The backoff and the worker are also tested
-in-process, without the library.
+scripts the fake's answers; a test can rewrite the script between collects. The backoff is also tested in-process,
+without the library (the deadline worker the source runs on: tests/test_deadline_worker.py).
 """
 
 from __future__ import annotations
 
 import ctypes.util
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,41 +131,6 @@ def test_backoff_doubles_to_five_minutes() -> None:
         waits.append(gpu.next_backoff(waits[-1]))
     assert waits[:10] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
     assert waits[-1] == gpu.INIT_BACKOFF_MAX_SECONDS == 300
-
-
-def test_worker_starts_no_second_job_while_one_is_stuck() -> None:
-    worker = gpu._Worker("test-worker")
-    release = threading.Event()
-    started: list[str] = []
-
-    def stuck() -> str:
-        started.append("stuck")
-        release.wait(10)
-        return "late"
-
-    threads_before = threading.active_count()
-    t0 = time.monotonic()
-    assert worker.run(stuck, timeout=0.2) is None
-    assert 0.2 <= time.monotonic() - t0 < 1.0
-    t0 = time.monotonic()
-    assert worker.run(lambda: started.append("second"), timeout=0.2) is None  # busy: not started, no wait
-    assert time.monotonic() - t0 < 0.1
-    assert started == ["stuck"]
-    assert threading.active_count() == threads_before + 1
-    release.set()
-    wait_for(lambda: not worker.busy, 5, "the stuck job to return")
-    assert worker.run(lambda: 42, timeout=1.0) == (42, None)
-    _, err = worker.run(lambda: 1 / 0, timeout=1.0) or (None, None)
-    assert isinstance(err, ZeroDivisionError)
-    assert threading.active_count() == threads_before + 1
-
-    # close() waits for a sampling in flight (the agent's source thread may be in collect()) within its timeout.
-    short = threading.Thread(target=worker.run, args=(lambda: time.sleep(0.2), 1.0))
-    short.start()
-    wait_for(lambda: worker.busy, 2, "the short job to start")
-    assert worker.run(lambda: "after", timeout=1.0, wait_idle=True) == ("after", None)
-    short.join()
-    worker.stop()
 
 
 # -- on the fake library

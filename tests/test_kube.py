@@ -1,5 +1,6 @@
 """Kubernetes enrichment: kubelet path parsing, volume -> durability evidence, and the watch source driven through the
-official client against the local API server (tests/kubeapi.py): drains, deletions, outages, 410 Gone, Events."""
+official client against the local API server (tests/kubeapi.py): drains, deletions, outages, 410 Gone. (The Events
+action: tests/test_kube_events.py.)"""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from storwatch.classify import Classifier
+from storwatch.kubeclient import parse_time
 from storwatch.procfs.mountinfo import parse_mountinfo
-from storwatch.sources.kube import KubeSource, parse_time, pod_info
+from storwatch.sources.kube import KubeSource, pod_info
 from storwatch.sources.kubevolumes import (
     ClusterObjects,
     KubeFacts,
@@ -443,44 +445,6 @@ def test_no_kubeconfig_source_off_logged_once(tmp_path: Path, caplog: pytest.Log
     # Off, not failing: no API server to be down on a node without a cluster.
     assert src.off_reason is not None and "kubeconfig" in src.off_reason
     assert all(f.failure is None for f in facts)
-    assert src.post_event("R", "m") == "disabled"
-
-
-# --- Events --------------------------------------------------------------------------------------------------------
-
-
-def test_events_deduplicated_and_rate_limited(api: FakeKubeAPI, tmp_path: Path) -> None:
-    now = [1_800_000_000.0]
-    src = KubeSource(
-        environ={},
-        kubeconfig=str(api.kubeconfig(tmp_path)),
-        node_name=NODE,
-        clock=lambda: now[0],
-        event_burst=4,
-        events_per_second=1 / 600,
-    )
-    try:
-        assert src.post_event("CheckpointOnEphemeral", "newest checkpoint is on node storage") == "created"
-        now[0] += 60
-        assert src.post_event("CheckpointOnEphemeral", "still on node storage") == "patched"
-        assert (
-            src.post_event("DrainBeforeCheckpoint", "drain", kind="Pod", name="trainer-0", namespace="train")
-            == "created"
-        )
-        assert src.post_event("CheckpointOnEphemeral", "again") == "patched"
-        assert src.post_event("CheckpointOnEphemeral", "too many") == "rate-limited"
-        (created_node, created_pod) = [r for r in api.recorded if r.verb == "create"]
-        patches = [r for r in api.recorded if r.verb == "patch"]
-        assert created_node.namespace == "default" and created_node.body["involvedObject"]["name"] == NODE
-        assert created_pod.namespace == "train" and created_pod.body["involvedObject"]["kind"] == "Pod"
-        assert [p.body["count"] for p in patches] == [2, 3]
-        assert {p.name for p in patches} == {created_node.name}
-        assert api.events[("default", created_node.name)]["count"] == 3
-        # After 10 minutes the same finding is a new Event (and the bucket has refilled).
-        now[0] += 601
-        assert src.post_event("CheckpointOnEphemeral", "later") == "created"
-    finally:
-        src.close()
 
 
 def test_pod_info_parses_api_pod() -> None:

@@ -1,25 +1,25 @@
-"""Kubernetes source: watches this node's pods, PVCs, PVs, StorageClasses and this Node; posts Events for findings.
+"""Kubernetes source: watches this node's pods, PVCs, PVs, StorageClasses and this Node. Read-only: Events are posted
+by the action in ``storwatch.actions.kube_events``.
 
-The only module that imports ``kubernetes``. Watch threads keep a snapshot current; ``collect()`` returns it without
-touching the API, so a slow or absent API server never delays a tick. The snapshot types live in
-``storwatch.sources.kubevolumes`` so every other module reads them without the client installed.
+Watch threads keep a snapshot current; ``collect()`` returns it without touching the API, so a slow or absent API
+server never delays a tick. The client and its credentials come from ``storwatch.kubeclient`` (the only module that
+imports ``kubernetes``); the snapshot types live in ``storwatch.sources.kubevolumes`` so every other module reads them
+without the client installed.
 """
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import json
 import logging
-import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from storwatch.kubeclient import REQUEST_TIMEOUT, KubeClient, parse_time
 from storwatch.sources.kubevolumes import (
     CONFIG_MAP,
     DOWNWARD_API,
@@ -47,37 +47,14 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 Clock = Callable[[], float]
 
-REQUEST_TIMEOUT = (3.0, 30.0)
-"""(connect, read) seconds for every request: a read waits at most this long for the next byte of a watch."""
 WATCH_TIMEOUT_SECONDS = 25
 """Server-side watch duration, under the read timeout so a quiet healthy watch ends before the client gives up."""
 BACKOFF_INITIAL = 1.0
 BACKOFF_MAX = 30.0
-EVENT_DEDUP_SECONDS = 600.0
-SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
 class _Gone(Exception):
     """The watch's resourceVersion is too old (HTTP 410 or an ERROR event with code 410): relist."""
-
-
-def parse_time(value: object) -> float | None:
-    """An RFC 3339 timestamp of the API (``2026-11-22T10:00:00Z``, optional fraction) as a UNIX time."""
-    if not isinstance(value, str) or not value:
-        return None
-    text = value.rstrip("Z")
-    frac = 0.0
-    if "." in text:
-        text, _, digits = text.partition(".")
-        frac = float("0." + "".join(c for c in digits if c.isdigit()) or "0")
-    try:
-        return calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")) + frac
-    except ValueError:
-        return None
-
-
-def format_time(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def _volume_info(vol: Obj, pod_name: str) -> VolumeInfo:
@@ -321,36 +298,9 @@ class _Watcher:
                     sock.shutdown(socket.SHUT_RDWR)
 
 
-class _TokenBucket:
-    def __init__(self, burst: int, per_second: float, clock: Clock) -> None:
-        self.capacity = float(burst)
-        self.rate = per_second
-        self.tokens = float(burst)
-        self.clock = clock
-        self.at = clock()
-
-    def take(self) -> bool:
-        now = self.clock()
-        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
-
-
-@dataclass
-class _PostedEvent:
-    namespace: str
-    name: str
-    count: int
-    first: float
-    last: float
-
-
 class KubeSource:
-    """Kubernetes facts for this node. Off (``KubeFacts(enabled=False)``) where neither in-cluster credentials nor a
-    kubeconfig exist; a missing ``NODE_NAME`` falls back to the host name."""
+    """Kubernetes facts for this node. Off (``KubeFacts(enabled=False)``) where the client has no connection (no
+    in-cluster credentials and no kubeconfig, no client installed, credentials that do not load)."""
 
     name = "kube"
 
@@ -366,18 +316,16 @@ class KubeSource:
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
         backoff_initial: float = BACKOFF_INITIAL,
         backoff_max: float = BACKOFF_MAX,
-        event_burst: int = 10,
-        events_per_second: float = 1 / 30,
-        component: str = "storwatch",
+        client: KubeClient | None = None,
     ) -> None:
+        """``client``: a connection shared with others (the Events action), closed by whoever made it; without one,
+        the source makes its own from ``environ``, ``kubeconfig``, ``node_name`` and ``request_timeout`` (see
+        :class:`~storwatch.kubeclient.KubeClient`), and closes it."""
         self.interval_seconds = interval_seconds
-        self.environ = os.environ if environ is None else environ
         self.clock = clock
-        self.request_timeout = request_timeout
         self.watch_timeout_seconds = watch_timeout_seconds
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
-        self.component = component
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._watchers: list[_Watcher] = []
@@ -385,76 +333,24 @@ class KubeSource:
         self._built: tuple[int, KubeFacts] | None = None
         self._last_error: str | None = None
         self._last_sync: float | None = None
-        self._events: dict[tuple[str, str, str, str], _PostedEvent] = {}
-        self._bucket = _TokenBucket(event_burst, events_per_second, clock)
         self._started = False
-        self.enabled = False
-        self.disabled_reason: str | None = None
-        self._api_client: Any = None
-        self.node_name = node_name or self.environ.get("NODE_NAME") or ""
-        self._configure(kubeconfig)
-
-    # --- configuration ---------------------------------------------------------------------------------------------
-
-    def _kubeconfig_path(self, explicit: str | None) -> str | None:
-        if explicit:
-            return explicit
-        env = self.environ.get("KUBECONFIG", "")
-        for path in env.split(os.pathsep):
-            if path and os.path.exists(path):
-                return path
-        home = self.environ.get("HOME") or os.path.expanduser("~")
-        default = os.path.join(home, ".kube", "config")
-        return default if os.path.exists(default) else None
-
-    def _configure(self, explicit: str | None) -> None:
-        in_cluster = bool(self.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(SERVICE_ACCOUNT_TOKEN)
-        if not explicit and not in_cluster and self._kubeconfig_path(None) is None:
-            # Decided before importing the client, which alone costs ~20 MB of memory on a node that has no cluster.
-            self._off("no in-cluster service account token and no kubeconfig (KUBECONFIG, ~/.kube/config)")
-            return
-        try:
-            import kubernetes.client
-            import kubernetes.config
-        except ImportError:
-            self._off("the kubernetes client is not installed (pip install kubernetes)")
-            return
-        # Typed as Any: the client's annotations (generated, changing between releases, models where plain dicts
-        # are sent) would tie this module to one client version.
-        client: Any = kubernetes.client
-        config: Any = kubernetes.config
-        configuration = client.Configuration()
-        try:
-            if self.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(SERVICE_ACCOUNT_TOKEN) and not explicit:
-                config.load_incluster_config(client_configuration=configuration)
-                where = "in-cluster service account"
-            else:
-                path = self._kubeconfig_path(explicit)
-                if path is None:
-                    self._off("no in-cluster service account token and no kubeconfig (KUBECONFIG, ~/.kube/config)")
-                    return
-                config.load_kube_config(config_file=path, client_configuration=configuration)
-                where = f"kubeconfig {path}"
-        except Exception as err:  # a malformed kubeconfig or token must not stop the agent
-            self._off(f"cannot load Kubernetes credentials: {err}")
-            return
-        # The client's own retries would hide an outage behind minutes of attempts; the watch loops back off instead.
-        configuration.retries = False
-        self._api_client = client.ApiClient(configuration)
-        self.core = client.CoreV1Api(self._api_client)
-        self.storage = client.StorageV1Api(self._api_client)
-        if not self.node_name:
-            self.node_name = socket.gethostname()
-            log.warning(
-                "kube: NODE_NAME is not set (downward API spec.nodeName); using the host name %r", self.node_name
+        self._owns_client = client is None
+        if client is None:
+            client = KubeClient(
+                environ=environ, kubeconfig=kubeconfig, node_name=node_name, request_timeout=request_timeout
             )
-        self.enabled = True
-        log.info("kube: watching the API through the %s as node %s", where, self.node_name)
-
-    def _off(self, reason: str) -> None:
-        self.enabled = False
-        self.disabled_reason = reason
-        log.info("kube: source off: %s", reason)
+        self.client = client
+        """The connection the watches use: hand it to the Events action to share its pool."""
+        self.request_timeout = client.request_timeout
+        self.node_name = client.node_name
+        self.enabled = client.enabled
+        self.disabled_reason = client.off_reason
+        self.core: Any = client.core
+        self.storage: Any = client.storage
+        if client.enabled:
+            log.info("kube: watching the API through the %s as node %s", client.where, self.node_name)
+        else:
+            log.info("kube: source off: %s", self.disabled_reason)
 
     # --- watches ---------------------------------------------------------------------------------------------------
 
@@ -563,86 +459,8 @@ class KubeSource:
         deadline = time.monotonic() + 1.0
         for w in self._watchers:
             w.thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        if self._api_client is not None:
-            with contextlib.suppress(Exception):  # closing a pool that is already gone
-                self._api_client.close()
-
-    # --- events ----------------------------------------------------------------------------------------------------
-
-    def post_event(
-        self,
-        reason: str,
-        message: str,
-        *,
-        kind: str = "Node",
-        name: str | None = None,
-        namespace: str = "",
-        uid: str | None = None,
-        event_type: str = "Warning",
-        api_version: str = "v1",
-    ) -> str:
-        """Post a core/v1 Event about an object (this Node by default). The same reason about the same object within
-        10 minutes patches the first Event's count instead of creating another; a token bucket limits the rate.
-
-        Returns "created", "patched", "rate-limited", "failed" or "disabled". Blocks for at most one request
-        (``request_timeout``); call it from the policy worker, not from a scrape.
-        """
-        if not self.enabled:
-            return "disabled"
-        name = name or self.node_name
-        # Events about cluster-scoped objects (the Node) live in "default", as the kubelet's do.
-        event_ns = namespace or "default"
-        now = self.clock()
-        key = (reason, kind, namespace, name)
-        with self._lock:
-            for k, posted in list(self._events.items()):
-                if now - posted.last > EVENT_DEDUP_SECONDS:
-                    del self._events[k]
-            previous = self._events.get(key)
-            if not self._bucket.take():
-                return "rate-limited"
-        try:
-            if previous is not None:
-                body = {"count": previous.count + 1, "lastTimestamp": format_time(now), "message": message}
-                self.core.patch_namespaced_event(
-                    previous.name,
-                    previous.namespace,
-                    body,
-                    _request_timeout=self.request_timeout,
-                    _content_type="application/merge-patch+json",
-                )
-                with self._lock:
-                    previous.count += 1
-                    previous.last = now
-                return "patched"
-            event_name = f"{name}.{uuid.uuid4().hex[:16]}"
-            involved: Obj = {"kind": kind, "name": name, "apiVersion": api_version}
-            if namespace:
-                involved["namespace"] = namespace
-            if uid:
-                involved["uid"] = uid
-            body = {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": event_name, "namespace": event_ns},
-                "involvedObject": involved,
-                "reason": reason,
-                "message": message,
-                "type": event_type,
-                "count": 1,
-                "firstTimestamp": format_time(now),
-                "lastTimestamp": format_time(now),
-                "source": {"component": self.component, "host": self.node_name},
-                "reportingComponent": self.component,
-                "reportingInstance": self.node_name,
-            }
-            self.core.create_namespaced_event(event_ns, body, _request_timeout=self.request_timeout)
-            with self._lock:
-                self._events[key] = _PostedEvent(event_ns, event_name, 1, now, now)
-            return "created"
-        except Exception as err:  # an Event is best effort: the finding is exported either way
-            log.warning("kube: posting Event %s about %s %s failed: %s", reason, kind, name, err)
-            return "failed"
+        if self._owns_client:
+            self.client.close()
 
 
 def _with_time(facts: KubeFacts, now: float) -> KubeFacts:

@@ -42,12 +42,11 @@ def main() -> int:
 
     from storwatch.sources import gpu
 
-    if args.init_backoff is not None:
-        gpu.INIT_BACKOFF_FIRST_SECONDS = args.init_backoff
     source = gpu.GPUSource(
         interval_seconds=args.interval,
         call_timeout_seconds=args.call_timeout,
         samples_interval_seconds=args.samples_interval,
+        **({} if args.init_backoff is None else {"init_backoff_seconds": args.init_backoff}),
     )
 
     def answer(obj: dict[str, Any]) -> None:
