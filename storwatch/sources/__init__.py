@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
+from storwatch.paths import HostPaths
 from storwatch.procfs import LineError
 
 F = TypeVar("F")
@@ -50,6 +51,23 @@ class Source(Protocol[F_co]):
 
     def close(self) -> None:
         """Release what the source holds (helper processes, library handles)."""
+
+
+class Context(Protocol):
+    """What a source's factory may use besides its configuration section (the registry's SourceContext is one):
+    where the host's files are, the clock, and another source's newest facts. A source added by the recipe in
+    docs/architecture.md writes its factory against this, beside the source."""
+
+    @property
+    def paths(self) -> HostPaths: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    @property
+    def latest(self) -> Callable[[FactsKey[Any]], Any]:
+        """Another source's newest facts (None before it reports)."""
+        ...
 
 
 class OnceLog:
