@@ -31,7 +31,7 @@ from storwatch.config import Config, ConfigError, GPUConfig
 from storwatch.exporter import ConfigReloads, Exporter
 from storwatch.history import History
 from storwatch.paths import HostPaths
-from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, load_config
+from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas, load_config
 from storwatch.snapshot import CORE_KEYS, Snapshot
 from storwatch.sources import FactsKey, Source
 from storwatch.sources.kubevolumes import KubeVolumeEvidence
@@ -149,7 +149,10 @@ class Agent:
         self.history = History(config.history_size)
         self.reloads = ConfigReloads()
         self.exporter = Exporter(
-            process_metrics=process_metrics, nfs_operations=config.nfs.operations, reloads=self.reloads
+            exporter_areas(),
+            process_metrics=process_metrics,
+            nfs_operations=config.nfs.operations,
+            reloads=self.reloads,
         )
         self.windows = LatencyWindows()
         self._feeder = WindowFeeder(self.windows)

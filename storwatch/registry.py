@@ -28,6 +28,14 @@ from storwatch.config import (
 )
 from storwatch.config import load_config as _load_config
 from storwatch.config import parse_config as _parse_config
+from storwatch.exporter import Area
+from storwatch.exporter import agent as agent_area
+from storwatch.exporter import checkpoints as checkpoints_area
+from storwatch.exporter import gpu as gpu_area
+from storwatch.exporter import io as io_area
+from storwatch.exporter import kube as kube_area
+from storwatch.exporter import mounts as mounts_area
+from storwatch.exporter import nfs as nfs_area
 from storwatch.paths import HostPaths
 from storwatch.sources import FactsKey, Source
 from storwatch.sources.checkpoints import CHECKPOINTS, CheckpointSource, default_roots
@@ -88,6 +96,8 @@ class SourceSpec(Generic[C, F]):
     scan: ScanMode = "once"
     scan_once: Callable[[SourceContext, C], F] | None = None
     """How `storwatch scan` collects it once, when not simply make, collect, close."""
+    metrics: Area | None = None
+    """The exporter area that writes its facts as metric families (storwatch/exporter/), if any."""
 
     def off_reason(self, section: C) -> str | None:
         """Why ``section`` switches the source off, or None while it leaves it on."""
@@ -220,21 +230,42 @@ def _processes(ctx: SourceContext, section: GPUConfig) -> ProcessSource:
 
 
 SOURCES: tuple[SourceSpec[Any, Any], ...] = (
-    SourceSpec("mounts", "mounts", MountsConfig, MOUNTS, _mounts),
-    SourceSpec("diskstats", "diskio", DiskIOConfig, DISKIO, _diskio, scan="sampled"),
-    SourceSpec("nfs", "nfs", NFSConfig, NFS, _nfs, scan="sampled"),
-    SourceSpec("probe", "probes", ProbesConfig, PROBES, _probe, scan="never"),
-    SourceSpec("checkpoints", "checkpoints", CheckpointsConfig, CHECKPOINTS, _checkpoints, scan="never"),
-    SourceSpec("kube", "kube", KubeConfig, KUBE, _kube, "enabled", scan_once=_scan_kube),
-    SourceSpec("gpu", "gpu", GPUConfig, GPUS, _gpu, "enabled", scan_once=_scan_gpu),
+    SourceSpec("mounts", "mounts", MountsConfig, MOUNTS, _mounts, metrics=mounts_area.families),
+    SourceSpec("diskstats", "diskio", DiskIOConfig, DISKIO, _diskio, scan="sampled", metrics=io_area.families),
+    SourceSpec("nfs", "nfs", NFSConfig, NFS, _nfs, scan="sampled", metrics=nfs_area.families),
+    SourceSpec("probe", "probes", ProbesConfig, PROBES, _probe, scan="never", metrics=io_area.probe_families),
+    SourceSpec(
+        "checkpoints",
+        "checkpoints",
+        CheckpointsConfig,
+        CHECKPOINTS,
+        _checkpoints,
+        scan="never",
+        metrics=checkpoints_area.families,
+    ),
+    SourceSpec("kube", "kube", KubeConfig, KUBE, _kube, "enabled", scan_once=_scan_kube, metrics=kube_area.families),
+    SourceSpec("gpu", "gpu", GPUConfig, GPUS, _gpu, "enabled", scan_once=_scan_gpu, metrics=gpu_area.families),
     SourceSpec("processes", "gpu", GPUConfig, CONTAINERS, _processes, "enabled"),
 )
 """Every source, in the order their collectors are reported (a source whose factory reads another's facts comes
 after it: processes after gpu)."""
 
+SCRAPE_ORDER = ("mounts", "diskstats", "nfs", "probe", "gpu", "checkpoints", "kube")
+"""The first sources' areas in a scrape, in the order their families have always been written; every other source's
+area follows, in the order of SOURCES (a source added by the recipe needs no entry here)."""
+
 BY_NAME: Mapping[str, SourceSpec[Any, Any]] = {spec.name: spec for spec in SOURCES}
 assert len(BY_NAME) == len(SOURCES), "two sources of one name"
 assert len({spec.facts.name for spec in SOURCES}) == len(SOURCES), "two sources file facts under one name"
+
+
+def exporter_areas() -> tuple[Area, ...]:
+    """What a scrape writes, in order: the agent's build and platform, each source's area (SCRAPE_ORDER, then the
+    rest in the order of SOURCES), then the agent's health (collectors, reloads, its process)."""
+    ordered = [BY_NAME[name] for name in SCRAPE_ORDER]
+    ordered += [spec for spec in SOURCES if spec.name not in SCRAPE_ORDER]
+    areas = tuple(spec.metrics for spec in ordered if spec.metrics is not None)
+    return (agent_area.info_families, *areas, agent_area.health_families)
 
 
 def extra_sections() -> dict[str, type]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from storwatch.analysis.latency import WindowStats
+from storwatch.analysis.pods import ProcessPod
 from storwatch.analysis.recovery import checkpoint_age_seconds, recovery_point_seconds
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import is_pseudo_mount
@@ -119,7 +120,7 @@ def _gpus_dict(view: View) -> list[dict[str, Any]]:
                     "container_id": ref.container_id if ref else None,
                     "pod_uid": ref.pod_uid if ref else None,
                     "runtime": ref.runtime if ref else None,
-                    **_pod_names(view, ref.pod_uid if ref else None),
+                    **_pod_names(view.pods.get(p.pid)),
                 }
             )
         out.append(
@@ -146,12 +147,10 @@ def _gpus_dict(view: View) -> list[dict[str, Any]]:
     return out
 
 
-def _pod_names(view: View, pod_uid: str | None) -> dict[str, Any]:
-    pod = view.kube.pod_for_uid(pod_uid) if view.kube is not None and pod_uid else None
+def _pod_names(pod: ProcessPod | None) -> dict[str, Any]:
     if pod is None:
         return {"namespace": None, "pod": None, "owner": None}
-    owner = f"{pod.owner_kind}/{pod.owner_name}" if pod.owner_kind else None
-    return {"namespace": pod.namespace, "pod": pod.name, "owner": owner}
+    return {"namespace": pod.namespace, "pod": pod.name, "owner": pod.owner}
 
 
 def _kube_dict(view: View) -> dict[str, Any]:

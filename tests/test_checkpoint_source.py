@@ -18,6 +18,7 @@ from storwatch.analysis.build import build_view
 from storwatch.classify import Classifier
 from storwatch.exporter import Exporter
 from storwatch.paths import HostPaths
+from storwatch.registry import exporter_areas
 from storwatch.snapshot import Snapshot
 from storwatch.sources.checkpoints import EVENT_LOG, CheckpointSource, default_roots
 from storwatch.vocabulary import FsUsage, Mount, Platform
@@ -188,7 +189,7 @@ def test_metrics_carry_the_durability_of_the_mount(
         Platform("generic", "test"),
         paths=HostPaths(),
     )
-    text = Exporter(process_metrics=False).render(view).decode()
+    text = Exporter(exporter_areas(), process_metrics=False).render(view).decode()
     line = next(x for x in text.splitlines() if x.startswith("storwatch_checkpoint_last_complete_timestamp_seconds{"))
     assert 'durability="volatile"' in line and f'mountpoint="{tmp_path / "scratch"}"' in line
     assert line.endswith(" 1234.0")
@@ -314,7 +315,7 @@ def test_orphaned_temporaries_are_reported_per_run(
     assert runs["run"].orphaned_temp_paths == tuple(sorted(str(p) for p in old))
     assert runs["lonely"].checkpoints == () and runs["lonely"].orphaned_temp_bytes == 7
     view = build_view(Snapshot(timestamp=time.time(), checkpoints=facts), Classifier("generic"), Platform("g", "t"))
-    text = Exporter(process_metrics=False).render(view).decode()
+    text = Exporter(exporter_areas(), process_metrics=False).render(view).decode()
     assert 'storwatch_checkpoint_orphaned_temp_bytes{run="run"} 1500.0' in text
     assert 'storwatch_checkpoint_orphaned_temp_bytes{run="lonely"} 7.0' in text
     data = view_to_dict(view)
@@ -355,7 +356,7 @@ def test_a_stuck_unit_keeps_its_last_result_and_fails_the_collector(
     assert [s.path for s in second.stuck_roots] == [str(vol_b)]
     assert second.failure is not None and str(vol_b) in second.failure and "stuck" in second.failure
     view = build_view(Snapshot(timestamp=time.time(), checkpoints=second), Classifier("generic"), Platform("g", "t"))
-    text = Exporter(process_metrics=False).render(view).decode()
+    text = Exporter(exporter_areas(), process_metrics=False).render(view).decode()
     assert f'storwatch_checkpoint_root_stuck{{root="{vol_b}"}} 1.0' in text
     assert f'storwatch_checkpoint_root_stuck{{root="{root}"}} 0.0' in text
 

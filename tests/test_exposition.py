@@ -18,13 +18,13 @@ from prometheus_client.core import (
     SummaryMetricFamily,
     UnknownMetricFamily,
 )
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from storwatch.analysis.view import View
 from storwatch.config import DEFAULT_NFS_OPERATIONS
-from storwatch.exporter import Exporter, TextFamily, render_text
+from storwatch.exporter import Exporter, Family, render_text
 from storwatch.procfs.mountstats import MountStatsReader
+from storwatch.registry import exporter_areas
 from storwatch.snapshot import Snapshot
 from storwatch.sources.nfs import NFSStats
 from storwatch.vocabulary import Platform
@@ -78,14 +78,11 @@ def test_every_kind_of_family_renders_as_generate_latest_does() -> None:
 
 
 def as_samples(family: Metric) -> Metric:
-    """A TextFamily's lines parsed back by prometheus_client's own parser into an ordinary family."""
-    if not isinstance(family, TextFamily):
+    """A Family's lines read back as samples into an ordinary prometheus_client family."""
+    if not isinstance(family, Family):
         return family
-    suffix = "_total" if family.type == "counter" else ""
-    text = f"# TYPE {family.name}{suffix} {family.type}\n" + "".join(family.lines)
-    [parsed] = text_string_to_metric_families(text)
     copy = Metric(family.name, family.documentation, family.type)
-    copy.samples = parsed.samples
+    copy.samples = family.samples
     return copy
 
 
@@ -129,7 +126,10 @@ def test_nfs_lines_kept_between_renders_are_the_lines_a_fresh_render_writes() ->
     """The exporter keeps each NFS mount's lines, and each procedure's, while their counters stand still: after a
     procedure moves, a mount is unmounted or comes back, the text is what an exporter with no memory writes."""
     captures = [NFSV3.read_bytes(), NFSV42.read_bytes()]
-    reader, kept = MountStatsReader(lambda errors: None), Exporter(process_metrics=False, nfs_operations=["*"])
+    reader, kept = (
+        MountStatsReader(lambda errors: None),
+        Exporter(exporter_areas(), process_metrics=False, nfs_operations=["*"]),
+    )
     steps = [
         b"".join(captures),
         b"".join(captures),  # nothing moved: the same NFSMount objects
@@ -139,7 +139,7 @@ def test_nfs_lines_kept_between_renders_are_the_lines_a_fresh_render_writes() ->
     ]
     for i, data in enumerate(steps):
         view = _nfs_view(reader, data, 1_700_000_000.0 + i)
-        fresh = Exporter(process_metrics=False, nfs_operations=["*"]).render(view)
+        fresh = Exporter(exporter_areas(), process_metrics=False, nfs_operations=["*"]).render(view)
         assert kept.render(view) == fresh, f"step {i}"
         assert fresh.count(b"storwatch_nfs_operations_total{") > 10
     assert b'operation="READ"} 2.2104e+06' in kept.render(_nfs_view(reader, steps[2], 1_700_000_010.0))
@@ -156,11 +156,11 @@ def test_nfs_procedures_exported_are_those_configured() -> None:
         }
 
     called = {op.name for m in view.nfs.mounts.values() for op in m.operations if op.requests}  # type: ignore[union-attr]
-    assert exported(Exporter(process_metrics=False, nfs_operations=["*"])) == called
-    default = exported(Exporter(process_metrics=False))
+    assert exported(Exporter(exporter_areas(), process_metrics=False, nfs_operations=["*"])) == called
+    default = exported(Exporter(exporter_areas(), process_metrics=False))
     assert default == called & set(DEFAULT_NFS_OPERATIONS) and {"READ", "WRITE", "COMMIT", "GETATTR"} <= default
     assert "SEQUENCE" in called - default  # NFSv4.1+ calls it with every request: many series, little news
-    exporter = Exporter(process_metrics=False)
+    exporter = Exporter(exporter_areas(), process_metrics=False)
     exporter.render(view)
     exporter.configure(["READ", "SEQUENCE"])  # a reload: the lines written for the old set go
     assert exported(exporter) == {"READ", "SEQUENCE"}

@@ -30,6 +30,7 @@ from storwatch.classify import Classifier
 from storwatch.config import DiskIOConfig, MountsConfig, NFSConfig
 from storwatch.exporter import Exporter
 from storwatch.paths import HostPaths
+from storwatch.registry import exporter_areas
 from storwatch.snapshot import Snapshot
 from storwatch.sources.diskio import DiskIOSource
 from storwatch.sources.mounts import MountSource
@@ -195,7 +196,7 @@ def render_scrape(tmp: Path) -> str:
     feeder.feed(snapshot)
     platform = Platform("together-k8s", "configured")
     view = build_view(snapshot, Classifier(platform.name), platform, windows=windows)
-    return Exporter(process_metrics=False).render(view).decode("utf-8")
+    return Exporter(exporter_areas(), process_metrics=False).render(view).decode("utf-8")
 
 
 def normalise(text: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from storwatch.analysis.checkpoints import run_views
 from storwatch.analysis.io import mount_io
 from storwatch.analysis.latency import LatencyWindows
+from storwatch.analysis.pods import process_pods
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import Classifier
 from storwatch.paths import HostPaths
@@ -66,4 +67,5 @@ def build_view(
         checkpoints=checkpoints,
         checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
         ready=ready,
+        pods=process_pods(snapshot.containers, snapshot.kube),
     )

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from storwatch.analysis.pods import ProcessPod
 from storwatch.procfs.cgroup import ContainerRef
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount
@@ -75,6 +76,8 @@ class View:
     """The host directories the checkpoint scan searches, as the host names them; None before it first reports."""
     ready: bool = True
     """Every source has reported at least once."""
+    pods: Mapping[int, ProcessPod] = field(default_factory=dict)
+    """GPU process PID -> its container and pod (joined once here for every consumer: analysis/pods.py)."""
 
     # -- the snapshot's facts, as consumers read them
 

@@ -1,0 +1,48 @@
+"""The exporter: renders a View to Prometheus exposition text; /metrics serves the bytes.
+
+One module per area writes that area's families (:mod:`.mounts`, :mod:`.io`, :mod:`.nfs`, :mod:`.gpu`,
+:mod:`.checkpoints`, :mod:`.kube`, :mod:`.agent`), each with :class:`~storwatch.exporter.text.Family`; the writer
+(:mod:`.text`) joins their lines. An area is a function ``(view, state) -> families`` (:data:`.area.Area`);
+:class:`Exporter` renders the areas it is given, in order: the agent gives it those of the source registry
+(``storwatch.registry.exporter_areas``), each source's area declared with the source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client import ProcessCollector
+
+from storwatch.analysis.view import View
+from storwatch.config import DEFAULT_NFS_OPERATIONS
+from storwatch.exporter.area import Area, ConfigReloads, ExportState
+from storwatch.exporter.text import Family, render_text
+
+__all__ = ["Area", "ConfigReloads", "ExportState", "Exporter", "Family", "render_text"]
+
+
+class Exporter:
+    """Renders a View with its areas; keeps what they remember between renders (``state``)."""
+
+    def __init__(
+        self,
+        areas: Sequence[Area],
+        process_metrics: bool = True,
+        nfs_operations: Iterable[str] = DEFAULT_NFS_OPERATIONS,
+        reloads: ConfigReloads | None = None,
+    ) -> None:
+        """``reloads``: the agent's reload record, exported as storwatch_config_* (left out without it)."""
+        process = ProcessCollector(registry=None) if process_metrics else None
+        self.state = ExportState(nfs_operations, reloads, process)
+        self.areas = tuple(areas)
+
+    def configure(self, nfs_operations: Iterable[str]) -> None:
+        self.state.configure(nfs_operations)
+
+    def families(self, view: View | None) -> Iterator[Family]:
+        """Every area's families for ``view``, in order (None: the agent is starting, and has no View yet)."""
+        for area in self.areas:
+            yield from area(view, self.state)
+
+    def render(self, view: View | None) -> bytes:
+        return render_text(self.families(view))

@@ -1,0 +1,68 @@
+"""What every area of the exporter is: a function from the View (and the exporter's state) to metric families, and
+that state: the settings the areas render with and what each keeps from one render to the next."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar, cast
+
+from prometheus_client import ProcessCollector
+
+from storwatch.analysis.view import View
+from storwatch.config import ALL_NFS_OPERATIONS, DEFAULT_NFS_OPERATIONS
+from storwatch.exporter.text import Family
+
+_Kept = TypeVar("_Kept")
+
+
+@dataclass
+class ConfigReloads:
+    """How the agent's configuration reloads went (SIGHUP), for storwatch_config_*."""
+
+    errors_total: int = 0
+    last_success: bool = True
+    """The configuration the agent started with counts as a success: it would not have started otherwise."""
+
+    def succeeded(self) -> None:
+        self.last_success = True
+
+    def failed(self) -> None:
+        self.errors_total += 1
+        self.last_success = False
+
+
+class ExportState:
+    """The settings the areas render with, and each area's own memory between renders (:meth:`kept`)."""
+
+    def __init__(
+        self,
+        nfs_operations: Iterable[str] = DEFAULT_NFS_OPERATIONS,
+        reloads: ConfigReloads | None = None,
+        process: ProcessCollector | None = None,
+    ) -> None:
+        self.reloads = reloads
+        """The agent's reload record, exported as storwatch_config_* (left out without it)."""
+        self.process = process
+        """prometheus_client's collector of this process's CPU, memory and file descriptors (left out without it)."""
+        self._kept: dict[type[object], object] = {}
+        self.configure(nfs_operations)
+
+    def configure(self, nfs_operations: Iterable[str]) -> None:
+        """New settings (a reload): what the areas kept was written under the old ones, and goes."""
+        names = tuple(dict.fromkeys(nfs_operations))
+        self.nfs_operations: tuple[str, ...] | None = None if ALL_NFS_OPERATIONS in names else names
+        """The NFS procedures exported per operation, in the order their lines are written; None for all of them."""
+        self._kept = {}
+
+    def kept(self, kind: type[_Kept]) -> _Kept:
+        """The area's memory of type ``kind``: made empty on first use and after every :meth:`configure`."""
+        memory = self._kept.get(kind)
+        if memory is None:
+            memory = self._kept[kind] = kind()
+        return cast(_Kept, memory)
+
+
+Area = Callable[[View | None, ExportState], Iterable[Family]]
+"""One area of the exporter: the families it writes for a View (None while the agent is starting: most areas write
+nothing then)."""

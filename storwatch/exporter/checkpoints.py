@@ -1,0 +1,78 @@
+"""The checkpoints area: each run's newest complete checkpoint with the durability of the mount it is on, its size,
+write time and interval, what the run keeps, and the scan's stuck roots and check errors (storwatch_checkpoint_*)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from storwatch.analysis.view import View
+from storwatch.exporter.area import ExportState
+from storwatch.exporter.text import Family
+from storwatch.sources.mounts import display_path
+
+_CHECKPOINT_GAUGES = (
+    ("storwatch_checkpoint_size_bytes", "Size of the run's newest complete checkpoint."),
+    ("storwatch_checkpoint_write_duration_seconds", "How long the newest timed complete checkpoint took to write."),
+    ("storwatch_checkpoint_write_bytes_per_second", "Its size over its write duration."),
+    ("storwatch_checkpoint_interval_seconds", "Time between the run's two newest complete checkpoints."),
+    ("storwatch_checkpoint_kept", "Complete checkpoints the run keeps on disk."),
+    ("storwatch_checkpoint_incomplete", "The run's incomplete checkpoints (being written, or abandoned mid-write)."),
+    ("storwatch_checkpoint_corrupt", "The run's corrupt checkpoints (finished, then damaged, or never valid)."),
+    ("storwatch_checkpoint_write_in_progress", "1 while the run's newest checkpoint is incomplete."),
+    (
+        "storwatch_checkpoint_orphaned_temp_bytes",
+        "Bytes of the run's atomic_save temporaries whose writer is gone (removed by the run's next atomic_save).",
+    ),
+)
+
+
+def families(view: View | None, state: ExportState) -> Iterator[Family]:
+    if view is None:
+        return
+    last = Family(
+        "storwatch_checkpoint_last_complete_timestamp_seconds",
+        "Modification time of the run's newest complete checkpoint, with the durability of the mount it is on.",
+        labels=("run", "durability", "mountpoint"),
+    )
+    gauges = {name: Family(name, help_, labels=("run",)) for name, help_ in _CHECKPOINT_GAUGES}
+    for rv in view.checkpoints:
+        run = rv.run
+        label = (rv.label,)
+        newest = run.newest_complete
+        if newest is not None:
+            durability = rv.mount.verdict.durability.value if rv.mount else "unknown"
+            mountpoint = display_path(rv.mount.mount.mountpoint) if rv.mount else ""
+            last.add((rv.label, durability, mountpoint), newest.mtime)
+            gauges["storwatch_checkpoint_size_bytes"].add(label, newest.size_bytes)
+            timed = next((c for c in reversed(run.complete) if c.write_seconds is not None), None)
+            if timed is not None and timed.write_seconds is not None:
+                gauges["storwatch_checkpoint_write_duration_seconds"].add(label, timed.write_seconds)
+                gauges["storwatch_checkpoint_write_bytes_per_second"].add(label, timed.write_bytes_per_second)
+        gauges["storwatch_checkpoint_interval_seconds"].add(label, run.interval_seconds)
+        gauges["storwatch_checkpoint_kept"].add(label, len(run.complete))
+        gauges["storwatch_checkpoint_incomplete"].add(label, run.incomplete)
+        gauges["storwatch_checkpoint_corrupt"].add(label, run.corrupt)
+        gauges["storwatch_checkpoint_write_in_progress"].add(label, 1 if run.write_in_progress else 0)
+        gauges["storwatch_checkpoint_orphaned_temp_bytes"].add(label, run.orphaned_temp_bytes)
+    yield last
+    yield from gauges.values()
+    facts = view.checkpoint_scan
+    if facts is None:
+        return
+    stuck = Family(
+        "storwatch_checkpoint_root_stuck",
+        "1 while the walk or a check of a checkpoint root (or of a mount below one) is past its deadline.",
+        labels=("root",),
+    )
+    stuck_roots = {s.path for s in facts.stuck_roots}
+    for root in sorted({*facts.roots, *stuck_roots}):
+        stuck.add((display_path(root),), 1 if root in stuck_roots else 0)
+    errors = Family(
+        "storwatch_checkpoint_check_errors_total",
+        "Checks of one checkpoint that raised (its verdict says so; the others go on), by kind.",
+        "counter",
+        labels=("reason",),
+    )
+    for reason, count in sorted(facts.check_errors.items()):
+        errors.add((reason,), count)
+    yield from (stuck, errors)
