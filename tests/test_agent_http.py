@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from storwatch.registry import BY_NAME, SOURCES
 from tests.agentproc import (
     REPO_ROOT,
     AgentProcess,
@@ -106,17 +107,23 @@ def test_metrics_served_within_10s_of_start(default_agent: tuple[AgentProcess, f
     assert 'storwatch_collector_success{collector="mounts"} 1.0' in body.splitlines()
     success = dict((labels["collector"], value) for labels, value in samples(body, "storwatch_collector_success"))
     [(_, nvml_up)] = samples(body, "storwatch_nvml_up")
-    assert success == {
+    expected = {
         "mounts": 1.0,
         "diskstats": 1.0,
         "nfs": 1.0,
         "gpu": nvml_up,  # a machine without NVML: the GPU collector fails, with the reason
         "processes": 1.0,
     }
+    assert {name: success.get(name) for name in expected} == expected
     # Off without a config choosing probes, cluster credentials, or anywhere to look for checkpoints (no
     # checkpoints.roots, no kubelet here): neither succeeds nor fails.
     enabled = dict((labels["collector"], value) for labels, value in samples(body, "storwatch_collector_enabled"))
-    assert enabled == {**dict.fromkeys(success, 1.0), "probe": 0.0, "kube": 0.0, "checkpoints": 0.0}
+    off = {"probe", "kube", "checkpoints"}
+    assert {name: enabled.get(name) for name in off} == dict.fromkeys(off, 0.0)
+    assert not off & success.keys()
+    assert set(enabled) == set(BY_NAME)  # every source reports
+    for name in set(BY_NAME) - expected.keys() - off:  # the rest succeed on any machine, or are off with a reason
+        assert success.get(name) == 1.0 or (enabled[name] == 0.0 and name not in success), name
     roots = [labels for labels, value in samples(body, "storwatch_mount_info") if labels["mountpoint"] == "/"]
     assert len(roots) == 1, body
     # The root of any machine this suite runs on is a local disk (or a container's overlay): lost with the node.
@@ -154,16 +161,7 @@ def test_api_status_lists_mounts(default_agent: tuple[AgentProcess, float, str])
     assert root["durability"] == "node", root  # as in test_metrics_served_within_10s_of_start
     assert isinstance(root["size_bytes"], int) and root["size_bytes"] > 0
     assert isinstance(root["avail_bytes"], int) and 0 <= root["avail_bytes"] <= root["size_bytes"]
-    assert [c["name"] for c in data["collectors"]] == [
-        "mounts",
-        "diskstats",
-        "nfs",
-        "probe",
-        "checkpoints",
-        "kube",
-        "gpu",
-        "processes",
-    ]
+    assert [c["name"] for c in data["collectors"]] == [spec.name for spec in SOURCES]
 
 
 def test_unknown_path_is_404(default_agent: tuple[AgentProcess, float, str]) -> None:
@@ -542,11 +540,10 @@ def test_a_thousand_slow_clients_leave_fds_bounded_and_scrapes_answered(tmp_path
             assert reconnects >= clients - 64, f"only {reconnects} reconnects: the agent did not drop idle clients"
             assert set(answered) == {200}, answered
             body = agent.fetch("/metrics", timeout=5.0).text()
-            assert {labels["collector"]: v for labels, v in samples(body, "storwatch_collector_success")} == {
-                "mounts": 1.0,
-                "diskstats": 1.0,
-                "nfs": 1.0,
-            }  # probe and checkpoints: off, with no probes chosen and no roots (no success series either way)
+            succeeded = {labels["collector"]: v for labels, v in samples(body, "storwatch_collector_success")}
+            # probe and checkpoints: off, with no probes chosen and no roots (no success series either way)
+            assert {"mounts": 1.0, "diskstats": 1.0, "nfs": 1.0}.items() <= succeeded.items()
+            assert set(succeeded.values()) == {1.0} and not {"probe", "checkpoints"} & succeeded.keys()
             # The connection cap is 256 // 4 = 64; a few more fds are the scrapes of this test and files being read.
             assert most_fds <= fds_before + 64 + 8, (fds_before, most_fds)
             assert most_threads <= threads_before + 2, (threads_before, most_threads)
