@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from storwatch import registry
 from storwatch.agent import Agent
 from storwatch.config import (
     RANGE,
@@ -118,8 +119,10 @@ def test_shipped_example_is_valid_and_says_the_defaults() -> None:
     example = Path(__file__).parent.parent / "docs" / "config.example.yaml"
     if not example.exists():
         pytest.skip(f"{example} is not in this checkout")
-    # Its header promises "these are the defaults": hold it to that.
-    assert load_config(str(example)) == Config()
+    # Its header promises "these are the defaults": hold it to that, for the sections of every registered source too.
+    loaded = registry.load_config(str(example))
+    assert dataclasses.replace(loaded, extra_sections={}) == Config()
+    assert loaded.extra_sections == {name: kind() for name, kind in registry.extra_sections().items()}
 
 
 # text -> (line, field, what the message says). Each file is otherwise valid.
