@@ -34,15 +34,17 @@ from storwatch.exporter import checkpoints as checkpoints_area
 from storwatch.exporter import gpu as gpu_area
 from storwatch.exporter import io as io_area
 from storwatch.exporter import kube as kube_area
+from storwatch.exporter import lustre as lustre_area
 from storwatch.exporter import mounts as mounts_area
 from storwatch.exporter import nfs as nfs_area
 from storwatch.paths import HostPaths
-from storwatch.sources import FactsKey, Source
+from storwatch.sources import FactsKey, Source, lustre
 from storwatch.sources.checkpoints import CHECKPOINTS, CheckpointSource, default_roots
 from storwatch.sources.diskio import DISKIO, DiskIOSource
 from storwatch.sources.gpu import GPUS, GPUFacts, GPUSource
 from storwatch.sources.kube import KubeSource
 from storwatch.sources.kubevolumes import KUBE, KubeFacts
+from storwatch.sources.lustre import LUSTRE, LustreConfig
 from storwatch.sources.mounts import MOUNTS, MountFacts, MountSource
 from storwatch.sources.nfs import NFS, NFSSource
 from storwatch.sources.probe import PROBES, ProbeSource, ProbeTarget
@@ -246,6 +248,9 @@ SOURCES: tuple[SourceSpec[Any, Any], ...] = (
     SourceSpec("kube", "kube", KubeConfig, KUBE, _kube, "enabled", scan_once=_scan_kube, metrics=kube_area.families),
     SourceSpec("gpu", "gpu", GPUConfig, GPUS, _gpu, "enabled", scan_once=_scan_gpu, metrics=gpu_area.families),
     SourceSpec("processes", "gpu", GPUConfig, CONTAINERS, _processes, "enabled"),
+    SourceSpec(
+        "lustre", "lustre", LustreConfig, LUSTRE, lustre.make, "enabled", "sampled", metrics=lustre_area.families
+    ),
 )
 """Every source, in the order their collectors are reported (a source whose factory reads another's facts comes
 after it: processes after gpu)."""

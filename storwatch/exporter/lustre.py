@@ -1,0 +1,77 @@
+"""The Lustre area: each client mount's bytes, operation counts and operation times from its llite stats
+(storwatch_lustre_*), labelled with the mountpoint the source joined it to ("" when it could not tell)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from storwatch.analysis.view import View
+from storwatch.exporter.area import ExportState
+from storwatch.exporter.text import Family
+from storwatch.procfs.lustre import LliteStats
+from storwatch.sources.lustre import LUSTRE
+from storwatch.sources.mounts import display_path
+
+OPERATIONS = (
+    *("read", "write", "open", "close", "fsync", "getattr", "setattr", "create", "unlink", "mkdir", "rmdir"),
+    *("rename", "readdir", "statfs", "truncate", "mmap", "flock", "ioctl", "seek"),
+)
+"""The operations exported, of the 60 or so a client counts: the data path and the metadata calls a training job's
+reads and checkpoint writes wait on."""
+
+_BYTES_OF = {"read": "read_bytes", "write": "write_bytes"}
+_TIMED_UNITS = frozenset({"usecs", "usec"})
+
+
+def _calls(stats: LliteStats, operation: str) -> int | None:
+    counter = stats.counters.get(operation)
+    if counter is not None:
+        return counter.samples
+    # Before Lustre 2.14 reads and writes are not timed: their calls are the samples of the byte counters.
+    bytes_counter = _BYTES_OF.get(operation)
+    if bytes_counter is not None and bytes_counter in stats.counters:
+        return stats.counters[bytes_counter].samples
+    return None
+
+
+def families(view: View | None, state: ExportState) -> Iterator[Family]:
+    facts = view.snapshot.get(LUSTRE) if view is not None else None
+    if facts is None:
+        return
+    fs = ("fsname", "mountpoint")
+    info = Family(
+        "storwatch_lustre_client_info",
+        "A Lustre client mount: its llite instance and the mount it was joined to (empty: not known).",
+        labels=(*fs, "instance"),
+    )
+    read = Family("storwatch_lustre_read_bytes_total", "Bytes read through the client mount.", "counter", labels=fs)
+    written = Family(
+        "storwatch_lustre_written_bytes_total", "Bytes written through the client mount.", "counter", labels=fs
+    )
+    ops = Family(
+        "storwatch_lustre_operations_total",
+        "Operations the client mount served, by operation.",
+        "counter",
+        labels=(*fs, "operation"),
+    )
+    seconds = Family(
+        "storwatch_lustre_operation_seconds_total",
+        "Time the client mount's operations took, by operation (clients that time them: Lustre 2.14 and later for "
+        "reads and writes).",
+        "counter",
+        labels=(*fs, "operation"),
+    )
+    for client in facts.clients:
+        stats = client.stats
+        where = (client.fsname, display_path(client.mountpoint) if client.mountpoint is not None else "")
+        info.add((*where, client.instance), 1)
+        read.add(where, stats.total("read_bytes"))
+        written.add(where, stats.total("write_bytes"))
+        for op in OPERATIONS:
+            calls = _calls(stats, op)
+            if calls is not None:
+                ops.add((*where, op), calls)
+            counter = stats.counters.get(op)
+            if counter is not None and counter.unit in _TIMED_UNITS and counter.total is not None:
+                seconds.add((*where, op), counter.total / 1e6)
+    yield from (info, read, written, ops, seconds)
