@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-import storwatch.web as web
+import storwatch.web.server as web
 from storwatch.agent import Agent
 from storwatch.analysis.view import View
 from storwatch.config import Config

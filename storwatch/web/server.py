@@ -1,4 +1,9 @@
-"""One HTTP server: /metrics (cached bytes), /healthz, /readyz, /status (HTML) and /api/status (JSON)."""
+"""The HTTP server: /metrics (cached bytes), /healthz, /readyz, /status (HTML, from web/page.py) and /api/status
+(JSON), on one event-loop thread and a few workers.
+
+This module stays whole (about 700 lines) because it is one state machine: a connection moves through handshake,
+head, busy and write states on the loop thread, and splitting those states across modules would spread one
+invariant (only the loop thread touches a connection's socket) over several files."""
 
 from __future__ import annotations
 
@@ -7,7 +12,6 @@ import email.utils
 import errno
 import functools
 import gzip
-import html
 import json
 import logging
 import queue
@@ -22,23 +26,12 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
 
 from storwatch.analysis.view import View
-from storwatch.classify import KERNEL_INTERFACE_DIRS
 from storwatch.config import ConfigError, TLSConfig, parse_listen
 from storwatch.paths import OWN_SOMAXCONN
-from storwatch.report import (
-    human_bytes,
-    human_seconds,
-    kube_cell,
-    latency_cell,
-    mount_state,
-    no_checkpoints_line,
-    no_gpus_line,
-    usage_percent,
-    view_to_dict,
-)
+from storwatch.report import view_to_dict
+from storwatch.web.page import render_status_page
 
 log = logging.getLogger(__name__)
 
@@ -49,211 +42,6 @@ ViewProvider = Callable[[], "View | None"]
 """The current View (None while the agent is starting)."""
 MetricsProvider = Callable[[], bytes]
 """The current exposition text; rendered only when /metrics asks for it."""
-
-
-def render_status_page(data: dict[str, Any]) -> str:
-    e = html.escape
-    # Mounts under the host's procfs and sysfs (a cgroup tmpfs...) are kernel interfaces, not storage: left off the
-    # page, named in a line under the table, and kept in /api/status with "pseudo": true.
-    storage = [m for m in data["mounts"] if not m["pseudo"]]
-    pseudo = [m["mountpoint"] for m in data["mounts"] if m["pseudo"]]
-    rows = []
-    for m in storage:
-        state = mount_state(m)
-        rows.append(
-            "<tr class='{cls}'><td class='mountpoint'>{mp}</td><td>{dev}</td><td>{fs}</td>"
-            "<td class='durability'><span class='d-{dur}'>{dur}</span></td><td class='reason'>{reason}</td>"
-            "<td class='kube'>{kube}</td>"
-            "<td class='num'>{used}</td><td class='num'>{size}</td><td class='num'>{avail}</td>"
-            "<td class='state'>{state}</td></tr>".format(
-                cls="stuck" if m["stuck"] else "",
-                mp=e(m["mountpoint"]),
-                dev=e(m["device"]),
-                fs=e(m["fstype"]),
-                dur=e(m["durability"]),
-                reason=e(m["reason"]),
-                kube=e(kube_cell(m["kube"])),
-                used=usage_percent(m),
-                size=human_bytes(m["size_bytes"]),
-                avail=human_bytes(m["avail_bytes"]),
-                state=e(state),
-            )
-        )
-    pseudo_note = (
-        "<p class='note' id='pseudo'>Not shown: {} under {}: kernel interfaces rather than storage "
-        '(listed in /api/status with "pseudo": true).</p>'.format(
-            e(", ".join(pseudo)), " and ".join(KERNEL_INTERFACE_DIRS)
-        )
-        if pseudo
-        else ""
-    )
-    io_rows = []
-    for m in storage:
-        cells = [latency_cell(m, op, win) for op in ("read", "write", "fsync") for win in ("1m", "1h")]
-        probe = m["io"]["probe"]
-        if probe is None:
-            probe_cell = "-"
-        elif probe["stuck"]:
-            probe_cell = "STUCK"
-        elif probe["seconds"] is None:
-            probe_cell = "failed: " + (probe["error"] or "")
-        else:
-            probe_cell = "/".join(f"{probe['seconds'][k] * 1000:.2f}" for k in ("write", "fsync", "read"))
-        if all(c == "-" for c in cells) and probe_cell == "-":
-            continue
-        io_rows.append(
-            "<tr><td class='mountpoint'>{}</td><td>{}</td>{}<td class='num'>{}</td></tr>".format(
-                e(m["mountpoint"]),
-                e(m["io"]["device"] or ("nfs" if m["io"]["nfs"] else "-")),
-                "".join(f"<td class='num'>{c}</td>" for c in cells),
-                e(probe_cell),
-            )
-        )
-    gpu_rows = []
-    for g in data["gpus"]:
-
-        def pct(v: float | None) -> str:
-            return "-" if v is None else f"{v * 100:.0f}%"
-
-        pods = sorted({p["pod_uid"] or "(host)" for p in g["processes"]})
-        gpu_rows.append(
-            "<tr class='{cls}'><td>{idx}</td><td>{name}</td><td>{up}</td><td class='num'>{util}</td>"
-            "<td class='num'>{mem}</td><td class='num'>{used} / {total}</td><td class='num'>{power}</td>"
-            "<td>{pods}</td></tr>".format(
-                cls="" if g["up"] else "stuck",
-                idx=g["index"],
-                name=e(g["name"] or "?"),
-                up="up" if g["up"] else "DOWN " + e(g["error"] or ""),
-                util=pct(g["utilization_ratio"]),
-                mem=pct(g["memory_utilization_ratio"]),
-                used=human_bytes(g["memory_used_bytes"]),
-                total=human_bytes(g["memory_total_bytes"]),
-                power="-" if g["power_watts"] is None else f"{g['power_watts']:.0f} W",
-                pods=e(", ".join(pods)),
-            )
-        )
-    ckpt_rows = []
-    for r in data["checkpoints"]:
-        problems = []
-        if r["incomplete"]:
-            problems.append(f"{r['incomplete']} incomplete")
-        if r["corrupt"]:
-            bad = next((c for c in r["checkpoints"] if c["verdict"] == "corrupt"), None)
-            problems.append(f"{r['corrupt']} corrupt" + (f": {bad['reason']}" if bad else ""))
-        if r["orphaned_temps"]:
-            problems.append(
-                f"{r['orphaned_temps']} orphaned temporaries ({human_bytes(r['orphaned_temp_bytes'])}) left by killed "
-                "saves; the run's next atomic_save removes them"
-            )
-        ckpt_rows.append(
-            "<tr class='{cls}'><td class='mountpoint'>{run}</td>"
-            "<td class='durability'><span class='d-{dur}'>{dur}</span></td><td class='num'>{age}</td>"
-            "<td class='num'>{size}</td><td class='num'>{interval}</td>"
-            "<td class='num'>{kept}</td><td>{state}</td></tr>".format(
-                cls="stuck" if r["corrupt"] else "",
-                run=e(r["run"]),
-                dur=e(r["durability"] or "unknown"),
-                age=human_seconds(r["newest_complete_age_seconds"]),
-                size=human_bytes(r["newest_complete_size_bytes"]),
-                interval=human_seconds(r["interval_seconds"]),
-                kept=r["kept"],
-                state=e("writing; " if r["write_in_progress"] else "") + e("; ".join(problems) or "ok"),
-            )
-        )
-    if not io_rows:
-        idle = "no latency: no mount did I/O in the last hour, and no probe ran"
-        io_rows.append(f"<tr><td colspan='9' class='empty'>{idle}</td></tr>")
-    if not gpu_rows:
-        gpu_rows.append(f"<tr><td colspan='8' class='empty'>{e(no_gpus_line(data))}</td></tr>")
-    if not ckpt_rows:
-        ckpt_rows.append(f"<tr><td colspan='7' class='empty'>{e(no_checkpoints_line(data))}</td></tr>")
-    gpu_note = _gpu_note(data)
-    collectors = ", ".join(_collector_text(c) for c in data["collectors"])
-    plat = data["platform"]
-    stuck_count = sum(1 for m in storage if m["stuck"])
-    ephemeral = sum(1 for m in storage if m["ephemeral"])
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="10">
-<title>storwatch status</title>
-<style>
-body {{ font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }}
-table {{ border-collapse: collapse; width: 100%; }}
-th, td {{ border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }}
-th {{ background: #f3f3f3; }} td.num {{ text-align: right; white-space: nowrap; }}
-tr.stuck {{ background: #fde2e2; }} .mountpoint {{ font-family: monospace; }}
-.d-volatile {{ color: #b00020; font-weight: bold; }} .d-node {{ color: #b36b00; font-weight: bold; }}
-.d-cluster {{ color: #1b5e20; font-weight: bold; }} .d-region {{ color: #0d47a1; font-weight: bold; }}
-.summary span {{ margin-right: 2em; }} .note {{ color: #555; }} td.empty {{ color: #555; font-style: italic; }}
-td.kube {{ font-size: 12px; }}
-</style></head><body>
-<h1>storwatch</h1>
-<p class="summary"><span>platform: <b id="platform">{e(plat["name"])}</b> ({e(plat["detected_by"])})</span>
-<span>mounts: <b id="mount-count">{len(storage)}</b></span>
-<span>ephemeral (volatile or node): <b id="ephemeral-count">{ephemeral}</b></span>
-<span>stuck: <b id="stuck-count">{stuck_count}</b></span></p>
-<h2>Mounts</h2>
-<table id="mounts"><thead><tr><th>Mountpoint</th><th>Device</th><th>Type</th><th>Durability</th><th>Reason</th>
-<th>Kubernetes</th><th>Used</th><th>Size</th><th>Avail</th><th>State</th></tr></thead>
-<tbody>
-{chr(10).join(rows)}
-</tbody></table>
-{pseudo_note}
-<p class="note" id="legend">Durability, how long data on a mount survives:
-<span class="d-volatile">volatile</span> is lost on a reboot or a pod restart (memory);
-<span class="d-node">node</span> survives pod restarts and is lost with the node;
-<span class="d-cluster">cluster</span> survives losing this node;
-<span class="d-region">region</span> survives losing the cluster.
-<b>Ephemeral</b> means volatile or node: data there is gone when this node is.
-Used is counted as df counts it, used / (used + available): space reserved for root is neither.</p>
-<h2>GPUs</h2>
-{gpu_note}
-<table id="gpus"><thead><tr><th>GPU</th><th>Name</th><th>State</th><th>Util</th><th>Mem util</th>
-<th>Memory</th><th>Power</th><th>Pods</th></tr></thead>
-<tbody>
-{chr(10).join(gpu_rows)}
-</tbody></table>
-<h2>Checkpoints</h2>
-<table id="checkpoints"><thead><tr><th>Run</th><th>Durability</th><th>Newest complete, age</th><th>Size</th>
-<th>Interval</th><th>Kept</th><th>State</th></tr></thead>
-<tbody>
-{chr(10).join(ckpt_rows)}
-</tbody></table>
-<h2>Latency</h2>
-<p>Milliseconds, p50/p95/max of per-second averages, over the last minute and hour; probe: write/fsync/read of
-its last round.</p>
-<table id="latency"><thead><tr><th>Mountpoint</th><th>Device</th><th>Read 1m</th><th>Read 1h</th>
-<th>Write 1m</th><th>Write 1h</th><th>Fsync 1m</th><th>Fsync 1h</th><th>Probe</th></tr></thead>
-<tbody>
-{chr(10).join(io_rows)}
-</tbody></table>
-<p>Collectors: {collectors}</p>
-<p><a href="/metrics">/metrics</a> · <a href="/api/status">/api/status</a></p>
-</body></html>
-"""
-
-
-def _collector_text(c: dict[str, Any]) -> str:
-    e = html.escape
-    if c["state"] == "off":
-        text = f"off ({e(c['off_reason'] or '')})"
-    elif c["state"] == "ok":
-        text = "ok"
-    else:
-        text = "FAILED " + e(c["error"] or "")
-    return f"<span class='collector-{e(c['state'])}'>{e(c['name'])}: {text}</span>"
-
-
-def _gpu_note(data: dict[str, Any]) -> str:
-    """What the GPU table's own rows cannot say: that the collector is off and why, or that NVML stopped answering
-    while the GPUs it knew are listed (as down). An empty table says why in its row (report.no_gpus_line)."""
-    e = html.escape
-    gpu = next((c for c in data["collectors"] if c["name"] == "gpu"), None)
-    if gpu is not None and gpu["state"] == "off":
-        return f"<p id='gpu-note'>The GPU collector is off: {e(gpu['off_reason'] or 'no reason given')}.</p>"
-    nvml = data["nvml"]
-    if not nvml["nvml_up"] and data["gpus"]:
-        return f"<p id='gpu-note'>NVML is not answering: {e(nvml['error'] or 'no reason given')}</p>"
-    return ""
 
 
 # -- the server
