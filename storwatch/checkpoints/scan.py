@@ -57,7 +57,8 @@ Cost
 Where it runs
   The agent never walks a root itself: its checkpoint source runs one scanner per root, and per mount below a root,
   in a helper process (``storwatch/_checkpoint_worker.py``), so a walk that hangs on a mount strands a thread there.
-  The module is standard library only (it imports ``storwatch.training``, which is too) for that reason.
+  The module is standard library only for that reason (so are ``storwatch.training`` and the format registry it
+  imports, whose candidate rules it applies).
 """
 
 from __future__ import annotations
@@ -72,26 +73,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from storwatch.checkpoints.formats import REGISTRY
 from storwatch.training import TEMP_MARKER, is_temp_name
 
 log = logging.getLogger(__name__)
 
-FILE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
+FILE_SUFFIXES = tuple(suffix for f in REGISTRY for suffix in f.scan_suffixes)
 """A regular file with one of these suffixes is a candidate by itself (outside a candidate directory)."""
-DCP_SUFFIX = ".distcp"
+(DCP_SUFFIX,) = (f.shard_suffix for f in REGISTRY if f.shard_suffix is not None)
 """torch.distributed.checkpoint shard files: the directory holding them is the candidate, not the shards."""
-DIR_MARKERS = frozenset(
-    {
-        ".metadata",  # torch.distributed.checkpoint
-        ".snapshot_metadata",  # torchsnapshot
-        "model.safetensors.index.json",  # sharded safetensors (Hugging Face save_pretrained)
-        "commit_success.txt",  # Orbax on object storage (no atomic rename)
-        "_CHECKPOINT_METADATA",  # Orbax
-        "trainer_state.json",  # Hugging Face Trainer
-    }
-)
+DIR_MARKERS = frozenset(marker for f in REGISTRY for marker in f.scan_markers)
 """A directory holding an entry with one of these names is a candidate directory."""
-_CANDIDATE_DIR_NAME = re.compile(r"checkpoint-\d+|global_step\d+|iter_\d{7}|.+\.orbax-checkpoint-tmp-.*")
+_CANDIDATE_DIR_NAME = re.compile("|".join(f.scan_dir_name for f in REGISTRY if f.scan_dir_name is not None))
 _STEP_DIR_NAME = re.compile(r"(\D*)\d+")
 _ANY_SUFFIXES = (*FILE_SUFFIXES, DCP_SUFFIX)
 

@@ -1,0 +1,307 @@
+"""Identify a checkpoint's format from its layout and decide whether it is complete, incomplete, corrupt or unknown.
+
+Formats: torch.save ZIP archives (``.pt``, ``.pth``, ``.bin``, Lightning ``.ckpt``), safetensors (single and sharded
+with an index), torch Distributed Checkpoint (also Megatron's torch_dist), torchsnapshot, DeepSpeed, Hugging Face
+Trainer, Orbax and Megatron.
+
+The cheap check reads structure and metadata, never bulk data: a ZIP's end records and central directory and its
+``data.pkl`` (every storage it names must be in the archive with the bytes it needs), a safetensors header, a DCP
+``.metadata`` or torchsnapshot manifest (every shard must hold the extent the metadata places in it, so a shard cut
+short is ``incomplete``), marker and tracker files. The deep check also reads every byte (ZIP CRC32s, inflated in
+bounded chunks) and, where torch is installed, loads a torch.save file with ``weights_only=True`` in a separate,
+short-lived, resource-limited process (``deep.py``).
+
+Trust: checkpoint files are written by jobs the agent does not trust. Nothing here unpickles with the standard
+unpickler or imports torch: pickles (``data.pkl``, DCP ``.metadata``) are read by the restricted machine in
+``pickles.py``, which refuses every global outside its allow-lists; a file that names another global is ``corrupt``.
+Every parse is bounded (``limits.DeepLimits``); past a bound the verdict names the bound. Symlinks are followed only
+while they stay inside the checkpoint's own directory; FIFOs and devices are never opened for reading.
+
+Verdicts: ``complete``; ``incomplete`` (a save that did not finish, or a file cut short); ``corrupt`` (finished, then
+damaged, never valid, or carrying a refused global); ``unknown`` (not a checkpoint, or a check stopped at a limit that
+says nothing against the checkpoint). ``check`` never raises: an exception while checking is a ``corrupt`` verdict
+naming it.
+
+What cannot be checked cheaply: Orbax writes tensorstore/OCDBT chunks whose layout only tensorstore knows, so an
+Orbax step is judged by its commit (the temporary directory renamed, ``commit_success.txt`` on object stores) and
+the verdict's reason says that its chunks were not compared.
+
+One registry (:data:`REGISTRY`) says, per format, how it is recognised on disk and how it is checked;
+:func:`identify` and :func:`check` here, and the directory scan's candidate rules (``checkpoints/scan.py``), all
+read it.
+
+The checks live beside the formats they know: :mod:`.zip` (torch.save's ZIP: structure, streamed CRCs, the
+restricted read of data.pkl), :mod:`.safetensors` (single files and sharded indexes), :mod:`.dcp`
+(torch.distributed.checkpoint and torchsnapshot: metadata read with the restricted unpickler, shard extents),
+:mod:`.steps` (step directories with tracker files: DeepSpeed, Megatron, Hugging Face Trainer, Orbax) and
+:mod:`.common` (the verdict type, bounded reads that never follow links out of a checkpoint, the JSON and YAML
+readers with their limits).
+
+A check is ``(path, ctx) -> (verdict, reason)``; ``ctx.deep`` says whether it reads every byte (the deep check) or
+only structure and sizes (the cheap check, which still catches a shard cut short).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from storwatch.checkpoints.formats.common import (
+    _DCP_METADATA,
+    DEFAULT_LIMITS,
+    FALLBACK,
+    NOT_A_CHECKPOINT,
+    TORCH_SUFFIXES,
+    VERDICTS,
+    CheckResult,
+    _Bad,
+    _Ctx,
+    _describe,
+    _dir_names,
+    _file_type,
+    _Finding,
+    _footprint,
+    _NotFollowed,
+    _NotRegular,
+)
+from storwatch.checkpoints.formats.dcp import _check_dcp, _check_torchsnapshot
+from storwatch.checkpoints.formats.safetensors import (
+    SAFETENSORS_INDEX_SUFFIX,
+    _check_safetensors,
+    _check_safetensors_sharded,
+)
+from storwatch.checkpoints.formats.steps import (
+    _DEEPSPEED_STEP,
+    _HF_STEP,
+    _MEGATRON_STEP,
+    _MEGATRON_TRACKER,
+    _ORBAX_MARKERS,
+    _ORBAX_TMP,
+    _check_deepspeed,
+    _check_hf_trainer,
+    _check_megatron,
+    _check_orbax,
+)
+from storwatch.checkpoints.formats.zip import _LOCAL_SIG, _check_torch_zip
+from storwatch.checkpoints.limits import DeepLimits, LimitReached
+
+__all__ = ["FORMATS", "REGISTRY", "VERDICTS", "CheckResult", "Format", "check", "identify"]
+
+Check = Callable[[str, _Ctx], _Finding]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One checkpoint format, declared once: how it is recognised, how it is checked, and what makes the directory
+    scan take something for one."""
+
+    name: str
+    check: Check
+    """Its check: structure and sizes, or every byte when ``ctx.deep``."""
+    file_suffixes: tuple[str, ...] = ()
+    """A regular file whose name ends so is of this format."""
+    magic: bytes | None = None
+    """A regular file starting with these bytes is of this format (when no suffix said)."""
+    dir_name: re.Pattern[str] | None = None
+    """A directory whose name matches is of this format."""
+    name_first: bool = False
+    """The name decides before the directory is listed (a name no other format's directory takes)."""
+    dir_entry: Callable[[str], bool] | None = None
+    """A directory holding an entry of which this is true is of this format."""
+    dir_rank: int = 0
+    """Among formats recognised in a directory's listing, the lower rank wins (a Megatron step holds DCP files)."""
+    scan_suffixes: tuple[str, ...] = ()
+    """Files the scan takes as checkpoints by themselves (outside a checkpoint directory)."""
+    scan_markers: frozenset[str] = frozenset()
+    """Entries that make the scan take their directory as a checkpoint directory."""
+    scan_dir_name: str | None = None
+    """A regular expression: directories so named are taken by the scan as checkpoint directories."""
+    shard_suffix: str | None = None
+    """Shard files: the scan takes the directory holding them, not the shards."""
+
+
+REGISTRY: tuple[Format, ...] = (
+    Format(
+        "torch-zip",
+        _check_torch_zip,
+        file_suffixes=TORCH_SUFFIXES,
+        magic=_LOCAL_SIG,
+        scan_suffixes=TORCH_SUFFIXES,
+    ),
+    Format("safetensors", _check_safetensors, file_suffixes=(".safetensors",), scan_suffixes=(".safetensors",)),
+    Format(
+        "safetensors-sharded",
+        _check_safetensors_sharded,
+        file_suffixes=(SAFETENSORS_INDEX_SUFFIX,),
+        dir_entry=lambda e: e.endswith(SAFETENSORS_INDEX_SUFFIX),
+        dir_rank=2,
+        scan_markers=frozenset({"model.safetensors.index.json"}),  # Hugging Face save_pretrained
+    ),
+    Format(
+        "torch-dcp",
+        _check_dcp,
+        dir_entry=lambda e: bool(_DCP_METADATA.fullmatch(e)) or e.endswith(".distcp") or e == ".metadata.tmp",
+        dir_rank=3,
+        scan_markers=frozenset({".metadata"}),
+        shard_suffix=".distcp",
+    ),
+    Format(
+        "torchsnapshot",
+        _check_torchsnapshot,
+        dir_entry=lambda e: e == ".snapshot_metadata",
+        dir_rank=4,
+        scan_markers=frozenset({".snapshot_metadata"}),
+    ),
+    Format(
+        "deepspeed",
+        _check_deepspeed,
+        dir_name=_DEEPSPEED_STEP,
+        dir_entry=lambda e: bool(_DEEPSPEED_STEP.fullmatch(e)),
+        dir_rank=1,
+        scan_dir_name=r"global_step\d+",
+    ),
+    Format(
+        "hf-trainer",
+        _check_hf_trainer,
+        dir_name=_HF_STEP,
+        name_first=True,
+        scan_markers=frozenset({"trainer_state.json"}),
+        scan_dir_name=r"checkpoint-\d+",
+    ),
+    Format(
+        "orbax",
+        _check_orbax,
+        dir_name=re.compile(r".*" + re.escape(_ORBAX_TMP) + r".*", re.DOTALL),
+        name_first=True,
+        dir_entry=lambda e: e in _ORBAX_MARKERS,
+        dir_rank=5,
+        # commit_success.txt: Orbax on object storage, which has no atomic rename
+        scan_markers=frozenset({"commit_success.txt", "_CHECKPOINT_METADATA"}),
+        scan_dir_name=r".+\.orbax-checkpoint-tmp-.*",
+    ),
+    Format(
+        "megatron",
+        _check_megatron,
+        dir_name=_MEGATRON_STEP,
+        dir_entry=lambda e: e == _MEGATRON_TRACKER,
+        dir_rank=0,
+        scan_dir_name=r"iter_\d{7}",
+    ),
+)
+
+FORMATS = tuple(f.name for f in REGISTRY)
+_CHECKS: dict[str, Check] = {f.name: f.check for f in REGISTRY}
+_BY_DIR_RANK = sorted(
+    (f for f in REGISTRY if f.dir_name is not None or f.dir_entry is not None), key=lambda f: f.dir_rank
+)
+_MAGIC = tuple((f.magic, f.name) for f in REGISTRY if f.magic is not None)
+_MAGIC_BYTES = max((len(m) for m, _ in _MAGIC), default=0)
+
+
+# ---- identification ----------------------------------------------------------------------------------------------
+
+
+def identify(path: str) -> str | None:
+    """The checkpoint format of a file or directory, from names and a few leading bytes; None when unknown."""
+    name = os.path.basename(os.path.normpath(path))
+    if os.path.isdir(path):
+        return _identify_dir(path, name)
+    if not os.path.isfile(path):
+        return None
+    for f in REGISTRY:
+        if f.file_suffixes and name.endswith(f.file_suffixes):
+            return f.name
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return None
+    try:
+        head = os.read(fd, _MAGIC_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return next((fmt for magic, fmt in _MAGIC if head.startswith(magic)), None)
+
+
+def _identify_dir(path: str, name: str) -> str | None:
+    for f in REGISTRY:
+        if f.name_first and f.dir_name is not None and f.dir_name.fullmatch(name):
+            return f.name
+    try:
+        entries = _dir_names(path)
+    except OSError:
+        return None
+    for f in _BY_DIR_RANK:
+        if f.dir_name is not None and f.dir_name.fullmatch(name):
+            return f.name
+        entry = f.dir_entry
+        if entry is not None and any(entry(e) for e in entries):
+            return f.name
+    return None
+
+
+# ---- entry point -------------------------------------------------------------------------------------------------
+
+
+def check(
+    path: str,
+    deep: bool = False,
+    now: float | None = None,
+    settle_seconds: float = 60.0,
+    limits: DeepLimits | None = None,
+) -> CheckResult:
+    """Check one checkpoint file or directory; never raises. ``now`` (seconds since the epoch) is injected for the
+    settle time; ``limits`` bounds the check (the defaults are safe for an agent reading hostile files)."""
+    limits = limits or DEFAULT_LIMITS
+    ctx = _Ctx(deep, time.time() if now is None else now, settle_seconds, limits, limits.deadline(), identify, _CHECKS)
+    fmt: str | None = None
+    size, mtime = 0, 0.0
+    limit: str | None = None
+    error: str | None = None
+    try:
+        fmt = identify(path)
+        size, mtime = _footprint(path, ctx.deadline)
+        finding = _check_format(path, fmt, ctx)
+    except LimitReached as err:
+        finding, limit = (err.verdict, str(err)), err.limit
+    except _Bad as err:
+        finding = err.finding
+    except MemoryError:
+        finding, error = (
+            ("unknown", "the check ran out of memory; it says nothing against the checkpoint"),
+            "MemoryError",
+        )
+    except Exception as err:
+        error = type(err).__name__
+        finding = ("corrupt", f"checking it failed ({error}: {_describe(err)}); {FALLBACK}")
+    return CheckResult(path, fmt, finding[0], finding[1] or "all checks passed", size, mtime, deep, limit, error)
+
+
+def _check_format(path: str, fmt: str | None, ctx: _Ctx) -> _Finding:
+    if not os.path.lexists(path):
+        return "incomplete", f"{path} does not exist; {FALLBACK}"
+    if fmt is None:
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            return "unknown", f"{path} cannot be read ({err.strerror or err}): no checkpoint found"
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            return "unknown", f"{path} is {_file_type(st.st_mode)}, not a checkpoint; it was not read"
+        return "unknown", f"{path} {NOT_A_CHECKPOINT}: no checkpoint found"
+    try:
+        return _CHECKS[fmt](path, ctx)
+    except _NotFollowed as err:
+        return "incomplete", f"{err}: the checkpoint cannot be verified where it lies"
+    except _NotRegular as err:
+        return "unknown", f"{err}: not a checkpoint"
+    except OSError as err:
+        return (
+            "corrupt",
+            f"reading {err.filename or path} failed: {err.strerror or err}; the storage may be "
+            f"failing or the file was removed while being checked; {FALLBACK}",
+        )

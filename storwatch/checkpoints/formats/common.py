@@ -1,0 +1,434 @@
+"""The parts every format's check shares: the verdict (CheckResult), the context a check carries, reads that
+never follow a link out of the checkpoint nor open what is not a regular file, the footprint walk, the bounded
+JSON and YAML readers, and the restricted-unpickler resolvers for torch and DCP globals."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any, BinaryIO
+
+from storwatch.checkpoints import pickles
+from storwatch.checkpoints.limits import MIB, Deadline, DeepLimits, LimitReached
+
+VERDICTS = ("complete", "incomplete", "corrupt", "unknown")
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+FALLBACK = "the last complete checkpoint should be used"
+NOT_A_CHECKPOINT = (
+    "is not a recognised checkpoint format (torch.save ZIP, safetensors, DCP, torchsnapshot, DeepSpeed, "
+    "Hugging Face Trainer, Orbax or Megatron)"
+)
+DEFAULT_LIMITS = DeepLimits()
+
+_CHUNK = 1 << 20
+_MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors library refuses larger headers
+_MAX_MARKER = 4096  # `latest`-style marker files hold one short line
+_MAX_CENTRAL_DIRECTORY = 16 * MIB  # about 350,000 entries: far more tensors than any torch.save writes
+_MAX_DIR_ENTRIES = 100_000  # names read from one directory to identify it
+_RATIO_FLOOR = 1 * MIB  # an entry's ratio is judged once it has inflated this much
+_WALK_CLOCK_EVERY = 1024
+_TORCH_DTYPE_BYTES = {
+    "torch.float64": 8,
+    "torch.float32": 4,
+    "torch.float16": 2,
+    "torch.bfloat16": 2,
+    "torch.int64": 8,
+    "torch.int32": 4,
+    "torch.int16": 2,
+    "torch.int8": 1,
+    "torch.uint8": 1,
+    "torch.bool": 1,
+    "torch.complex64": 8,
+    "torch.complex128": 16,
+}
+_NUMBER = re.compile(r"\d{1,18}", re.ASCII)
+_DCP_METADATA = re.compile(r"(__\d{1,9})?\.metadata", re.ASCII)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    path: str
+    """The path as given."""
+    format: str | None
+    """One of FORMATS, or None when the layout is not a known checkpoint format."""
+    verdict: str
+    """``complete``, ``incomplete`` (a save that did not finish, or is still running), ``corrupt`` (finished, then
+    damaged, never valid, or carrying a refused pickle global) or ``unknown`` (not a checkpoint, or a check that
+    stopped at a limit)."""
+    reason: str
+    """A sentence a person can act on."""
+    size_bytes: int
+    """Bytes of regular files (a directory: all files below it, symlinks not followed)."""
+    mtime: float
+    """Newest modification time, seconds since the epoch (a directory: of anything below it)."""
+    deep: bool
+    """Whether the deep check ran (every byte read)."""
+    limit: str | None = None
+    """The DeepLimits field that stopped the check, when one did (a fixed keyword, fit for a label)."""
+    error: str | None = None
+    """The exception's type when checking raised one (the verdict is then ``corrupt``)."""
+
+    @property
+    def complete(self) -> bool:
+        return self.verdict == "complete"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_Finding = tuple[str, str]
+_OK: _Finding = ("complete", "")
+_RANK = {"complete": 0, "unknown": 1, "incomplete": 2, "corrupt": 3}
+
+
+class _NotFollowed(Exception):
+    """A symlink that leads out of the checkpoint's directory."""
+
+
+class _NotRegular(Exception):
+    """A path that is not a regular file (a FIFO, a device, a socket): never opened for reading."""
+
+
+class _Bad(Exception):
+    """A finding reached deep inside a check: unwinds to ``check`` with its verdict and reason."""
+
+    def __init__(self, verdict: str, reason: str) -> None:
+        super().__init__(reason)
+        self.finding: _Finding = (verdict, reason)
+
+
+@dataclass
+class _Ctx:
+    """What one call of ``check`` carries through its helpers."""
+
+    deep: bool
+    now: float
+    settle: float
+    limits: DeepLimits
+    deadline: Deadline
+    identify: Callable[[str], str | None]
+    """The registry's identification, for formats whose members are checkpoints of other formats."""
+    checks: Mapping[str, Callable[[str, _Ctx], _Finding]]
+    """The registry's check of each format, likewise."""
+
+
+def _worst(a: _Finding, b: _Finding) -> _Finding:
+    return b if _RANK[b[0]] > _RANK[a[0]] else a
+
+
+def _inside(path: str, root: str) -> bool:
+    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    return real == real_root or os.path.commonpath([real, real_root]) == real_root
+
+
+def _open_regular(path: str, root: str) -> tuple[BinaryIO, int]:
+    """Open a regular file below ``root`` for reading, and its size; never a FIFO or device that could block."""
+    if not _inside(path, root):
+        raise _NotFollowed(f"{path} is a symlink leading out of {root}; it was not followed")
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _NotRegular(f"{path} is not a regular file ({_file_type(st.st_mode)}); it was not read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _file_type(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _read_exact(f: BinaryIO, offset: int, length: int) -> bytes:
+    f.seek(offset)
+    return f.read(length)
+
+
+def _dir_names(path: str) -> set[str]:
+    """Up to ``_MAX_DIR_ENTRIES`` names of a directory (enough to recognise any layout)."""
+    names: set[str] = set()
+    with os.scandir(path) as it:
+        for entry in it:
+            names.add(entry.name)
+            if len(names) >= _MAX_DIR_ENTRIES:
+                break
+    return names
+
+
+def _describe(err: BaseException) -> str:
+    try:
+        text = str(err)
+    except Exception:  # a str() that fails is itself worth no more than its type
+        text = ""
+    return text[:300] or type(err).__name__
+
+
+def _footprint(path: str, deadline: Deadline) -> tuple[int, float]:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return 0, 0.0
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size, st.st_mtime
+    size, mtime = 0, st.st_mtime
+    for entry_st in _walk_stats(path, deadline):
+        mtime = max(mtime, entry_st.st_mtime)
+        if stat.S_ISREG(entry_st.st_mode):
+            size += entry_st.st_size
+    return size, mtime
+
+
+def _walk_stats(root: str, deadline: Deadline) -> Iterator[os.stat_result]:
+    """lstat of everything below ``root``; symlinks are reported, never followed."""
+    stack = [root]
+    seen = 0
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    seen += 1
+                    if not seen % _WALK_CLOCK_EVERY:
+                        deadline.check()
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    yield st
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+
+
+def _walk_files(root: str, deadline: Deadline, max_depth: int = 3) -> Iterator[str]:
+    stack = [(root, 0)]
+    seen = 0
+    while stack:
+        top, depth = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = []
+                for entry in it:
+                    seen += 1
+                    if not seen % _WALK_CLOCK_EVERY:
+                        deadline.check()
+                    entries.append(entry)
+        except OSError:
+            continue
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.is_dir(follow_symlinks=False):
+                if depth < max_depth:
+                    stack.append((entry.path, depth + 1))
+            elif entry.is_file(follow_symlinks=False) or entry.is_symlink():
+                yield entry.path
+
+
+# ---- bounded JSON ------------------------------------------------------------------------------------------------
+
+_JSON_TOKENS = re.compile(rb'[\[\]{}"\\]')
+
+
+def json_depth_exceeds(raw: bytes, max_depth: int) -> bool:
+    """Whether a JSON document nests deeper than ``max_depth``, found in one linear pass before any parse (a parser
+    that recurses would fail on 200,000 nested ``[`` only after allocating for them)."""
+    depth = 0
+    in_string = False
+    escaped_at = -1
+    for m in _JSON_TOKENS.finditer(raw):
+        pos = m.start()
+        if pos == escaped_at:
+            continue
+        token = raw[pos]
+        if in_string:
+            if token == 0x5C:  # a backslash escapes the next character
+                escaped_at = pos + 1
+            elif token == 0x22:
+                in_string = False
+        elif token == 0x22:
+            in_string = True
+        elif token in (0x5B, 0x7B):
+            depth += 1
+            if depth > max_depth:
+                return True
+        elif token in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def _load_json(raw: bytes, what: str, ctx: _Ctx) -> Any:
+    """Parse a JSON document within the limits; _Bad (corrupt) when it is not JSON or nests too deeply."""
+    limits = ctx.limits
+    if len(raw) > limits.max_json_bytes:
+        raise LimitReached(
+            "max_json_bytes",
+            f"{what} is {len(raw):,} bytes of JSON, over the limit of {limits.max_json_bytes:,} "
+            "(checkpoints.deep_max_json_bytes): it was not parsed",
+        )
+    if json_depth_exceeds(raw, limits.max_json_depth):
+        raise _Bad(
+            "corrupt",
+            f"{what} nests deeper than {limits.max_json_depth} levels (checkpoints.deep_max_json_depth), "
+            f"which no checkpoint format writes: it is damaged or hostile; it was not parsed; {FALLBACK}",
+        )
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+        raise _Bad("corrupt", f"{what} is not valid JSON ({_describe(err)[:120]}); {FALLBACK}") from None
+
+
+@lru_cache(maxsize=8)
+def _torch_resolver(extra: tuple[str, ...]) -> Callable[[str], pickles.Global | None]:
+    base = {**pickles.TORCH_WEIGHTS_ONLY, **pickles.HARMLESS_DATA}
+    for table in (pickles.DEEPSPEED, pickles.MEGATRON, pickles.HF_TRAINER):
+        base.update(table)
+    return pickles.with_extra(base, extra)
+
+
+@lru_cache(maxsize=8)
+def _dcp_resolver(extra: tuple[str, ...]) -> Callable[[str], pickles.Global | None]:
+    return pickles.with_extra(pickles.DCP_METADATA, extra)
+
+
+def _extra_torch_globals(limits: DeepLimits) -> tuple[str, ...]:
+    """Allowed names beyond torch's own list, for the torch-load child (which stands an inert class in for each)."""
+    names = [*pickles.HARMLESS_DATA, *pickles.DEEPSPEED, *pickles.MEGATRON, *pickles.HF_TRAINER]
+    names += [n for n in limits.allowed_globals if not n.endswith(".*")]
+    return tuple(n for n in names if n not in pickles.TORCH_WEIGHTS_ONLY)
+
+
+def _refused(what: str, err: pickles.RefusedGlobal) -> _Finding:
+    return (
+        "corrupt",
+        f"{what} {err}: nothing was run, but a checkpoint whose pickle reaches for {err.name} may carry a code "
+        f"payload and must not be loaded; if {err.name} is a harmless class your checkpoints carry, add it to "
+        f"checkpoints.allowed_globals; {FALLBACK}",
+    )
+
+
+def _read_all(f: BinaryIO, ctx: _Ctx, length: int | None = None) -> int:
+    """Read a file (or ``length`` bytes of it) in bounded chunks; the bytes read."""
+    total = 0
+    while length is None or total < length:
+        chunk = f.read(_CHUNK if length is None else min(_CHUNK, length - total))
+        if not chunk:
+            break
+        total += len(chunk)
+        if not (total // _CHUNK) % 16:
+            ctx.deadline.check()
+    return total
+
+
+def _safe_relative(name: str) -> bool:
+    """A path from metadata that stays inside the checkpoint directory."""
+    return bool(name) and "\0" not in name and not os.path.isabs(name) and ".." not in name.split("/")
+
+
+def _read_bounded(path: str, root: str, limit: int, limit_name: str, what: str) -> bytes:
+    f, size = _open_regular(path, root)
+    with f:
+        if size > limit:
+            raise LimitReached(
+                limit_name,
+                f"{what} is {size:,} bytes, over the limit of {limit:,} (checkpoints.deep_{limit_name}): it was not "
+                "read, so the data files were not compared with it",
+            )
+        return f.read(size)
+
+
+def _load_yaml(raw: bytes, ctx: _Ctx) -> Any:
+    """A YAML document as plain dicts, lists and strings, built from the parser's events with bounds on nesting and
+    size and no aliases (an alias bomb re-uses one node exponentially often)."""
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - PyYAML is a dependency of the agent
+        raise _Bad("unknown", ".snapshot_metadata is YAML and PyYAML is not installed: it was not checked") from None
+    max_depth, max_nodes = ctx.limits.max_json_depth, ctx.limits.max_pickle_objects
+    stack: list[Any] = []
+    keys: list[Any] = []
+    root: Any = None
+    nodes = 0
+
+    def add(value: Any) -> None:
+        nonlocal root
+        if not stack:
+            root = value
+            return
+        top = stack[-1]
+        if isinstance(top, list):
+            top.append(value)
+        elif keys[-1] is _NO_KEY:
+            keys[-1] = value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
+        else:
+            top[keys[-1]] = value
+            keys[-1] = _NO_KEY
+
+    try:
+        for event in yaml.parse(raw.decode("utf-8"), Loader=yaml.SafeLoader):
+            nodes += 1
+            if not nodes % _WALK_CLOCK_EVERY:
+                ctx.deadline.check()
+            if nodes > max_nodes:
+                raise LimitReached("max_pickle_objects", "the YAML manifest holds more nodes than the object limit")
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise _Bad(
+                    "corrupt", f".snapshot_metadata uses YAML anchors, which torchsnapshot never writes; {FALLBACK}"
+                )
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                if len(stack) >= max_depth:
+                    raise _Bad("corrupt", f".snapshot_metadata nests deeper than {max_depth} levels; {FALLBACK}")
+                container: Any = {} if isinstance(event, yaml.MappingStartEvent) else []
+                add(container)
+                stack.append(container)
+                keys.append(_NO_KEY)
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                stack.pop()
+                keys.pop()
+            elif isinstance(event, yaml.ScalarEvent):
+                add(_yaml_scalar(event.value, event.implicit[0]))
+    except yaml.YAMLError as err:
+        raise _Bad("corrupt", f".snapshot_metadata is not valid YAML ({_describe(err)[:120]}); {FALLBACK}") from None
+    except UnicodeDecodeError:
+        raise _Bad("corrupt", f".snapshot_metadata is not UTF-8 text; {FALLBACK}") from None
+    return root
+
+
+class _NoKey:
+    pass
+
+
+_NO_KEY = _NoKey()
+
+
+def _yaml_scalar(value: str, plain: bool) -> Any:
+    if plain and _NUMBER.fullmatch(value):
+        return int(value)
+    if plain and value in ("null", "~", ""):
+        return None
+    return value
+
+
+def _read_marker(path: str, root: str) -> str | None:
+    try:
+        f, _ = _open_regular(path, root)
+    except FileNotFoundError:
+        return None
+    with f:
+        return f.read(_MAX_MARKER).decode("utf-8", "replace").strip()

@@ -1,0 +1,206 @@
+"""Step directories that a tracker file or a rename commits: DeepSpeed (``latest`` -> ``global_stepN``), Megatron
+(``latest_checkpointed_iteration.txt`` -> ``iter_NNNNNNN``), Hugging Face Trainer (``checkpoint-N``, complete once
+settled) and Orbax (committed by renaming its temporary directory, or ``commit_success.txt`` on object stores).
+Their members are checkpoints of other formats, checked through the registry the context carries."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+
+from storwatch.checkpoints.formats.common import (
+    _DCP_METADATA,
+    _NUMBER,
+    _OK,
+    FALLBACK,
+    TORCH_SUFFIXES,
+    _Bad,
+    _Ctx,
+    _dir_names,
+    _Finding,
+    _inside,
+    _NotRegular,
+    _read_marker,
+    _safe_relative,
+    _walk_files,
+    _walk_stats,
+    _worst,
+)
+from storwatch.checkpoints.formats.dcp import _check_dcp, identify_dcp
+from storwatch.checkpoints.formats.safetensors import SAFETENSORS_INDEX_SUFFIX, _safetensors_file
+from storwatch.checkpoints.limits import LimitReached
+
+# ASCII digits only, and few of them: str.isdigit() and \d accept digits int() cannot read ('²') or reads slowly.
+_HF_STEP = re.compile(r"checkpoint-\d{1,18}", re.ASCII)
+_MEGATRON_STEP = re.compile(r"iter_(\d{7})", re.ASCII)
+_DEEPSPEED_STEP = re.compile(r"global_step(\d{1,18})", re.ASCII)
+_ORBAX_TMP = ".orbax-checkpoint-tmp-"
+_ORBAX_MARKERS = ("commit_success.txt", "_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt")
+_MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+
+
+# ---- layouts with marker files -------------------------------------------------------------------------------
+
+
+def _check_orbax(path: str, ctx: _Ctx) -> _Finding:
+    name = os.path.basename(os.path.normpath(path))
+    if _ORBAX_TMP in name:
+        return (
+            "incomplete",
+            "this is an Orbax temporary directory: Orbax renames it to its step name when the save "
+            f"commits, so the save did not finish (or is still running); {FALLBACK}",
+        )
+    # commit_success.txt is the commit on object stores; on a POSIX filesystem the rename above is.
+    return (
+        "complete",
+        "committed (Orbax renamed its temporary directory); its tensorstore chunks are not compared with its "
+        "metadata (only tensorstore knows their layout), so a chunk cut short afterwards is not seen",
+    )
+
+
+def _check_members(root: str, ctx: _Ctx) -> tuple[_Finding, int]:
+    """Check every checkpoint file below ``root`` (torch.save, safetensors); the worst finding and how many."""
+    finding, count = _OK, 0
+    for file_path in _walk_files(root, ctx.deadline):
+        rel = os.path.relpath(file_path, root)
+        if not rel.endswith((*TORCH_SUFFIXES, ".safetensors", SAFETENSORS_INDEX_SUFFIX)):
+            continue
+        fmt = ctx.identify(file_path)
+        if fmt not in ("torch-zip", "safetensors", "safetensors-sharded"):
+            if os.path.islink(file_path):
+                return ("incomplete", f"{rel} is a symlink that leads nowhere readable; it was not followed"), count
+            continue
+        if not _inside(file_path, root):
+            return ("incomplete", f"{rel} is a symlink leading out of {root}; it was not followed"), count
+        count += 1
+        try:
+            member = (
+                ctx.checks[fmt](file_path, ctx) if fmt != "safetensors" else _safetensors_file(file_path, root, ctx)[0]
+            )
+        except _Bad as err:
+            member = err.finding
+        except _NotRegular as err:
+            member = ("unknown", str(err))
+        except LimitReached as err:
+            raise LimitReached(err.limit, f"{rel}: {err}", err.verdict) from None
+        if member[0] != "complete":
+            finding = _worst(finding, (member[0], f"{rel}: {member[1]}"))
+    return finding, count
+
+
+def _tracked_step(tracked: str, parse: re.Pattern[str]) -> int | None:
+    """The step a tracker names (``global_step20``, ``iter_0000020``, ``20``); None when it names none."""
+    match = parse.fullmatch(tracked)
+    if match:
+        return int(match.group(1))
+    if _NUMBER.fullmatch(tracked):
+        return int(tracked)
+    return None
+
+
+def _bad_tracker(tracker: str, tracked: str) -> _Finding:
+    return (
+        "corrupt",
+        f"{tracker} holds {tracked[:40]!r}, which is not a step it could name (ASCII digits or a step directory): "
+        f"the tracker is damaged or hostile; {FALLBACK}",
+    )
+
+
+def _check_step_dir(
+    path: str, tracker: str, tracked: str | None, step: int, parse: re.Pattern[str], what: str, ctx: _Ctx
+) -> _Finding:
+    if tracked is None:
+        return (
+            "incomplete",
+            f"{tracker} is missing next to this step: {what} writes it after a save finishes, so "
+            f"this save did not finish; {FALLBACK}",
+        )
+    tracked_step = _tracked_step(tracked, parse)
+    if tracked_step is None and tracked != "release":
+        return _bad_tracker(tracker, tracked)
+    if tracked_step is None or tracked_step < step:
+        return (
+            "incomplete",
+            f"{tracker} names {tracked[:40]!r}, not this step or a later one: {what} writes it when a "
+            f"save finishes, so this save did not finish (or is still running); {FALLBACK}",
+        )
+    finding, count = _check_members(path, ctx)
+    if count == 0 and not any(_DCP_METADATA.fullmatch(e) for e in _dir_names(path)):
+        return "incomplete", f"no checkpoint files in the step directory: the save did not write them; {FALLBACK}"
+    return finding
+
+
+def _check_tracked_root(
+    path: str, tracker: str, dir_for: Callable[[str], str | None], ctx: _Ctx, what: str
+) -> _Finding:
+    tracked = _read_marker(os.path.join(path, tracker), path)
+    if tracked is None:
+        return (
+            "incomplete",
+            f"no {tracker}: {what} writes it after the first save finishes, so no save has finished here",
+        )
+    step_name = dir_for(tracked)
+    if step_name is None or not _safe_relative(step_name) or "/" in step_name:
+        return _bad_tracker(tracker, tracked)
+    step_dir = os.path.join(path, step_name)
+    if not os.path.isdir(step_dir) or not _inside(step_dir, path):
+        return (
+            "incomplete",
+            f"{tracker} names {tracked[:40]!r} but {step_name[:80]} is missing: the "
+            f"directory was cleaned up or copied in part; {FALLBACK}",
+        )
+    return ctx.checks[what.lower()](step_dir, ctx)
+
+
+def _deepspeed_dir(tracked: str) -> str | None:
+    return tracked if tracked and "\0" not in tracked else None
+
+
+def _check_deepspeed(path: str, ctx: _Ctx) -> _Finding:
+    name = os.path.basename(os.path.normpath(path))
+    match = _DEEPSPEED_STEP.fullmatch(name)
+    if match is None:
+        return _check_tracked_root(path, "latest", _deepspeed_dir, ctx, "DeepSpeed")
+    parent = os.path.dirname(os.path.abspath(path))
+    tracked = _read_marker(os.path.join(parent, "latest"), parent)
+    return _check_step_dir(path, "latest", tracked, int(match.group(1)), _DEEPSPEED_STEP, "DeepSpeed", ctx)
+
+
+def _megatron_dir(tracked: str) -> str | None:
+    if _NUMBER.fullmatch(tracked):
+        return f"iter_{int(tracked):07d}"
+    return "release" if tracked == "release" else None
+
+
+def _check_megatron(path: str, ctx: _Ctx) -> _Finding:
+    name = os.path.basename(os.path.normpath(path))
+    match = _MEGATRON_STEP.fullmatch(name)
+    if match is None:
+        return _check_tracked_root(path, _MEGATRON_TRACKER, _megatron_dir, ctx, "Megatron")
+    parent = os.path.dirname(os.path.abspath(path))
+    tracked = _read_marker(os.path.join(parent, _MEGATRON_TRACKER), parent)
+    finding = _check_step_dir(path, _MEGATRON_TRACKER, tracked, int(match.group(1)), _MEGATRON_STEP, "Megatron", ctx)
+    if finding[0] == "complete" and identify_dcp(path):
+        finding = _worst(finding, _check_dcp(path, ctx))
+    return finding
+
+
+def _check_hf_trainer(path: str, ctx: _Ctx) -> _Finding:
+    if not os.path.exists(os.path.join(path, "trainer_state.json")):
+        return (
+            "incomplete",
+            "no trainer_state.json: the Hugging Face Trainer writes it at the end of a save, so this "
+            f"save did not finish (or is still running); {FALLBACK}",
+        )
+    newest = max((st.st_mtime for st in _walk_stats(path, ctx.deadline)), default=os.stat(path).st_mtime)
+    newest = max(newest, os.stat(path).st_mtime)
+    age = ctx.now - newest
+    if age < ctx.settle:
+        return (
+            "incomplete",
+            f"something in the directory changed {max(age, 0.0):.0f} s ago, less than the "
+            f"{ctx.settle:.0f} s settle time: the save may still be running; check again later",
+        )
+    finding, _ = _check_members(path, ctx)
+    return finding
