@@ -3,6 +3,10 @@
 Signals: SIGTERM/SIGINT stop it (within a couple of seconds whatever the mounts do: nothing here waits on one);
 SIGHUP reloads the configuration file and keeps the last good one when the new one is invalid or cannot be applied.
 The handlers only note a signal; the main thread acts on it (see SignalInbox).
+
+Why one file (about 630 lines): the agent's lifecycle is one piece of concurrency: source workers, the tick, the
+server's providers, signals and reloads share one lock and one stopping order, which is easier to check in one
+place. What each source is and how it is made is in the registry (registry.py), not here.
 """
 
 from __future__ import annotations

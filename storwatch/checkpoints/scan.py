@@ -59,6 +59,10 @@ Where it runs
   in a helper process (``storwatch/_checkpoint_worker.py``), so a walk that hangs on a mount strands a thread there.
   The module is standard library only for that reason (so are ``storwatch.training`` and the format registry it
   imports, whose candidate rules it applies).
+
+Why one file (about 610 lines): one walk with its bounds, its reuse of unchanged listings and its grouping into
+runs; the three read the same per-directory state, and the rules for what is a candidate come from the format
+registry (checkpoints/formats).
 """
 
 from __future__ import annotations

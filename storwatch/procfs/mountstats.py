@@ -19,6 +19,11 @@ SOURCE and MOUNTPOINT are octal-escaped as in mountinfo. Bad lines are returned 
 and skip only themselves; a bad ``device`` line skips its mount's block. The kernel ends every line with a newline,
 so a last line without one was cut short by the reader; it is reported as truncated rather than trusted, because a
 number cut in half still looks like a number.
+
+Why one file (about 975 lines): the block parser, the per-operation line finder and the incremental reader share one
+reading of the kernel's layout and must change together when a kernel adds a field. The incremental reader and its
+cache are state, which procfs/ otherwise does not hold; moving them to the NFS source is open work (the per-tick
+cost of the NFS source, measured in BENCHMARKS.md, depends on them).
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ raises makes only its own checkpoint ``corrupt`` (``unknown`` when it is no know
 (``check_errors``). Write timings come from the training side's event log (storwatch.training.atomic_save) where there
 is one, else from when this source first saw the checkpoint incomplete and then complete. Temporaries of
 ``atomic_save`` whose writer is gone are reported per run (never removed: the next save does that).
+
+Why one file (about 540 lines): the source's state per unit and per run, and the helper-process calls that fill
+it, follow one checkpoint from found to checked to tracked; the stage records are in checkpoints/ and analysis/.
 """
 
 from __future__ import annotations
