@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_blocking_worker.py")
 FORGET_SECONDS = 3600.0
 """What the pool remembers of a key (answered in time or late) is forgotten this long after it was last asked for."""
+MIN_KEYS_KEPT = 256
+"""Keys remembered, at least, whatever their age: past twice this, or twice the largest round asked for, the keys
+asked for longest ago go first (pod volumes mounted and unmounted every second must not pile up for an hour)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class BlockingCalls:
         self._done: dict[str, _Done] = {}  # key -> outcome not yet collected
         self._late: dict[str, bool] = {}  # key -> whether its last finished call came back past its deadline
         self._asked: dict[str, float] = {}  # key -> when it was last asked for
+        self._largest_round = 0
         self._stuck_slots = 0
         self._next_forget = 0.0
         self._proc: subprocess.Popen[bytes] | None = None
@@ -169,14 +173,21 @@ class BlockingCalls:
         return upcoming
 
     def _forget(self, now: float) -> None:
-        if now < self._next_forget:
+        bound = 2 * max(MIN_KEYS_KEPT, self._largest_round)
+        if now < self._next_forget and len(self._asked) <= bound and len(self._done) <= bound:
             return
         self._next_forget = now + 60.0
-        old = [k for k, t in self._asked.items() if now - t > FORGET_SECONDS and k not in self._by_key]
+        old = {k for k, t in self._asked.items() if now - t > FORGET_SECONDS and k not in self._by_key}
+        if len(self._asked) - len(old) > bound // 2:
+            # Too many keys for their age to bound them: keep the half of the bound asked for most recently.
+            by_age = sorted((t, k) for k, t in self._asked.items() if k not in old and k not in self._by_key)
+            excess = len(self._asked) - len(old) - bound // 2
+            old.update(k for _, k in by_age[:excess])
         for key in old:
             del self._asked[key]
             self._late.pop(key, None)
-        for key in [k for k, d in self._done.items() if now - d.at > FORGET_SECONDS]:
+            self._done.pop(key, None)
+        for key in [k for k, d in self._done.items() if now - d.at > FORGET_SECONDS or k not in self._asked]:
             del self._done[key]
 
     # -- calls
@@ -201,9 +212,10 @@ class BlockingCalls:
         with self._lock:
             if self._closed:
                 return {k: CallOutcome(error="shutting down") for k in requests}
-            self._forget(started)
+            self._largest_round = max(self._largest_round, len(requests))
             for key in requests:
                 self._asked[key] = started
+            self._forget(started)
             # Keys that answered in time last round first, then new ones, then those whose last call was late.
             order = {False: 0, None: 1, True: 2}
             queue = sorted((k for k in requests if k not in self._by_key), key=lambda k: order[self._late.get(k)])
@@ -288,6 +300,11 @@ class BlockingCalls:
         """The helper process's PID while one runs (its threads are the bound this module keeps)."""
         proc = self._proc
         return proc.pid if proc is not None and proc.poll() is None else None
+
+    def remembered(self) -> int:
+        """Keys the pool holds anything of (when last asked, whether late, an answer not yet collected)."""
+        with self._lock:
+            return len(self._asked.keys() | self._late.keys() | self._done.keys() | self._by_key.keys())
 
     def in_flight(self) -> int:
         with self._lock:
