@@ -23,9 +23,9 @@ from prometheus_client.registry import Collector
 from storwatch.analysis.view import View
 from storwatch.config import DEFAULT_NFS_OPERATIONS
 from storwatch.exporter import Exporter, Family, render_text
-from storwatch.procfs.mountstats import MountStatsReader
 from storwatch.registry import exporter_areas
 from storwatch.snapshot import Snapshot
+from storwatch.sources.mountstats_reader import MountStatsReader
 from storwatch.sources.nfs import NFSStats
 from storwatch.vocabulary import Platform
 from tests.test_golden import render_scrape

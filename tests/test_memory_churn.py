@@ -74,7 +74,7 @@ def test_probe_histograms_of_unmounted_volumes_go_with_them(tmp_path: Path) -> N
 
 
 def test_device_line_caches_are_bounded_by_the_mounts_in_the_file() -> None:
-    from storwatch.procfs.mountstats import MountStatsReader, OperationLines
+    from storwatch.sources.mountstats_reader import MountStatsReader, OperationLines
 
     reader, finder = MountStatsReader(lambda errors: None), OperationLines(("READ",))
     block = (

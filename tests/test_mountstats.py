@@ -12,17 +12,16 @@ from storwatch.procfs.mountstats import (
     EVENT_NAMES,
     RDMA_COUNTER_NAMES,
     MountStatsError,
-    MountStatsReader,
     NFSBytes,
     NFSMount,
     NFSOperation,
     NFSTransport,
-    OperationLines,
     parse_mountstats,
     parse_operation_line,
     parse_operation_times,
     parse_transport_line,
 )
+from storwatch.sources.mountstats_reader import MountStatsReader, OperationLines
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mountstats"
 NFSV3 = FIXTURES / "nfsv3"

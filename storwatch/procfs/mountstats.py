@@ -20,21 +20,21 @@ and skip only themselves; a bad ``device`` line skips its mount's block. The ker
 so a last line without one was cut short by the reader; it is reported as truncated rather than trusted, because a
 number cut in half still looks like a number.
 
-Why one file (about 975 lines): the block parser, the per-operation line finder and the incremental reader share one
-reading of the kernel's layout and must change together when a kernel adds a field. The incremental reader and its
-cache are state, which procfs/ otherwise does not hold; moving them to the NFS source is open work (the per-tick
-cost of the NFS source, measured in BENCHMARKS.md, depends on them).
+Why one file (about 830 lines): the block parser and the per-operation line parsers share one reading of the
+kernel's layout and must change together when a kernel adds a field. The incremental readers and their caches are
+the NFS source's (``sources/mountstats_reader.py``); an NFSMount made by one parses its own tables on first use and
+asks that reader (through ``OperationMemory``) for per-op lines parsed by earlier reads, so a busy mount's tables
+cost nothing until a scrape looks at them.
 """
 
 from __future__ import annotations
 
 import builtins
 import functools
-import itertools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from storwatch.procfs import LineError
 from storwatch.procfs.mountinfo import unescape
@@ -196,14 +196,25 @@ class NFSOperation(NamedTuple):
     kernels backport it). None on older kernels, which print 8 numbers."""
 
 
+class OperationMemory(Protocol):
+    """What a lazily parsed NFSMount asks of the reader that made it (storwatch/sources/mountstats_reader.py): where
+    its bad lines go, and the per-op lines parsed for its mountpoint by earlier reads."""
+
+    def report(self, errors: list[MountStatsError]) -> None: ...
+
+    def parsed_op(self, mountpoint: str, line: builtins.bytes) -> NFSOperation | None: ...
+
+    def remember_ops(self, mountpoint: str, parsed: dict[builtins.bytes, NFSOperation]) -> None: ...
+
+
 class NFSMount:
     """One NFS mount's block of /proc/<pid>/mountstats.
 
     ``device``, ``mountpoint``, ``fstype`` and ``statvers`` come from the block's first line. The rest (options, age,
     events, bytes, transports, per-op table) is either given (:func:`parse_mountstats`) or parsed from the block on
-    first use (:class:`MountStatsReader`): a reader of the file every second then pays for a busy mount's tables only
-    when something (a scrape, the status page) looks at them. Either way the values are the same; two mounts are equal
-    when every field is, and a mount hashes by its fields (the counter maps left out).
+    first use (``sources/mountstats_reader.py``): a reader of the file every second then pays for a busy mount's
+    tables only when something (a scrape, the status page) looks at them. Either way the values are the same; two
+    mounts are equal when every field is, and a mount hashes by its fields (the counter maps left out).
 
     Fields (the table's are properties; ``bytes`` is the ``bytes:`` line, not the type):
       options: the ``opts:`` line, the NFS mount options in effect (``vers=4.2``, ``nconnect=4``, ``proto=tcp``...).
@@ -262,7 +273,7 @@ class NFSMount:
         there), with their numbers in the block; those after it are split off when ``operations`` is asked for."""
         self._block: builtins.bytes = b""
         self._lineno = 1
-        self._reader: MountStatsReader | None = None
+        self._reader: OperationMemory | None = None
         self._parsed: dict[builtins.bytes, NFSOperation] = {}
         """Per-op lines this mount has parsed or found parsed before, for the reader to remember."""
         self._ops: dict[str, NFSOperation | None] = {}
@@ -271,7 +282,7 @@ class NFSMount:
         no such line), found when first needed."""
 
     @classmethod
-    def from_block(cls, head: _DeviceLine, block: builtins.bytes, lineno: int, reader: MountStatsReader) -> NFSMount:
+    def from_block(cls, head: DeviceLine, block: builtins.bytes, lineno: int, reader: OperationMemory) -> NFSMount:
         """A mount whose tables are parsed from ``block`` (its device line first, every line ending in a newline) on
         first use. ``lineno`` is the device line's number in the file; bad lines go to the reader's ``report`` with
         their numbers in the file, when the tables are parsed. Per-op lines the reader has seen parsed for this
@@ -365,7 +376,7 @@ class NFSMount:
             if line[:1].isspace() and line.strip():
                 lines.append((line, n))
             elif line.strip():
-                errors.append(MountStatsError(n, _NOT_INDENTED, _shown(line)))
+                errors.append(MountStatsError(n, _NOT_INDENTED, shown(line)))
         self._report(errors)
         return lines
 
@@ -381,7 +392,7 @@ class NFSMount:
     def _one_operation(self, name: str) -> NFSOperation | None:
         block = self._block
         key = name.encode("utf-8", "surrogateescape") + b": "
-        at = _op_line_at(block, key, self._perop_start(), len(block))
+        at = op_line_at(block, key, self._perop_start(), len(block))
         if at is None:
             return None
         start, end = at
@@ -390,8 +401,8 @@ class NFSMount:
     def _perop_start(self) -> int:
         start = self._perop
         if start < 0:
-            header = self._block.find(_PER_OP_HEADER)
-            start = self._perop = header + len(_PER_OP_HEADER) if header >= 0 else 0
+            header = self._block.find(PER_OP_HEADER)
+            start = self._perop = header + len(PER_OP_HEADER) if header >= 0 else 0
         return start
 
     def _key(self) -> tuple[object, ...]:
@@ -434,7 +445,7 @@ def _line_number(block: bytes, offset: int) -> int:
     return block.count(b"\n", 0, offset) + 1
 
 
-def _shown(line: bytes) -> str:
+def shown(line: bytes) -> str:
     return line.decode("utf-8", "backslashreplace")
 
 
@@ -444,7 +455,7 @@ def _numbers(fields: list[bytes], lineno: int, line: bytes, what: str, signed: i
     for i, f in enumerate(fields):
         digits = f[1:] if i == signed and f.startswith(b"-") else f
         if not digits.isdigit():
-            raise MountStatsError(lineno, f"{what} holds a value that is not a decimal integer", _shown(line))
+            raise MountStatsError(lineno, f"{what} holds a value that is not a decimal integer", shown(line))
     return [int(f) for f in fields]
 
 
@@ -472,10 +483,10 @@ def parse_operation_line(line: bytes, lineno: int = 1) -> NFSOperation:
     fields = rest.split()
     if not sep or len(name_part.split()) != 1 or len(fields) not in (8, 9):
         raise MountStatsError(
-            lineno, f"per-op line: expected 'NAME:' and 8 or 9 numbers, got {len(fields)}", _shown(line)
+            lineno, f"per-op line: expected 'NAME:' and 8 or 9 numbers, got {len(fields)}", shown(line)
         )
     if not b"".join(fields).isdigit():
-        raise MountStatsError(lineno, "per-op line holds a value that is not a decimal integer", _shown(line))
+        raise MountStatsError(lineno, "per-op line holds a value that is not a decimal integer", shown(line))
     return NFSOperation(os.fsdecode(name_part.strip()), *map(int, fields), *_NO_ERRORS[len(fields)])
 
 
@@ -510,7 +521,7 @@ def parse_transport_line(line: bytes, lineno: int = 1) -> NFSTransport:
     key, sep, rest = line.strip().partition(b":")
     fields = rest.split()
     if key != b"xprt" or not sep or not fields:
-        raise MountStatsError(lineno, "not an 'xprt: PROTOCOL ...' line", _shown(line))
+        raise MountStatsError(lineno, "not an 'xprt: PROTOCOL ...' line", shown(line))
     protocol = os.fsdecode(fields[0])
     count = len(fields) - 1
     if protocol == "rdma":
@@ -518,16 +529,16 @@ def parse_transport_line(line: bytes, lineno: int = 1) -> NFSTransport:
             raise MountStatsError(
                 lineno,
                 f"xprt rdma: expected {_RDMA_MIN} to {_RDMA_GENERIC + len(RDMA_COUNTER_NAMES)} numbers, got {count}",
-                _shown(line),
+                shown(line),
             )
     elif protocol in _SOCKET_LAYOUTS:
         if count not in _SOCKET_LAYOUTS[protocol]:
             short, full = _SOCKET_LAYOUTS[protocol]
             raise MountStatsError(
-                lineno, f"xprt {protocol}: expected {short} or {full} numbers, got {count}", _shown(line)
+                lineno, f"xprt {protocol}: expected {short} or {full} numbers, got {count}", shown(line)
             )
     else:
-        raise MountStatsError(lineno, f"xprt: unknown transport protocol {protocol!r}", _shown(line))
+        raise MountStatsError(lineno, f"xprt: unknown transport protocol {protocol!r}", shown(line))
     # idle_time is printed with %ld: a last_used stamped after the jiffies read makes it briefly negative.
     idle_index = {"udp": None, "local": 3}.get(protocol, 4)
     v = _numbers(fields[1:], lineno, line, f"xprt {protocol}", signed=idle_index)
@@ -585,7 +596,7 @@ def parse_events_line(line: bytes, lineno: int = 1) -> dict[str, int]:
     values = _numbers(line.strip().partition(b":")[2].split(), lineno, line, "events")
     if len(values) < _MIN_EVENTS:
         raise MountStatsError(
-            lineno, f"events: expected at least {_MIN_EVENTS} counters, got {len(values)}", _shown(line)
+            lineno, f"events: expected at least {_MIN_EVENTS} counters, got {len(values)}", shown(line)
         )
     names = [*EVENT_NAMES, *(f"event_{i}" for i in range(len(EVENT_NAMES), len(values)))]
     return dict(zip(names, values, strict=False))
@@ -595,19 +606,19 @@ def parse_bytes_line(line: bytes, lineno: int = 1) -> NFSBytes:
     """Parse a ``bytes:`` line (enum nfs_stat_bytecounters: exactly 8 counters)."""
     values = _numbers(line.strip().partition(b":")[2].split(), lineno, line, "bytes")
     if len(values) != 8:
-        raise MountStatsError(lineno, f"bytes: expected 8 counters, got {len(values)}", _shown(line))
+        raise MountStatsError(lineno, f"bytes: expected 8 counters, got {len(values)}", shown(line))
     return NFSBytes(*values)
 
 
 @dataclass(frozen=True)
-class _DeviceLine:
+class DeviceLine:
     device: str
     mountpoint: str
     fstype: str
     statvers: str | None
 
 
-def _parse_device_line(line: bytes, lineno: int) -> _DeviceLine:
+def parse_device_line(line: bytes, lineno: int) -> DeviceLine:
     # Source and mount point are escaped by the kernel (space as \040), so single spaces separate the fields.
     fields = line.split(b" ")
     if fields[:2] == [b"no", b"device"]:
@@ -620,22 +631,22 @@ def _parse_device_line(line: bytes, lineno: int) -> _DeviceLine:
         or not fields[7]
     ):
         raise MountStatsError(
-            lineno, "expected 'device SOURCE mounted on MOUNTPOINT with fstype TYPE [statvers=V]'", _shown(line)
+            lineno, "expected 'device SOURCE mounted on MOUNTPOINT with fstype TYPE [statvers=V]'", shown(line)
         )
     statvers: str | None = None
     if len(fields) == 9:
         key, sep, value = fields[8].partition(b"=")
         if key != b"statvers" or not sep or not value:
-            raise MountStatsError(lineno, "expected 'statvers=VERSION' after the fstype", _shown(line))
+            raise MountStatsError(lineno, "expected 'statvers=VERSION' after the fstype", shown(line))
         statvers = os.fsdecode(value)
     if b"\x00" in line or b"\\000" in fields[1] + b" " + fields[4]:
         # The kernel prints C strings (see mountinfo.parse_line): a NUL is never in a line it wrote.
-        raise MountStatsError(lineno, "the source or mount point holds a NUL byte", _shown(line))
-    return _DeviceLine(unescape(fields[1]), unescape(fields[4]), os.fsdecode(fields[7]), statvers)
+        raise MountStatsError(lineno, "the source or mount point holds a NUL byte", shown(line))
+    return DeviceLine(unescape(fields[1]), unescape(fields[4]), os.fsdecode(fields[7]), statvers)
 
 
 class _MountBuilder:
-    def __init__(self, head: _DeviceLine, defer_ops: bool = False) -> None:
+    def __init__(self, head: DeviceLine, defer_ops: bool = False) -> None:
         self.head = head
         self.defer_ops = defer_ops
         self.op_lines: list[tuple[bytes, int]] = []
@@ -667,7 +678,7 @@ class _MountBuilder:
     def _age(self, line: bytes, rest: bytes, lineno: int) -> None:
         fields = rest.split()
         if len(fields) != 1:
-            raise MountStatsError(lineno, f"age: expected 1 number, got {len(fields)}", _shown(line))
+            raise MountStatsError(lineno, f"age: expected 1 number, got {len(fields)}", shown(line))
         self.age_seconds = _numbers(fields, lineno, line, "age")[0]
 
     def _events(self, line: bytes, rest: bytes, lineno: int) -> None:
@@ -737,7 +748,7 @@ def _parse(data: bytes, defer_ops: bool = False) -> tuple[list[_MountBuilder], l
         if not line.strip():
             continue
         if lineno == len(lines):
-            errors.append(MountStatsError(lineno, "truncated: the last line has no newline", _shown(line)))
+            errors.append(MountStatsError(lineno, "truncated: the last line has no newline", shown(line)))
             continue
         if not line[:1].isspace():
             if line.startswith((b"device ", b"no device ")):
@@ -745,7 +756,7 @@ def _parse(data: bytes, defer_ops: bool = False) -> tuple[list[_MountBuilder], l
                     mounts.append(current)
                 current, skipping = None, True
                 try:
-                    head = _parse_device_line(line, lineno)
+                    head = parse_device_line(line, lineno)
                 except MountStatsError as err:
                     errors.append(err)
                     continue
@@ -753,12 +764,12 @@ def _parse(data: bytes, defer_ops: bool = False) -> tuple[list[_MountBuilder], l
                     current, skipping = _MountBuilder(head, defer_ops), False
                 continue
             # Not a device line and not indented: a stray or mangled line; the mount around it carries on.
-            errors.append(MountStatsError(lineno, _NOT_INDENTED, _shown(line)))
+            errors.append(MountStatsError(lineno, _NOT_INDENTED, shown(line)))
             continue
         if skipping:
             continue
         if current is None:
-            errors.append(MountStatsError(lineno, "statistics line before any 'device ...' line", _shown(line)))
+            errors.append(MountStatsError(lineno, "statistics line before any 'device ...' line", shown(line)))
             continue
         try:
             current.add(line, lineno)
@@ -777,10 +788,10 @@ def _moved(err: MountStatsError, offset: int) -> MountStatsError:
 
 
 _BLOCK_STARTS = (b"\ndevice ", b"\nno device ")
-_PER_OP_HEADER = b"\n\tper-op statistics\n"
+PER_OP_HEADER = b"\n\tper-op statistics\n"
 
 
-def _op_line_at(data: bytes, key: bytes, lo: int, hi: int) -> tuple[int, int] | None:
+def op_line_at(data: bytes, key: bytes, lo: int, hi: int) -> tuple[int, int] | None:
     """Where the per-op line of ``key`` (``b"READ: "``) lies in ``data[lo:hi]``: the start and end (before its newline)
     of the first line that begins with it after the kernel's padding; None when there is none or it is cut short."""
     i = data.find(key, lo, hi)
@@ -793,7 +804,7 @@ def _op_line_at(data: bytes, key: bytes, lo: int, hi: int) -> tuple[int, int] | 
     return None
 
 
-def _later_blocks(data: bytes) -> list[int]:
+def later_blocks(data: bytes) -> list[int]:
     """The offsets of the ``device`` and ``no device`` lines in ``data`` after its first line, in order."""
     starts: list[int] = []
     for marker in _BLOCK_STARTS:
@@ -803,171 +814,6 @@ def _later_blocks(data: bytes) -> list[int]:
             i = data.find(marker, i + 1)
     starts.sort()
     return starts
-
-
-def device_line_bound(blocks: int) -> int:
-    """How many parsed device lines a cache keeps for a file of ``blocks`` mounts before it starts again: a few
-    more than the file has, so lines of unmounted mounts (pod volumes come and go) cannot pile up. A fixed bound of
-    4,096 let the two caches grow by some 5 MB over 10,000 short-lived NFS mounts."""
-    return 2 * blocks + 64
-
-
-class MountStatsReader:
-    """Reads /proc/<pid>/mountstats again and again, at a cost that follows what changed and what is looked at.
-
-    The file is cut into one block per mount (at its ``device`` line). A block that is the same bytes as in the
-    previous read gives back the same NFSMount object, so an idle mount costs a dictionary lookup and no delta. A
-    changed NFS block costs its device line; its tables are parsed when first used (:class:`NFSMount`), and one
-    procedure's line can be had without them (``operation("READ")``). Everything else (a file that does not start with
-    a device line, a block with a bad device line, a non-NFS block with more than its device line, the truncated
-    last line) is parsed at once, so its errors come back from :meth:`read`. Errors in a lazily parsed table go to
-    ``report`` when it is parsed. The mounts and errors are those :func:`parse_mountstats` gives (tested).
-    """
-
-    def __init__(self, report: Callable[[list[MountStatsError]], None]) -> None:
-        self.report = report
-        self._known: dict[bytes, NFSMount] = {}
-        self._heads: dict[bytes, _DeviceLine] = {}
-        self._head_bound = device_line_bound(0)
-        self._ops: dict[str, tuple[dict[bytes, NFSOperation], dict[bytes, NFSOperation]]] = {}
-        """By mountpoint: the per-op lines parsed (or found parsed) by its newest mount that looked at any, and those
-        of the mount before. Most stand still from one read to the next (a busy mount moves a few of its procedures'
-        counters, and NFSv4 has some sixty), so the lines a consumer looks at again are mostly lookups."""
-
-    def parsed_op(self, mountpoint: str, line: bytes) -> NFSOperation | None:
-        kept = self._ops.get(mountpoint)
-        if kept is None:
-            return None
-        newest, before = kept
-        op = newest.get(line)
-        return op if op is not None else before.get(line)
-
-    def remember_ops(self, mountpoint: str, parsed: dict[bytes, NFSOperation]) -> None:
-        """``parsed`` is a mount's own record, which it goes on filling: the newest, the last one's kept beside it."""
-        kept = self._ops.get(mountpoint)
-        if kept is None:
-            self._ops[mountpoint] = (parsed, {})
-        elif kept[0] is not parsed:
-            self._ops[mountpoint] = (parsed, kept[0])  # one assignment: consumers parse in their own threads
-
-    def read(self, data: bytes) -> tuple[list[NFSMount], list[MountStatsError]]:
-        mounts: list[NFSMount] = []
-        errors: list[MountStatsError] = []
-        known: dict[bytes, NFSMount] = {}
-        truncated: MountStatsError | None = None
-        cut = data.rfind(b"\n") + 1
-        if cut < len(data):
-            # The kernel ends every line with a newline: a last line without one was cut short by the reader.
-            lineno = data.count(b"\n") + 1
-            truncated = MountStatsError(lineno, "truncated: the last line has no newline", _shown(data[cut:]))
-            data = data[:cut]
-        starts = [0, *_later_blocks(data), len(data)]
-        self._head_bound = device_line_bound(len(starts))
-        lineno = 1
-        for begin, end in itertools.pairwise(starts):
-            block = data[begin:end]
-            if not block:
-                continue
-            mount = self._known.get(block) or self._read_block(block, lineno, mounts, errors)
-            if mount is not None:
-                known[block] = mount
-                mounts.append(mount)
-            lineno += block.count(b"\n")
-        self._known = known
-        if len(self._ops) > len(mounts):  # unmounted since: what they left goes
-            present = {m.mountpoint for m in mounts}
-            self._ops = {mp: kept for mp, kept in self._ops.items() if mp in present}
-        if truncated is not None:
-            errors.append(truncated)
-        return mounts, errors
-
-    def _read_block(
-        self, block: bytes, lineno: int, mounts: list[NFSMount], errors: list[MountStatsError]
-    ) -> NFSMount | None:
-        first_end = block.find(b"\n")
-        first = block[:first_end]
-        head = self._heads.get(first)  # a busy mount's device line is the same every read
-        if head is None and block.startswith((b"device ", b"no device ")):
-            try:
-                head = _parse_device_line(first, lineno)
-            except MountStatsError:
-                head = None
-            else:
-                if len(self._heads) >= self._head_bound:
-                    self._heads.clear()
-                self._heads[first] = head
-        if head is not None and head.fstype in NFS_FSTYPES:
-            return NFSMount.from_block(head, block, lineno, self)
-        if head is not None and first_end == len(block) - 1:
-            return None  # another filesystem's one-line block
-        # Anything unusual: parse it now, so its errors come back with this read.
-        parsed, found = parse_mountstats(block)
-        mounts.extend(parsed)
-        errors.extend(_moved(e, lineno - 1) for e in found)
-        return None
-
-
-class OperationLines:
-    """Finds the per-op lines of a few procedures (``READ``, ``WRITE``, ``COMMIT``) of every NFS mount in a whole
-    /proc/<pid>/mountstats, for a reader that needs only those every second. The device lines are found with
-    bytes.find, each NFS mount's procedures are looked for in its own per-op section only, and nothing else in the
-    file is looked at: on a node with 64 busy NFS mounts this costs a third of cutting the file into blocks.
-
-    A line counts only when a newline ends it (a last line cut short is not trusted) and when its mount's device
-    line says nfs or nfs4; a mount whose device line is malformed is passed over (:class:`MountStatsReader` reports
-    it). The lines are returned as they are, for the caller to parse (:func:`parse_operation_line`).
-    """
-
-    def __init__(self, names: tuple[str, ...]) -> None:
-        # The kernel pads names to 12 columns ("\t%12s: "): a short name follows a space, a long one the tab.
-        self._keys = [(name, os.fsencode(name) + b": ") for name in names]
-        self._heads: dict[bytes, _DeviceLine | None] = {}
-        self._head_bound = device_line_bound(0)
-        self.device_lines = 0
-        """How many ``device`` lines (good or bad) the last :meth:`find` saw: 0 means the data is no mountstats."""
-        self.bad_device_lines = 0
-        """How many of them did not parse."""
-
-    def find(self, data: bytes) -> list[tuple[str, str, bytes, int]]:
-        """(mountpoint, procedure, line, offset of the line in ``data``) for every line found, in file order."""
-        first = [0] if data.startswith((b"device ", b"no device ")) else []
-        starts = [*first, *_later_blocks(data), len(data)]
-        self._head_bound = device_line_bound(len(starts))
-        found: list[tuple[str, str, bytes, int]] = []
-        self.device_lines, self.bad_device_lines = len(starts) - 1, 0
-        for begin, end in itertools.pairwise(starts):
-            head = self._head(data, begin, end)
-            if head is None:
-                continue
-            section = data.find(_PER_OP_HEADER, begin, end)
-            if section < 0:
-                section = begin  # a damaged header: the lines may still be there (parse_mountstats reads them)
-            for name, key in self._keys:
-                at = _op_line_at(data, key, section, end)
-                if at is not None:
-                    found.append((head.mountpoint, name, data[at[0] : at[1]], at[0]))
-        return found
-
-    def _head(self, data: bytes, begin: int, end: int) -> _DeviceLine | None:
-        """The block's device line, when it is an NFS mount's."""
-        newline = data.find(b"\n", begin, end)
-        if newline < 0:
-            self.bad_device_lines += 1
-            return None  # cut short
-        first = data[begin:newline]
-        heads = self._heads
-        if first not in heads:
-            if len(heads) >= self._head_bound:
-                heads.clear()
-            try:
-                heads[first] = _parse_device_line(first, 1)
-            except MountStatsError:
-                heads[first] = None
-        head = heads[first]
-        if head is None:
-            self.bad_device_lines += 1
-            return None
-        return head if head.fstype in NFS_FSTYPES else None
 
 
 def line_number(data: bytes, offset: int) -> int:

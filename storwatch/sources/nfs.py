@@ -14,9 +14,7 @@ from storwatch.config import NFSConfig
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountstats import (
     MountStatsError,
-    MountStatsReader,
     NFSMount,
-    OperationLines,
     OperationTimes,
     line_number,
     moved,
@@ -24,6 +22,7 @@ from storwatch.procfs.mountstats import (
     parse_operation_times,
 )
 from storwatch.sources import FactsKey, OnceLog, read_first_named, require_parsed
+from storwatch.sources.mountstats_reader import MountStatsReader, OperationLines
 
 log = logging.getLogger(__name__)
 
