@@ -14,11 +14,14 @@ from storwatch.procfs.cgroup import (
     ContainerRef,
     QoSClass,
     Runtime,
+    SlurmJob,
     container_of,
     container_of_path,
     normalise_pod_uid,
     parse_cgroup,
     parse_line,
+    slurm_job_of,
+    slurm_job_of_path,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
@@ -108,6 +111,13 @@ CONTAINERS = [
                  "753a4bc5446ab48813b0c2ee422ec598f30e61897f9969d0e7271b97985f476b",
                  None, None, id="kind-node-kubelet"),
     pytest.param("host-process", None, None, None, None, id="host-process"),
+    # Slurm jobs run in no container (their jobs: SLURM_JOBS below).
+    pytest.param("slurm-v1", None, None, None, None, id="slurm-v1"),
+    pytest.param("slurm-v1-multiple-slurmd", None, None, None, None, id="slurm-v1-multiple-slurmd"),
+    pytest.param("slurm-v2", None, None, None, None, id="slurm-v2"),
+    pytest.param("slurm-v2-batch", None, None, None, None, id="slurm-v2-batch"),
+    pytest.param("slurm-v2-multiple-slurmd", None, None, None, None, id="slurm-v2-multiple-slurmd"),
+    pytest.param("slurm-v2-stepd", None, None, None, None, id="slurm-v2-stepd"),
     pytest.param("host-service-v1", None, None, None, None, id="host-service-v1"),
     pytest.param("cgroupns-root", None, None, None, None, id="cgroupns-root"),
     pytest.param("cgroupns-root-v1-hybrid", None, None, None, None, id="cgroupns-root-v1-hybrid"),
@@ -345,3 +355,43 @@ def test_process_source_counts_bad_cgroup_lines_and_keeps_the_good_one(tmp_path:
     assert source.parse_errors == 1
     source.collect()
     assert source.parse_errors == 1  # a PID's cgroup is read once
+
+
+# fixture -> the Slurm job its process runs in (job, step, owner's UID where the path says it).
+SLURM_JOBS = [
+    pytest.param("slurm-v1", SlurmJob(4242, "0", 1000), id="slurm-v1"),
+    pytest.param("slurm-v1-multiple-slurmd", SlurmJob(88, "batch", 2001), id="slurm-v1-multiple-slurmd"),
+    pytest.param("slurm-v2", SlurmJob(1234567, "3", None), id="slurm-v2"),
+    pytest.param("slurm-v2-batch", SlurmJob(1234568, "batch", None), id="slurm-v2-batch"),
+    pytest.param("slurm-v2-multiple-slurmd", SlurmJob(77, "extern", None), id="slurm-v2-multiple-slurmd"),
+    pytest.param("slurm-v2-stepd", SlurmJob(1234567, "3", None), id="slurm-v2-stepd"),
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), SLURM_JOBS)
+def test_slurm_fixtures_name_their_job(name: str, expected: SlurmJob) -> None:
+    entries = fixture(name)
+    assert slurm_job_of(entries) == expected
+    assert container_of(entries) is None  # a job's process is in no container
+
+
+@pytest.mark.parametrize("name", ["containerd-systemd-v2", "docker-cgroupfs-v1", "host-process", "host-service-v1"])
+def test_processes_outside_slurm_have_no_job(name: str) -> None:
+    assert slurm_job_of(fixture(name)) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/slurm/uid_0/job_1", SlurmJob(1, None, 0)),  # the job's own cgroup
+        ("/system.slice/slurmstepd.scope/job_9/step_interactive/user/task_0", SlurmJob(9, "interactive", None)),
+        ("/../../system.slice/slurmstepd.scope/job_9/step_2", SlurmJob(9, "2", None)),  # seen from a cgroup namespace
+        ("/system.slice/slurmstepd.scope/system", None),  # slurmstepd outside any job
+        ("/slurm/uid_1000", None),
+        ("/user.slice/user-1000.slice/job_5/step_0", None),  # job_ names outside a Slurm root are not Slurm's
+        ("/slurm/uid_1000/job_99999999999/step_0", None),  # not a job ID
+        ("/slurm/uid_1000/job_7/step_weird", SlurmJob(7, None, 1000)),
+    ],
+)
+def test_slurm_paths(path: str, expected: SlurmJob | None) -> None:
+    assert slurm_job_of_path(path) == expected

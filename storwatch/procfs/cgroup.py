@@ -30,6 +30,19 @@ pod (``0::/../cri-containerd-<ID>.scope``) has no pod UID.
 CRI-O's container monitor runs in ``crio-conmon-<ID>.scope`` beside the container it watches. Conmon is not the
 container (it is part of the node's runtime and never opens a GPU), so such a process is reported as in no container:
 ``container_of`` gives ``None`` for it unless it sits inside an outer container, which is then the answer.
+
+Slurm jobs (``slurm_job_of``): slurmstepd puts a job's processes in cgroups named for the job and step, beside the
+container cgroups above, by cgroup version:
+
+- cgroup v1 (cgroup/v1 plugin), in every controller it uses: ``/slurm/uid_<UID>/job_<JOB>/step_<STEP>/task_<N>``;
+  with several slurmd on one host the root is ``/slurm_<NODENAME>``;
+- cgroup v2 (cgroup/v2 plugin, Slurm 22.05 and later): ``/system.slice/slurmstepd.scope/job_<JOB>/step_<STEP>/user/
+  task_<N>`` (slurmstepd itself sits in ``slurmstepd.scope/system`` or the step's ``slurm`` leaf); with several
+  slurmd, ``<NODENAME>_slurmstepd.scope``.
+
+``<STEP>`` is a step number, ``batch``, ``extern`` or ``interactive``. A job running in a container (pyxis and enroot)
+keeps these cgroups, so a process can have both a job and a container.
+
 """
 
 from __future__ import annotations
@@ -167,6 +180,52 @@ def _preference(entry: CgroupEntry) -> int:
         if controller in entry.controllers:
             return rank
     return len(_V1_PREFERENCE) + 1
+
+
+_SLURM_ROOT = re.compile(r"slurm(?:_[^/]+)?|(?:[^/]+_)?slurmstepd\.scope")
+_SLURM_UID = re.compile(r"uid_([0-9]{1,10})")
+_SLURM_JOB = re.compile(r"job_([0-9]{1,10})")
+_SLURM_STEP = re.compile(r"step_([0-9]{1,10}|batch|extern|interactive)")
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """The Slurm job (and step) whose cgroup a process is in."""
+
+    job_id: int
+    step: str | None
+    """The step number as text, ``batch``, ``extern`` or ``interactive``; None for the job's own cgroup."""
+    uid: int | None
+    """The job owner's UID where the path says it (cgroup v1)."""
+
+
+def slurm_job_of(entries: Iterable[CgroupEntry]) -> SlurmJob | None:
+    """The Slurm job the process runs in, or ``None`` outside any job; lines tried in the order ``container_of``
+    tries them."""
+    for entry in sorted(entries, key=_preference):
+        job = slurm_job_of_path(entry.path)
+        if job is not None:
+            return job
+    return None
+
+
+def slurm_job_of_path(path: str) -> SlurmJob | None:
+    """The Slurm job named by one cgroup path: a ``job_<N>`` component below a Slurm root (``slurm``,
+    ``slurm_<node>``, ``slurmstepd.scope``, ``<node>_slurmstepd.scope``), through ``uid_<N>`` on cgroup v1."""
+    components = [c for c in path.split("/") if c]
+    for index, component in enumerate(components):
+        if not _SLURM_ROOT.fullmatch(component):
+            continue
+        rest = components[index + 1 :]
+        uid = None
+        if rest and (m := _SLURM_UID.fullmatch(rest[0])):
+            uid, rest = int(m.group(1)), rest[1:]
+        job = _SLURM_JOB.fullmatch(rest[0]) if rest else None
+        if job is None:
+            continue
+        step = _SLURM_STEP.fullmatch(rest[1]) if len(rest) > 1 else None
+        return SlurmJob(int(job.group(1)), step.group(1) if step else None, uid)
+    return None
 
 
 def container_of(entries: Iterable[CgroupEntry]) -> ContainerRef | None:
