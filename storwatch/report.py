@@ -9,6 +9,7 @@ from storwatch.analysis.pods import ProcessPod
 from storwatch.analysis.recovery import checkpoint_age_seconds, recovery_point_seconds
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import is_pseudo_mount
+from storwatch.procfs.cgroup import SlurmJob
 from storwatch.sources.kubevolumes import ClusterObjects, volume_ref
 from storwatch.sources.mounts import display_path
 from storwatch.vocabulary import FsUsage, Mount
@@ -121,6 +122,7 @@ def _gpus_dict(view: View) -> list[dict[str, Any]]:
                     "pod_uid": ref.pod_uid if ref else None,
                     "runtime": ref.runtime if ref else None,
                     **_pod_names(view.pods.get(p.pid)),
+                    **_job(view.jobs.get(p.pid)),
                 }
             )
         out.append(
@@ -145,6 +147,12 @@ def _gpus_dict(view: View) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _job(job: SlurmJob | None) -> dict[str, Any]:
+    if job is None:
+        return {"slurm_job": None, "slurm_step": None}
+    return {"slurm_job": job.job_id, "slurm_step": job.step}
 
 
 def _pod_names(pod: ProcessPod | None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
-from storwatch.procfs.cgroup import ContainerRef
+from storwatch.procfs.cgroup import ContainerRef, SlurmJob
 from storwatch.sources import FactsKey
 from storwatch.sources.checkpoints import CHECKPOINTS, CheckpointFacts
 from storwatch.sources.diskio import DISKIO, DiskIO
@@ -100,6 +100,12 @@ class Snapshot:
     def containers(self) -> Mapping[int, ContainerRef | None]:
         """GPU process PID -> its container and pod, where it runs in one."""
         return self.get(CONTAINERS) or {}
+
+    @property
+    def jobs(self) -> Mapping[int, SlurmJob]:
+        """GPU process PID -> the Slurm job it runs in, where it runs in one."""
+        jobs: Mapping[int, SlurmJob] = getattr(self.get(CONTAINERS), "jobs", {})
+        return jobs
 
     @property
     def checkpoints(self) -> CheckpointFacts | None:

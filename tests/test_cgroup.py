@@ -395,3 +395,55 @@ def test_processes_outside_slurm_have_no_job(name: str) -> None:
 )
 def test_slurm_paths(path: str, expected: SlurmJob | None) -> None:
     assert slurm_job_of_path(path) == expected
+
+
+def test_gpu_processes_of_slurm_jobs_are_named_by_job_in_the_view_the_scrape_and_the_report(tmp_path: Path) -> None:
+    from storwatch.analysis.view import View
+    from storwatch.exporter import ExportState, render_text
+    from storwatch.exporter import gpu as gpu_area
+    from storwatch.paths import HostPaths
+    from storwatch.report import view_to_dict
+    from storwatch.snapshot import Snapshot
+    from storwatch.sources.gpu import GPUS, GPUFacts, GPUProcess, GPUState
+    from storwatch.sources.processes import CONTAINERS, ProcessSource
+    from storwatch.vocabulary import Platform
+
+    cgroups = {5001: "slurm-v2", 5002: "slurm-v2", 5003: "slurm-v1", 5004: "containerd-systemd-v2"}
+    for pid, name in cgroups.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_bytes((FIXTURES / name).read_bytes())
+    facts = ProcessSource(HostPaths(procfs=str(tmp_path)), lambda: list(cgroups)).collect()
+    assert facts.jobs == {
+        5001: SlurmJob(1234567, "3", None),
+        5002: SlurmJob(1234567, "3", None),
+        5003: SlurmJob(4242, "0", 1000),
+    }
+    assert facts[5001] is None and facts[5004] is not None  # the job's processes are in no container
+
+    def proc(pid: int, used: int) -> GPUProcess:
+        return GPUProcess(pid, used, None)
+
+    gpu = GPUState(0, "GPU-0", "H100", True, processes=(proc(5001, 10 << 30), proc(5002, 6 << 30), proc(5003, 1 << 30)))
+    snapshot = Snapshot(1000.0, facts={GPUS.name: GPUFacts(1000.0, True, "550", None, (gpu,)), CONTAINERS.name: facts})
+    view = View(snapshot, Platform("together-slurm", "test"))
+    text = render_text(gpu_area.families(view, ExportState())).decode().splitlines()
+    assert 'storwatch_gpu_job_memory_used_bytes{gpu="0",job="1234567",uuid="GPU-0"} 1.7179869184e+10' in text
+    assert 'storwatch_gpu_job_memory_used_bytes{gpu="0",job="4242",uuid="GPU-0"} 1.073741824e+09' in text
+    procs = {p["pid"]: p for p in view_to_dict(view)["gpus"][0]["processes"]}
+    assert (procs[5003]["slurm_job"], procs[5003]["slurm_step"]) == (4242, "0")
+
+
+def test_no_slurm_job_no_job_family() -> None:
+    from storwatch.analysis.view import View
+    from storwatch.exporter import ExportState, render_text
+    from storwatch.exporter import gpu as gpu_area
+    from storwatch.snapshot import Snapshot
+    from storwatch.sources.gpu import GPUS, GPUFacts, GPUProcess, GPUState
+    from storwatch.vocabulary import Platform
+
+    gpu = GPUState(0, "GPU-0", "H100", True, processes=(GPUProcess(7, 1 << 30, None),))
+    view = View(
+        Snapshot(1000.0, facts={GPUS.name: GPUFacts(1000.0, True, "550", None, (gpu,))}), Platform("generic", "")
+    )
+    text = render_text(gpu_area.families(view, ExportState())).decode()
+    assert "storwatch_gpu_pod_memory_used_bytes{" in text and "storwatch_gpu_job_memory_used_bytes" not in text

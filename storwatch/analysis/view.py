@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from storwatch.analysis.pods import ProcessPod
-from storwatch.procfs.cgroup import ContainerRef
+from storwatch.procfs.cgroup import ContainerRef, SlurmJob
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount
 from storwatch.snapshot import Snapshot
@@ -104,6 +104,11 @@ class View:
     @property
     def containers(self) -> Mapping[int, ContainerRef | None]:
         return self.snapshot.containers
+
+    @property
+    def jobs(self) -> Mapping[int, SlurmJob]:
+        """GPU process PID -> its Slurm job, where it runs in one."""
+        return self.snapshot.jobs
 
     @property
     def kube(self) -> KubeFacts | None:

@@ -59,7 +59,12 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
         "GPU memory held by a pod's processes (pod_uid empty: processes outside any pod).",
         labels=(*gpu_labels, "pod_uid", "namespace", "pod"),
     )
-    pods = view.pods
+    job_memory = Family(
+        "storwatch_gpu_job_memory_used_bytes",
+        "GPU memory held by a Slurm job's processes (written on nodes where GPU processes run in Slurm jobs).",
+        labels=(*gpu_labels, "job"),
+    )
+    pods, jobs = view.pods, view.jobs
     for g in facts.gpus:
         labels = (str(g.index), g.uuid or "")
         info.add((*labels, g.name or ""), 1)
@@ -92,4 +97,13 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
         for pod_uid, used in sorted(by_pod.items()):
             namespace, name = names.get(pod_uid, ("", "")) if pod_uid else ("", "")
             pod_memory.add((*labels, pod_uid, namespace, name), used)
+        by_job: dict[int, int] = {}
+        for proc in g.processes:
+            job = jobs.get(proc.pid)
+            if job is not None:
+                by_job[job.job_id] = by_job.get(job.job_id, 0) + (proc.used_memory_bytes or 0)
+        for job_id, used in sorted(by_job.items()):
+            job_memory.add((*labels, str(job_id)), used)
     yield from (info, up, *gauges.values(), throttled, xid, processes, pod_memory)
+    if job_memory.lines:
+        yield job_memory
