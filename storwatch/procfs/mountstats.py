@@ -405,15 +405,24 @@ class NFSMount:
             start = self._perop = header + len(PER_OP_HEADER) if header >= 0 else 0
         return start
 
-    def _key(self) -> tuple[object, ...]:
+    def _head_key(self) -> tuple[object, ...]:
         t = self._tables()
         return (self.device, self.mountpoint, self.fstype, self.statvers, t.options, t.age_seconds, t.bytes,
-                t.transports, self.operations)  # fmt: skip
+                t.transports)  # fmt: skip
+
+    def _key(self) -> tuple[object, ...]:
+        return (*self._head_key(), self.operations)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NFSMount):
             return NotImplemented
-        return self is other or (self._key() == other._key() and self.events == other.events)
+        # The per-op table is compared last: parsing it is most of the cost, and two reads of a mount differ in their
+        # age (a second apart) or bytes before it, so the exporter's "has this mount changed?" stays cheap.
+        return self is other or (
+            self._head_key() == other._head_key()
+            and self.events == other.events
+            and self.operations == other.operations
+        )
 
     def __hash__(self) -> int:
         return hash(self._key())
