@@ -73,6 +73,7 @@ class _Ticked:
     classifier: Classifier
     platform: Platform
     paths: HostPaths
+    mtbf_seconds: float
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,7 @@ class Agent:
                     windows=self.windows,
                     paths=ticked.paths,
                     verdicts=self._verdicts,
+                    mtbf_seconds=ticked.mtbf_seconds,
                 )
                 served = self._served = _Served(ticked, view, None)
         return served.view
@@ -424,7 +426,9 @@ class Agent:
         with self._lock:
             ready = all(st.status is not None for st in self._sources)
             classifier, platform = self.classifier, self.platform
-        self._ticked = _Ticked(snap, ready, classifier, platform, self.config.host_paths())
+        self._ticked = _Ticked(
+            snap, ready, classifier, platform, self.config.host_paths(), self.config.checkpoints.mtbf_seconds
+        )
 
     def _run_ticker(self) -> None:
         started = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from storwatch.analysis.latency import WindowStats
@@ -187,9 +188,11 @@ def _kube_dict(view: View) -> dict[str, Any]:
 
 def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
     out = []
+    recovery = {r.label: r for r in view.recovery}
     for rv in view.checkpoints:
         run = rv.run
         newest = run.newest_complete
+        rec = recovery.get(rv.label)
         out.append(
             {
                 "run": rv.label,
@@ -200,6 +203,12 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "newest_complete_age_seconds": recovery_point_seconds(run, view.timestamp),
                 "newest_complete_size_bytes": None if newest is None else newest.size_bytes,
                 "interval_seconds": run.interval_seconds,
+                # null: no complete checkpoint survives losing this node (+Inf in storwatch_recovery_point_seconds)
+                "recovery_point_seconds": None
+                if rec is None or math.isinf(rec.recovery_point_seconds)
+                else rec.recovery_point_seconds,
+                "write_cost_seconds": None if rec is None else rec.write_cost_seconds,
+                "recommended_interval_seconds": None if rec is None else rec.recommended_interval_seconds,
                 "kept": len(run.complete),
                 "incomplete": run.incomplete,
                 "corrupt": run.corrupt,

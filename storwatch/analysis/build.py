@@ -6,6 +6,7 @@ from storwatch.analysis.checkpoints import run_views
 from storwatch.analysis.io import mount_io
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.pods import process_pods
+from storwatch.analysis.rpo import DEFAULT_MTBF_SECONDS, recoveries
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import Classifier
 from storwatch.paths import HostPaths
@@ -52,6 +53,7 @@ def build_view(
     windows: LatencyWindows | None = None,
     paths: HostPaths | None = None,
     verdicts: VerdictCache | None = None,
+    mtbf_seconds: float = DEFAULT_MTBF_SECONDS,
 ) -> View:
     found = (verdicts or VerdictCache()).verdicts(classifier, snapshot)
     mounts = tuple(
@@ -68,4 +70,5 @@ def build_view(
         checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
         ready=ready,
         pods=process_pods(snapshot.containers, snapshot.kube),
+        recovery=recoveries(checkpoints, snapshot.timestamp, mtbf_seconds),
     )

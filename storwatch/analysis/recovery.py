@@ -7,6 +7,7 @@ mount's durability, which the caller joins (``RunView.mount``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -39,3 +40,20 @@ def recovery_point_seconds(run: Series, now: float) -> float | None:
 
 
 __all__ = ["Series", "Written", "checkpoint_age_seconds", "recovery_point_seconds"]
+
+
+@dataclass(frozen=True)
+class RunRecovery:
+    """One run's recovery figures at the View's time."""
+
+    label: str
+    recovery_point_seconds: float
+    """Age of the newest complete checkpoint that survives losing this node; ``inf`` when the run has none."""
+    newest_age_seconds: float | None
+    """Age of the newest complete checkpoint anywhere (node-local included); None without any."""
+    write_cost_seconds: float | None
+    """How long its newest timed complete checkpoint took to write; None when none was timed."""
+    overhead_ratio: float | None
+    """Write cost over the current interval; None without both."""
+    recommended_interval_seconds: float | None
+    """Daly's interval for the write cost and the MTBF; None without a write cost."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from storwatch.analysis.pods import ProcessPod
+from storwatch.analysis.recovery import RunRecovery
 from storwatch.procfs.cgroup import ContainerRef, SlurmJob
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount
@@ -77,6 +78,10 @@ class View:
     ready: bool = True
     """Every source has reported at least once."""
     pods: Mapping[int, ProcessPod] = field(default_factory=dict)
+    """GPU process PID -> its container and pod (joined once here for every consumer: analysis/pods.py)."""
+    recovery: tuple[RunRecovery, ...] = ()
+    """Each checkpoint run's recovery point, write cost and recommended interval, in the order of ``checkpoints``
+    (analysis/rpo.py)."""
     """GPU process PID -> its container and pod (joined once here for every consumer: analysis/pods.py)."""
 
     # -- the snapshot's facts, as consumers read them

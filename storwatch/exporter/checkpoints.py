@@ -1,5 +1,6 @@
 """The checkpoints area: each run's newest complete checkpoint with the durability of the mount it is on, its size,
-write time and interval, what the run keeps, and the scan's stuck roots and check errors (storwatch_checkpoint_*)."""
+write time and interval, what the run keeps, and the scan's stuck roots and check errors (storwatch_checkpoint_*);
+its recovery point and recommended interval (storwatch_recovery_point_seconds, analysis/rpo.py)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
         gauges["storwatch_checkpoint_orphaned_temp_bytes"].add(label, run.orphaned_temp_bytes)
     yield last
     yield from gauges.values()
+    yield from _recovery(view)
     facts = view.checkpoint_scan
     if facts is None:
         return
@@ -76,3 +78,30 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     for reason, count in sorted(facts.check_errors.items()):
         errors.add((reason,), count)
     yield from (stuck, errors)
+
+
+def _recovery(view: View) -> Iterator[Family]:
+    point = Family(
+        "storwatch_recovery_point_seconds",
+        "Age of the run's newest complete checkpoint on storage that survives losing this node (cluster or region); "
+        "+Inf when it has none there.",
+        labels=("run",),
+    )
+    overhead = Family(
+        "storwatch_checkpoint_overhead_ratio",
+        "The run's checkpoint write time over its current checkpoint interval.",
+        labels=("run",),
+    )
+    recommended = Family(
+        "storwatch_checkpoint_recommended_interval_seconds",
+        "Checkpoint interval for the run's measured write time and checkpoints.mtbf_seconds (Young/Daly).",
+        labels=("run",),
+    )
+    for r in view.recovery:
+        label = (r.label,)
+        point.add(label, r.recovery_point_seconds)
+        if r.overhead_ratio is not None:
+            overhead.add(label, r.overhead_ratio)
+        if r.recommended_interval_seconds is not None:
+            recommended.add(label, r.recommended_interval_seconds)
+    yield from (point, overhead, recommended)

@@ -1,0 +1,61 @@
+"""Recovery points and checkpoint intervals: how much work a run loses if this node dies now, and how often it should
+checkpoint given what a checkpoint costs here.
+
+Pure arithmetic on the View's checkpoint runs and a time (the View's), so every consumer gets the same figures:
+
+- the **recovery point** is the age of the run's newest complete checkpoint on storage that survives losing this
+  node (``cluster`` or ``region``); a run with none there has an unbounded one (``inf``): losing the node loses all of
+  its work, whatever sits on node-local disks;
+- the **write cost** is how long the newest timed complete checkpoint took to write (its first file to its last);
+- the **overhead** is that cost over the run's current interval: the share of time spent checkpointing;
+- the **recommended interval** is Young's first-order optimum, sqrt(2 C M), with Daly's higher-order correction
+  (J. T. Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps", 2006):
+  sqrt(2 C M) * (1 + sqrt(C / (2 M)) / 3 + C / (18 M)) - C for C < 2 M, else M; C the write cost, M the mean time
+  between failures of the run (``checkpoints.mtbf_seconds``: the job's, not one node's; a job on N nodes fails about
+  N times as often as one of them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from storwatch.analysis.recovery import RunRecovery, recovery_point_seconds
+from storwatch.analysis.view import RunView
+
+DEFAULT_MTBF_SECONDS = 86_400.0
+"""A day: the order of the interruptions seen by large training jobs (thousands of GPUs fail every few hours; a job
+on a few nodes, every week or so). Set ``checkpoints.mtbf_seconds`` for the jobs a cluster runs."""
+
+
+def young_interval(cost_seconds: float, mtbf_seconds: float) -> float:
+    """Young's optimum checkpoint interval: sqrt(2 C M)."""
+    return math.sqrt(2.0 * cost_seconds * mtbf_seconds)
+
+
+def daly_interval(cost_seconds: float, mtbf_seconds: float) -> float:
+    """Daly's higher-order optimum checkpoint interval (the time computing between two checkpoints)."""
+    c, m = cost_seconds, mtbf_seconds
+    if c >= 2.0 * m:
+        return m
+    return math.sqrt(2.0 * c * m) * (1.0 + math.sqrt(c / (2.0 * m)) / 3.0 + c / (18.0 * m)) - c
+
+
+def run_recovery(rv: RunView, now: float, mtbf_seconds: float = DEFAULT_MTBF_SECONDS) -> RunRecovery:
+    run = rv.run
+    durable = rv.mount is not None and not rv.mount.verdict.durability.ephemeral
+    newest_age = recovery_point_seconds(run, now)
+    point = newest_age if durable and newest_age is not None else math.inf
+    timed = next((c for c in reversed(run.complete) if c.write_seconds is not None), None)
+    cost = timed.write_seconds if timed is not None else None
+    interval = run.interval_seconds
+    overhead = cost / interval if cost is not None and interval else None
+    recommended = daly_interval(cost, mtbf_seconds) if cost is not None and cost > 0 else None
+    return RunRecovery(rv.label, point, newest_age, cost, overhead, recommended)
+
+
+def recoveries(
+    runs: Iterable[RunView], now: float, mtbf_seconds: float = DEFAULT_MTBF_SECONDS
+) -> tuple[RunRecovery, ...]:
+    """Every run's recovery figures, in the order of ``runs``."""
+    return tuple(run_recovery(rv, now, mtbf_seconds) for rv in runs)

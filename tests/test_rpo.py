@@ -1,0 +1,109 @@
+"""Recovery points and recommended checkpoint intervals (analysis/rpo.py): exact under an injected time, and the
+formulas against figures worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from storwatch.analysis.rpo import daly_interval, recoveries, run_recovery, young_interval
+from storwatch.analysis.view import MountView, RunView, View
+from storwatch.exporter import ExportState, render_text
+from storwatch.exporter import checkpoints as checkpoints_area
+from storwatch.snapshot import Snapshot
+from storwatch.sources.checkpoints import CheckpointState, RunState
+from storwatch.vocabulary import Durability, Mount, Platform, Verdict
+
+NOW = 1_800_000_000.0
+
+
+def ckpt(age: float, verdict: str = "complete", write_seconds: float | None = None) -> CheckpointState:
+    return CheckpointState(
+        path=f"/ckpt/run/step-{age:g}",
+        format="torch-zip",
+        verdict=verdict,
+        reason=verdict,
+        size_bytes=1 << 30,
+        mtime=NOW - age,
+        deep_checked=False,
+        first_seen=NOW - age,
+        write_seconds=write_seconds,
+        write_bytes_per_second=None if write_seconds is None else (1 << 30) / write_seconds,
+    )
+
+
+def on(durability: Durability, mountpoint: str = "/data") -> MountView:
+    mount = Mount(1, mountpoint, "dev", "ext4", "/", 8, 1, False, (), (), None, False, 0.0)
+    return MountView(mount, Verdict(durability, "test", ()))
+
+
+def run(label: str, where: MountView | None, *checkpoints: CheckpointState) -> RunView:
+    return RunView(RunState(f"/ckpt/{label}", "/ckpt", checkpoints), label, where)
+
+
+def test_young_and_daly_against_figures_worked_by_hand() -> None:
+    # C = 60 s, M = 86,400 s: sqrt(2 * 60 * 86400) = sqrt(10,368,000) = 3219.94 s
+    assert young_interval(60.0, 86_400.0) == pytest.approx(3219.9379, abs=1e-3)
+    # Daly: 3219.94 * (1 + sqrt(60 / 172800) / 3 + 60 / 1,555,200) - 60
+    #     = 3219.94 * (1 + 0.0062113 + 0.0000386) - 60 = 3240.06 - 60 = 3180.06
+    assert daly_interval(60.0, 86_400.0) == pytest.approx(3180.0617, abs=1e-3)
+    assert daly_interval(300.0, 100.0) == 100.0  # a write longer than twice the MTBF: checkpoint every MTBF
+    assert daly_interval(1.0, 1e9) < young_interval(1.0, 1e9)  # the correction takes the write time off
+
+
+def test_recovery_point_counts_only_checkpoints_that_survive_the_node() -> None:
+    durable = run("durable", on(Durability.CLUSTER), ckpt(3600.0), ckpt(600.0, write_seconds=45.0))
+    local = run("local", on(Durability.NODE, "/scratch"), ckpt(1800.0), ckpt(120.0, write_seconds=12.0))
+    unplaced = run("unplaced", None, ckpt(60.0))
+    nothing = run("nothing", on(Durability.REGION), ckpt(30.0, "incomplete"))
+    d, loc, u, n = recoveries([durable, local, unplaced, nothing], NOW, mtbf_seconds=86_400.0)
+    assert (d.recovery_point_seconds, d.newest_age_seconds) == (600.0, 600.0)
+    assert d.write_cost_seconds == 45.0
+    assert d.overhead_ratio == 45.0 / 3000.0  # write time over the interval between the two newest
+    assert d.recommended_interval_seconds == daly_interval(45.0, 86_400.0)
+    assert math.isinf(loc.recovery_point_seconds) and loc.newest_age_seconds == 120.0  # only on node-local disk
+    assert math.isinf(u.recovery_point_seconds)
+    assert u.write_cost_seconds is None and u.recommended_interval_seconds is None and u.overhead_ratio is None
+    assert math.isinf(n.recovery_point_seconds) and n.newest_age_seconds is None
+
+
+def test_the_recovery_point_moves_with_the_injected_time() -> None:
+    rv = run("r", on(Durability.CLUSTER), ckpt(100.0))
+    assert run_recovery(rv, NOW).recovery_point_seconds == 100.0
+    assert run_recovery(rv, NOW + 50.5).recovery_point_seconds == 150.5
+
+
+def test_the_metrics() -> None:
+    runs = (
+        run("durable", on(Durability.CLUSTER), ckpt(3600.0), ckpt(600.0, write_seconds=45.0)),
+        run("local", on(Durability.NODE, "/scratch"), ckpt(120.0)),
+    )
+    view = View(Snapshot(NOW), Platform("generic", "test"), checkpoints=runs, recovery=recoveries(runs, NOW, 86_400.0))
+    lines = set(render_text(checkpoints_area.families(view, ExportState())).decode().splitlines())
+    assert 'storwatch_recovery_point_seconds{run="durable"} 600.0' in lines
+    assert 'storwatch_recovery_point_seconds{run="local"} +Inf' in lines
+    assert 'storwatch_checkpoint_overhead_ratio{run="durable"} 0.015' in lines
+    recommended = (
+        f'storwatch_checkpoint_recommended_interval_seconds{{run="durable"}} {daly_interval(45.0, 86_400.0)!r}'
+    )
+    assert recommended in lines
+    assert not any(line.startswith('storwatch_checkpoint_recommended_interval_seconds{run="local"}') for line in lines)
+
+
+def test_the_report_gives_null_for_no_durable_checkpoint() -> None:
+    import json
+
+    from storwatch.report import view_to_dict
+
+    runs = (
+        run("durable", on(Durability.CLUSTER), ckpt(3600.0), ckpt(600.0, write_seconds=45.0)),
+        run("local", on(Durability.NODE, "/scratch"), ckpt(120.0)),
+    )
+    view = View(Snapshot(NOW), Platform("generic", "test"), checkpoints=runs, recovery=recoveries(runs, NOW, 86_400.0))
+    data = json.loads(json.dumps(view_to_dict(view), allow_nan=False))  # valid JSON: no Infinity
+    by_run = {r["run"]: r for r in data["checkpoints"]}
+    assert by_run["durable"]["recovery_point_seconds"] == 600.0
+    assert by_run["durable"]["write_cost_seconds"] == 45.0
+    assert by_run["durable"]["recommended_interval_seconds"] == daly_interval(45.0, 86_400.0)
+    assert by_run["local"]["recovery_point_seconds"] is None
