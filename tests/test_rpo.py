@@ -107,3 +107,46 @@ def test_the_report_gives_null_for_no_durable_checkpoint() -> None:
     assert by_run["durable"]["write_cost_seconds"] == 45.0
     assert by_run["durable"]["recommended_interval_seconds"] == daly_interval(45.0, 86_400.0)
     assert by_run["local"]["recovery_point_seconds"] is None
+
+
+def test_gpu_seconds_at_risk_count_the_gpus_of_the_pod_the_run_writes_into() -> None:
+    from storwatch.analysis.pods import ProcessPod
+    from storwatch.sources.gpu import GPUFacts, GPUProcess, GPUState
+
+    trainer, other = "0b5c6f3e-1c9a-4a5e-9c1f-2b7d8e9f0a1b", "17fdde9d-3dd3-4c7b-a4cb-601d19e3597e"
+    pvc = f"/var/lib/kubelet/pods/{trainer}/volumes/kubernetes.io~csi/pvc-ckpt/mount"
+    scratch = f"/var/lib/kubelet/pods/{trainer}/volumes/kubernetes.io~empty-dir/scratch"
+
+    def pod_run(label: str, volume: str, durability: Durability) -> RunView:
+        state = RunState(f"{volume}/{label}", volume, (ckpt(900.0), ckpt(300.0, write_seconds=20.0)))
+        return RunView(state, label, on(durability, volume))
+
+    gpus = GPUFacts(
+        NOW,
+        True,
+        "550",
+        None,
+        tuple(GPUState(i, f"GPU-{i}", "H100", True, processes=(GPUProcess(100 + i, 1 << 30, None),)) for i in range(3)),
+    )
+    pods = {
+        100: ProcessPod("c" * 64, "containerd", trainer),
+        101: ProcessPod("c" * 64, "containerd", trainer),
+        102: ProcessPod("d" * 64, "containerd", other),
+    }
+    durable, local, outside = recoveries(
+        [
+            pod_run("durable", pvc, Durability.CLUSTER),
+            pod_run("local", scratch, Durability.NODE),
+            run("outside", on(Durability.CLUSTER), ckpt(60.0)),
+        ],
+        NOW,
+        gpus=gpus,
+        pods=pods,
+    )
+    assert (durable.gpus, durable.gpu_seconds_at_risk) == (2, 600.0)  # 300 s of work on each of 2 GPUs
+    assert local.gpus == 2 and local.gpu_seconds_at_risk == math.inf  # nothing survives the node
+    assert outside.gpus == 0 and outside.gpu_seconds_at_risk is None  # not in a pod's volume: not counted
+    runs = (pod_run("durable", pvc, Durability.CLUSTER),)
+    view = View(Snapshot(NOW), Platform("generic", "test"), checkpoints=runs, recovery=(durable,))
+    lines = set(render_text(checkpoints_area.families(view, ExportState())).decode().splitlines())
+    assert 'storwatch_gpu_seconds_at_risk{run="durable"} 600.0' in lines

@@ -62,6 +62,7 @@ def build_view(
     paths = paths or HostPaths()
     checkpoints = run_views(snapshot.checkpoints, mounts, paths)
     facts = snapshot.checkpoints
+    pods = process_pods(snapshot.containers, snapshot.kube)
     return View(
         snapshot=snapshot,
         platform=platform,
@@ -69,6 +70,6 @@ def build_view(
         checkpoints=checkpoints,
         checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
         ready=ready,
-        pods=process_pods(snapshot.containers, snapshot.kube),
-        recovery=recoveries(checkpoints, snapshot.timestamp, mtbf_seconds),
+        pods=pods,
+        recovery=recoveries(checkpoints, snapshot.timestamp, mtbf_seconds, snapshot.gpus, pods),
     )

@@ -57,3 +57,10 @@ class RunRecovery:
     """Write cost over the current interval; None without both."""
     recommended_interval_seconds: float | None
     """Daly's interval for the write cost and the MTBF; None without a write cost."""
+    gpus: int = 0
+    """GPUs on this node held by the pod the run writes into (its checkpoints are on one of the pod's volumes)."""
+
+    @property
+    def gpu_seconds_at_risk(self) -> float | None:
+        """GPU time lost if this node died now: the recovery point times the run's GPUs here (None without any)."""
+        return self.recovery_point_seconds * self.gpus if self.gpus else None

@@ -12,16 +12,21 @@ Pure arithmetic on the View's checkpoint runs and a time (the View's), so every 
   (J. T. Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps", 2006):
   sqrt(2 C M) * (1 + sqrt(C / (2 M)) / 3 + C / (18 M)) - C for C < 2 M, else M; C the write cost, M the mean time
   between failures of the run (``checkpoints.mtbf_seconds``: the job's, not one node's; a job on N nodes fails about
-  N times as often as one of them).
+  N times as often as one of them);
+- the **GPU-seconds at risk** are the recovery point times the GPUs the run's pod holds on this node, so one sum
+  over a cluster's nodes says how much GPU time would be lost if every node died now.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from storwatch.analysis.pods import ProcessPod
 from storwatch.analysis.recovery import RunRecovery, recovery_point_seconds
 from storwatch.analysis.view import RunView
+from storwatch.sources.gpu.facts import GPUFacts
+from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 
 DEFAULT_MTBF_SECONDS = 86_400.0
 """A day: the order of the interruptions seen by large training jobs (thousands of GPUs fail every few hours; a job
@@ -41,7 +46,21 @@ def daly_interval(cost_seconds: float, mtbf_seconds: float) -> float:
     return math.sqrt(2.0 * c * m) * (1.0 + math.sqrt(c / (2.0 * m)) / 3.0 + c / (18.0 * m)) - c
 
 
-def run_recovery(rv: RunView, now: float, mtbf_seconds: float = DEFAULT_MTBF_SECONDS) -> RunRecovery:
+def run_gpus(rv: RunView, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod]) -> int:
+    """GPUs on this node with a process of the pod whose volume holds the run (on Kubernetes: the run's path is
+    under that pod's kubelet volume directory); 0 when the run is not in a pod's volume or its pod holds none."""
+    where = parse_kubelet_volume_path(rv.run.path)
+    if where is None or gpus is None:
+        return 0
+    uid = where.pod_uid
+    held = 0
+    for g in gpus.gpus:
+        if any((pod := pods.get(p.pid)) is not None and pod.pod_uid == uid for p in g.processes):
+            held += 1
+    return held
+
+
+def run_recovery(rv: RunView, now: float, mtbf_seconds: float = DEFAULT_MTBF_SECONDS, gpus: int = 0) -> RunRecovery:
     run = rv.run
     durable = rv.mount is not None and not rv.mount.verdict.durability.ephemeral
     newest_age = recovery_point_seconds(run, now)
@@ -51,11 +70,16 @@ def run_recovery(rv: RunView, now: float, mtbf_seconds: float = DEFAULT_MTBF_SEC
     interval = run.interval_seconds
     overhead = cost / interval if cost is not None and interval else None
     recommended = daly_interval(cost, mtbf_seconds) if cost is not None and cost > 0 else None
-    return RunRecovery(rv.label, point, newest_age, cost, overhead, recommended)
+    return RunRecovery(rv.label, point, newest_age, cost, overhead, recommended, gpus)
 
 
 def recoveries(
-    runs: Iterable[RunView], now: float, mtbf_seconds: float = DEFAULT_MTBF_SECONDS
+    runs: Iterable[RunView],
+    now: float,
+    mtbf_seconds: float = DEFAULT_MTBF_SECONDS,
+    gpus: GPUFacts | None = None,
+    pods: Mapping[int, ProcessPod] | None = None,
 ) -> tuple[RunRecovery, ...]:
-    """Every run's recovery figures, in the order of ``runs``."""
-    return tuple(run_recovery(rv, now, mtbf_seconds) for rv in runs)
+    """Every run's recovery figures, in the order of ``runs``; ``gpus`` and ``pods`` (the View's) count the GPUs each
+    run's pod holds here."""
+    return tuple(run_recovery(rv, now, mtbf_seconds, run_gpus(rv, gpus, pods or {})) for rv in runs)

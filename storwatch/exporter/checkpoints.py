@@ -97,11 +97,19 @@ def _recovery(view: View) -> Iterator[Family]:
         "Checkpoint interval for the run's measured write time and checkpoints.mtbf_seconds (Young/Daly).",
         labels=("run",),
     )
+    at_risk = Family(
+        "storwatch_gpu_seconds_at_risk",
+        "GPU time the run would lose if this node died now: its recovery point times the GPUs its pod holds here.",
+        labels=("run",),
+    )
     for r in view.recovery:
         label = (r.label,)
+        risk = r.gpu_seconds_at_risk
+        if risk is not None:
+            at_risk.add(label, risk)
         point.add(label, r.recovery_point_seconds)
         if r.overhead_ratio is not None:
             overhead.add(label, r.overhead_ratio)
         if r.recommended_interval_seconds is not None:
             recommended.add(label, r.recommended_interval_seconds)
-    yield from (point, overhead, recommended)
+    yield from (point, overhead, recommended, at_risk)
