@@ -150,3 +150,23 @@ def test_gpu_seconds_at_risk_count_the_gpus_of_the_pod_the_run_writes_into() -> 
     view = View(Snapshot(NOW), Platform("generic", "test"), checkpoints=runs, recovery=(durable,))
     lines = set(render_text(checkpoints_area.families(view, ExportState())).decode().splitlines())
     assert 'storwatch_gpu_seconds_at_risk{run="durable"} 600.0' in lines
+
+
+def test_headroom_says_whether_the_next_checkpoint_fits() -> None:
+    from storwatch.vocabulary import FsUsage
+
+    def mounted(avail: int) -> MountView:
+        usage = FsUsage(size_bytes=10 << 30, free_bytes=avail, avail_bytes=avail, files=1000, files_free=900)
+        mount = Mount(1, "/data", "dev", "ext4", "/", 8, 1, False, (), (), usage, False, 0.0)
+        return MountView(mount, Verdict(Durability.NODE, "test", ()))
+
+    gib = 1 << 30  # the newest checkpoint's size (ckpt() writes 1 GiB)
+    roomy, tight = recoveries([run("roomy", mounted(3 * gib), ckpt(60.0)), run("tight", mounted(gib), ckpt(60.0))], NOW)
+    assert roomy.headroom_bytes == 3 * gib - gib * 5 // 4
+    assert tight.headroom_bytes == -(gib // 4)  # 1 GiB left, 1.25 GiB needed
+    (unknown,) = recoveries([run("unknown", on(Durability.NODE), ckpt(60.0))], NOW)  # no statvfs figure
+    assert unknown.headroom_bytes is None
+    view = View(Snapshot(NOW), Platform("generic", "test"), recovery=(roomy, tight, unknown))
+    lines = set(render_text(checkpoints_area.families(view, ExportState())).decode().splitlines())
+    assert 'storwatch_checkpoint_headroom_bytes{run="tight"} -268435456.0' in lines
+    assert not any('headroom_bytes{run="unknown"}' in line for line in lines)

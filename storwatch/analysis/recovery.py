@@ -57,6 +57,9 @@ class RunRecovery:
     """Write cost over the current interval; None without both."""
     recommended_interval_seconds: float | None
     """Daly's interval for the write cost and the MTBF; None without a write cost."""
+    headroom_bytes: int | None = None
+    """Space left on the run's mount once its next checkpoint is written: available bytes less HEADROOM_MARGIN times
+    the newest complete checkpoint's size (negative: it will not fit). None without both."""
     gpus: int = 0
     """GPUs on this node held by the pod the run writes into (its checkpoints are on one of the pod's volumes)."""
 

@@ -13,6 +13,8 @@ Pure arithmetic on the View's checkpoint runs and a time (the View's), so every 
   sqrt(2 C M) * (1 + sqrt(C / (2 M)) / 3 + C / (18 M)) - C for C < 2 M, else M; C the write cost, M the mean time
   between failures of the run (``checkpoints.mtbf_seconds``: the job's, not one node's; a job on N nodes fails about
   N times as often as one of them);
+- the **headroom**: whether the next checkpoint (the last one's size, with a margin) fits in the space left on its
+  mount, before a full disk turns it into a corrupt one;
 - the **GPU-seconds at risk** are the recovery point times the GPUs the run's pod holds on this node, so one sum
   over a cluster's nodes says how much GPU time would be lost if every node died now.
 """
@@ -46,6 +48,21 @@ def daly_interval(cost_seconds: float, mtbf_seconds: float) -> float:
     return math.sqrt(2.0 * c * m) * (1.0 + math.sqrt(c / (2.0 * m)) / 3.0 + c / (18.0 * m)) - c
 
 
+HEADROOM_MARGIN = 1.25
+"""The next checkpoint is taken to be this much bigger than the last (optimizer state grows, a format adds metadata);
+written beside the last one, as atomic_save and every rotating save do, it needs that much free."""
+
+
+def headroom_bytes(rv: RunView) -> int | None:
+    """Available bytes on the run's mount less what its next checkpoint will take; None without a usage figure or a
+    complete checkpoint."""
+    newest = rv.run.newest_complete
+    usage = rv.mount.mount.usage if rv.mount is not None else None
+    if newest is None or usage is None:
+        return None
+    return usage.avail_bytes - math.ceil(newest.size_bytes * HEADROOM_MARGIN)
+
+
 def run_gpus(rv: RunView, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod]) -> int:
     """GPUs on this node with a process of the pod whose volume holds the run (on Kubernetes: the run's path is
     under that pod's kubelet volume directory); 0 when the run is not in a pod's volume or its pod holds none."""
@@ -70,7 +87,7 @@ def run_recovery(rv: RunView, now: float, mtbf_seconds: float = DEFAULT_MTBF_SEC
     interval = run.interval_seconds
     overhead = cost / interval if cost is not None and interval else None
     recommended = daly_interval(cost, mtbf_seconds) if cost is not None and cost > 0 else None
-    return RunRecovery(rv.label, point, newest_age, cost, overhead, recommended, gpus)
+    return RunRecovery(rv.label, point, newest_age, cost, overhead, recommended, headroom_bytes(rv), gpus)
 
 
 def recoveries(

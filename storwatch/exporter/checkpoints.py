@@ -102,8 +102,16 @@ def _recovery(view: View) -> Iterator[Family]:
         "GPU time the run would lose if this node died now: its recovery point times the GPUs its pod holds here.",
         labels=("run",),
     )
+    headroom = Family(
+        "storwatch_checkpoint_headroom_bytes",
+        "Space left on the run's mount once its next checkpoint (the last one's size, plus a quarter) is written; "
+        "below 0 it will not fit.",
+        labels=("run",),
+    )
     for r in view.recovery:
         label = (r.label,)
+        if r.headroom_bytes is not None:
+            headroom.add(label, r.headroom_bytes)
         risk = r.gpu_seconds_at_risk
         if risk is not None:
             at_risk.add(label, risk)
@@ -112,4 +120,4 @@ def _recovery(view: View) -> Iterator[Family]:
             overhead.add(label, r.overhead_ratio)
         if r.recommended_interval_seconds is not None:
             recommended.add(label, r.recommended_interval_seconds)
-    yield from (point, overhead, recommended, at_risk)
+    yield from (point, overhead, recommended, at_risk, headroom)
