@@ -65,6 +65,7 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
         "sample_seconds": sample_seconds or None,
         "gpus": _gpus_dict(view),
         "checkpoints": _checkpoints_dict(view),
+        "findings": _findings_list(view),
         "checkpoint_roots": None if view.checkpoint_roots is None else [display_path(r) for r in view.checkpoint_roots],
         "kubernetes": _kube_dict(view),
         "nvml": nvml_status(view),
@@ -184,6 +185,27 @@ def _kube_dict(view: View) -> dict[str, Any]:
             for p, left in kube.terminating_pods(view.timestamp)
         ],
     }
+
+
+def _findings_list(view: View) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f.id,
+            "kind": f.kind,
+            "severity": f.severity,
+            "mountpoint": display_path(f.mountpoint),
+            "durability": f.durability,
+            "pod_uid": f.pod_uid,
+            "run": f.run,
+            "count": f.count,
+            "bytes": f.bytes,
+            "newest_age_seconds": f.newest_age_seconds,
+            "durable_age_seconds": f.durable_age_seconds,
+            "move_to": None if f.move_to is None else display_path(f.move_to),
+            "sentence": f.sentence,
+        }
+        for f in view.findings
+    ]
 
 
 def _checkpoints_dict(view: View) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import fnmatch
 from dataclasses import dataclass
+from typing import Literal
 
 GENERIC = "generic"
 TOGETHER_K8S = "together-k8s"
@@ -162,3 +163,29 @@ class Override:
             why = self.reason or f"set by the configuration for {self.mountpoint}"
             return Evidence(EvidenceSource.OVERRIDE, self.durability, why)
         return None
+
+
+Severity = Literal["warning", "critical"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    """Stable: the same run on the same mount keeps its id."""
+    kind: str
+    """What the data is: ``checkpoint`` today (model weights and datasets next)."""
+    severity: Severity
+    mountpoint: str
+    durability: str
+    pod_uid: str | None
+    """The pod whose volume holds the data, on Kubernetes."""
+    run: str
+    count: int
+    """Complete checkpoints of the run on this mount."""
+    bytes: int
+    newest_age_seconds: float
+    durable_age_seconds: float | None
+    """Age of the run's newest complete checkpoint on durable storage (the same run label elsewhere); None: none."""
+    move_to: str | None
+    """A cluster or region mount to put it on: the same pod's first, else any on the node; None when there is none."""
+    sentence: str

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from storwatch.analysis.checkpoints import run_views
+from storwatch.analysis.findings import find
 from storwatch.analysis.io import mount_io
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.pods import process_pods
@@ -71,5 +72,6 @@ def build_view(
         checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
         ready=ready,
         pods=pods,
+        findings=find(checkpoints, mounts, snapshot.timestamp),
         recovery=recoveries(checkpoints, snapshot.timestamp, mtbf_seconds, snapshot.gpus, pods),
     )

@@ -14,7 +14,7 @@ from storwatch.procfs.cgroup import ContainerRef, SlurmJob
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount
 from storwatch.snapshot import Snapshot
-from storwatch.vocabulary import CollectorStatus, Mount, Platform, Verdict
+from storwatch.vocabulary import CollectorStatus, Finding, Mount, Platform, Verdict
 
 if TYPE_CHECKING:
     from storwatch.analysis.latency import LatencySummary
@@ -79,6 +79,8 @@ class View:
     """Every source has reported at least once."""
     pods: Mapping[int, ProcessPod] = field(default_factory=dict)
     """GPU process PID -> its container and pod (joined once here for every consumer: analysis/pods.py)."""
+    findings: tuple[Finding, ...] = ()
+    """Important data on storage that does not survive losing this node, most severe first (analysis/findings.py)."""
     recovery: tuple[RunRecovery, ...] = ()
     """Each checkpoint run's recovery point, write cost and recommended interval, in the order of ``checkpoints``
     (analysis/rpo.py)."""

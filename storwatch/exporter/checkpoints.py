@@ -58,6 +58,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     yield last
     yield from gauges.values()
     yield from _recovery(view)
+    yield from _findings(view)
     facts = view.checkpoint_scan
     if facts is None:
         return
@@ -121,3 +122,24 @@ def _recovery(view: View) -> Iterator[Family]:
         if r.recommended_interval_seconds is not None:
             recommended.add(label, r.recommended_interval_seconds)
     yield from (point, overhead, recommended, at_risk, headroom)
+
+
+def _findings(view: View) -> Iterator[Family]:
+    important = Family(
+        "storwatch_ephemeral_important_bytes",
+        "Bytes of important data (checkpoints) on storage that does not survive losing this node, by mount and kind.",
+        labels=("mountpoint", "kind"),
+    )
+    finding = Family(
+        "storwatch_finding",
+        "1 for each open finding (its sentence is on /api/status and in scan --json under findings).",
+        labels=("id", "severity"),
+    )
+    by_mount: dict[tuple[str, str], int] = {}
+    for f in view.findings:
+        key = (display_path(f.mountpoint), f.kind)
+        by_mount[key] = by_mount.get(key, 0) + f.bytes
+        finding.add((f.id, f.severity), 1)
+    for key, size in sorted(by_mount.items()):
+        important.add(key, size)
+    yield from (important, finding)

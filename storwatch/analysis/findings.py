@@ -1,0 +1,106 @@
+"""Findings: important data sitting on storage that does not survive losing this node, each with a sentence a person
+can act on and the durable place the data should go.
+
+Today the important data is what the checkpoint scan finds: every run whose complete checkpoints are on a ``volatile``
+or ``node`` mount. A finding counts the run's bytes there, exact to the byte (the sizes the scan measured), and
+names where they should go: a ``cluster`` or ``region`` mount of the same pod (a PVC beside its scratch volume),
+else any such mount on the node, else says there is none. Data already on ``cluster`` or ``region`` storage is never
+a finding. The id is stable (a hash of what the finding is about), so an alert or an Event about it is not repeated
+as its figures change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+from storwatch.analysis.view import MountView, RunView
+from storwatch.sources.kubevolumes import parse_kubelet_volume_path
+from storwatch.vocabulary import Finding, Severity
+
+CRITICAL_AGE_SECONDS = 3600.0
+"""A run whose newest durable copy is older than this (or missing) while newer work sits on ephemeral storage is
+critical: losing the node loses more than an hour of training."""
+
+
+def _age(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def _pod_of(path: str) -> str | None:
+    where = parse_kubelet_volume_path(path)
+    return where.pod_uid if where is not None else None
+
+
+def _durable_place(pod_uid: str | None, mounts: Iterable[MountView]) -> str | None:
+    durable = [mv for mv in mounts if not mv.verdict.durability.ephemeral and not mv.mount.readonly]
+    if pod_uid is not None:
+        for mv in durable:
+            if _pod_of(mv.mount.mountpoint) == pod_uid:
+                return mv.mount.mountpoint
+    # Off the pod: the node's own durable mounts (network storage), not another pod's volume.
+    for mv in durable:
+        if _pod_of(mv.mount.mountpoint) is None and mv.mount.fstype not in ("proc", "sysfs"):
+            return mv.mount.mountpoint
+    return None
+
+
+def find(runs: Iterable[RunView], mounts: Iterable[MountView], now: float) -> tuple[Finding, ...]:
+    """The findings of the View's checkpoint runs at ``now``, most severe first, then by bytes."""
+    runs, mounts = tuple(runs), tuple(mounts)
+    durable_newest: dict[str, float] = {}
+    for rv in runs:
+        newest = rv.run.newest_complete
+        if newest is not None and rv.mount is not None and not rv.mount.verdict.durability.ephemeral:
+            durable_newest[rv.label] = max(durable_newest.get(rv.label, newest.mtime), newest.mtime)
+    out: list[Finding] = []
+    for rv in runs:
+        mv = rv.mount
+        complete = rv.run.complete
+        if mv is None or not complete or not mv.verdict.durability.ephemeral:
+            continue
+        size = sum(c.size_bytes for c in complete)
+        newest_age = now - max(c.mtime for c in complete)
+        durable = durable_newest.get(rv.label)
+        durable_age = None if durable is None else now - durable
+        pod_uid = _pod_of(rv.run.path)
+        move_to = _durable_place(pod_uid, mounts)
+        at_risk = durable_age is None or durable_age - newest_age > CRITICAL_AGE_SECONDS
+        severity: Severity = "critical" if at_risk else "warning"
+        where = mv.mount.mountpoint
+        sentence = (
+            f"{len(complete)} checkpoint{'s' if len(complete) != 1 else ''}, {_gib(size)}, newest "
+            f"{_age(newest_age)} old, only on {mv.verdict.durability.value} storage {where}; "
+            + ("no durable copy" if durable_age is None else f"newest durable copy {_age(durable_age)} old")
+            + ("; copy them to " + move_to if move_to else "; this node has no cluster or region storage to copy to")
+        )
+        key = f"checkpoint\0{where}\0{rv.run.path}".encode()
+        out.append(
+            Finding(
+                id=hashlib.sha256(key).hexdigest()[:16],
+                kind="checkpoint",
+                severity=severity,
+                mountpoint=where,
+                durability=mv.verdict.durability.value,
+                pod_uid=pod_uid,
+                run=rv.label,
+                count=len(complete),
+                bytes=size,
+                newest_age_seconds=newest_age,
+                durable_age_seconds=durable_age,
+                move_to=move_to,
+                sentence=sentence,
+            )
+        )
+    out.sort(key=lambda f: (f.severity != "critical", -f.bytes, f.id))
+    return tuple(out)
