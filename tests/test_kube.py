@@ -28,6 +28,7 @@ from storwatch.sources.kubevolumes import (
     volume_evidence,
     volume_ref,
 )
+from storwatch.sources.mounts import mount_of
 from storwatch.vocabulary import GENERIC, Durability, EvidenceSource, Mount
 from tests.kubeapi import (
     LOADER_UID,
@@ -49,24 +50,7 @@ V, N, C = Durability.VOLATILE, Durability.NODE, Durability.CLUSTER
 def fixture_mounts() -> dict[str, Mount]:
     infos, errors = parse_mountinfo(MOUNTINFO.read_bytes())
     assert not errors
-    return {
-        i.mountpoint: Mount(
-            mount_id=i.mount_id,
-            mountpoint=i.mountpoint,
-            device=i.source,
-            fstype=i.fstype,
-            root=i.root,
-            major=i.major,
-            minor=i.minor,
-            readonly=i.readonly,
-            options=i.mount_options,
-            super_options=i.super_options,
-            usage=None,
-            stuck=False,
-            stuck_seconds=0.0,
-        )
-        for i in infos
-    }
+    return {i.mountpoint: mount_of(i) for i in infos}
 
 
 def wait_for(what: Callable[[], bool], timeout: float) -> float:

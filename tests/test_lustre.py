@@ -16,6 +16,7 @@ from storwatch.procfs.lustre import fsname_of_instance, fsname_of_source, parse_
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.snapshot import Snapshot
 from storwatch.sources.lustre import LUSTRE, LustreConfig, LustreSource, join_mounts
+from storwatch.sources.mounts import mount_of
 from storwatch.vocabulary import Mount, Platform
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lustre"
@@ -25,24 +26,7 @@ SCRATCH_STATS = FIXTURES / "v2.15/sys/kernel/debug/lustre/llite/scratch-ffff9bc0
 def mounts_of(tree: Path) -> list[Mount]:
     infos, errors = parse_mountinfo((tree / "proc/1/mountinfo").read_bytes())
     assert not errors
-    return [
-        Mount(
-            mount_id=i.mount_id,
-            mountpoint=i.mountpoint,
-            device=i.source,
-            fstype=i.fstype,
-            root=i.root,
-            major=i.major,
-            minor=i.minor,
-            readonly=i.readonly,
-            options=i.mount_options,
-            super_options=i.super_options,
-            usage=None,
-            stuck=False,
-            stuck_seconds=0.0,
-        )
-        for i in infos
-    ]
+    return [mount_of(i) for i in infos]
 
 
 def source_for(tree: Path, mounts: list[Mount] | None = None) -> LustreSource:

@@ -11,7 +11,7 @@ from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import MountInfo, parse_mountinfo
 from storwatch.sources import FactsKey, OnceLog, read_first_named, require_parsed
 from storwatch.sources.blockdev import BlockDevices
-from storwatch.vocabulary import FsUsage, Mount
+from storwatch.vocabulary import FsUsage, Mount, MountDevice
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,35 @@ PSEUDO_FSTYPES = frozenset({
 
 # statvfs(3) f_flag bit for a read-only filesystem (ST_RDONLY).
 _ST_RDONLY = 1
+
+
+def mount_of(
+    info: MountInfo,
+    readonly: bool | None = None,
+    usage: FsUsage | None = None,
+    stuck: bool = False,
+    stuck_seconds: float = 0.0,
+    usage_error: str | None = None,
+    block: MountDevice | None = None,
+) -> Mount:
+    """A mountinfo line as a Mount, with what statvfs and the block device said of it (nothing, by default)."""
+    return Mount(
+        mount_id=info.mount_id,
+        mountpoint=info.mountpoint,
+        device=info.source,
+        fstype=info.fstype,
+        root=info.root,
+        major=info.major,
+        minor=info.minor,
+        readonly=info.readonly if readonly is None else readonly,
+        options=info.mount_options,
+        super_options=info.super_options,
+        usage=usage,
+        stuck=stuck,
+        stuck_seconds=stuck_seconds,
+        usage_error=usage_error,
+        block=block,
+    )
 
 
 class MountFacts(tuple[Mount, ...]):
@@ -130,27 +159,12 @@ class MountSource:
                 usage = None if stuck else self._last_usage.get(info.mountpoint)
             if usage is not None:
                 usage_now[info.mountpoint] = usage
-            mounts.append(
-                Mount(
-                    mount_id=info.mount_id,
-                    mountpoint=info.mountpoint,
-                    device=info.source,
-                    fstype=info.fstype,
-                    root=info.root,
-                    major=info.major,
-                    minor=info.minor,
-                    readonly=readonly,
-                    options=info.mount_options,
-                    super_options=info.super_options,
-                    usage=usage,
-                    stuck=stuck,
-                    stuck_seconds=stuck_seconds,
-                    usage_error=error,
-                    block=self.devices.for_mount(info.major, info.minor, info.source)
-                    if info.source.startswith("/dev/") or info.major != 0
-                    else None,
-                )
+            block = (
+                self.devices.for_mount(info.major, info.minor, info.source)
+                if info.source.startswith("/dev/") or info.major != 0
+                else None
             )
+            mounts.append(mount_of(info, readonly, usage, stuck, stuck_seconds, error, block))
         self._last_usage = usage_now
         failure = None
         if skipped:
