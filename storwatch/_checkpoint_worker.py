@@ -166,7 +166,11 @@ def _event_log(unit: _Unit, run: str) -> dict[str, dict[str, float]]:
         try:
             rec = json.loads(line)
             target = os.path.join(run, os.path.basename(str(rec["path"])))
-            records[target] = {"start": float(rec["start"]), "end": float(rec["end"]), "bytes": float(rec["bytes"])}
+            record = {"start": float(rec["start"]), "end": float(rec["end"]), "bytes": float(rec["bytes"])}
+            pid = rec.get("pid")
+            if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 1 << 22:
+                record["pid"] = pid  # PID_MAX_LIMIT is 2^22: anything else is not a PID
+            records[target] = record
         except (ValueError, KeyError, TypeError, RecursionError):
             continue  # a torn or foreign line: the others still count
     unit.events[run] = (st.st_mtime_ns, records)

@@ -82,6 +82,12 @@ class CheckpointState:
     write_seconds: float | None
     """How long the write took: from the event log, or from first seen incomplete to first seen complete."""
     write_bytes_per_second: float | None
+    write_start: float | None = None
+    """When the write began, where the run's event log says (storwatch.training.atomic_save): with ``write_seconds``
+    the exact span the writer was busy saving."""
+    writer_pid: int | None = None
+    """The process that wrote it, as the event log names it (in the writer's PID namespace: the host's off
+    Kubernetes, the container's in a pod)."""
 
 
 @dataclass(frozen=True)
@@ -518,10 +524,14 @@ class CheckpointSource:
         r = seen.result
         write_seconds: float | None = None
         rate: float | None = None
+        start: float | None = None
+        pid: int | None = None
         rec = cand.get("event")
         if rec is not None and rec["end"] >= rec["start"]:
             write_seconds = rec["end"] - rec["start"]
             rate = rec["bytes"] / write_seconds if write_seconds > 0 else None
+            start = rec["start"]
+            pid = int(rec["pid"]) if rec.get("pid") is not None else None
         elif seen.first_incomplete is not None and seen.completed_seen is not None:
             write_seconds = seen.completed_seen - seen.first_incomplete
             rate = r.size_bytes / write_seconds if write_seconds > 0 else None
@@ -536,6 +546,8 @@ class CheckpointSource:
             seen.first_seen,
             write_seconds,
             rate,
+            start,
+            pid,
         )
 
     def close(self) -> None:
