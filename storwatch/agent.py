@@ -29,6 +29,8 @@ from typing import Any
 from storwatch.analysis.build import VerdictCache, build_view
 from storwatch.analysis.io import WindowFeeder
 from storwatch.analysis.latency import LatencyWindows
+from storwatch.analysis.stall_feed import StallFeed, settle_seconds_for
+from storwatch.analysis.stalls import StallParams
 from storwatch.analysis.view import View
 from storwatch.classify import Classifier, resolve_platform
 from storwatch.config import Config, ConfigError, GPUConfig
@@ -161,6 +163,7 @@ class Agent:
         )
         self.windows = LatencyWindows()
         self._feeder = WindowFeeder(self.windows)
+        self.stalls = StallFeed(self._stall_params(config))
         self._verdicts = VerdictCache()
         self._history_keys = (*CORE_KEYS, *(spec.facts for spec in SOURCES if spec.facts not in CORE_KEYS))
         self._context = SourceContext(config.host_paths(), clock, self.latest, self.current_view)
@@ -183,6 +186,10 @@ class Agent:
         classifier = Classifier(platform, config.overrides())
         classifier.add_provider(self._kube_evidence)
         return classifier
+
+    @staticmethod
+    def _stall_params(config: Config) -> StallParams:
+        return StallParams(settle_seconds=settle_seconds_for(config.checkpoints.interval_seconds, config.tick_seconds))
 
     def _made_sources(self, config: Config) -> list[_SourceState]:
         """Every source the registry declares that its section leaves on; the others are reported off."""
@@ -223,6 +230,7 @@ class Agent:
                     paths=ticked.paths,
                     verdicts=self._verdicts,
                     mtbf_seconds=ticked.mtbf_seconds,
+                    stalls=self.stalls,
                 )
                 served = self._served = _Served(ticked, view, None)
         return served.view
@@ -419,7 +427,7 @@ class Agent:
         consumer asks for it."""
         snap = self.snapshot()
         self.history.append(snap.for_history(self._history_keys))
-        self._feeder.feed(snap)
+        self.stalls.observe(snap.gpus, self._feeder.feed(snap))
         self._feeder.forget(snap)  # the windows of unmounted pod volumes, which would otherwise stay for ever
         if snap.kube is not None:
             self._kube_evidence.update(snap.kube)
@@ -534,6 +542,7 @@ class Agent:
             self.config = new
             self.platform, self.classifier = platform, classifier
             self.history.resize(new.history_size)
+            self.stalls.configure(self._stall_params(new))
             for st in self._sources:
                 if st.spec is None:
                     continue

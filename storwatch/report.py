@@ -66,6 +66,7 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
         "gpus": _gpus_dict(view),
         "checkpoints": _checkpoints_dict(view),
         "findings": _findings_list(view),
+        "stalls": _stalls_dict(view),
         "checkpoint_roots": None if view.checkpoint_roots is None else [display_path(r) for r in view.checkpoint_roots],
         "kubernetes": _kube_dict(view),
         "nvml": nvml_status(view),
@@ -183,6 +184,24 @@ def _kube_dict(view: View) -> dict[str, Any]:
         "terminating_pods": [
             {"namespace": p.namespace, "pod": p.name, "seconds_left": left}
             for p, left in kube.terminating_pods(view.timestamp)
+        ],
+    }
+
+
+def _stalls_dict(view: View) -> dict[str, Any] | None:
+    """GPU time lost to storage: settled totals, and the stalls of the last settle window (null where not tracked)."""
+    state = view.stalls
+    if state is None:
+        return None
+    return {
+        "settle_seconds": state.settle_seconds,
+        "totals": [
+            {"gpu": gpu, "mountpoint": mp, "cause": cause, "seconds": round(seconds, 3)}
+            for (gpu, mp, cause), seconds in sorted(state.totals.items())
+        ],
+        "current": [
+            {"gpu": s.gpu, "mountpoint": s.mountpoint, "cause": s.cause, "run": s.run, "start": s.start, "end": s.end}
+            for s in state.current
         ],
     }
 

@@ -3,11 +3,13 @@ scored against their ground truth (tests/stall_replayer.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 import pytest
 
+from storwatch.analysis.stall_feed import StallFeed
 from storwatch.analysis.stalls import (
     GPUReading,
     Judged,
@@ -18,7 +20,14 @@ from storwatch.analysis.stalls import (
     WriteSpan,
     attribute,
 )
+from storwatch.analysis.view import View
+from storwatch.exporter import ExportState, render_text
+from storwatch.exporter import gpu as gpu_area
+from storwatch.snapshot import Snapshot
+from storwatch.sources.gpu.facts import GPUFacts, GPUProcess, GPUState
+from storwatch.vocabulary import Durability, Platform
 from tests.stall_replayer import Score, World, score
+from tests.test_rpo import ckpt, on, run
 
 P = StallParams()
 
@@ -420,3 +429,40 @@ def test_the_score_can_fail() -> None:
     stalls, _ = World.replay(world)
     s = score(eval_idle_no_storage(), stalls)
     assert s.precision < 0.5 and not math.isnan(s.recall)
+
+
+# -- the agent's feed: GPU facts, latency samples and run views in, the counter out
+
+
+def _gpus(t: float, util: float) -> GPUFacts:
+    states = (
+        GPUState(
+            0, "GPU-a", "H100", True, utilization_samples=((t, util),), processes=(GPUProcess(4242, 1 << 30, None),)
+        ),
+        GPUState(1, "GPU-b", "H100", True, utilization_samples=((t, 0.0),), processes=(GPUProcess(7, 1 << 30, None),)),
+    )
+    return GPUFacts(t, True, "550", None, states)
+
+
+def test_the_feed_joins_the_writer_pid_to_its_gpu_and_exports_the_settled_seconds() -> None:
+    feed = StallFeed(StallParams(settle_seconds=5.0))
+    t0 = 1_000.0
+    for i in range(30):
+        t = t0 + i
+        feed.observe(_gpus(t, 0.02 if 10 <= i < 20 else 0.95), [("/scratch", "write", t - 1, t, 3.0, 0.012)])
+    c = dataclasses.replace(ckpt(0.0), mtime=t0 + 19, write_start=t0 + 9.0, write_seconds=10.0, writer_pid=4242)
+    rv = run("r", on(Durability.NODE, "/scratch"), c)
+    assert rv.mount is not None
+    state = feed.update(t0 + 40, [rv], [rv.mount], _gpus(t0 + 29, 0.95), {})
+    # GPU 0 waited on its writer's save for its readings (1009, 1010] .. (1018, 1019]; GPU 1 idles with no write of
+    # its own and no mount it touches: no stall
+    assert state.totals == {("0", "/scratch", "checkpoint_write"): pytest.approx(10.0)}
+    view = View(Snapshot(t0 + 40, gpus=_gpus(t0 + 29, 0.95)), Platform("generic", "test"), stalls=state)
+    text = render_text(list(gpu_area.families(view, ExportState()))).decode()
+    assert (
+        'storwatch_gpu_stall_seconds_total{cause="checkpoint_write",gpu="0",mountpoint="/scratch",uuid="GPU-a"} 10.0'
+        in text
+    )
+    # a writer PID that no GPU process has attributes nothing
+    other = run("r", on(Durability.NODE, "/scratch"), dataclasses.replace(c, writer_pid=99))
+    assert StallFeed().update(t0 + 40, [other], [], _gpus(t0, 0.0), {}).totals == {}

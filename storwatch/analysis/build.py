@@ -8,6 +8,7 @@ from storwatch.analysis.io import mount_io
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.pods import process_pods
 from storwatch.analysis.rpo import DEFAULT_MTBF_SECONDS, recoveries
+from storwatch.analysis.stall_feed import StallFeed
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import Classifier
 from storwatch.paths import HostPaths
@@ -55,7 +56,10 @@ def build_view(
     paths: HostPaths | None = None,
     verdicts: VerdictCache | None = None,
     mtbf_seconds: float = DEFAULT_MTBF_SECONDS,
+    stalls: StallFeed | None = None,
 ) -> View:
+    """``stalls``: the agent's stall tracker, given the runs and pods of this View and settled (its state on the
+    View)."""
     found = (verdicts or VerdictCache()).verdicts(classifier, snapshot)
     mounts = tuple(
         MountView(m, verdict, mount_io(m, snapshot, windows)) for m, verdict in zip(snapshot.mounts, found, strict=True)
@@ -64,6 +68,9 @@ def build_view(
     checkpoints = run_views(snapshot.checkpoints, mounts, paths)
     facts = snapshot.checkpoints
     pods = process_pods(snapshot.containers, snapshot.kube)
+    stall_state = (
+        stalls.update(snapshot.timestamp, checkpoints, mounts, snapshot.gpus, pods) if stalls is not None else None
+    )
     return View(
         snapshot=snapshot,
         platform=platform,
@@ -74,4 +81,5 @@ def build_view(
         pods=pods,
         findings=find(checkpoints, mounts, snapshot.timestamp),
         recovery=recoveries(checkpoints, snapshot.timestamp, mtbf_seconds, snapshot.gpus, pods),
+        stalls=stall_state,
     )

@@ -49,17 +49,23 @@ class WindowFeeder:
         probed = {f"probe:{p.mountpoint}" for p in snapshot.probes}
         self._fed = {k: t for k, t in self._fed.items() if not k.startswith("probe:") or k in probed}
 
-    def _new(self, source: str, timestamp: float) -> bool:
-        if self._fed.get(source) == timestamp:
-            return False
+    def _new(self, source: str, timestamp: float) -> float | None:
+        """The previous facts' timestamp when these are new (-inf the first time), else None."""
+        before = self._fed.get(source, -math.inf)
+        if before == timestamp:
+            return None
         self._fed[source] = timestamp
-        return True
+        return before
 
-    def feed(self, snapshot: Snapshot) -> None:
+    def feed(self, snapshot: Snapshot) -> list[tuple[str, str, float, float, float, float]]:
+        """Feed the windows; return the new samples as (mountpoint, operation, start, end, operations, seconds), the
+        start being the previous reading's time (-inf for a source's first)."""
         samples: list[tuple[str, str, float, float, float]] = []
+        spans: list[tuple[int, float]] = []  # (samples before this source's, its previous timestamp)
         add = samples.append
         disks = snapshot.disks
-        if disks is not None and disks.deltas and self._new("diskstats", disks.timestamp):
+        if disks is not None and disks.deltas and (before := self._new("diskstats", disks.timestamp)) is not None:
+            spans.append((len(samples), before))
             t = disks.timestamp
             for mount in snapshot.mounts:
                 if mount.block is None:
@@ -73,7 +79,8 @@ class WindowFeeder:
                 if d.flushes is not None and d.flush_time_seconds is not None:
                     add((mp, "fsync", t, d.flushes, d.flush_time_seconds))
         nfs = snapshot.nfs
-        if nfs is not None and nfs.deltas and self._new("nfs", nfs.timestamp):
+        if nfs is not None and nfs.deltas and (before := self._new("nfs", nfs.timestamp)) is not None:
+            spans.append((len(samples), before))
             t = nfs.timestamp
             for mp, ops in nfs.deltas.items():
                 for op, name in NFS_OPS.items():
@@ -81,11 +88,20 @@ class WindowFeeder:
                     if delta is not None:
                         add((mp, op, t, delta.requests, delta.execute_seconds))
         for probe in snapshot.probes:
-            if probe.seconds is not None and self._new(f"probe:{probe.mountpoint}", probe.timestamp):
+            if probe.seconds is None:
+                continue
+            before = self._new(f"probe:{probe.mountpoint}", probe.timestamp)
+            if before is not None:
+                spans.append((len(samples), before))
                 for op, seconds in probe.seconds.items():
                     add((probe.mountpoint, f"probe_{op}", probe.timestamp, 1, seconds))
         if samples:
             self.windows.add_all(samples)
+        out: list[tuple[str, str, float, float, float, float]] = []
+        bounds = [*spans[1:], (len(samples), 0.0)] if spans else []
+        for (first, before), (end, _) in zip(spans, bounds, strict=True):
+            out.extend((mp, op, before, t, ops, secs) for mp, op, t, ops, secs in samples[first:end])
+        return out
 
 
 def mount_io(mount: Mount, snapshot: Snapshot, windows: LatencyWindows | None) -> MountIO:

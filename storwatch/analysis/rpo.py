@@ -15,8 +15,8 @@ Pure arithmetic on the View's checkpoint runs and a time (the View's), so every 
   N times as often as one of them);
 - the **headroom**: whether the next checkpoint (the last one's size, with a margin) fits in the space left on its
   mount, before a full disk turns it into a corrupt one;
-- the **GPU-seconds at risk** are the recovery point times the GPUs the run's pod holds on this node, so one sum
-  over a cluster's nodes says how much GPU time would be lost if every node died now.
+- the **GPU-seconds at risk** are the recovery point times the GPUs the run's pod (or writer process) holds here,
+  so one sum over a cluster's nodes says how much GPU time would be lost if every node died now.
 """
 
 from __future__ import annotations
@@ -63,18 +63,25 @@ def headroom_bytes(rv: RunView) -> int | None:
     return usage.avail_bytes - math.ceil(newest.size_bytes * HEADROOM_MARGIN)
 
 
-def run_gpus(rv: RunView, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod]) -> int:
-    """GPUs on this node with a process of the pod whose volume holds the run (on Kubernetes: the run's path is
-    under that pod's kubelet volume directory); 0 when the run is not in a pod's volume or its pod holds none."""
+def run_gpus(rv: RunView, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod]) -> frozenset[str]:
+    """The GPUs (by NVML index) whose work writes the run: those with a process of the pod whose volume holds the run
+    (on Kubernetes: the run's path is under that pod's kubelet volume directory), or, for a run outside any pod's
+    volume, those with the process its event log names as the writer (off Kubernetes PIDs are the host's)."""
+    if gpus is None:
+        return frozenset()
     where = parse_kubelet_volume_path(rv.run.path)
-    if where is None or gpus is None:
-        return 0
-    uid = where.pod_uid
-    held = 0
+    writers = {c.writer_pid for c in rv.run.checkpoints if c.writer_pid is not None}
+    held = set()
     for g in gpus.gpus:
-        if any((pod := pods.get(p.pid)) is not None and pod.pod_uid == uid for p in g.processes):
-            held += 1
-    return held
+        for p in g.processes:
+            if where is None:
+                mine = p.pid in writers
+            else:
+                pod = pods.get(p.pid)
+                mine = pod is not None and pod.pod_uid == where.pod_uid
+            if mine:
+                held.add(str(g.index))
+    return frozenset(held)
 
 
 def run_recovery(rv: RunView, now: float, mtbf_seconds: float = DEFAULT_MTBF_SECONDS, gpus: int = 0) -> RunRecovery:
@@ -99,4 +106,4 @@ def recoveries(
 ) -> tuple[RunRecovery, ...]:
     """Every run's recovery figures, in the order of ``runs``; ``gpus`` and ``pods`` (the View's) count the GPUs each
     run's pod holds here."""
-    return tuple(run_recovery(rv, now, mtbf_seconds, run_gpus(rv, gpus, pods or {})) for rv in runs)
+    return tuple(run_recovery(rv, now, mtbf_seconds, len(run_gpus(rv, gpus, pods or {}))) for rv in runs)

@@ -32,8 +32,8 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from statistics import median
 from typing import Literal
 
@@ -213,8 +213,19 @@ def attribute(
     return out
 
 
+@dataclass(frozen=True)
+class StallState:
+    """What the View carries: the settled totals (the counters) and the stalls still being settled."""
+
+    totals: Mapping[tuple[str, str, Cause], float] = field(default_factory=dict)
+    current: tuple[Stall, ...] = ()
+    settle_seconds: float = 0.0
+
+
 BUSY_WEIGHT = 0.05
 """Weight of each working reading in a GPU's learnt busy level (an exponential average over about 20 readings)."""
+MAX_PENDING = 8192
+"""Readings kept per GPU until settled (15 minutes of a driver's six samples a second, more than settling holds)."""
 MAX_HOLD_SECONDS = 900.0
 """A GPU's readings wait at most this long for a write in progress to end (one that takes longer is abandoned, or
 hung: its time is settled without it)."""
@@ -243,7 +254,7 @@ class StallTracker:
         for g in readings:
             if g.end <= self._settled_until.get(g.gpu, -math.inf):
                 continue  # too late: that time is counted
-            self._gpu.setdefault(g.gpu, deque()).append(g)
+            self._gpu.setdefault(g.gpu, deque(maxlen=MAX_PENDING)).append(g)
             if g.holds_memory and g.utilization >= self.params.utilization_below:
                 level = self.busy.get(g.gpu, g.utilization)
                 self.busy[g.gpu] = level + BUSY_WEIGHT * (g.utilization - level)
@@ -321,6 +332,10 @@ class StallTracker:
     def current(self, now: float) -> list[Stall]:
         """The stalls in the readings not settled yet, as far as the writes known now explain them."""
         return self._stalls([g for q in self._gpu.values() for g in q], now)
+
+    def settled_before(self) -> float:
+        """The time before which every GPU's readings are settled."""
+        return min(self._settled_until.values(), default=-math.inf)
 
     def forget_gpus(self, present: Iterable[str]) -> None:
         keep = set(present)

@@ -18,6 +18,7 @@ from storwatch.vocabulary import CollectorStatus, Finding, Mount, Platform, Verd
 
 if TYPE_CHECKING:
     from storwatch.analysis.latency import LatencySummary
+    from storwatch.analysis.stalls import StallState
     from storwatch.sources.checkpoints import CheckpointFacts, RunState
     from storwatch.sources.diskio import DiskIO
     from storwatch.sources.gpu import GPUFacts
@@ -84,7 +85,9 @@ class View:
     recovery: tuple[RunRecovery, ...] = ()
     """Each checkpoint run's recovery point, write cost and recommended interval, in the order of ``checkpoints``
     (analysis/rpo.py)."""
-    """GPU process PID -> its container and pod (joined once here for every consumer: analysis/pods.py)."""
+    stalls: StallState | None = None
+    """GPU time lost to storage: settled totals by GPU, mount and cause, and the stalls still being settled
+    (analysis/stalls.py); None where the agent does not track them (``storwatch scan``)."""
 
     # -- the snapshot's facts, as consumers read them
 

@@ -107,3 +107,16 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     yield from (info, up, *gauges.values(), throttled, xid, processes, pod_memory)
     if job_memory.lines:
         yield job_memory
+    if view.stalls is not None:
+        stalls = Family(
+            "storwatch_gpu_stall_seconds_total",
+            "GPU time spent waiting on storage (utilisation low while its process holds memory), by the mount and "
+            "cause that explain it: checkpoint_write, data_read or io_contention; counted once settled, about a "
+            "checkpoint scan interval after it happened.",
+            "counter",
+            labels=("gpu", "uuid", "mountpoint", "cause"),
+        )
+        uuids = {str(g.index): g.uuid or "" for g in facts.gpus}
+        for (gpu, mountpoint, cause), seconds in sorted(view.stalls.totals.items()):
+            stalls.add((gpu, uuids.get(gpu, ""), mountpoint, cause), seconds)
+        yield stalls

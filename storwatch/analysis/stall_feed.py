@@ -1,0 +1,162 @@
+"""Feed the stall tracker (analysis/stalls.py) from what the agent sees: each tick's GPU utilisation samples and the
+mounts' latency samples, and, when a View is made, the checkpoint writes of each run with the GPUs that wait on them
+and the mounts each GPU's work touches. The View then carries the settled totals and the current stalls.
+
+Which GPUs a run's writes hold up: the GPUs of the pod whose volume holds the run (Kubernetes), or of the process
+that wrote it (its event log's PID, off Kubernetes, where PIDs are the host's). Which mounts a GPU's work touches:
+the mounts of its runs (written) and of its pod's volumes (read and written).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+
+from storwatch.analysis.pods import ProcessPod
+from storwatch.analysis.rpo import run_gpus
+from storwatch.analysis.stalls import (
+    GPUReading,
+    LatencyReading,
+    Op,
+    StallParams,
+    StallState,
+    StallTracker,
+    Touches,
+    WriteSpan,
+)
+from storwatch.analysis.view import MountView, RunView
+from storwatch.sources.gpu.facts import GPUFacts, GPUState
+from storwatch.sources.kubevolumes import parse_kubelet_volume_path
+
+LATENCY_OPS: Mapping[str, Op] = {
+    "read": "read",
+    "write": "write",
+    "fsync": "write",
+    "probe_read": "read",
+    "probe_write": "write",
+    "probe_fsync": "write",
+}
+"""The latency windows' operations as the stall rule reads them."""
+MAX_GAP_SECONDS = 5.0
+"""A utilisation sample after a longer silence covers at most this much time before it (the GPU source stalled, or
+the agent was stopped): nobody knows what the GPU did in between."""
+
+
+def holds_memory(g: GPUState) -> bool:
+    return any(p.used_memory_bytes is None or p.used_memory_bytes > 0 for p in g.processes)
+
+
+def write_spans(rv: RunView, gpus: frozenset[str], since: float) -> tuple[list[WriteSpan], list[WriteSpan]]:
+    """The run's finished writes that end after ``since``, and its write in progress (if any)."""
+    if rv.mount is None or not gpus:
+        return [], []
+    mp = rv.mount.mount.mountpoint
+    done = [
+        WriteSpan(rv.label, mp, c.write_start, c.write_start + c.write_seconds, gpus)
+        for c in rv.run.checkpoints
+        if c.write_start is not None and c.write_seconds is not None and c.write_start + c.write_seconds >= since
+    ]
+    writing = []
+    if rv.run.write_in_progress:
+        writing.append(WriteSpan(rv.label, mp, rv.run.checkpoints[-1].first_seen, None, gpus))
+    return done, writing
+
+
+class StallFeed:
+    """The agent's stall tracker and what feeds it (thread-safe: ticks feed it, Views settle it)."""
+
+    def __init__(self, params: StallParams | None = None) -> None:
+        self.tracker = StallTracker(params)
+        self._lock = threading.Lock()
+        self._gpu_seen: dict[str, float] = {}
+        """Each GPU's newest sample time fed."""
+        self._gpus_at: float | None = None
+
+    def configure(self, params: StallParams) -> None:
+        with self._lock:
+            self.tracker.params = params
+
+    def observe(self, gpus: GPUFacts | None, latency: Iterable[tuple[str, str, float, float, float, float]]) -> None:
+        """One tick's new facts: the GPU facts (fed once per GPU source reading) and the latency samples the windows
+        were fed, each (mountpoint, operation, start, end, operations, seconds)."""
+        readings = [
+            LatencyReading(mp, LATENCY_OPS[op], start, end, secs / ops)
+            for mp, op, start, end, ops, secs in latency
+            if ops > 0 and op in LATENCY_OPS and math.isfinite(start) and end > start
+        ]
+        gpu_readings: list[GPUReading] = []
+        if gpus is not None and gpus.timestamp != self._gpus_at:
+            self._gpus_at = gpus.timestamp
+            for g in gpus.gpus:
+                gpu_readings.extend(self._gpu_readings(g, gpus.timestamp))
+        with self._lock:
+            self.tracker.add_latency(readings)
+            self.tracker.add_gpu(gpu_readings)
+
+    def _gpu_readings(self, g: GPUState, timestamp: float) -> list[GPUReading]:
+        label = str(g.index)
+        if not g.up:
+            return []
+        samples: Sequence[tuple[float, float]] = g.utilization_samples
+        if not samples and g.utilization_ratio is not None:
+            samples = ((timestamp, g.utilization_ratio),)
+        prev = self._gpu_seen.get(label)
+        mem = holds_memory(g)
+        out = []
+        for t, ratio in samples:
+            if prev is not None and t > prev:
+                out.append(GPUReading(label, max(prev, t - MAX_GAP_SECONDS), t, ratio, mem))
+            if prev is None or t > prev:
+                prev = t
+        if prev is not None:
+            self._gpu_seen[label] = prev
+        return out
+
+    def update(
+        self,
+        now: float,
+        runs: Iterable[RunView],
+        mounts: Iterable[MountView],
+        gpus: GPUFacts | None,
+        pods: Mapping[int, ProcessPod],
+    ) -> StallState:
+        """When a View is made: the writes and what each GPU touches, then settle; the state for the View."""
+        touches: dict[str, tuple[set[str], set[str]]] = {}
+        done: list[WriteSpan] = []
+        writing: list[WriteSpan] = []
+        with self._lock:
+            since = self.tracker.settled_before() - self.tracker.params.settle_seconds
+        for rv in runs:
+            held = run_gpus(rv, gpus, pods)
+            d, w = write_spans(rv, held, since)
+            done += d
+            writing += w
+            if rv.mount is not None:
+                for gpu in held:
+                    touches.setdefault(gpu, (set(), set()))[1].add(rv.mount.mount.mountpoint)
+        if gpus is not None and pods:
+            volumes: dict[str, set[str]] = {}
+            for mv in mounts:
+                where = parse_kubelet_volume_path(mv.mount.mountpoint)
+                if where is not None:
+                    volumes.setdefault(where.pod_uid, set()).add(mv.mount.mountpoint)
+            for g in gpus.gpus:
+                for p in g.processes:
+                    pod = pods.get(p.pid)
+                    if pod is not None and pod.pod_uid in volumes:
+                        reads, writes = touches.setdefault(str(g.index), (set(), set()))
+                        reads |= volumes[pod.pod_uid]
+                        writes |= volumes[pod.pod_uid]
+        with self._lock:
+            t = self.tracker
+            t.touches = {gpu: Touches(frozenset(r), frozenset(w)) for gpu, (r, w) in touches.items()}
+            t.add_spans(done)
+            t.writing(writing)
+            t.settle(now)
+            return StallState(dict(t.totals), tuple(t.current(now)), t.params.settle_seconds)
+
+
+def settle_seconds_for(checkpoint_interval: float, tick: float) -> float:
+    """How long GPU time waits before it is attributed: a checkpoint scan's interval, its own time and a tick."""
+    return max(10.0, checkpoint_interval + 10.0 + tick) if math.isfinite(checkpoint_interval) else 40.0
