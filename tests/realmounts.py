@@ -376,11 +376,14 @@ def loop_ext4_mount(
     mkfs_args: Sequence[str] = (),
     mount_options: str | None = None,
     mkfs_timeout: float = 300.0,
+    losetup_args: Sequence[str] = (),
 ) -> Iterator[LoopMount]:
     """An ext4 image of ``size_mb`` MiB (sparse) on its own loop device, mounted at ``dir``.
 
     The image goes into ``image_dir`` (e.g. a FUSE mount, to give the loop device latency) or a fresh
-    temporary directory. Teardown: unmount (lazily if busy), ``losetup -d``, remove the image.
+    temporary directory. ``losetup_args`` such as ``--direct-io=on`` (the loop device then bypasses the page cache of
+    its image, so its writes cost what the disk under it costs). Teardown: unmount (lazily if busy), ``losetup -d``,
+    remove the image.
     """
     require_loop()
     mkfs = require_mkfs_ext4()
@@ -397,7 +400,7 @@ def loop_ext4_mount(
             fh.truncate(size_mb * 1024 * 1024)
         _run([mkfs, "-q", "-F", *mkfs_args, os.fspath(image)], timeout=mkfs_timeout)
         try:
-            loop_device = _run(["losetup", "-f", "--show", os.fspath(image)]).stdout.strip()
+            loop_device = _run(["losetup", "-f", "--show", *losetup_args, os.fspath(image)]).stdout.strip()
         except MountError:
             # losetup may be stuck in the kernel (LOOP_CONFIGURE statfs's the backing file) and attach the
             # device later, when whatever blocks it is released: detach it then.
