@@ -429,6 +429,8 @@ class Agent:
         self.history.append(snap.for_history(self._history_keys))
         self.stalls.observe(snap.gpus, self._feeder.feed(snap))
         self._feeder.forget(snap)  # the windows of unmounted pod volumes, which would otherwise stay for ever
+        if snap.mounts:  # a table not read says nothing about what is gone
+            self.stalls.forget(snap.timestamp, (m.mountpoint for m in snap.mounts))
         if snap.kube is not None:
             self._kube_evidence.update(snap.kube)
         with self._lock:

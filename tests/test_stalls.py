@@ -466,3 +466,12 @@ def test_the_feed_joins_the_writer_pid_to_its_gpu_and_exports_the_settled_second
     # a writer PID that no GPU process has attributes nothing
     other = run("r", on(Durability.NODE, "/scratch"), dataclasses.replace(c, writer_pid=99))
     assert StallFeed().update(t0 + 40, [other], [], _gpus(t0, 0.0), {}).totals == {}
+
+
+def test_the_feed_forgets_the_baselines_of_mounts_that_are_gone() -> None:
+    feed = StallFeed()
+    for i in range(1000):
+        feed.observe(None, [(f"/pod/{i}", "read", i, i + 1.0, 1.0, 0.001)])
+    assert len(feed.tracker._baselines) == 1000
+    feed.forget(2000.0, ["/pod/999"])
+    assert list(feed.tracker._baselines) == [("/pod/999", "read")]

@@ -38,6 +38,7 @@ LATENCY_OPS: Mapping[str, Op] = {
     "probe_fsync": "write",
 }
 """The latency windows' operations as the stall rule reads them."""
+FORGET_EVERY_SECONDS = 10.0
 MAX_GAP_SECONDS = 5.0
 """A utilisation sample after a longer silence covers at most this much time before it (the GPU source stalled, or
 the agent was stopped): nobody knows what the GPU did in between."""
@@ -72,6 +73,7 @@ class StallFeed:
         self._gpu_seen: dict[str, float] = {}
         """Each GPU's newest sample time fed."""
         self._gpus_at: float | None = None
+        self._next_forget = -math.inf
 
     def configure(self, params: StallParams) -> None:
         with self._lock:
@@ -93,6 +95,15 @@ class StallFeed:
         with self._lock:
             self.tracker.add_latency(readings)
             self.tracker.add_gpu(gpu_readings)
+
+    def forget(self, now: float, mountpoints: Iterable[str]) -> None:
+        """At most every FORGET_EVERY_SECONDS: drop the latency baselines of mounts gone from the table (pod volumes
+        come and go: each kept its baseline for ever)."""
+        if now < self._next_forget:
+            return
+        self._next_forget = now + FORGET_EVERY_SECONDS
+        with self._lock:
+            self.tracker.forget_mounts(mountpoints)
 
     def _gpu_readings(self, g: GPUState, timestamp: float) -> list[GPUReading]:
         label = str(g.index)
