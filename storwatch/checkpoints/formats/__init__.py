@@ -69,6 +69,7 @@ from storwatch.checkpoints.formats.common import (
     _NotRegular,
 )
 from storwatch.checkpoints.formats.dcp import _check_dcp, _check_torchsnapshot
+from storwatch.checkpoints.formats.gguf import GGUF_MAGIC, _check_gguf
 from storwatch.checkpoints.formats.safetensors import (
     SAFETENSORS_INDEX_SUFFIX,
     _check_safetensors,
@@ -133,6 +134,7 @@ REGISTRY: tuple[Format, ...] = (
         scan_suffixes=TORCH_SUFFIXES,
     ),
     Format("safetensors", _check_safetensors, file_suffixes=(".safetensors",), scan_suffixes=(".safetensors",)),
+    Format("gguf", _check_gguf, file_suffixes=(".gguf",), magic=GGUF_MAGIC, scan_suffixes=(".gguf",)),
     Format(
         "safetensors-sharded",
         _check_safetensors_sharded,

@@ -22,7 +22,7 @@ TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 FALLBACK = "the last complete checkpoint should be used"
 NOT_A_CHECKPOINT = (
     "is not a recognised checkpoint format (torch.save ZIP, safetensors, DCP, torchsnapshot, DeepSpeed, "
-    "Hugging Face Trainer, Orbax or Megatron)"
+    "Hugging Face Trainer, Orbax, Megatron or GGUF)"
 )
 DEFAULT_LIMITS = DeepLimits()
 
