@@ -173,7 +173,7 @@ class Finding:
     id: str
     """Stable: the same run on the same mount keeps its id."""
     kind: str
-    """What the data is: ``checkpoint`` today (model weights and datasets next)."""
+    """What the data is: ``checkpoint`` (training state) or ``model`` (model weights); datasets next."""
     severity: Severity
     mountpoint: str
     durability: str

@@ -2,16 +2,19 @@
 can act on and the durable place the data should go.
 
 Today the important data is what the checkpoint scan finds: every run whose complete checkpoints are on a ``volatile``
-or ``node`` mount. A finding counts the run's bytes there, exact to the byte (the sizes the scan measured), and
-names where they should go: a ``cluster`` or ``region`` mount of the same pod (a PVC beside its scratch volume),
-else any such mount on the node, else says there is none. Data already on ``cluster`` or ``region`` storage is never
-a finding. The id is stable (a hash of what the finding is about), so an alert or an Event about it is not repeated
-as its figures change.
+or ``node`` mount. A run made only of model weights (safetensors files, sharded or not, GGUF files, Hugging Face's
+``pytorch_model*.bin``) is of kind ``model``; any other is of kind ``checkpoint``. A finding counts the run's bytes
+there, exact to the byte (the sizes the scan measured), and names where they should go: a ``cluster`` or ``region``
+mount of the same pod (a PVC beside its scratch volume), else the node's own such mount, else a pod's durable volume
+on the node, else says there is none. Data already on ``cluster`` or ``region`` storage is never a finding. The id
+is stable (a hash of what the finding is about), so an alert or an Event about it is not repeated as its figures
+change.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable
 
 from storwatch.analysis.view import MountView, RunView
@@ -37,6 +40,17 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
+MODEL_FORMATS = frozenset({"safetensors", "safetensors-sharded", "gguf"})
+"""Formats in which model weights are published and downloaded (not training state)."""
+
+
+def kind_of(formats_and_names: Iterable[tuple[str | None, str]]) -> str:
+    """``model`` when every checkpoint is model weights, else ``checkpoint``."""
+    items = list(formats_and_names)
+    model = all(f in MODEL_FORMATS or (f == "torch-zip" and n.startswith("pytorch_model")) for f, n in items)
+    return "model" if items and model else "checkpoint"
+
+
 def _pod_of(path: str) -> str | None:
     where = parse_kubelet_volume_path(path)
     return where.pod_uid if where is not None else None
@@ -48,11 +62,12 @@ def _durable_place(pod_uid: str | None, mounts: Iterable[MountView]) -> str | No
         for mv in durable:
             if _pod_of(mv.mount.mountpoint) == pod_uid:
                 return mv.mount.mountpoint
-    # Off the pod: the node's own durable mounts (network storage), not another pod's volume.
+    # Off the pod: the node's own durable mounts (network storage) first, then a pod's durable volume (on Together's
+    # Kubernetes nodes, data written to the node's /home belongs beside the PVC the same team's pods mount).
     for mv in durable:
         if _pod_of(mv.mount.mountpoint) is None and mv.mount.fstype not in ("proc", "sysfs"):
             return mv.mount.mountpoint
-    return None
+    return next((mv.mount.mountpoint for mv in durable), None)
 
 
 def find(runs: Iterable[RunView], mounts: Iterable[MountView], now: float) -> tuple[Finding, ...]:
@@ -78,17 +93,19 @@ def find(runs: Iterable[RunView], mounts: Iterable[MountView], now: float) -> tu
         at_risk = durable_age is None or durable_age - newest_age > CRITICAL_AGE_SECONDS
         severity: Severity = "critical" if at_risk else "warning"
         where = mv.mount.mountpoint
+        kind = kind_of((c.format, os.path.basename(c.path)) for c in complete)
+        noun = "model file" if kind == "model" else "checkpoint"
         sentence = (
-            f"{len(complete)} checkpoint{'s' if len(complete) != 1 else ''}, {_gib(size)}, newest "
+            f"{len(complete)} {noun}{'s' if len(complete) != 1 else ''}, {_gib(size)}, newest "
             f"{_age(newest_age)} old, only on {mv.verdict.durability.value} storage {where}; "
             + ("no durable copy" if durable_age is None else f"newest durable copy {_age(durable_age)} old")
             + ("; copy them to " + move_to if move_to else "; this node has no cluster or region storage to copy to")
         )
-        key = f"checkpoint\0{where}\0{rv.run.path}".encode()
+        key = f"checkpoint\0{where}\0{rv.run.path}".encode()  # the id stays what it was before kinds
         out.append(
             Finding(
                 id=hashlib.sha256(key).hexdigest()[:16],
-                kind="checkpoint",
+                kind=kind,
                 severity=severity,
                 mountpoint=where,
                 durability=mv.verdict.durability.value,

@@ -127,7 +127,8 @@ def _recovery(view: View) -> Iterator[Family]:
 def _findings(view: View) -> Iterator[Family]:
     important = Family(
         "storwatch_ephemeral_important_bytes",
-        "Bytes of important data (checkpoints) on storage that does not survive losing this node, by mount and kind.",
+        "Bytes of important data (checkpoints, model weights) on storage that does not survive losing this node, "
+        "by mount and kind.",
         labels=("mountpoint", "kind"),
     )
     finding = Family(
