@@ -67,6 +67,7 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
         "checkpoints": _checkpoints_dict(view),
         "findings": _findings_list(view),
         "stalls": _stalls_dict(view),
+        "timeline": _timeline_dict(view),
         "checkpoint_roots": None if view.checkpoint_roots is None else [display_path(r) for r in view.checkpoint_roots],
         "kubernetes": _kube_dict(view),
         "nvml": nvml_status(view),
@@ -202,6 +203,35 @@ def _stalls_dict(view: View) -> dict[str, Any] | None:
         "current": [
             {"gpu": s.gpu, "mountpoint": s.mountpoint, "cause": s.cause, "run": s.run, "start": s.start, "end": s.end}
             for s in state.current
+        ],
+    }
+
+
+def _timeline_dict(view: View) -> dict[str, Any] | None:
+    """Each GPU's last hour (10 s buckets), for the picture on /status."""
+    t = view.timeline
+    if t is None:
+        return None
+
+    def points(rows: tuple[tuple[float, float], ...]) -> list[list[float]]:
+        return [[start, round(value, 6)] for start, value in rows]
+
+    return {
+        "start": t.start,
+        "end": t.end,
+        "gpus": [
+            {
+                "gpu": g.gpu,
+                "utilization": points(g.utilization),
+                "memory": points(g.memory),
+                "stalls": [
+                    {"start": s.start, "end": s.end, "cause": s.label, "mountpoint": s.detail} for s in g.stalls
+                ],
+                "writes": [{"start": w.start, "end": w.end, "run": w.label} for w in g.writes],
+                "latency_mountpoint": g.latency_mount,
+                "latency": points(g.latency),
+            }
+            for g in t.gpus
         ],
     }
 

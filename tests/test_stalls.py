@@ -453,10 +453,17 @@ def test_the_feed_joins_the_writer_pid_to_its_gpu_and_exports_the_settled_second
     c = dataclasses.replace(ckpt(0.0), mtime=t0 + 19, write_start=t0 + 9.0, write_seconds=10.0, writer_pid=4242)
     rv = run("r", on(Durability.NODE, "/scratch"), c)
     assert rv.mount is not None
-    state = feed.update(t0 + 40, [rv], [rv.mount], _gpus(t0 + 29, 0.95), {})
+    state, picture = feed.update(t0 + 40, [rv], [rv.mount], _gpus(t0 + 29, 0.95), {})
     # GPU 0 waited on its writer's save for its readings (1009, 1010] .. (1018, 1019]; GPU 1 idles with no write of
     # its own and no mount it touches: no stall
     assert state.totals == {("0", "/scratch", "checkpoint_write"): pytest.approx(10.0)}
+    # the picture of the last hour: both GPUs' utilisation, GPU 0's stall and write, its run mount's latency
+    (g0, g1) = picture.gpus
+    assert [(s.start, s.end, s.label) for s in g0.stalls] == [(t0 + 9, t0 + 19, "checkpoint_write")]
+    assert g1.stalls == ()
+    assert [(w.start, w.end, w.label) for w in g0.writes] == [(t0 + 9, t0 + 19, "r")]
+    assert g0.latency_mount == "/scratch" and g0.latency and g1.latency_mount is None
+    assert min(v for _, v in g0.utilization) < 0.5 < max(v for _, v in g0.utilization)
     view = View(Snapshot(t0 + 40, gpus=_gpus(t0 + 29, 0.95)), Platform("generic", "test"), stalls=state)
     text = render_text(list(gpu_area.families(view, ExportState()))).decode()
     assert (
@@ -465,7 +472,7 @@ def test_the_feed_joins_the_writer_pid_to_its_gpu_and_exports_the_settled_second
     )
     # a writer PID that no GPU process has attributes nothing
     other = run("r", on(Durability.NODE, "/scratch"), dataclasses.replace(c, writer_pid=99))
-    assert StallFeed().update(t0 + 40, [other], [], _gpus(t0, 0.0), {}).totals == {}
+    assert StallFeed().update(t0 + 40, [other], [], _gpus(t0, 0.0), {})[0].totals == {}
 
 
 def test_the_feed_forgets_the_baselines_of_mounts_that_are_gone() -> None:

@@ -68,8 +68,10 @@ def build_view(
     checkpoints = run_views(snapshot.checkpoints, mounts, paths)
     facts = snapshot.checkpoints
     pods = process_pods(snapshot.containers, snapshot.kube)
-    stall_state = (
-        stalls.update(snapshot.timestamp, checkpoints, mounts, snapshot.gpus, pods) if stalls is not None else None
+    stall_state, timeline = (
+        stalls.update(snapshot.timestamp, checkpoints, mounts, snapshot.gpus, pods)
+        if stalls is not None
+        else (None, None)
     )
     return View(
         snapshot=snapshot,
@@ -82,4 +84,5 @@ def build_view(
         findings=find(checkpoints, mounts, snapshot.timestamp),
         recovery=recoveries(checkpoints, snapshot.timestamp, mtbf_seconds, snapshot.gpus, pods),
         stalls=stall_state,
+        timeline=timeline,
     )

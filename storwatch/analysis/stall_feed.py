@@ -25,6 +25,7 @@ from storwatch.analysis.stalls import (
     Touches,
     WriteSpan,
 )
+from storwatch.analysis.timeline import Timeline, TimelinePicture
 from storwatch.analysis.view import MountView, RunView
 from storwatch.sources.gpu.facts import GPUFacts, GPUState
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
@@ -74,6 +75,7 @@ class StallFeed:
         """Each GPU's newest sample time fed."""
         self._gpus_at: float | None = None
         self._next_forget = -math.inf
+        self.timeline = Timeline()
 
     def configure(self, params: StallParams) -> None:
         with self._lock:
@@ -95,6 +97,15 @@ class StallFeed:
         with self._lock:
             self.tracker.add_latency(readings)
             self.tracker.add_gpu(gpu_readings)
+            for r in readings:
+                if r.op == "write":
+                    self.timeline.add_latency(r.mountpoint, r.end, r.seconds)
+            if gpus is not None and gpu_readings:
+                for g in gpus.gpus:
+                    mine = [x.utilization for x in gpu_readings if x.gpu == str(g.index)]
+                    used, total = g.memory_used_bytes, g.memory_total_bytes
+                    memory = used / total if used is not None and total else None
+                    self.timeline.add_gpu(str(g.index), gpus.timestamp, sum(mine) / len(mine) if mine else None, memory)
 
     def forget(self, now: float, mountpoints: Iterable[str]) -> None:
         """At most every FORGET_EVERY_SECONDS: drop the latency baselines of mounts gone from the table (pod volumes
@@ -102,8 +113,10 @@ class StallFeed:
         if now < self._next_forget:
             return
         self._next_forget = now + FORGET_EVERY_SECONDS
+        keep = list(mountpoints)
         with self._lock:
-            self.tracker.forget_mounts(mountpoints)
+            self.tracker.forget_mounts(keep)
+            self.timeline.forget(keep)
 
     def _gpu_readings(self, g: GPUState, timestamp: float) -> list[GPUReading]:
         label = str(g.index)
@@ -131,8 +144,9 @@ class StallFeed:
         mounts: Iterable[MountView],
         gpus: GPUFacts | None,
         pods: Mapping[int, ProcessPod],
-    ) -> StallState:
-        """When a View is made: the writes and what each GPU touches, then settle; the state for the View."""
+    ) -> tuple[StallState, TimelinePicture]:
+        """When a View is made: the writes and what each GPU touches, then settle; the state and the last hour's
+        picture for the View."""
         touches: dict[str, tuple[set[str], set[str]]] = {}
         done: list[WriteSpan] = []
         writing: list[WriteSpan] = []
@@ -164,8 +178,13 @@ class StallFeed:
             t.touches = {gpu: Touches(frozenset(r), frozenset(w)) for gpu, (r, w) in touches.items()}
             t.add_spans(done)
             t.writing(writing)
-            t.settle(now)
-            return StallState(dict(t.totals), tuple(t.current(now)), t.params.settle_seconds)
+            settled = t.settle(now)
+            current = tuple(t.current(now))
+            self.timeline.add_stalls(settled)
+            self.timeline.add_writes(done)
+            drawn = {gpu: min(w) for gpu, (_, w) in touches.items() if w}
+            picture = self.timeline.picture(now, current, writing, drawn)
+            return StallState(dict(t.totals), current, t.params.settle_seconds), picture
 
 
 def settle_seconds_for(checkpoint_interval: float, tick: float) -> float:

@@ -19,6 +19,7 @@ from storwatch.vocabulary import CollectorStatus, Finding, Mount, Platform, Verd
 if TYPE_CHECKING:
     from storwatch.analysis.latency import LatencySummary
     from storwatch.analysis.stalls import StallState
+    from storwatch.analysis.timeline import TimelinePicture
     from storwatch.sources.checkpoints import CheckpointFacts, RunState
     from storwatch.sources.diskio import DiskIO
     from storwatch.sources.gpu import GPUFacts
@@ -88,6 +89,8 @@ class View:
     stalls: StallState | None = None
     """GPU time lost to storage: settled totals by GPU, mount and cause, and the stalls still being settled
     (analysis/stalls.py); None where the agent does not track them (``storwatch scan``)."""
+    timeline: TimelinePicture | None = None
+    """Each GPU's last hour for /status: utilisation, memory, stalls, checkpoint writes, its run mount's latency."""
 
     # -- the snapshot's facts, as consumers read them
 

@@ -17,6 +17,7 @@ from storwatch.report import (
     no_gpus_line,
     usage_percent,
 )
+from storwatch.web.timeline import findings_panel, timelines
 
 
 def render_status_page(data: dict[str, Any]) -> str:
@@ -153,12 +154,16 @@ tr.stuck {{ background: #fde2e2; }} .mountpoint {{ font-family: monospace; }}
 .d-cluster {{ color: #1b5e20; font-weight: bold; }} .d-region {{ color: #0d47a1; font-weight: bold; }}
 .summary span {{ margin-right: 2em; }} .note {{ color: #555; }} td.empty {{ color: #555; font-style: italic; }}
 td.kube {{ font-size: 12px; }}
+#findings li.critical b {{ color: #b00020; }} #findings li.warning b {{ color: #b36b00; }}
+#findings {{ border: 1px solid #e0b4b4; background: #fff6f6; padding: 0 1em; }}
+#findings.none {{ border-color: #c8e6c9; background: #f5fbf5; }} figure {{ margin: 0.5em 0; }}
 </style></head><body>
 <h1>storwatch</h1>
 <p class="summary"><span>platform: <b id="platform">{e(plat["name"])}</b> ({e(plat["detected_by"])})</span>
 <span>mounts: <b id="mount-count">{len(storage)}</b></span>
 <span>ephemeral (volatile or node): <b id="ephemeral-count">{ephemeral}</b></span>
 <span>stuck: <b id="stuck-count">{stuck_count}</b></span></p>
+{findings_panel(data.get("findings") or [])}
 <h2>Mounts</h2>
 <table id="mounts"><thead><tr><th>Mountpoint</th><th>Device</th><th>Type</th><th>Durability</th><th>Reason</th>
 <th>Kubernetes</th><th>Used</th><th>Size</th><th>Avail</th><th>State</th></tr></thead>
@@ -180,6 +185,7 @@ Used is counted as df counts it, used / (used + available): space reserved for r
 <tbody>
 {chr(10).join(gpu_rows)}
 </tbody></table>
+{timelines(data)}
 <h2>Checkpoints</h2>
 <table id="checkpoints"><thead><tr><th>Run</th><th>Durability</th><th>Newest complete, age</th><th>Size</th>
 <th>Interval</th><th>Kept</th><th>State</th></tr></thead>

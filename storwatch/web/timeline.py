@@ -1,0 +1,127 @@
+"""The pictures on /status, drawn on the server as inline SVG (no script, no outside asset): per GPU the last hour of
+utilisation and memory, stall spans coloured by cause, checkpoint writes as bars, and the latency of the mount its
+run writes to; and the findings panel, one sentence each, most severe first.
+
+Every drawn element carries a class (``util``, ``memory``, ``stall <cause>``, ``write``, ``latency``) and a
+``<title>`` a browser shows on hover, so the test can read the picture from the DOM as a person reads it on screen.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from storwatch.report import human_seconds
+
+WIDTH, PLOT_HEIGHT, LATENCY_HEIGHT, MARGIN = 900, 90, 40, 48
+CAUSE_COLOURS = {"checkpoint_write": "#e8871e", "data_read": "#8e44ad", "io_contention": "#c0392b"}
+CAUSE_WORDS = {
+    "checkpoint_write": "waiting on its checkpoint write",
+    "data_read": "waiting on dataset reads",
+    "io_contention": "waiting on a contended mount",
+}
+
+
+def findings_panel(findings: list[dict[str, Any]]) -> str:
+    e = html.escape
+    if not findings:
+        return (
+            "<section id='findings' class='none'><h2>At risk</h2><p>Nothing important found on storage that is "
+            "lost with this node.</p></section>"
+        )
+    items = "\n".join(
+        f"<li class='finding {e(f['severity'])}' data-id='{e(f['id'])}'><b>{e(f['severity'])}</b> "
+        f"{e(f['sentence'])}</li>"
+        for f in findings
+    )
+    return f"<section id='findings'><h2>At risk</h2><ul>\n{items}\n</ul></section>"
+
+
+def _x(t: float, start: float, end: float) -> float:
+    return MARGIN + (t - start) / (end - start) * (WIDTH - 2 * MARGIN) if end > start else MARGIN
+
+
+def _polyline(
+    points: list[list[float]], start: float, end: float, top: float, height: float, scale: float, cls: str, title: str
+) -> str:
+    if not points:
+        return ""
+    coords = " ".join(
+        f"{_x(t + 5.0, start, end):.1f},{top + height - min(1.0, max(0.0, v / scale)) * height:.1f}" for t, v in points
+    )
+    colour = {"util": "#2e7d32", "memory": "#757575", "latency": "#1565c0"}.get(cls, "#333")
+    return (
+        f"<polyline class='{cls}' points='{coords}' fill='none' stroke='{colour}' stroke-width='1.5'>"
+        f"<title>{html.escape(title)}</title></polyline>"
+    )
+
+
+def gpu_timeline(g: dict[str, Any], start: float, end: float) -> str:
+    """One GPU's SVG: utilisation and memory over stall spans and write bars, and its run mount's latency below."""
+    e = html.escape
+    top, h = 18.0, PLOT_HEIGHT
+    parts = [
+        f"<rect class='frame' x='{MARGIN}' y='{top}' width='{WIDTH - 2 * MARGIN}' height='{h}' fill='#fafafa' "
+        "stroke='#ccc'/>",
+        f"<text x='4' y='{top + 10}' font-size='11'>100%</text><text x='4' y='{top + h}' font-size='11'>0</text>",
+    ]
+    for s in g["stalls"]:
+        x0, x1 = _x(max(s["start"], start), start, end), _x(s["end"], start, end)
+        seconds = s["end"] - s["start"]
+        parts.append(
+            f"<rect class='stall {e(s['cause'])}' x='{x0:.1f}' y='{top}' width='{max(1.0, x1 - x0):.1f}' "
+            f"height='{h}' fill='{CAUSE_COLOURS.get(s['cause'], '#999')}' fill-opacity='0.35'>"
+            f"<title>{e(CAUSE_WORDS.get(s['cause'], s['cause']))} on {e(s['mountpoint'])}: {seconds:.1f} s"
+            "</title></rect>"
+        )
+    for w in g["writes"]:
+        x0, x1 = _x(max(w["start"], start), start, end), _x(w["end"], start, end)
+        parts.append(
+            f"<rect class='write' x='{x0:.1f}' y='2' width='{max(1.0, x1 - x0):.1f}' height='12' fill='#1565c0'>"
+            f"<title>checkpoint of {e(w['run'])}: {w['end'] - w['start']:.1f} s</title></rect>"
+        )
+    parts.append(_polyline(g["utilization"], start, end, top, h, 1.0, "util", "utilisation (10 s means)"))
+    parts.append(_polyline(g["memory"], start, end, top, h, 1.0, "memory", "memory used / total"))
+    height = top + h + 6
+    if g["latency_mountpoint"]:
+        lat = g["latency"]
+        peak = max((v for _, v in lat), default=0.0) or 0.001
+        ltop = height + 12
+        parts.append(
+            f"<text x='{MARGIN}' y='{ltop - 2}' font-size='11'>write latency of {e(g['latency_mountpoint'])} "
+            f"(peak {peak * 1000:.1f} ms)</text>"
+            f"<rect class='frame' x='{MARGIN}' y='{ltop}' width='{WIDTH - 2 * MARGIN}' height='{LATENCY_HEIGHT}' "
+            "fill='#fafafa' stroke='#ccc'/>"
+        )
+        parts.append(
+            _polyline(
+                lat, start, end, ltop, LATENCY_HEIGHT, peak, "latency", f"{g['latency_mountpoint']} write latency"
+            )
+        )
+        height = ltop + LATENCY_HEIGHT + 4
+    lost = sum(s["end"] - max(s["start"], start) for s in g["stalls"])
+    parts.append(
+        f"<text x='{MARGIN}' y='{height + 12}' font-size='11'>{human_seconds(end - start)} ago</text>"
+        f"<text x='{WIDTH - MARGIN - 24}' y='{height + 12}' font-size='11'>now</text>"
+    )
+    return (
+        f"<figure class='gpu-timeline' data-gpu='{e(g['gpu'])}'><figcaption>GPU {e(g['gpu'])}: "
+        f"{lost:.0f} s stalled on storage in the last hour</figcaption>"
+        f"<svg class='timeline' xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{height + 16:.0f}' "
+        f"viewBox='0 0 {WIDTH} {height + 16:.0f}' role='img'>{''.join(parts)}</svg></figure>"
+    )
+
+
+def timelines(data: dict[str, Any]) -> str:
+    t = data.get("timeline")
+    if not t or not t["gpus"]:
+        return ""
+    legend = " ".join(
+        f"<span style='background:{c};opacity:.6'>&nbsp;&nbsp;&nbsp;</span> {html.escape(CAUSE_WORDS[k])}"
+        for k, c in CAUSE_COLOURS.items()
+    )
+    body = "\n".join(gpu_timeline(g, t["start"], t["end"]) for g in t["gpus"])
+    return (
+        "<h2>GPUs, the last hour</h2><p class='note' id='timeline-legend'>Green: utilisation; grey: memory used; "
+        f"blue bars: checkpoint writes; shaded: GPU time lost to storage, {legend}.</p>\n{body}"
+    )
