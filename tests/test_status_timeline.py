@@ -65,7 +65,7 @@ def page_with_a_stalled_gpu() -> tuple[str, View]:
 
 
 def test_the_timeline_draws_utilisation_stalls_writes_and_latency() -> None:
-    page, view = page_with_a_stalled_gpu()
+    page, _ = page_with_a_stalled_gpu()
     p = Elements()
     p.feed(page)
     svgs = p.having("svg", "timeline")
