@@ -122,9 +122,9 @@ class StallFeed:
         label = str(g.index)
         if not g.up:
             return []
+        # The driver's samples since the last read, or the one polled value where it keeps none (the sampler says
+        # which); none at all between two buffered reads.
         samples: Sequence[tuple[float, float]] = g.utilization_samples
-        if not samples and g.utilization_ratio is not None:
-            samples = ((timestamp, g.utilization_ratio),)
         prev = self._gpu_seen.get(label)
         mem = holds_memory(g)
         out = []

@@ -188,12 +188,15 @@ def attribute(
     covered = sum(s1 - s0 for s0, s1, _ in mine) / length
     # A reading partly inside its own write: stalled for that part if its utilisation is what ``busy`` outside it and
     # waiting inside it would make (a sample period that straddles the start or the end of a write).
+    rest_utilization = g.utilization
     if covered and g.utilization < (1.0 - covered) * busy + covered * p.utilization_below:
         out = [Stall(g.gpu, s0, s1, span.mountpoint, "checkpoint_write", span.run) for s0, s1, span in mine]
         rest = length * (1.0 - covered)
+        # the GPU waited through the covered part: all its work in the reading was done in the rest
+        rest_utilization = min(1.0, g.utilization / (1.0 - covered)) if covered < 1.0 else 1.0
     else:
         out, rest = [], length
-    if rest <= 1e-9 or g.utilization >= p.utilization_below:
+    if rest <= 1e-9 or rest_utilization >= p.utilization_below:
         return out
     best: tuple[int, float, str] | None = None  # (data read first, how far above its baseline, mount)
     for j in high:

@@ -1,5 +1,5 @@
-"""The last hour per GPU, for the picture on /status: utilisation and memory in 10 s buckets, stall spans by cause,
-checkpoint writes, and the latency of the mount its run writes to.
+"""The last hour per GPU (or what the agent has seen of it), for the picture on /status: utilisation and memory in
+10 s buckets, stall spans by cause, checkpoint writes, and the latency of the mount its run writes to.
 
 Fed by the stall feed (analysis/stall_feed.py) with what it already sees each tick; bounded whatever the uptime: at
 most ``BUCKETS`` buckets per GPU and per mount, ``MAX_SPANS`` stalls and writes, and the mounts of the current table.
@@ -18,6 +18,7 @@ BUCKET_SECONDS = 10.0
 WINDOW_SECONDS = 3600.0
 BUCKETS = int(WINDOW_SECONDS / BUCKET_SECONDS) + 1
 MAX_SPANS = 4096
+MIN_DRAWN_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,9 @@ class Timeline:
         for key in [k for k, s in self._writes.items() if (s.end or now) < since]:
             del self._writes[key]
         settled = [s for mine in self._stalls.values() for s in mine if s.end >= since]
-        stalls = _joined([*settled, *current])
+        # pieces shorter than MIN_DRAWN_SECONDS are left out: an hour is 4.5 s a pixel, and a sliver at the edge of a
+        # write (the moment between the GPU going idle and the save starting) would still be drawn a pixel wide
+        stalls = [s for s in _joined([*settled, *current]) if s.seconds >= MIN_DRAWN_SECONDS]
         writes = [*self._writes.values(), *writing]
         gpus = []
         for gpu in sorted(set(self._util) | set(self._memory), key=lambda g: (len(g), g)):
@@ -158,4 +161,10 @@ class Timeline:
                     self._latency[mp].points(since) if mp in self._latency else (),
                 )
             )
-        return TimelinePicture(since, now, tuple(gpus))
+        # A younger agent draws the time it has seen, not an empty hour with its data squeezed to the right edge.
+        first = min(
+            (p[0][0] for g in gpus for p in (g.utilization, g.memory, g.latency) if p),
+            default=since,
+        )
+        start = min(max(since, first), now - BUCKET_SECONDS)
+        return TimelinePicture(start, now, tuple(gpus))
