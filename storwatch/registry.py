@@ -29,6 +29,7 @@ from storwatch.config import (
 from storwatch.config import load_config as _load_config
 from storwatch.config import parse_config as _parse_config
 from storwatch.exporter import Area
+from storwatch.exporter import access as access_area
 from storwatch.exporter import agent as agent_area
 from storwatch.exporter import checkpoints as checkpoints_area
 from storwatch.exporter import gpu as gpu_area
@@ -38,7 +39,8 @@ from storwatch.exporter import lustre as lustre_area
 from storwatch.exporter import mounts as mounts_area
 from storwatch.exporter import nfs as nfs_area
 from storwatch.paths import HostPaths
-from storwatch.sources import FactsKey, Source, lustre
+from storwatch.sources import FactsKey, Source, access, lustre
+from storwatch.sources.access import ACCESS, AccessConfig
 from storwatch.sources.checkpoints import CHECKPOINTS, CheckpointSource, default_roots
 from storwatch.sources.diskio import DISKIO, DiskIOSource
 from storwatch.sources.gpu import GPUS, GPUFacts, GPUSource
@@ -251,6 +253,7 @@ SOURCES: tuple[SourceSpec[Any, Any], ...] = (
     SourceSpec(
         "lustre", "lustre", LustreConfig, LUSTRE, lustre.make, "enabled", "sampled", metrics=lustre_area.families
     ),
+    SourceSpec("access", "access", AccessConfig, ACCESS, access.make, "enabled", "never", metrics=access_area.families),
 )
 """Every source, in the order their collectors are reported (a source whose factory reads another's facts comes
 after it: processes after gpu)."""

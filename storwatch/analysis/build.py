@@ -13,6 +13,7 @@ from storwatch.analysis.view import MountView, View
 from storwatch.classify import Classifier
 from storwatch.paths import HostPaths
 from storwatch.snapshot import Snapshot
+from storwatch.sources.access import ACCESS
 from storwatch.vocabulary import Mount, Platform, Verdict
 
 
@@ -69,7 +70,7 @@ def build_view(
     facts = snapshot.checkpoints
     pods = process_pods(snapshot.containers, snapshot.kube)
     stall_state, timeline = (
-        stalls.update(snapshot.timestamp, checkpoints, mounts, snapshot.gpus, pods)
+        stalls.update(snapshot.timestamp, checkpoints, mounts, snapshot.gpus, pods, snapshot.get(ACCESS))
         if stalls is not None
         else (None, None)
     )

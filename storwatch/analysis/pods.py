@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from storwatch.procfs.cgroup import ContainerRef, Runtime
+from storwatch.procfs.cgroup import ContainerRef, Runtime, SlurmJob
 from storwatch.sources.kubevolumes import KubeFacts
 
 
@@ -41,3 +41,17 @@ def process_pods(containers: Mapping[int, ContainerRef | None], kube: KubeFacts 
         owner = f"{pod.owner_kind}/{pod.owner_name}" if pod.owner_kind else None
         out[pid] = ProcessPod(ref.container_id, ref.runtime, ref.pod_uid, pod.namespace, pod.name, owner)
     return out
+
+
+def workload_name(pid: int, pods: Mapping[int, ProcessPod], jobs: Mapping[int, SlurmJob]) -> str:
+    """What a GPU process's work is called: its pod (``namespace/name``, or ``pod:<uid>`` before the API names it),
+    its Slurm job (``job:<id>``), or the process itself (``pid:<pid>``)."""
+    pod = pods.get(pid)
+    if pod is not None and pod.namespace and pod.name:
+        return f"{pod.namespace}/{pod.name}"
+    if pod is not None and pod.pod_uid:
+        return f"pod:{pod.pod_uid}"
+    job = jobs.get(pid)
+    if job is not None:
+        return f"job:{job.job_id}"
+    return f"pid:{pid}"

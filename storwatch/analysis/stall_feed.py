@@ -4,7 +4,8 @@ and the mounts each GPU's work touches. The View then carries the settled totals
 
 Which GPUs a run's writes hold up: the GPUs of the pod whose volume holds the run (Kubernetes), or of the process
 that wrote it (its event log's PID, off Kubernetes, where PIDs are the host's). Which mounts a GPU's work touches:
-the mounts of its runs (written) and of its pod's volumes (read and written).
+the mounts of its runs (written), of its pod's volumes (read and written), and those its processes have files open
+on (sources/access.py: read or written, by the files' access modes).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from storwatch.analysis.stalls import (
 )
 from storwatch.analysis.timeline import Timeline, TimelinePicture
 from storwatch.analysis.view import MountView, RunView
+from storwatch.sources.access import AccessFacts
 from storwatch.sources.gpu.facts import GPUFacts, GPUState
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 
@@ -144,6 +146,7 @@ class StallFeed:
         mounts: Iterable[MountView],
         gpus: GPUFacts | None,
         pods: Mapping[int, ProcessPod],
+        access: AccessFacts | None = None,
     ) -> tuple[StallState, TimelinePicture]:
         """When a View is made: the writes and what each GPU touches, then settle; the state and the last hour's
         picture for the View."""
@@ -173,6 +176,14 @@ class StallFeed:
                         reads, writes = touches.setdefault(str(g.index), (set(), set()))
                         reads |= volumes[pod.pod_uid]
                         writes |= volumes[pod.pod_uid]
+        if gpus is not None and access is not None:
+            for g in gpus.gpus:
+                for p in g.processes:
+                    opened = access.workloads.get(p.pid)
+                    if opened is not None:
+                        reads, writes = touches.setdefault(str(g.index), (set(), set()))
+                        reads.update(opened.mounts_read)
+                        writes.update(opened.mounts_written)
         with self._lock:
             t = self.tracker
             t.touches = {gpu: Touches(frozenset(r), frozenset(w)) for gpu, (r, w) in touches.items()}

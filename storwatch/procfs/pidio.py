@@ -1,0 +1,68 @@
+"""Parsers for a process's I/O accounting and open files: ``<procfs>/<pid>/io``, the access mode in
+``<procfs>/<pid>/fdinfo/<fd>`` and the children lists in ``<procfs>/<pid>/task/<tid>/children``.
+
+``io`` (proc(5)): ``rchar``/``wchar`` are bytes passed to read and write calls (page cache hits included), ``syscr``/
+``syscw`` the number of those calls, ``read_bytes``/``write_bytes`` what reached (or will reach) the storage layer,
+``cancelled_write_bytes`` what was truncated before it was written back. Pure functions over bytes; a malformed line
+is a LineError and the others still count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storwatch.procfs import LineError
+
+IO_FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes", "cancelled_write_bytes")
+_MAX_COUNTER = 1 << 64
+
+
+@dataclass(frozen=True)
+class ProcessIO:
+    rchar: int = 0
+    wchar: int = 0
+    syscr: int = 0
+    syscw: int = 0
+    read_bytes: int = 0
+    write_bytes: int = 0
+    cancelled_write_bytes: int = 0
+
+
+def parse_io(data: bytes) -> tuple[ProcessIO | None, list[LineError]]:
+    """The counters of a ``<pid>/io`` file; None when no field parsed."""
+    values: dict[str, int] = {}
+    errors: list[LineError] = []
+    for n, raw in enumerate(data.splitlines(), start=1):
+        line = raw.decode("ascii", "replace").strip()
+        if not line:
+            continue
+        name, sep, rest = line.partition(":")
+        if not sep or name not in IO_FIELDS:
+            if name.isidentifier() and sep:
+                continue  # a field added by a newer kernel
+            errors.append(LineError(n, "expected 'name: value'", line[:200]))
+            continue
+        text = rest.strip()
+        if not text.isdigit() or int(text) >= _MAX_COUNTER:
+            errors.append(LineError(n, f"{name}: not a counter", line[:200]))
+            continue
+        values[name] = int(text)
+    return (ProcessIO(**values) if values else None), errors
+
+
+def access_mode(fdinfo: bytes) -> str | None:
+    """``r``, ``w`` or ``rw`` from the ``flags:`` line (octal open flags) of a ``<pid>/fdinfo/<fd>`` file."""
+    for raw in fdinfo.splitlines():
+        name, _, rest = raw.partition(b":")
+        if name.strip() == b"flags":
+            try:
+                flags = int(rest.strip(), 8)
+            except ValueError:
+                return None
+            return ("r", "w", "rw", None)[flags & 3]
+    return None
+
+
+def parse_children(data: bytes) -> list[int]:
+    """The PIDs of a ``task/<tid>/children`` file (space-separated); anything else is skipped."""
+    return [int(w) for w in data.split() if w.isdigit() and 0 < int(w) < 1 << 22]

@@ -1,0 +1,136 @@
+"""Access patterns (sources/access.py): a real process tree (a "trainer" and its data-loader worker) reading one
+mount and writing another, read through the real /proc: rates, call sizes, the mounts by access mode, the workers
+counted; the /proc/<pid>/io parser on odd input; and the metrics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from storwatch.analysis.view import View
+from storwatch.exporter import ExportState, render_text
+from storwatch.exporter import access as access_area
+from storwatch.paths import HostPaths
+from storwatch.procfs.mountinfo import parse_mountinfo
+from storwatch.procfs.pidio import access_mode, parse_children, parse_io
+from storwatch.snapshot import Snapshot
+from storwatch.sources.access import ACCESS, AccessConfig, AccessSource
+from storwatch.sources.mounts import mount_of
+from storwatch.vocabulary import Mount, Platform
+from tests.realmounts import tmpfs_mount
+
+T = TypeVar("T")
+Enter = Callable[[ContextManager[T]], T]
+
+TRAINER = textwrap.dedent(
+    """
+    import os, sys, time, multiprocessing as mp
+
+    def worker(path):
+        with open(path, "rb", buffering=0) as f:   # the data loader: 64 KiB reads, again and again
+            while True:
+                f.seek(0)
+                while f.read(65536):
+                    pass
+                time.sleep(0.01)
+
+    if __name__ == "__main__":
+        data, ckpt = sys.argv[1], sys.argv[2]
+        mp.set_start_method("fork")
+        p = mp.Process(target=worker, args=(data,), daemon=True)
+        p.start()
+        out = open(ckpt, "wb", buffering=0)           # the trainer: 1 MiB writes, flushed
+        print("ready", p.pid, flush=True)
+        block = os.urandom(1 << 20)
+        while True:
+            out.seek(0)
+            for _ in range(4):
+                out.write(block)
+            os.fsync(out.fileno())
+            time.sleep(0.05)
+    """
+)
+
+
+def host_mounts() -> tuple[Mount, ...]:
+    entries, _ = parse_mountinfo(Path("/proc/self/mountinfo").read_bytes())
+    return tuple(mount_of(e) for e in entries)
+
+
+@pytest.fixture
+def trainer(real_mounts: Enter[Any], tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Path, Path]]:
+    data_mount = real_mounts(tmpfs_mount(tmp_path / "datasets", size="64m"))
+    ckpt_mount = real_mounts(tmpfs_mount(tmp_path / "ckpt", size="64m"))
+    (data_mount.mountpoint / "shard-0000.tar").write_bytes(b"\1" * (8 << 20))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            TRAINER,
+            str(data_mount.mountpoint / "shard-0000.tar"),
+            str(ckpt_mount.mountpoint / "x"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    assert line[0] == "ready", line
+    try:
+        yield proc, int(line[1]), data_mount.mountpoint, ckpt_mount.mountpoint
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.realpart
+def test_a_trainer_and_its_worker_read_one_mount_and_write_another(trainer: Any) -> None:
+    proc, _worker, data, ckpt = trainer
+    clock = time.time
+    source = AccessSource(HostPaths(), AccessConfig(), lambda: [proc.pid], host_mounts, clock)
+    first = source.collect().workloads[proc.pid]
+    assert first.read_bytes_per_second is None and first.processes == 2  # the trainer and its worker
+    time.sleep(1.0)
+    facts = source.collect()
+    w = facts.workloads[proc.pid]
+    # (the interpreter may hold files of / open too)
+    assert str(data) in w.mounts_read and str(data) not in w.mounts_written
+    assert str(ckpt) in w.mounts_written and str(ckpt) not in w.mounts_read
+    # tmpfs reads come from memory (rchar, not read_bytes); the call sizes are the program's
+    assert w.read_size_bytes is not None and 60_000 <= w.read_size_bytes <= 65_536
+    assert w.write_size_bytes is not None and w.write_size_bytes == pytest.approx(1 << 20, rel=0.05)
+    assert w.write_calls_per_second is not None and w.write_calls_per_second > 10
+    assert w.read_calls_per_second is not None and w.read_calls_per_second > 100
+    # the metrics, named by process where no pod or job is known
+    view = View(Snapshot(clock(), facts={ACCESS.name: facts}), Platform("generic", "test"))
+    text = render_text(list(access_area.families(view, ExportState()))).decode()
+    name = f'pid="{proc.pid}",workload="pid:{proc.pid}"'
+    assert f'storwatch_workload_mount{{mode="read",mountpoint="{data}",{name}}} 1.0' in text
+    assert f'storwatch_workload_mount{{mode="write",mountpoint="{ckpt}",{name}}} 1.0' in text
+    assert f'storwatch_workload_io_size_bytes{{op="write",{name}}}' in text
+
+
+def test_a_gpu_process_that_is_gone_is_left_out() -> None:
+    source = AccessSource(HostPaths(), AccessConfig(), lambda: [2**22 - 1], lambda: (), time.time)
+    assert source.collect().workloads == {}
+
+
+def test_the_io_parser_keeps_good_lines_and_names_bad_ones() -> None:
+    io, errors = parse_io(
+        b"rchar: 10\nwchar: x\nsyscr: 3\nnew_field: 5\ngarbage\nread_bytes: 99999999999999999999999\n"
+    )
+    assert io is not None and (io.rchar, io.syscr, io.wchar, io.read_bytes) == (10, 3, 0, 0)
+    assert [str(e).split(":")[0] for e in errors] == ["line 2", "line 5", "line 6"]
+    assert parse_io(b"")[0] is None
+    assert access_mode(b"pos:\t0\nflags:\t0100002\nmnt_id:\t25\n") == "rw"
+    assert access_mode(b"flags:\t02100000\n") == "r" and access_mode(b"flags: 01\n") == "w"
+    assert access_mode(b"flags: zz\n") is None and access_mode(b"") is None
+    assert parse_children(b"12 13 x 0 99999999\n") == [12, 13]
