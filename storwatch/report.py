@@ -6,11 +6,12 @@ import math
 from typing import Any
 
 from storwatch.analysis.latency import WindowStats
-from storwatch.analysis.pods import ProcessPod
+from storwatch.analysis.pods import ProcessPod, workload_name
 from storwatch.analysis.recovery import checkpoint_age_seconds, recovery_point_seconds
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import is_pseudo_mount
 from storwatch.procfs.cgroup import SlurmJob
+from storwatch.sources.access import ACCESS
 from storwatch.sources.kubevolumes import ClusterObjects, volume_ref
 from storwatch.sources.mounts import display_path
 from storwatch.vocabulary import FsUsage, Mount
@@ -68,6 +69,7 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
         "findings": _findings_list(view),
         "stalls": _stalls_dict(view),
         "timeline": _timeline_dict(view),
+        "workloads": _workloads_list(view),
         "checkpoint_roots": None if view.checkpoint_roots is None else [display_path(r) for r in view.checkpoint_roots],
         "kubernetes": _kube_dict(view),
         "nvml": nvml_status(view),
@@ -205,6 +207,27 @@ def _stalls_dict(view: View) -> dict[str, Any] | None:
             for s in state.current
         ],
     }
+
+
+def _workloads_list(view: View) -> list[dict[str, Any]]:
+    """Each GPU workload's storage profile (sources/access.py)."""
+    facts = view.snapshot.get(ACCESS)
+    if facts is None:
+        return []
+    return [
+        {
+            "pid": pid,
+            "workload": workload_name(pid, view.pods, view.jobs),
+            "processes": w.processes,
+            "read_bytes_per_second": w.read_bytes_per_second,
+            "write_bytes_per_second": w.write_bytes_per_second,
+            "read_size_bytes": w.read_size_bytes,
+            "write_size_bytes": w.write_size_bytes,
+            "mounts_read": [display_path(m) for m in w.mounts_read],
+            "mounts_written": [display_path(m) for m in w.mounts_written],
+        }
+        for pid, w in sorted(facts.workloads.items())
+    ]
 
 
 def _timeline_dict(view: View) -> dict[str, Any] | None:

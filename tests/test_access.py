@@ -21,6 +21,7 @@ from storwatch.exporter import access as access_area
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.procfs.pidio import access_mode, parse_children, parse_io
+from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
 from storwatch.sources.access import ACCESS, AccessConfig, AccessSource
 from storwatch.sources.mounts import mount_of
@@ -116,6 +117,8 @@ def test_a_trainer_and_its_worker_read_one_mount_and_write_another(trainer: Any)
     assert f'storwatch_workload_mount{{mode="read",mountpoint="{data}",{name}}} 1.0' in text
     assert f'storwatch_workload_mount{{mode="write",mountpoint="{ckpt}",{name}}} 1.0' in text
     assert f'storwatch_workload_io_size_bytes{{op="write",{name}}}' in text
+    (row,) = view_to_dict(view)["workloads"]
+    assert row["workload"] == f"pid:{proc.pid}" and str(data) in row["mounts_read"] and row["processes"] == 2
 
 
 def test_a_gpu_process_that_is_gone_is_left_out() -> None:
