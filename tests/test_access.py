@@ -98,18 +98,18 @@ def test_a_trainer_and_its_worker_read_one_mount_and_write_another(trainer: Any)
     clock = time.time
     source = AccessSource(HostPaths(), AccessConfig(), lambda: [proc.pid], host_mounts, clock)
     first = source.collect().workloads[proc.pid]
-    assert first.read_bytes_per_second is None and first.processes == 2  # the trainer and its worker
+    assert first.read_bytes_per_second is None and first.processes == 2, first  # the trainer and its worker
     time.sleep(1.0)
     facts = source.collect()
     w = facts.workloads[proc.pid]
     # (the interpreter may hold files of / open too)
-    assert str(data) in w.mounts_read and str(data) not in w.mounts_written
-    assert str(ckpt) in w.mounts_written and str(ckpt) not in w.mounts_read
+    assert str(data) in w.mounts_read and str(data) not in w.mounts_written, w
+    assert str(ckpt) in w.mounts_written and str(ckpt) not in w.mounts_read, w
     # tmpfs reads come from memory (rchar, not read_bytes); the call sizes are the program's
-    assert w.read_size_bytes is not None and 60_000 <= w.read_size_bytes <= 65_536
-    assert w.write_size_bytes is not None and w.write_size_bytes == pytest.approx(1 << 20, rel=0.05)
-    assert w.write_calls_per_second is not None and w.write_calls_per_second > 10
-    assert w.read_calls_per_second is not None and w.read_calls_per_second > 100
+    assert w.read_size_bytes is not None and 60_000 <= w.read_size_bytes <= 65_536, w
+    assert w.write_size_bytes is not None and w.write_size_bytes == pytest.approx(1 << 20, rel=0.05), w
+    assert w.write_calls_per_second is not None and w.write_calls_per_second > 10, w
+    assert w.read_calls_per_second is not None and w.read_calls_per_second > 100, w
     # the metrics, named by process where no pod or job is known
     view = View(Snapshot(clock(), facts={ACCESS.name: facts}), Platform("generic", "test"))
     text = render_text(list(access_area.families(view, ExportState()))).decode()
