@@ -4,6 +4,8 @@ counted; the /proc/<pid>/io parser on odd input; and the metrics."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -81,6 +83,7 @@ def trainer(real_mounts: Enter[Any], tmp_path: Path) -> Iterator[tuple[subproces
         ],
         stdout=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its worker is killed with it: a SIGKILLed parent leaves forked children behind
     )
     assert proc.stdout is not None
     line = proc.stdout.readline().split()
@@ -88,7 +91,7 @@ def trainer(real_mounts: Enter[Any], tmp_path: Path) -> Iterator[tuple[subproces
     try:
         yield proc, int(line[1]), data_mount.mountpoint, ckpt_mount.mountpoint
     finally:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
