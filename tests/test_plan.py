@@ -4,7 +4,6 @@ against ``dd oflag=direct`` on the same mount in the same run, and the plan's ar
 from __future__ import annotations
 
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -50,11 +49,14 @@ def _dd(*args: str) -> float:
 def dd_direct(directory: str, size: int) -> float:
     """dd's bytes per second for ``size`` bytes from /dev/zero written with oflag=direct into ``directory`` and flushed
     at the end (conv=fsync, as storwatch plan does: without it a loop device's O_DIRECT writes stop in its backing
-    file's page cache). Zeros cost dd nothing to read; the loop device writes its image with direct I/O, so nothing
-    below it treats zeros specially (with a cached loop device, dd's zeros measured 2-5 times storwatch's random
-    bytes)."""
+    file's page cache). The loop device writes its image with direct I/O, so nothing below it treats zeros specially
+    (with a cached loop device, dd's zeros measured 2-5 times storwatch's random bytes). Reading the zeros is not
+    free: dd clears its 4 MiB buffer for every block, about a tenth of the time of a 1 GiB write to the root disk;
+    that time, measured alone (of=/dev/null) right after, is taken off."""
     with tempfile.TemporaryDirectory(dir=directory, prefix=".dd-") as d:
-        return size / _dd("if=/dev/zero", f"of={d}/dd", f"count={size // BLOCK}", "oflag=direct", "conv=fsync")
+        total = _dd("if=/dev/zero", f"of={d}/dd", f"count={size // BLOCK}", "oflag=direct", "conv=fsync")
+    reading = _dd("if=/dev/zero", "of=/dev/null", f"count={size // BLOCK}")
+    return size / (total - reading)
 
 
 @pytest.mark.realpart
@@ -65,37 +67,40 @@ def test_plan_lists_tmpfs_root_and_loop_within_20_percent_of_dd(real_mounts: Ent
     loop = real_mounts(
         loop_ext4_mount(tmp_path / "loop", size_mb=3072, mkfs_args=init, losetup_args=("--direct-io=on",))
     )
-    root_dir = tempfile.mkdtemp(prefix="storwatch-plan-root-", dir="/var/tmp")
-    try:
-        targets = {
-            str(tmpfs.mountpoint): str(tmpfs.mountpoint),
-            str(loop.mountpoint): str(loop.mountpoint),
-            "/": root_dir,
-        }
-        theirs: dict[str, list[float]] = {mp: [] for mp in targets}
-        ours: dict[str, list[float]] = {mp: [] for mp in targets}
-        for _ in range(5):  # each mount's dd and storwatch back to back, so a slow moment of the VM hits both
-            for mp, where in targets.items():
-                theirs[mp].append(dd_direct(where, SIZE))
-                out = run_plan("--mount", mp, "--size", "256M", "--json")
-                assert out.returncode == 0, out.stderr
-                ours[mp].append(json.loads(out.stdout)["mounts"][0]["throughput_bytes_per_second"])
-        out = run_plan(*(a for mp in targets for a in ("--mount", mp)), "--json", "--checkpoint-bytes", "10G")
+    # Each mount: dd and storwatch plan write where each other does (a fresh directory at the mount's top), the same
+    # bytes, back to back, so a slow moment of the VM hits both. The root disk, a virtio disk over the host's page
+    # cache, wanders by 20 % from minute to minute: it is measured with 1 GiB, which evens that out.
+    sizes = {str(tmpfs.mountpoint): SIZE, str(loop.mountpoint): SIZE, "/": 4 * SIZE}
+    theirs: dict[str, list[float]] = {mp: [] for mp in sizes}
+    ours: dict[str, list[float]] = {mp: [] for mp in sizes}
+
+    def plan_once(mp: str, size: int) -> None:
+        out = run_plan("--mount", mp, "--size", str(size), "--json")
         assert out.returncode == 0, out.stderr
-        rows = {r["mountpoint"]: r for r in json.loads(out.stdout)["mounts"]}
-        assert set(rows) == set(targets)
-        report = {mp: (statistics.median(ours[mp]) / 1e6, statistics.median(theirs[mp]) / 1e6) for mp in targets}
-        print("MB/s, storwatch plan vs dd oflag=direct conv=fsync (medians of 5):", report)
-        for mp in targets:
-            mine, dd = report[mp]
-            # The root disk of this VM is a virtio disk over the host's page cache: back to back, dd's zeros and
-            # storwatch's random bytes differed by up to 30 % from one run to the next (tmpfs and the loop device,
-            # which writes its image with direct I/O, stay within 10 %). The issue asks for 20 % there too: open.
-            bound = 0.35 if mp == "/" else 0.20
-            assert abs(mine - dd) / dd <= bound, report
-        assert rows[str(tmpfs.mountpoint)]["durability"] == "volatile"
-        assert rows[str(loop.mountpoint)]["fstype"] == "ext4"
-        assert all(r["direct_io"] for r in rows.values())
-        assert not any(p.name.startswith(".storwatch-plan-") for mp in targets for p in Path(targets[mp]).iterdir())
-    finally:
-        os.rmdir(root_dir)
+        (row,) = json.loads(out.stdout)["mounts"]
+        assert row["test_bytes"] == size, row
+        ours[mp].append(row["throughput_bytes_per_second"])
+
+    for i in range(6):  # who goes first alternates: freeing the other's file (discard on /) slows the next write
+        for mp, size in sizes.items():
+            if i % 2:
+                plan_once(mp, size)
+            theirs[mp].append(dd_direct(mp, size))
+            if not i % 2:
+                plan_once(mp, size)
+    out = run_plan(*(a for mp in sizes for a in ("--mount", mp)), "--json", "--checkpoint-bytes", "10G")
+    assert out.returncode == 0, out.stderr
+    rows = {r["mountpoint"]: r for r in json.loads(out.stdout)["mounts"]}
+    assert set(rows) == set(sizes)
+    # Medians of six: one slow moment of the VM (the host flushing, another guest) does not decide.
+    report = {
+        mp: (round(statistics.median(ours[mp]) / 1e6), round(statistics.median(theirs[mp]) / 1e6)) for mp in sizes
+    }
+    print("MB/s, storwatch plan vs dd oflag=direct conv=fsync, medians of 6:", report)
+    for mp in sizes:
+        mine, dd = report[mp]
+        assert abs(mine - dd) / dd <= 0.20, report
+    assert rows[str(tmpfs.mountpoint)]["durability"] == "volatile"
+    assert rows[str(loop.mountpoint)]["fstype"] == "ext4"
+    assert all(r["direct_io"] for r in rows.values())
+    assert not any(p.name.startswith((".storwatch-plan-", ".dd-")) for mp in sizes for p in Path(mp).iterdir())
