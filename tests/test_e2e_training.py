@@ -12,6 +12,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -111,6 +112,15 @@ def test_stall_seconds_match_the_loops_own_blocked_time(
     result = tmp_path / "result.json"
     env = {"LD_LIBRARY_PATH": str(lib.parent), "FAKE_NVML_SCRIPT": str(script)}
     with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=env, timeout=30) as agent:
+        # scraped every second while the loop runs, as Prometheus would (a View is made per scrape)
+        scraping = threading.Event()
+
+        def scrape() -> None:
+            while not scraping.wait(1.0):
+                agent.fetch("/metrics")
+
+        scraper = threading.Thread(target=scrape, daemon=True)
+        scraper.start()
         loop = subprocess.run(
             [
                 sys.executable,
@@ -133,6 +143,8 @@ def test_stall_seconds_match_the_loops_own_blocked_time(
             check=False,
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         )
+        scraping.set()
+        scraper.join()
         assert loop.returncode == 0, loop.stderr[-3000:]
         measured = json.loads(result.read_text())
         blocked = measured["blocked_seconds"]

@@ -447,12 +447,13 @@ def _gpus(t: float, util: float) -> GPUFacts:
 def test_the_feed_joins_the_writer_pid_to_its_gpu_and_exports_the_settled_seconds() -> None:
     feed = StallFeed(StallParams(settle_seconds=5.0))
     t0 = 1_000.0
-    for i in range(30):
-        t = t0 + i
-        feed.observe(_gpus(t, 0.02 if 10 <= i < 20 else 0.95), [("/scratch", "write", t - 1, t, 3.0, 0.012)])
     c = dataclasses.replace(ckpt(0.0), mtime=t0 + 19, write_start=t0 + 9.0, write_seconds=10.0, writer_pid=4242)
     rv = run("r", on(Durability.NODE, "/scratch"), c)
     assert rv.mount is not None
+    feed.update(t0, [rv], [rv.mount], _gpus(t0, 0.95), {})  # a View: the run's mount is watched from now on
+    for i in range(30):
+        t = t0 + i
+        feed.observe(_gpus(t, 0.02 if 10 <= i < 20 else 0.95), [("/scratch", "write", t - 1, t, 3.0, 0.012)])
     state, picture = feed.update(t0 + 40, [rv], [rv.mount], _gpus(t0 + 29, 0.95), {})
     # GPU 0 waited on its writer's save for its readings (1009, 1010] .. (1018, 1019]; GPU 1 idles with no write of
     # its own and no mount it touches: no stall
@@ -477,6 +478,9 @@ def test_the_feed_joins_the_writer_pid_to_its_gpu_and_exports_the_settled_second
 
 def test_the_feed_forgets_the_baselines_of_mounts_that_are_gone() -> None:
     feed = StallFeed()
+    feed.observe(None, [("/pod/0", "read", 0, 1.0, 1.0, 0.001)])
+    assert feed.tracker._baselines == {}  # a mount no GPU's work touches is not judged
+    feed._watched = frozenset(f"/pod/{i}" for i in range(1000))
     for i in range(1000):
         feed.observe(None, [(f"/pod/{i}", "read", i, i + 1.0, 1.0, 0.001)])
     assert len(feed.tracker._baselines) == 1000

@@ -43,12 +43,13 @@ class Elements(HTMLParser):
 def page_with_a_stalled_gpu() -> tuple[str, View]:
     feed = StallFeed(StallParams(settle_seconds=5.0))
     t0 = 1_000_000.0
-    for i in range(120):
-        t = t0 + i
-        feed.observe(_gpus(t, 0.02 if 40 <= i < 70 else 0.95), [("/scratch", "write", t - 1, t, 3.0, 0.012)])
     c = dataclasses.replace(ckpt(0.0), mtime=t0 + 69, write_start=t0 + 39.0, write_seconds=30.0, writer_pid=4242)
     rv = run("llama", on(Durability.NODE, "/scratch"), c)
     assert rv.mount is not None
+    feed.update(t0, [rv], [rv.mount], _gpus(t0, 0.95), {})  # a View: the run's mount is watched from now on
+    for i in range(120):
+        t = t0 + i
+        feed.observe(_gpus(t, 0.02 if 40 <= i < 70 else 0.95), [("/scratch", "write", t - 1, t, 3.0, 0.012)])
     now = t0 + 130
     state, picture = feed.update(now, [rv], [rv.mount], _gpus(t0 + 119, 0.95), {})
     findings = find([rv], [rv.mount], now)

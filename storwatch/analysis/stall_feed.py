@@ -77,6 +77,8 @@ class StallFeed:
         """Each GPU's newest sample time fed."""
         self._gpus_at: float | None = None
         self._next_forget = -math.inf
+        self._watched: frozenset[str] = frozenset()
+        """The mounts any GPU's work touched at the last View: the only ones whose latency is judged and drawn."""
         self.timeline = Timeline()
 
     def configure(self, params: StallParams) -> None:
@@ -86,10 +88,11 @@ class StallFeed:
     def observe(self, gpus: GPUFacts | None, latency: Iterable[tuple[str, str, float, float, float, float]]) -> None:
         """One tick's new facts: the GPU facts (fed once per GPU source reading) and the latency samples the windows
         were fed, each (mountpoint, operation, start, end, operations, seconds)."""
+        watched = self._watched  # only the mounts some GPU's work touches: a node has hundreds of others
         readings = [
             LatencyReading(mp, LATENCY_OPS[op], start, end, secs / ops)
             for mp, op, start, end, ops, secs in latency
-            if ops > 0 and op in LATENCY_OPS and math.isfinite(start) and end > start
+            if mp in watched and ops > 0 and op in LATENCY_OPS and math.isfinite(start) and end > start
         ]
         gpu_readings: list[GPUReading] = []
         if gpus is not None and gpus.timestamp != self._gpus_at:
@@ -187,6 +190,7 @@ class StallFeed:
         with self._lock:
             t = self.tracker
             t.touches = {gpu: Touches(frozenset(r), frozenset(w)) for gpu, (r, w) in touches.items()}
+            self._watched = frozenset(mp for r, w in touches.values() for mp in r | w)
             t.add_spans(done)
             t.writing(writing)
             settled = t.settle(now)

@@ -34,7 +34,6 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Literal
 
 Cause = Literal["checkpoint_write", "io_contention", "data_read"]
@@ -132,21 +131,33 @@ class Judged:
 
 
 class Baseline:
-    """One (mount, operation)'s normal readings over the last ``baseline_seconds``."""
+    """One (mount, operation)'s normal readings over the last ``baseline_seconds``, in time order and, beside them,
+    sorted, so the median is read without sorting (judging every mount's readings each tick sorted 600 values each)."""
 
     def __init__(self) -> None:
-        self.normal: deque[tuple[float, float]] = deque(maxlen=BASELINE_READINGS)
+        self.normal: deque[tuple[float, float]] = deque()
+        self.sorted: list[float] = []
+
+    def _drop_oldest(self) -> None:
+        _, seconds = self.normal.popleft()
+        del self.sorted[bisect.bisect_left(self.sorted, seconds)]
 
     def judge(self, r: LatencyReading, p: StallParams) -> Judged:
         while self.normal and self.normal[0][0] < r.start - p.baseline_seconds:
-            self.normal.popleft()
-        base = median(s for _, s in self.normal) if len(self.normal) >= p.baseline_min_readings else None
+            self._drop_oldest()
+        n = len(self.sorted)
+        base = None
+        if n >= p.baseline_min_readings:
+            base = self.sorted[n // 2] if n % 2 else (self.sorted[n // 2 - 1] + self.sorted[n // 2]) / 2
         if base is None:
             high = r.seconds >= p.latency_absolute_seconds
         else:
             high = r.seconds >= p.latency_factor * base and r.seconds >= base + p.latency_floor_seconds
         if not high:
+            if len(self.normal) >= BASELINE_READINGS:
+                self._drop_oldest()
             self.normal.append((r.end, r.seconds))
+            bisect.insort(self.sorted, r.seconds)
         return Judged(r, base, high)
 
 
