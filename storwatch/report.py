@@ -303,6 +303,8 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 else rec.recovery_point_seconds,
                 "write_cost_seconds": None if rec is None else rec.write_cost_seconds,
                 "recommended_interval_seconds": None if rec is None else rec.recommended_interval_seconds,
+                "workload": None if rec is None else rec.workload,
+                "write_seconds_by_tier": {} if rec is None else dict(rec.tier_write_seconds),
                 "kept": len(run.complete),
                 "incomplete": run.incomplete,
                 "corrupt": run.corrupt,

@@ -170,3 +170,36 @@ def test_headroom_says_whether_the_next_checkpoint_fits() -> None:
     lines = set(render_text(checkpoints_area.families(view, ExportState())).decode().splitlines())
     assert 'storwatch_checkpoint_headroom_bytes{run="tight"} -268435456.0' in lines
     assert not any('headroom_bytes{run="unknown"}' in line for line in lines)
+
+
+def test_write_cost_per_tier_and_who_writes_the_run() -> None:
+    import dataclasses
+
+    from storwatch.analysis.pods import ProcessPod
+    from storwatch.procfs.cgroup import SlurmJob
+
+    fast = dataclasses.replace(ckpt(600.0, write_seconds=2.0), writer_pid=77)  # 1 GiB in 2 s on node storage
+    slow = ckpt(300.0, write_seconds=16.0)  # 1 GiB in 16 s on cluster storage
+    local = run("local", on(Durability.NODE, "/scratch"), fast)
+    shared = run("shared", on(Durability.CLUSTER, "/nfs"), slow)
+    pod_uid = "0b5c6f3e-1c9a-4a5e-9c1f-2b7d8e9f0a1b"
+    in_pod = RunView(
+        RunState(f"/var/lib/kubelet/pods/{pod_uid}/volumes/kubernetes.io~csi/pvc/mount/r", "/", (ckpt(30.0),)),
+        "pod-run",
+        on(Durability.CLUSTER, "/pvc"),
+    )
+    pods = {5: ProcessPod("c1", None, pod_uid, "ml", "trainer-0")}
+    jobs = {77: SlurmJob(4242, "0", 1000)}
+    loc, sh, pod = recoveries([local, shared, in_pod], NOW, pods=pods, jobs=jobs)
+    # each run's newest checkpoint (1 GiB) at each tier's median rate here
+    assert loc.tier_write_seconds == {"node": pytest.approx(2.0), "cluster": pytest.approx(16.0)}
+    assert sh.tier_write_seconds == loc.tier_write_seconds
+    assert (loc.workload, sh.workload, pod.workload) == ("job:4242", None, "ml/trainer-0")
+    text = render_text(
+        list(
+            checkpoints_area.families(
+                View(Snapshot(NOW), Platform("generic", "t"), checkpoints=(local,), recovery=(loc,)), ExportState()
+            )
+        )
+    ).decode()
+    assert 'storwatch_checkpoint_tier_write_seconds{durability="cluster",run="local"} 16.0' in text

@@ -83,7 +83,7 @@ def build_view(
         ready=ready,
         pods=pods,
         findings=find(checkpoints, mounts, snapshot.timestamp),
-        recovery=recoveries(checkpoints, snapshot.timestamp, mtbf_seconds, snapshot.gpus, pods),
+        recovery=recoveries(checkpoints, snapshot.timestamp, mtbf_seconds, snapshot.gpus, pods, snapshot.jobs),
         stalls=stall_state,
         timeline=timeline,
     )

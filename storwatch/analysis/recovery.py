@@ -7,7 +7,8 @@ mount's durability, which the caller joins (``RunView.mount``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -62,6 +63,12 @@ class RunRecovery:
     the newest complete checkpoint's size (negative: it will not fit). None without both."""
     gpus: int = 0
     """GPUs on this node held by the pod the run writes into (its checkpoints are on one of the pod's volumes)."""
+    workload: str | None = None
+    """Who writes the run: its pod (``namespace/name`` or ``pod:<uid>``), Slurm job (``job:<id>``) or process
+    (``pid:<pid>``); None when nothing says (analysis.pods.workload_name)."""
+    tier_write_seconds: Mapping[str, float] = field(default_factory=dict)
+    """How long its newest complete checkpoint would take to write on each durability tier of this node, at the
+    median rate that checkpoints timed on that tier were written here."""
 
     @property
     def gpu_seconds_at_risk(self) -> float | None:

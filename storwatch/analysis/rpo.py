@@ -15,6 +15,9 @@ Pure arithmetic on the View's checkpoint runs and a time (the View's), so every 
   N times as often as one of them);
 - the **headroom**: whether the next checkpoint (the last one's size, with a margin) fits in the space left on its
   mount, before a full disk turns it into a corrupt one;
+- the **cost per tier**: how long the newest checkpoint would take on each durability tier of this node, at the
+  median rate that checkpoints timed on that tier were written here (what moving the run would cost);
+- the **workload** writing the run: the pod whose volume holds it, or the process its event log names;
 - the **GPU-seconds at risk** are the recovery point times the GPUs the run's pod (or writer process) holds here,
   so one sum over a cluster's nodes says how much GPU time would be lost if every node died now.
 """
@@ -22,11 +25,13 @@ Pure arithmetic on the View's checkpoint runs and a time (the View's), so every 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 
-from storwatch.analysis.pods import ProcessPod
+from storwatch.analysis.pods import ProcessPod, workload_name
 from storwatch.analysis.recovery import RunRecovery, recovery_point_seconds
 from storwatch.analysis.view import RunView
+from storwatch.procfs.cgroup import SlurmJob
 from storwatch.sources.gpu.facts import GPUFacts
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 
@@ -84,7 +89,39 @@ def run_gpus(rv: RunView, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod])
     return frozenset(held)
 
 
-def run_recovery(rv: RunView, now: float, mtbf_seconds: float = DEFAULT_MTBF_SECONDS, gpus: int = 0) -> RunRecovery:
+def run_workload(rv: RunView, pods: Mapping[int, ProcessPod], jobs: Mapping[int, SlurmJob]) -> str | None:
+    """Who writes the run: the pod whose volume holds it, else the process its event log names (by its pod, Slurm
+    job or PID)."""
+    where = parse_kubelet_volume_path(rv.run.path)
+    if where is not None:
+        named = next((p for p in pods.values() if p.pod_uid == where.pod_uid and p.namespace and p.name), None)
+        return f"{named.namespace}/{named.name}" if named is not None else f"pod:{where.pod_uid}"
+    writer = next((c.writer_pid for c in reversed(rv.run.checkpoints) if c.writer_pid is not None), None)
+    return workload_name(writer, pods, jobs) if writer is not None else None
+
+
+def tier_rates(runs: Iterable[RunView]) -> dict[str, float]:
+    """Per durability tier, the median rate (bytes per second) at which checkpoints timed by their event logs were
+    written on this node's mounts of that tier."""
+    rates: dict[str, list[float]] = {}
+    for rv in runs:
+        if rv.mount is None:
+            continue
+        tier = rv.mount.verdict.durability.value
+        for c in rv.run.complete:
+            if c.write_bytes_per_second:
+                rates.setdefault(tier, []).append(c.write_bytes_per_second)
+    return {tier: statistics.median(values) for tier, values in rates.items()}
+
+
+def run_recovery(
+    rv: RunView,
+    now: float,
+    mtbf_seconds: float = DEFAULT_MTBF_SECONDS,
+    gpus: int = 0,
+    workload: str | None = None,
+    rates: Mapping[str, float] | None = None,
+) -> RunRecovery:
     run = rv.run
     durable = rv.mount is not None and not rv.mount.verdict.durability.ephemeral
     newest_age = recovery_point_seconds(run, now)
@@ -94,7 +131,11 @@ def run_recovery(rv: RunView, now: float, mtbf_seconds: float = DEFAULT_MTBF_SEC
     interval = run.interval_seconds
     overhead = cost / interval if cost is not None and interval else None
     recommended = daly_interval(cost, mtbf_seconds) if cost is not None and cost > 0 else None
-    return RunRecovery(rv.label, point, newest_age, cost, overhead, recommended, headroom_bytes(rv), gpus)
+    newest = run.newest_complete
+    by_tier = {t: newest.size_bytes / r for t, r in (rates or {}).items() if newest is not None and r > 0}
+    return RunRecovery(
+        rv.label, point, newest_age, cost, overhead, recommended, headroom_bytes(rv), gpus, workload, by_tier
+    )
 
 
 def recoveries(
@@ -103,7 +144,14 @@ def recoveries(
     mtbf_seconds: float = DEFAULT_MTBF_SECONDS,
     gpus: GPUFacts | None = None,
     pods: Mapping[int, ProcessPod] | None = None,
+    jobs: Mapping[int, SlurmJob] | None = None,
 ) -> tuple[RunRecovery, ...]:
-    """Every run's recovery figures, in the order of ``runs``; ``gpus`` and ``pods`` (the View's) count the GPUs each
-    run's pod holds here."""
-    return tuple(run_recovery(rv, now, mtbf_seconds, len(run_gpus(rv, gpus, pods or {}))) for rv in runs)
+    """Every run's recovery figures, in the order of ``runs``; ``gpus``, ``pods`` and ``jobs`` (the View's) count the
+    GPUs each run's pod or writer holds here and name who writes it."""
+    runs = tuple(runs)
+    rates = tier_rates(runs)
+    pods, jobs = pods or {}, jobs or {}
+    return tuple(
+        run_recovery(rv, now, mtbf_seconds, len(run_gpus(rv, gpus, pods)), run_workload(rv, pods, jobs), rates)
+        for rv in runs
+    )

@@ -109,8 +109,16 @@ def _recovery(view: View) -> Iterator[Family]:
         "below 0 it will not fit.",
         labels=("run",),
     )
+    by_tier = Family(
+        "storwatch_checkpoint_tier_write_seconds",
+        "How long the run's newest checkpoint would take to write on each durability tier of this node, at the median "
+        "rate checkpoints timed there were written.",
+        labels=("run", "durability"),
+    )
     for r in view.recovery:
         label = (r.label,)
+        for tier, seconds in sorted(r.tier_write_seconds.items()):
+            by_tier.add((r.label, tier), seconds)
         if r.headroom_bytes is not None:
             headroom.add(label, r.headroom_bytes)
         risk = r.gpu_seconds_at_risk
@@ -121,7 +129,7 @@ def _recovery(view: View) -> Iterator[Family]:
             overhead.add(label, r.overhead_ratio)
         if r.recommended_interval_seconds is not None:
             recommended.add(label, r.recommended_interval_seconds)
-    yield from (point, overhead, recommended, at_risk, headroom)
+    yield from (point, overhead, recommended, at_risk, headroom, by_tier)
 
 
 def _findings(view: View) -> Iterator[Family]:
