@@ -267,6 +267,10 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
             "seconds": result.stats.seconds,
             "check_errors": errors,
             "orphans": _orphans(result, now),
+            "datasets": [
+                {"path": d.path, "files": d.files, "bytes": d.bytes, "newest_mtime": d.newest_mtime}
+                for d in result.datasets
+            ],
         }
     return json.dumps(answer, separators=(",", ":"))
 

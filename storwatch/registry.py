@@ -159,6 +159,7 @@ def _checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> CheckpointSo
         interval_seconds=section.interval_seconds,
         settle_seconds=section.settle_seconds,
         deep_per_scan=section.deep_per_scan,
+        dataset_min_bytes=section.dataset_min_bytes,
         deep_max_bytes=section.deep_max_bytes,
         clock=ctx.clock,
         max_entries=section.max_entries,

@@ -470,3 +470,27 @@ def test_racy_listing_is_not_trusted(root: Path) -> None:
     scanner = CheckpointScanner([str(root)], wall_clock=wall)
     scanner.scan()
     assert scanner.scan().stats.dirs_listed == 1  # d again; root was listed long after its change
+
+
+def test_dataset_shards_are_tallied_per_directory(root: Path) -> None:
+    files = {
+        "c4/part-00000.parquet": 1000,
+        "c4/part-00001.parquet": 2000,
+        "c4/README.md": 99,  # not a shard
+        "wds/train-000000.tar": 500,
+        "wds/train-000001.tar": 700,
+        "wds/backup.tar": 10_000,  # a tar, not a numbered shard
+        "tf/x.tfrecord": 300,
+        "ckpt/step-1.pt": 10,
+    }
+    for rel, size in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x" * size)
+    os.symlink(root / "c4" / "part-00000.parquet", root / "c4" / "part-00002.parquet")  # never followed or counted
+    scanner = CheckpointScanner([str(root)])
+    by_dir = {os.path.relpath(d.path, root): (d.files, d.bytes) for d in scanner.scan().datasets}
+    assert by_dir == {"c4": (2, 3000), "wds": (2, 1200), "tf": (1, 300)}
+    again = scanner.scan()  # listings reused: the tallies stay
+    assert {os.path.relpath(d.path, root): (d.files, d.bytes) for d in again.datasets} == by_dir
+    assert [os.path.relpath(d.path, root) for d in again.datasets] == ["c4", "wds", "tf"]  # the largest first

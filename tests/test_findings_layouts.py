@@ -63,7 +63,8 @@ def start(tmp_path: Path, platform: str, mounts: list[tuple[str, str, str]], roo
         f"paths: {{procfs: {proc}, rootfs: {tmp_path / 'host'}}}\n"
         "mounts: {interval_seconds: 0.5}\n"
         "gpu: {enabled: false}\nkube: {enabled: false}\n"
-        f"checkpoints: {{roots: {json.dumps(roots)}, interval_seconds: 0.5, kubelet: false, deep_per_scan: 0}}\n"
+        f"checkpoints: {{roots: {json.dumps(roots)}, interval_seconds: 0.5, kubelet: false, deep_per_scan: 0, "
+        "dataset_min_bytes: 100000}\n"
     )
     return running_agent("--config", str(cfg), "--listen", "127.0.0.1:0")
 
@@ -95,6 +96,11 @@ def test_together_kubernetes_node(tmp_path: Path) -> None:
     sizes[("/home", "model")] += write(host, "/home/alice/models/llama-8b/model.safetensors", safetensors_bytes(3000))
     sizes[("/mnt/local-nvme", "model")] += write(host, "/mnt/local-nvme/models/llama-8b-q8_0.gguf", gguf_bytes())
     write(host, f"{PVC}/ckpt/llama-ft/step-100.pt", torch_zip=True, payload=5100)  # durable: no finding
+    for i in range(3):  # dataset shards: on the local disk a finding, on the PVC none
+        sizes[("/mnt/local-nvme", "dataset")] += write(
+            host, f"/mnt/local-nvme/data/c4/part-{i:05d}.parquet", b"P" * 70_000
+        )
+        write(host, f"{PVC}/data/c4/shard-{i:06d}.tar", b"T" * 70_000)
     mounts = [
         ("/", "ext4", "/dev/vda1"),
         ("/home", "ext4", "/dev/nvme0n1p2"),
@@ -111,6 +117,7 @@ def test_together_kubernetes_node(tmp_path: Path) -> None:
         (f,) = by_where[key]
         assert f["bytes"] == size and f["move_to"] == PVC, f
         assert PVC in f["sentence"] and key[0] in f["sentence"]
+        assert f["severity"] == ("warning" if key[1] == "dataset" else "critical")
         assert exported[key] == size  # exact to the byte
     assert by_where[("/home", "checkpoint")][0]["count"] == 2
     assert by_where[("/home", "model")][0]["sentence"].startswith("1 model file, ")

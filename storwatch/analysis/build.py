@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storwatch.analysis.checkpoints import run_views
+from storwatch.analysis.checkpoints import mount_locator, run_views
 from storwatch.analysis.findings import find
 from storwatch.analysis.io import mount_io
 from storwatch.analysis.latency import LatencyWindows
@@ -67,6 +67,7 @@ def build_view(
     )
     paths = paths or HostPaths()
     checkpoints = run_views(snapshot.checkpoints, mounts, paths)
+    locate = mount_locator(mounts, paths)
     facts = snapshot.checkpoints
     pods = process_pods(snapshot.containers, snapshot.kube)
     stall_state, timeline = (
@@ -82,7 +83,12 @@ def build_view(
         checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
         ready=ready,
         pods=pods,
-        findings=find(checkpoints, mounts, snapshot.timestamp),
+        findings=find(
+            checkpoints,
+            mounts,
+            snapshot.timestamp,
+            [(d, locate(d.path), host_path(paths, d.path)) for d in (facts.datasets if facts is not None else ())],
+        ),
         recovery=recoveries(checkpoints, snapshot.timestamp, mtbf_seconds, snapshot.gpus, pods, snapshot.jobs),
         stalls=stall_state,
         timeline=timeline,

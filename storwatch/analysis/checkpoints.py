@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from storwatch.analysis.view import MountView, RunView
 from storwatch.paths import HostPaths
@@ -17,10 +18,9 @@ def run_label(path: str, root: str) -> str:
     return os.fsencode(rel).decode("utf-8", "backslashreplace")[-160:]
 
 
-def run_views(facts: CheckpointFacts | None, mounts: tuple[MountView, ...], paths: HostPaths) -> tuple[RunView, ...]:
-    if facts is None or not facts.runs:
-        return ()
-    # The longest mountpoint that is a prefix of the run's path, seen from this process (under the host root).
+def mount_locator(mounts: tuple[MountView, ...], paths: HostPaths) -> Callable[[str], MountView | None]:
+    """The mount a path (as this process reaches it, under the host root) is on: the longest mountpoint that is a
+    prefix of it."""
     local = sorted(((paths.root(mv.mount.mountpoint).rstrip("/"), mv) for mv in mounts), key=lambda t: -len(t[0]))
 
     def mount_of(path: str) -> MountView | None:
@@ -28,6 +28,14 @@ def run_views(facts: CheckpointFacts | None, mounts: tuple[MountView, ...], path
             if path == prefix or path.startswith(prefix + "/") or prefix == "":
                 return mv
         return None
+
+    return mount_of
+
+
+def run_views(facts: CheckpointFacts | None, mounts: tuple[MountView, ...], paths: HostPaths) -> tuple[RunView, ...]:
+    if facts is None or not facts.runs:
+        return ()
+    mount_of = mount_locator(mounts, paths)
 
     runs = sorted(facts.runs, key=lambda r: max((c.mtime for c in r.checkpoints), default=0.0), reverse=True)
     return tuple(RunView(r, run_label(r.path, r.root), mount_of(r.path)) for r in runs[:MAX_RUNS])

@@ -3,7 +3,9 @@ can act on and the durable place the data should go.
 
 Today the important data is what the checkpoint scan finds: every run whose complete checkpoints are on a ``volatile``
 or ``node`` mount. A run made only of model weights (safetensors files, sharded or not, GGUF files, Hugging Face's
-``pytorch_model*.bin``) is of kind ``model``; any other is of kind ``checkpoint``. A finding counts the run's bytes
+``pytorch_model*.bin``) is of kind ``model``; any other is of kind ``checkpoint``. Directories of dataset shards
+(Parquet, Arrow, TFRecord, WebDataset tars...) of at least ``checkpoints.dataset_min_bytes`` are of kind ``dataset``,
+always warnings. A finding counts the run's bytes
 there, exact to the byte (the sizes the scan measured), and names where they should go: a ``cluster`` or ``region``
 mount of the same pod (a PVC beside its scratch volume), else the node's own such mount, else a pod's durable volume
 on the node, else says there is none. Data already on ``cluster`` or ``region`` storage is never a finding. The id
@@ -18,6 +20,7 @@ import os
 from collections.abc import Iterable
 
 from storwatch.analysis.view import MountView, RunView
+from storwatch.checkpoints.scan import DatasetDir
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 from storwatch.vocabulary import Finding, Severity
 
@@ -70,8 +73,51 @@ def _durable_place(pod_uid: str | None, mounts: Iterable[MountView]) -> str | No
     return next((mv.mount.mountpoint for mv in durable), None)
 
 
-def find(runs: Iterable[RunView], mounts: Iterable[MountView], now: float) -> tuple[Finding, ...]:
-    """The findings of the View's checkpoint runs at ``now``, most severe first, then by bytes."""
+def dataset_findings(
+    datasets: Iterable[tuple[DatasetDir, MountView | None, str]], mounts: tuple[MountView, ...], now: float
+) -> list[Finding]:
+    """Directories of dataset shards on ``volatile`` or ``node`` storage, each (its directory, its mount, its name as
+    the host calls it). A warning: a dataset can often be fetched again, but a node-local copy is lost with the node,
+    and a processed one may exist nowhere else."""
+    out = []
+    for d, mv, where_label in datasets:
+        if mv is None or not mv.verdict.durability.ephemeral:
+            continue
+        where = mv.mount.mountpoint
+        move_to = _durable_place(_pod_of(d.path), mounts)
+        sentence = (
+            f"{d.files} dataset shard{'s' if d.files != 1 else ''}, {_gib(d.bytes)}, in {where_label}, only on "
+            f"{mv.verdict.durability.value} storage {where}"
+            + (f"; keep the source copy on {move_to}" if move_to else "; this node has no cluster or region storage")
+        )
+        out.append(
+            Finding(
+                id=hashlib.sha256(f"dataset\0{where}\0{d.path}".encode()).hexdigest()[:16],
+                kind="dataset",
+                severity="warning",
+                mountpoint=where,
+                durability=mv.verdict.durability.value,
+                pod_uid=_pod_of(d.path),
+                run=where_label,
+                count=d.files,
+                bytes=d.bytes,
+                newest_age_seconds=now - d.newest_mtime,
+                durable_age_seconds=None,
+                move_to=move_to,
+                sentence=sentence,
+            )
+        )
+    return out
+
+
+def find(
+    runs: Iterable[RunView],
+    mounts: Iterable[MountView],
+    now: float,
+    datasets: Iterable[tuple[DatasetDir, MountView | None, str]] = (),
+) -> tuple[Finding, ...]:
+    """The findings of the View's checkpoint runs and dataset directories at ``now``, most severe first, then by
+    bytes."""
     runs, mounts = tuple(runs), tuple(mounts)
     durable_newest: dict[str, float] = {}
     for rv in runs:
@@ -119,5 +165,6 @@ def find(runs: Iterable[RunView], mounts: Iterable[MountView], now: float) -> tu
                 sentence=sentence,
             )
         )
+    out.extend(dataset_findings(datasets, mounts, now))
     out.sort(key=lambda f: (f.severity != "critical", -f.bytes, f.id))
     return tuple(out)

@@ -97,6 +97,12 @@ RACY_SECONDS = 2.0
 MAX_ERRORS = 100
 """Errors kept per scan (unreadable directories, vanished files); further ones are only counted."""
 MAX_TEMPS = 1000
+DATASET_SUFFIXES = (".parquet", ".arrow", ".tfrecord", ".tfrecords", ".jsonl.zst", ".mds", ".lance")
+"""Files that are dataset shards by their suffix (Parquet, Arrow, TFRecord, compressed JSON lines, MosaicML
+streaming, Lance); WebDataset shards are ``*-NNN.tar`` (_WEBDATASET)."""
+_WEBDATASET = re.compile(r".*[-_.]\d{3,}\.tar")
+MAX_DATASET_DIRS = 1000
+"""Directories of dataset shards reported per scan, the largest first."""
 """Temporary files reported per scan."""
 _CLOCK_EVERY = 4096
 """Entries between two reads of the clock inside one large directory."""
@@ -184,6 +190,8 @@ class ScanResult:
     temps: tuple[str, ...] = ()
     """Paths of regular files named like ``storwatch.training``'s temporaries (``is_temp_name``), in every directory
     the walk went through: saves in progress, or left by a writer that was killed (at most ``MAX_TEMPS``)."""
+    datasets: tuple[DatasetDir, ...] = ()
+    """Directories of dataset shards the walk went through, the largest first (at most ``MAX_DATASET_DIRS``)."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +216,20 @@ class _Listing:
     """Newest mtime of its regular files (0 when none or not stat'ed)."""
     temps: tuple[str, ...] = ()
     """Names of its regular files named like atomic_save's temporaries."""
+    dataset_files: int = 0
+    """Its regular files that are dataset shards (DATASET_SUFFIXES, WebDataset tars), their bytes and newest mtime."""
+    dataset_bytes: int = 0
+    dataset_newest_ns: int = 0
+
+
+@dataclass(frozen=True)
+class DatasetDir:
+    """A directory holding dataset shards (its own files, not its subdirectories')."""
+
+    path: str
+    files: int
+    bytes: int
+    newest_mtime: float
 
 
 class _DirAcc:
@@ -330,6 +352,14 @@ class CheckpointScanner:
         if self._truncated:
             log.info("checkpoint scan truncated: %s", detail)
         temps = [os.path.join(path, name) for path, listing in self._seen.items() for name in listing.temps]
+        datasets = sorted(
+            (
+                DatasetDir(path, listing.dataset_files, listing.dataset_bytes, listing.dataset_newest_ns / 1e9)
+                for path, listing in self._seen.items()
+                if listing.dataset_files
+            ),
+            key=lambda d: (-d.bytes, d.path),
+        )[:MAX_DATASET_DIRS]
         return ScanResult(
             candidates=tuple(candidates),
             runs=tuple(runs),
@@ -339,6 +369,7 @@ class CheckpointScanner:
             errors=tuple(self._errors),
             stats=self.stats,
             temps=tuple(sorted(temps)[:MAX_TEMPS]),
+            datasets=tuple(datasets),
         )
 
     def _error(self, message: str) -> None:
@@ -463,6 +494,7 @@ class CheckpointScanner:
         budget = self.max_entries - self._entries
         markers = DIR_MARKERS
         files = _FileTotals(self, path)
+        shards = _FileTotals(self, path)
         with os.scandir(fd) as it:
             for entry in it:
                 entries += 1
@@ -486,6 +518,10 @@ class CheckpointScanner:
                             marker = f"suffix {DCP_SUFFIX}"
                     elif entry.is_file(follow_symlinks=False) and _safe_name(name):
                         candidate_files.append(name)
+                elif (
+                    name.endswith(DATASET_SUFFIXES) or _WEBDATASET.fullmatch(name)
+                ) and shards.count < self.max_entries:
+                    shards.add(entry)
                 elif (
                     name[0] == "."
                     and TEMP_MARKER in name
@@ -518,6 +554,9 @@ class CheckpointScanner:
             file_count=files.count,
             newest_file_ns=files.newest_ns,
             temps=tuple(temps),
+            dataset_files=shards.count,
+            dataset_bytes=shards.size,
+            dataset_newest_ns=shards.newest_ns,
         )
 
     # -- results

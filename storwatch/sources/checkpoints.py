@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from storwatch._checkpoint_worker import command as worker_command
 from storwatch.blocking import BlockingCalls, CallOutcome
 from storwatch.checkpoints.formats import CheckResult
 from storwatch.checkpoints.limits import DeepLimits
+from storwatch.checkpoints.scan import MAX_DATASET_DIRS, DatasetDir
 from storwatch.config import CheckpointsConfig
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
@@ -154,6 +155,8 @@ class CheckpointFacts:
     """Checks that raised since the agent started, by kind (each of CHECK_ERROR_REASONS, zeros included)."""
     failure: str | None = None
     """Why this collection is a failure of the source: a stuck unit, or one whose scan could not run."""
+    datasets: tuple[DatasetDir, ...] = ()
+    """Directories of dataset shards of at least ``dataset_min_bytes`` under the roots, the largest first."""
 
 
 CHECKPOINTS: FactsKey[CheckpointFacts] = FactsKey("checkpoints")
@@ -181,6 +184,16 @@ class _UnitResult:
     truncated_detail: str | None
     seconds: float
     orphans: tuple[dict[str, Any], ...]
+    datasets: tuple[DatasetDir, ...] = ()
+
+
+def _datasets(rows: Iterable[Any]) -> Iterator[DatasetDir]:
+    """The helper's dataset rows, each checked (it is our own helper, but its answer crossed a pipe)."""
+    for row in rows:
+        try:
+            yield DatasetDir(str(row["path"]), int(row["files"]), int(row["bytes"]), float(row["newest_mtime"]))
+        except (KeyError, TypeError, ValueError):
+            continue
 
 
 def default_roots(paths: HostPaths, configured: Sequence[str], kubelet: bool) -> list[str]:
@@ -233,6 +246,7 @@ class CheckpointSource:
         interval_seconds: float = 30.0,
         settle_seconds: float = 60.0,
         deep_per_scan: int = 1,
+        dataset_min_bytes: int = 1 << 30,
         deep_max_bytes: int = 1 << 30,
         clock: Callable[[], float] = time.time,
         max_entries: int = 200_000,
@@ -252,6 +266,7 @@ class CheckpointSource:
         self.interval_seconds = interval_seconds
         self.settle_seconds = settle_seconds
         self.deep_per_scan = deep_per_scan
+        self.dataset_min_bytes = dataset_min_bytes
         self.deep_max_bytes = deep_max_bytes
         self.clock = clock
         self.max_entries = max_entries
@@ -284,6 +299,7 @@ class CheckpointSource:
             "max_seconds",
             "timeout_seconds",
             "deep_timeout_seconds",
+            "dataset_min_bytes",
         ):
             if hasattr(settings, name):
                 setattr(self, name, getattr(settings, name))
@@ -390,7 +406,17 @@ class CheckpointSource:
             tuple(stuck),
             dict(self._check_errors),
             failure,
+            self._dataset_dirs(),
         )
+
+    def _dataset_dirs(self) -> tuple[DatasetDir, ...]:
+        """Every unit's dataset directories of at least dataset_min_bytes, once each, the largest first."""
+        found: dict[str, DatasetDir] = {}
+        for result in self._units.values():
+            for d in result.datasets:
+                if d.bytes >= self.dataset_min_bytes:
+                    found.setdefault(d.path, d)
+        return tuple(sorted(found.values(), key=lambda d: (-d.bytes, d.path))[:MAX_DATASET_DIRS])
 
     def _limits_param(self) -> dict[str, Any] | None:
         return None if self.limits is None else dataclasses.asdict(self.limits)
@@ -407,6 +433,7 @@ class CheckpointSource:
             truncated_detail=answer.get("truncated_detail"),
             seconds=float(answer.get("seconds") or 0.0),
             orphans=tuple(answer.get("orphans") or ()),
+            datasets=tuple(_datasets(answer.get("datasets") or ())),
         )
 
     def _track(self, cand: dict[str, Any], now: float) -> None:
