@@ -14,6 +14,9 @@ DEFAULT_SYSFS = "/sys"
 DEFAULT_ROOTFS = "/"
 
 OWN_SOMAXCONN = "/proc/sys/net/core/somaxconn"
+NOT_FILE_TARGETS = (b"socket:", b"pipe:", b"anon_inode:", b"/dev/", b"/proc/", b"/sys/", b"/memfd:")
+"""Where a process's open file descriptor leads (``readlink <pid>/fd/N``, in the process's own namespace) when it is
+not a file on storage: sockets, pipes, kernel objects, devices and kernel interfaces."""
 """The longest listen queue the kernel allows, in the agent's own network namespace (where its port is), which is
 not the host's --path.procfs."""
 

@@ -20,7 +20,7 @@ from storwatch.analysis.stalls import (
     WriteSpan,
     attribute,
 )
-from storwatch.analysis.view import View
+from storwatch.analysis.view import RunView, View
 from storwatch.exporter import ExportState, render_text
 from storwatch.exporter import gpu as gpu_area
 from storwatch.snapshot import Snapshot
@@ -444,16 +444,28 @@ def _gpus(t: float, util: float) -> GPUFacts:
     return GPUFacts(t, True, "550", None, states)
 
 
-def test_the_feed_joins_the_writer_pid_to_its_gpu_and_exports_the_settled_seconds() -> None:
+def stalled_feed(t0: float, seconds: int, stalled: tuple[int, int], label: str = "r") -> tuple[StallFeed, RunView]:
+    """A feed that saw ``seconds`` of two GPUs: GPU 0's process (PID 4242) waits on its own checkpoint write (run
+    ``label`` on node storage /scratch) from ``stalled[0]`` to ``stalled[1]`` seconds in, GPU 1 idles throughout."""
     feed = StallFeed(StallParams(settle_seconds=5.0))
-    t0 = 1_000.0
-    c = dataclasses.replace(ckpt(0.0), mtime=t0 + 19, write_start=t0 + 9.0, write_seconds=10.0, writer_pid=4242)
-    rv = run("r", on(Durability.NODE, "/scratch"), c)
+    lo, hi = stalled
+    c = dataclasses.replace(
+        ckpt(0.0), mtime=t0 + hi - 1, write_start=t0 + lo - 1.0, write_seconds=float(hi - lo), writer_pid=4242
+    )
+    rv = run(label, on(Durability.NODE, "/scratch"), c)
     assert rv.mount is not None
     feed.update(t0, [rv], [rv.mount], _gpus(t0, 0.95), {})  # a View: the run's mount is watched from now on
-    for i in range(30):
+    for i in range(seconds):
         t = t0 + i
-        feed.observe(_gpus(t, 0.02 if 10 <= i < 20 else 0.95), [("/scratch", "write", t - 1, t, 3.0, 0.012)])
+        feed.observe(_gpus(t, 0.02 if lo <= i < hi else 0.95), [("/scratch", "write", t - 1, t, 3.0, 0.012)])
+    return feed, rv
+
+
+def test_the_feed_joins_the_writer_pid_to_its_gpu_and_exports_the_settled_seconds() -> None:
+    t0 = 1_000.0
+    feed, rv = stalled_feed(t0, 30, (10, 20))
+    assert rv.mount is not None
+    c = rv.run.checkpoints[-1]
     state, picture = feed.update(t0 + 40, [rv], [rv.mount], _gpus(t0 + 29, 0.95), {})
     # GPU 0 waited on its writer's save for its readings (1009, 1010] .. (1018, 1019]; GPU 1 idles with no write of
     # its own and no mount it touches: no stall

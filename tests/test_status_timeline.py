@@ -3,19 +3,15 @@ cause, checkpoint writes, the run mount's latency) and the findings panel."""
 
 from __future__ import annotations
 
-import dataclasses
 from html.parser import HTMLParser
 
 from storwatch.analysis.findings import find
-from storwatch.analysis.stall_feed import StallFeed
-from storwatch.analysis.stalls import StallParams
 from storwatch.analysis.view import View
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
-from storwatch.vocabulary import Durability, Platform
+from storwatch.vocabulary import Platform
 from storwatch.web.page import render_status_page
-from tests.test_rpo import ckpt, on, run
-from tests.test_stalls import _gpus
+from tests.test_stalls import _gpus, stalled_feed
 
 
 class Elements(HTMLParser):
@@ -41,15 +37,9 @@ class Elements(HTMLParser):
 
 
 def page_with_a_stalled_gpu() -> tuple[str, View]:
-    feed = StallFeed(StallParams(settle_seconds=5.0))
     t0 = 1_000_000.0
-    c = dataclasses.replace(ckpt(0.0), mtime=t0 + 69, write_start=t0 + 39.0, write_seconds=30.0, writer_pid=4242)
-    rv = run("llama", on(Durability.NODE, "/scratch"), c)
+    feed, rv = stalled_feed(t0, 120, (40, 70), "llama")
     assert rv.mount is not None
-    feed.update(t0, [rv], [rv.mount], _gpus(t0, 0.95), {})  # a View: the run's mount is watched from now on
-    for i in range(120):
-        t = t0 + i
-        feed.observe(_gpus(t, 0.02 if 40 <= i < 70 else 0.95), [("/scratch", "write", t - 1, t, 3.0, 0.012)])
     now = t0 + 130
     state, picture = feed.update(now, [rv], [rv.mount], _gpus(t0 + 119, 0.95), {})
     findings = find([rv], [rv.mount], now)

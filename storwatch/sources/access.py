@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from storwatch.config import number
-from storwatch.paths import HostPaths
+from storwatch.paths import NOT_FILE_TARGETS, HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.procfs.pidio import ProcessIO, access_mode, parse_children, parse_io
 from storwatch.sources import Context, FactsKey, OnceLog
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 MAX_SMALL_FILE = 64 * 1024
 MAX_MOUNTINFO = 4 << 20
-_NOT_FILES = (b"socket:", b"pipe:", b"anon_inode:", b"/dev/", b"/proc/", b"/sys/", b"/memfd:")
 
 
 @dataclass(frozen=True)
@@ -180,7 +179,7 @@ class AccessSource:
                 target = os.readlink(os.path.join(fd_dir, name))
             except OSError:
                 continue
-            if target.encode(errors="replace").startswith(_NOT_FILES) or not target.startswith("/"):
+            if target.encode(errors="replace").startswith(NOT_FILE_TARGETS) or not target.startswith("/"):
                 continue
             info = _read_small(self.paths.proc(str(pid), "fdinfo", name), 4096)
             if not info:
