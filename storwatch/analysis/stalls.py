@@ -301,7 +301,10 @@ class StallTracker:
 
     def _known_spans(self) -> list[WriteSpan]:
         done = list(self._spans.values())
-        ended = {s.run: s.end for s in done}
+        ended: dict[str, float] = {}
+        for s in done:
+            if s.end is not None:
+                ended[s.run] = max(ended.get(s.run, s.end), s.end)
         return done + [w for w in self._writing if (ended.get(w.run) or -math.inf) < w.start]
 
     def _stalls(self, readings: Iterable[GPUReading], now: float) -> list[Stall]:
@@ -350,10 +353,3 @@ class StallTracker:
     def settled_before(self) -> float:
         """The time before which every GPU's readings are settled."""
         return min(self._settled_until.values(), default=-math.inf)
-
-    def forget_gpus(self, present: Iterable[str]) -> None:
-        keep = set(present)
-        for gpu in [g for g in self._gpu if g not in keep and not self._gpu[g]]:
-            del self._gpu[gpu]
-            self.busy.pop(gpu, None)
-            self._settled_until.pop(gpu, None)
