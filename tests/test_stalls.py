@@ -500,11 +500,15 @@ def test_the_feed_forgets_the_baselines_of_mounts_that_are_gone() -> None:
     assert list(feed.tracker._baselines) == [("/pod/999", "read")]
 
 
-def test_a_write_seen_in_progress_after_an_earlier_write_of_its_run_still_counts() -> None:
+def test_a_stale_write_in_progress_is_not_counted_again_whatever_the_order_of_the_finished_ones() -> None:
     tracker = StallTracker(StallParams(settle_seconds=5.0))
     tracker.add_gpu([GPUReading("0", t, t + 1, 0.0, True) for t in range(40)])
-    tracker.add_spans(
-        [WriteSpan("run", "/s", 20.0, 25.0, frozenset({"0"})), WriteSpan("run", "/s", 2.0, 5.0, frozenset({"0"}))]
-    )
-    tracker.writing([WriteSpan("run", "/s", 30.0, None, frozenset({"0"}))])  # the third save, still going at 40
-    assert sum(s.seconds for s in tracker.current(40.0)) == pytest.approx(3.0 + 5.0 + 10.0)
+    finished = [
+        WriteSpan("run", "/s", 28.0, 33.0, frozenset({"0"})),
+        WriteSpan("run", "/s", 2.0, 5.0, frozenset({"0"})),
+    ]
+    tracker.add_spans(finished)
+    tracker.writing([WriteSpan("run", "/s", 30.0, None, frozenset({"0"}))])  # the 28-33 write, first seen at 30
+    assert sum(s.seconds for s in tracker.current(40.0)) == pytest.approx(5.0 + 3.0)
+    tracker.writing([WriteSpan("run", "/s", 36.0, None, frozenset({"0"}))])  # the next save, still going at 40
+    assert sum(s.seconds for s in tracker.current(40.0)) == pytest.approx(5.0 + 3.0 + 4.0)
