@@ -124,9 +124,11 @@ def test_a_trainer_and_its_worker_read_one_mount_and_write_another(trainer: Any)
     assert row["workload"] == f"pid:{proc.pid}" and str(data) in row["mounts_read"] and row["processes"] == 2
 
 
-def test_a_gpu_process_that_is_gone_is_left_out() -> None:
+def test_a_gpu_process_that_is_gone_is_left_out_and_no_gpu_process_is_off() -> None:
     source = AccessSource(HostPaths(), AccessConfig(), lambda: [2**22 - 1], lambda: (), time.time)
-    assert source.collect().workloads == {}
+    assert source.collect().workloads == {} and source.off_reason is None
+    idle = AccessSource(HostPaths(), AccessConfig(), lambda: [], lambda: (), time.time)
+    assert idle.collect().workloads == {} and idle.off_reason == "no GPU process on this node (NVML names none)"
 
 
 def test_the_io_parser_keeps_good_lines_and_names_bad_ones() -> None:

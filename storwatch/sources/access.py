@@ -122,6 +122,8 @@ class AccessSource:
         self._before: dict[int, tuple[float, dict[int, ProcessIO]]] = {}
         self.parse_errors = 0
         self._bad = OnceLog(log)
+        self.off_reason: str | None = None
+        """Set while no GPU process is on this node: there is nothing to read, which is not a success."""
 
     def configure(self, config: AccessConfig) -> None:
         self.interval_seconds = config.interval_seconds
@@ -212,7 +214,9 @@ class AccessSource:
         host = HostMounts(self.mounts() or ())
         out: dict[int, WorkloadAccess] = {}
         before_all, after_all = self._before, {}
-        for root in sorted(set(self.gpu_pids())):
+        roots = sorted(set(self.gpu_pids()))
+        self.off_reason = None if roots else "no GPU process on this node (NVML names none)"
+        for root in roots:
             pids = self._tree(root)
             counters: dict[int, ProcessIO] = {}
             reads: set[str] = set()
