@@ -33,7 +33,7 @@ from storwatch.checkpoints.formats import check, identify
 from storwatch.checkpoints.limits import DeepLimits
 from storwatch.checkpoints.scan import CheckpointCandidate, CheckpointScanner, ScanResult
 from storwatch.paths import HostPaths
-from storwatch.training import EVENT_LOG_NAME, orphaned_temp
+from storwatch.training import EVENT_LOG_NAME, TEMP_GRACE_SECONDS, orphaned_temp
 
 EVENT_LOG_TAIL = 64 * 1024
 """Bytes read from the end of a run's event log."""
@@ -192,8 +192,19 @@ def _candidate(c: CheckpointCandidate, result: dict[str, Any], event: dict[str, 
     }
 
 
+def _changed_lately(dir_fd: int, name: str, now: float) -> bool:
+    """A temporary written to within TEMP_GRACE_SECONDS: a save in progress (one whose writer lost its lock or never
+    had one, on a filesystem without flock, is not called in progress once it stops changing)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and now - st.st_mtime < TEMP_GRACE_SECONDS
+
+
 def _orphans(result: ScanResult, now: float) -> list[dict[str, Any]]:
-    """Temporaries found by the walk whose writer is gone, each with the run it belongs to."""
+    """Temporaries found by the walk, each with the run it belongs to: those whose writer is gone (with their bytes
+    and why), and those written to lately (``"writing": true``: a save in progress)."""
     if not result.temps:
         return []
     run_of: dict[str, str] = {}
@@ -219,9 +230,11 @@ def _orphans(result: ScanResult, now: float) -> list[dict[str, Any]]:
         try:
             for name in names:
                 orphan = orphaned_temp(dir_fd, name, now)
+                path = os.path.join(directory, name)
                 if orphan is not None:
-                    path = os.path.join(directory, name)
                     found.append({"path": path, "run": run, "bytes": orphan.size_bytes, "why": orphan.why})
+                elif _changed_lately(dir_fd, name, now):
+                    found.append({"path": path, "run": run, "writing": True})
         finally:
             os.close(dir_fd)
     return found

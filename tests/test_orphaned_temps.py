@@ -107,3 +107,43 @@ def test_orphaned_temporaries_are_reported_everywhere_and_removed_by_the_next_sa
         training.atomic_save({"w": torch.zeros(8)}, str(run / "step-5.pt"), step=5)
         assert not [p for p in run.iterdir() if training.is_temp_name(p.name)]
         wait_until(lambda: _metric(agent.fetch("/metrics").text(), key) == 0.0, 15, what="no orphaned bytes left")
+
+
+def test_a_save_in_progress_is_a_write_in_progress_and_no_orphan(tmp_path: Path) -> None:
+    """A live writer's temporary (its lock held, just written) makes the run's write_in_progress, with when it was
+    first seen; the same temporary once its writer is killed and it has aged is an orphan, not a write."""
+    from storwatch.sources.checkpoints import CheckpointSource
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch_like_zip(run / "step-1.pt")
+    old = time.time() - 3600
+    os.utime(run / "step-1.pt", (old, old))
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(run / "step-2.pt"), "4096"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    clock = [time.time()]
+    source = CheckpointSource([str(tmp_path)], clock=lambda: clock[0], deep_per_scan=0)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
+        (state,) = source.collect().runs
+        assert state.write_in_progress and state.writing_since == clock[0] and state.orphaned_temps == 0
+        first = clock[0]
+        clock[0] += 5
+        (state,) = source.collect().runs
+        assert state.writing_since == first  # first seen, kept
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(10)
+        (temp,) = [p for p in run.iterdir() if training.is_temp_name(p.name)]
+        os.utime(temp, (old, old))  # its writer is gone and it stopped changing an hour ago
+        clock[0] = time.time()
+        (state,) = source.collect().runs
+        assert not state.write_in_progress and state.writing_since is None and state.orphaned_temps == 1
+    finally:
+        writer.kill()
+        writer.wait(10)
+        source.close()

@@ -62,7 +62,9 @@ def write_spans(rv: RunView, gpus: frozenset[str], since: float) -> tuple[list[W
         if c.write_start is not None and c.write_seconds is not None and c.write_start + c.write_seconds >= since
     ]
     writing = []
-    if rv.run.write_in_progress:
+    if rv.run.writing_since is not None:  # an atomic_save temporary being written
+        writing.append(WriteSpan(rv.label, mp, rv.run.writing_since, None, gpus))
+    elif rv.run.write_in_progress:  # a checkpoint directory still incomplete
         writing.append(WriteSpan(rv.label, mp, rv.run.checkpoints[-1].first_seen, None, gpus))
     return done, writing
 

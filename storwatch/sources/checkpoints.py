@@ -103,6 +103,9 @@ class RunState:
     orphaned_temp_bytes: int = 0
     orphaned_temp_paths: tuple[str, ...] = ()
     """The first ORPHAN_PATHS_PER_RUN of them."""
+    writing_since: float | None = None
+    """When this source first saw an atomic_save temporary of the run whose writer is still at it (a save in
+    progress); None when there is none."""
 
     @property
     def complete(self) -> tuple[CheckpointState, ...]:
@@ -123,8 +126,11 @@ class RunState:
 
     @property
     def write_in_progress(self) -> bool:
-        """The newest checkpoint is still incomplete (being written, or abandoned mid-write)."""
-        return bool(self.checkpoints) and self.checkpoints[-1].verdict == "incomplete"
+        """A save is in progress: an atomic_save temporary whose writer is at it, or a newest checkpoint still
+        incomplete (being written, or abandoned mid-write)."""
+        return self.writing_since is not None or (
+            bool(self.checkpoints) and self.checkpoints[-1].verdict == "incomplete"
+        )
 
     @property
     def interval_seconds(self) -> float | None:
@@ -265,6 +271,8 @@ class CheckpointSource:
         self.mountpoints = mountpoints if mountpoints is not None else OwnMountpoints()
         self.interval_seconds = interval_seconds
         self.settle_seconds = settle_seconds
+        self._writing_seen: dict[str, float] = {}
+        """Temporaries of saves in progress, and when each was first seen."""
         self.deep_per_scan = deep_per_scan
         self.dataset_min_bytes = dataset_min_bytes
         self.deep_max_bytes = deep_max_bytes
@@ -525,14 +533,25 @@ class CheckpointSource:
             run_root.setdefault(run, resolved_roots.get(root, root))
             members.setdefault(run, []).append((float(cand["newest_mtime"]), path, self._state(cand, seen)))
         orphans: dict[str, list[dict[str, Any]]] = {}
+        writing: dict[str, float] = {}
+        now = self.clock()
+        seen_writing: dict[str, float] = {}
         for unit, result in self._units.items():
             root = root_of.get(unit, unit)
             for orphan in result.orphans:
                 run = str(orphan["run"])
+                if orphan.get("writing"):
+                    # a save in progress: since when this source first saw its temporary
+                    path = str(orphan["path"])
+                    since = seen_writing[path] = self._writing_seen.get(path, now)
+                    writing[run] = min(writing.get(run, since), since)
+                    run_root.setdefault(run, resolved_roots.get(root, root))
+                    continue
                 orphans.setdefault(run, []).append(orphan)
                 run_root.setdefault(run, resolved_roots.get(root, root))
+        self._writing_seen = seen_writing
         runs = []
-        for run in sorted(set(members) | set(orphans)):
+        for run in sorted(set(members) | set(orphans) | set(writing)):
             states = tuple(state for _, _, state in sorted(members.get(run, []), key=lambda m: (m[0], m[1])))
             left = sorted(orphans.get(run, []), key=lambda o: str(o["path"]))
             runs.append(
@@ -543,6 +562,7 @@ class CheckpointSource:
                     len(left),
                     sum(int(o["bytes"]) for o in left),
                     tuple(str(o["path"]) for o in left[:ORPHAN_PATHS_PER_RUN]),
+                    writing.get(run),
                 )
             )
         return tuple(runs)
