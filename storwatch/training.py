@@ -116,6 +116,14 @@ def _token(name: str) -> str | None:
     return token if all(c in "0123456789abcdef" for c in token) else None
 
 
+def temp_writer_pid(name: str) -> int | None:
+    """The PID (in the writer's PID namespace) that a temporary's name carries, or None for a name not ours."""
+    if _token(name) is None:
+        return None
+    pid = int(name.rpartition(TEMP_MARKER)[2].partition("-")[0])
+    return pid if 0 < pid < 1 << 22 else None
+
+
 def is_temp_name(name: str) -> bool:
     """Whether a file name is one of our temporary files (a save in progress, or one killed mid-way)."""
     return _token(name) is not None

@@ -132,6 +132,10 @@ def test_a_save_in_progress_is_a_write_in_progress_and_no_orphan(tmp_path: Path)
         assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
         (state,) = source.collect().runs
         assert state.write_in_progress and state.writing_since == clock[0] and state.orphaned_temps == 0
+        assert state.writing_pids == (writer.pid,)  # the temporary's name carries its writer
+        assert training.temp_writer_pid(".x.pt.tmp-12-" + "a" * 16) == 12
+        assert training.temp_writer_pid(".x.pt.tmp-0-" + "a" * 16) is None
+        assert training.temp_writer_pid("x.pt") is None
         first = clock[0]
         clock[0] += 5
         (state,) = source.collect().runs

@@ -24,6 +24,7 @@ from storwatch.analysis.view import RunView, View
 from storwatch.exporter import ExportState, render_text
 from storwatch.exporter import gpu as gpu_area
 from storwatch.snapshot import Snapshot
+from storwatch.sources.checkpoints import RunState
 from storwatch.sources.gpu.facts import GPUFacts, GPUProcess, GPUState
 from storwatch.vocabulary import Durability, Platform
 from tests.stall_replayer import Score, World, score
@@ -512,3 +513,19 @@ def test_a_stale_write_in_progress_is_not_counted_again_whatever_the_order_of_th
     assert sum(s.seconds for s in tracker.current(40.0)) == pytest.approx(5.0 + 3.0)
     tracker.writing([WriteSpan("run", "/s", 36.0, None, frozenset({"0"}))])  # the next save, still going at 40
     assert sum(s.seconds for s in tracker.current(40.0)) == pytest.approx(5.0 + 3.0 + 4.0)
+
+
+def test_a_first_save_in_progress_is_tied_to_its_gpu_by_the_pid_its_temporary_carries() -> None:
+    feed = StallFeed(StallParams(settle_seconds=5.0))
+    t0 = 2_000.0
+    saving = RunView(
+        RunState("/scratch/r", "/scratch", (), writing_since=t0 + 3.0, writing_pids=(4242,)),
+        "r",
+        on(Durability.NODE, "/scratch"),
+    )
+    for i in range(10):
+        feed.observe(_gpus(t0 + i, 0.02 if i >= 3 else 0.95), [])
+    state, _ = feed.update(t0 + 60, [saving], [], _gpus(t0 + 9, 0.02), {})
+    assert state.totals == {}  # held: the save has not ended
+    assert [(s.cause, s.run) for s in state.current][:1] == [("checkpoint_write", "r")]
+    assert sum(s.seconds for s in state.current if s.gpu == "0") == pytest.approx(6.0)

@@ -71,11 +71,12 @@ def headroom_bytes(rv: RunView) -> int | None:
 def run_gpus(rv: RunView, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod]) -> frozenset[str]:
     """The GPUs (by NVML index) whose work writes the run: those with a process of the pod whose volume holds the run
     (on Kubernetes: the run's path is under that pod's kubelet volume directory), or, for a run outside any pod's
-    volume, those with the process its event log names as the writer (off Kubernetes PIDs are the host's)."""
+    volume, those with the process its event log names as the writer, or the writer of a save in progress (its
+    temporary's name carries it; off Kubernetes PIDs are the host's)."""
     if gpus is None:
         return frozenset()
     where = parse_kubelet_volume_path(rv.run.path)
-    writers = {c.writer_pid for c in rv.run.checkpoints if c.writer_pid is not None}
+    writers = {c.writer_pid for c in rv.run.checkpoints if c.writer_pid is not None} | set(rv.run.writing_pids)
     held = set()
     for g in gpus.gpus:
         for p in g.processes:

@@ -42,6 +42,7 @@ from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.sources import FactsKey
 from storwatch.training import EVENT_LOG_NAME as EVENT_LOG
+from storwatch.training import temp_writer_pid
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,8 @@ class RunState:
     writing_since: float | None = None
     """When this source first saw an atomic_save temporary of the run whose writer is still at it (a save in
     progress); None when there is none."""
+    writing_pids: tuple[int, ...] = ()
+    """The writers of those temporaries, as their names carry them (in the writer's PID namespace)."""
 
     @property
     def complete(self) -> tuple[CheckpointState, ...]:
@@ -534,6 +537,7 @@ class CheckpointSource:
             members.setdefault(run, []).append((float(cand["newest_mtime"]), path, self._state(cand, seen)))
         orphans: dict[str, list[dict[str, Any]]] = {}
         writing: dict[str, float] = {}
+        writers: dict[str, set[int]] = {}
         now = self.clock()
         seen_writing: dict[str, float] = {}
         for unit, result in self._units.items():
@@ -545,6 +549,9 @@ class CheckpointSource:
                     path = str(orphan["path"])
                     since = seen_writing[path] = self._writing_seen.get(path, now)
                     writing[run] = min(writing.get(run, since), since)
+                    pid = temp_writer_pid(os.path.basename(path))
+                    if pid is not None:
+                        writers.setdefault(run, set()).add(pid)
                     run_root.setdefault(run, resolved_roots.get(root, root))
                     continue
                 orphans.setdefault(run, []).append(orphan)
@@ -563,6 +570,7 @@ class CheckpointSource:
                     sum(int(o["bytes"]) for o in left),
                     tuple(str(o["path"]) for o in left[:ORPHAN_PATHS_PER_RUN]),
                     writing.get(run),
+                    tuple(sorted(writers.get(run, ()))),
                 )
             )
         return tuple(runs)
