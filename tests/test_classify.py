@@ -12,7 +12,7 @@ from storwatch.classify import Classifier, detect_platform
 from storwatch.config import MountsConfig
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import MountInfo
-from storwatch.sources.mounts import PSEUDO_FSTYPES, MountSource
+from storwatch.sources.mounts import PSEUDO_FSTYPES, MountSource, mount_of
 from storwatch.vocabulary import (
     GENERIC,
     GRADIENT,
@@ -331,21 +331,7 @@ def test_detect_platform_looks_under_rootfs_not_at_the_real_root(tmp_path: Path)
 
 
 def as_mount(info: MountInfo) -> Mount:
-    return Mount(
-        mount_id=info.mount_id,
-        mountpoint=info.mountpoint,
-        device=info.source,
-        fstype=info.fstype,
-        root=info.root,
-        major=info.major,
-        minor=info.minor,
-        readonly=info.readonly,
-        options=info.mount_options,
-        super_options=info.super_options,
-        usage=None,
-        stuck=False,
-        stuck_seconds=0.0,
-    )
+    return mount_of(info)
 
 
 POD_A = "/var/lib/kubelet/pods/81742e8f-be31-4219-bac3-e2ed48dd4123/volumes"
