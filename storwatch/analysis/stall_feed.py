@@ -100,7 +100,7 @@ class StallFeed:
         if gpus is not None and gpus.timestamp != self._gpus_at:
             self._gpus_at = gpus.timestamp
             for g in gpus.gpus:
-                gpu_readings.extend(self._gpu_readings(g, gpus.timestamp))
+                gpu_readings.extend(self._gpu_readings(g))
         with self._lock:
             self.tracker.add_latency(readings)
             self.tracker.add_gpu(gpu_readings)
@@ -125,7 +125,7 @@ class StallFeed:
             self.tracker.forget_mounts(keep)
             self.timeline.forget(keep)
 
-    def _gpu_readings(self, g: GPUState, timestamp: float) -> list[GPUReading]:
+    def _gpu_readings(self, g: GPUState) -> list[GPUReading]:
         label = str(g.index)
         if not g.up:
             return []
@@ -206,4 +206,4 @@ class StallFeed:
 
 def settle_seconds_for(checkpoint_interval: float, tick: float) -> float:
     """How long GPU time waits before it is attributed: a checkpoint scan's interval, its own time and a tick."""
-    return max(10.0, checkpoint_interval + 10.0 + tick) if math.isfinite(checkpoint_interval) else 40.0
+    return max(10.0, checkpoint_interval + 10.0 + tick)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableSequence
 from dataclasses import dataclass
 
 from storwatch.analysis.stalls import Stall, WriteSpan
@@ -70,19 +70,25 @@ class _Buckets:
         return tuple((r[0], r[1] / r[2]) for r in self.rows if r[0] >= since)
 
 
+def _append(out: MutableSequence[Stall], s: Stall) -> None:
+    """Append ``s``, or extend the last stall with it when it follows that one without a gap (same GPU, cause, mount
+    and run): a stall is settled a reading at a time."""
+    last = out[-1] if out else None
+    if (
+        last is not None
+        and (last.gpu, last.cause, last.mountpoint, last.run) == (s.gpu, s.cause, s.mountpoint, s.run)
+        and last.start <= s.start <= last.end + 1e-6
+    ):
+        out[-1] = Stall(s.gpu, last.start, max(last.end, s.end), s.mountpoint, s.cause, s.run)
+    else:
+        out.append(s)
+
+
 def _joined(stalls: Iterable[Stall]) -> list[Stall]:
     """Stalls that follow one another without a gap, with the same GPU, cause, mount and run, as one."""
     out: list[Stall] = []
     for s in sorted(stalls, key=lambda s: (s.gpu, s.start)):
-        last = out[-1] if out else None
-        if (
-            last is not None
-            and (last.gpu, last.cause, last.mountpoint, last.run) == (s.gpu, s.cause, s.mountpoint, s.run)
-            and s.start <= last.end + 1e-6
-        ):
-            out[-1] = Stall(s.gpu, last.start, max(last.end, s.end), s.mountpoint, s.cause, s.run)
-        else:
-            out.append(s)
+        _append(out, s)
     return out
 
 
@@ -106,16 +112,7 @@ class Timeline:
     def add_stalls(self, stalls: Iterable[Stall]) -> None:
         """Settled stalls; one that continues the GPU's last (same cause, mount and run, no gap) extends it."""
         for s in stalls:
-            mine = self._stalls.setdefault(s.gpu, deque(maxlen=MAX_SPANS))
-            last = mine[-1] if mine else None
-            if (
-                last is not None
-                and (last.cause, last.mountpoint, last.run) == (s.cause, s.mountpoint, s.run)
-                and (last.end - 1e-6 <= s.start <= last.end + 1e-6)
-            ):
-                mine[-1] = Stall(s.gpu, last.start, max(last.end, s.end), s.mountpoint, s.cause, s.run)
-            else:
-                mine.append(s)
+            _append(self._stalls.setdefault(s.gpu, deque(maxlen=MAX_SPANS)), s)
 
     def add_writes(self, spans: Iterable[WriteSpan]) -> None:
         for s in spans:
@@ -125,15 +122,11 @@ class Timeline:
             for key in sorted(self._writes, key=lambda k: k[1])[: len(self._writes) - MAX_SPANS]:
                 del self._writes[key]
 
-    def forget(self, mountpoints: Iterable[str], gpus: Iterable[str] | None = None) -> None:
+    def forget(self, mountpoints: Iterable[str]) -> None:
+        """Drop the latency of mounts gone from the table (a node's GPUs stay: a handful, each bounded)."""
         keep = set(mountpoints)
         for mp in [m for m in self._latency if m not in keep]:
             del self._latency[mp]
-        if gpus is not None:
-            present = set(gpus)
-            for table in (self._util, self._memory, self._stalls):
-                for gpu in [g for g in table if g not in present]:
-                    del table[gpu]
 
     def picture(
         self, now: float, current: Iterable[Stall], writing: Iterable[WriteSpan], mounts: Mapping[str, str]

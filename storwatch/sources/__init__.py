@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -83,6 +84,16 @@ class OnceLog:
             return
         self._seen.add(key)
         self.logger.warning(message, *args)
+
+
+def read_bounded(path: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of a file, in one read, never following a symlink at its end nor waiting on a FIFO
+    (kernel files: a process's, a filesystem client's counters)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
 
 
 def read_first(paths: Sequence[str], what: str) -> bytes:

@@ -25,7 +25,7 @@ from storwatch.config import number
 from storwatch.paths import NOT_FILE_TARGETS, HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.procfs.pidio import ProcessIO, access_mode, parse_children, parse_io
-from storwatch.sources import Context, FactsKey, OnceLog
+from storwatch.sources import Context, FactsKey, OnceLog, read_bounded
 from storwatch.sources.gpu.facts import GPUFacts
 from storwatch.sources.mounts import MOUNTS
 from storwatch.vocabulary import Mount
@@ -79,16 +79,24 @@ ACCESS: FactsKey[AccessFacts] = FactsKey("access")
 
 
 def _read_small(path: str, limit: int = MAX_SMALL_FILE) -> bytes | None:
+    """The file's first ``limit`` bytes, or None when it cannot be read (the process exited)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        return read_bounded(path, limit)
     except OSError:
         return None
-    try:
-        return os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+
+
+_IO_FIELDS = tuple(ProcessIO.__dataclass_fields__)
+
+
+def _summed(records: Iterable[ProcessIO]) -> ProcessIO:
+    rows = list(records)
+    return ProcessIO(*(sum(getattr(r, f) for r in rows) for f in _IO_FIELDS))
+
+
+def _delta(before: ProcessIO, after: ProcessIO) -> ProcessIO:
+    """What a process did between two reads (never negative: a counter that went back is a reused PID)."""
+    return ProcessIO(*(max(0, getattr(after, f) - getattr(before, f)) for f in _IO_FIELDS))
 
 
 class HostMounts:
@@ -233,28 +241,23 @@ class AccessSource:
             if not counters:
                 continue
             after_all[root] = (now, counters)
-            total = ProcessIO(*(sum(getattr(c, f) for c in counters.values()) for f in ProcessIO.__dataclass_fields__))
             rates: dict[str, float | None] = {}
             before = before_all.get(root)
             if before is not None and now > before[0]:
                 seconds = now - before[0]
-                both = [(before[1][p], counters[p]) for p in counters if p in before[1]]
-
-                def delta(name: str, both: list[tuple[ProcessIO, ProcessIO]] = both) -> int:
-                    return sum(max(0, getattr(b, name) - getattr(a, name)) for a, b in both)
-
+                d = _summed(_delta(before[1][p], counters[p]) for p in counters if p in before[1])
                 rates = {
-                    "read_bytes_per_second": delta("read_bytes") / seconds,
-                    "write_bytes_per_second": delta("write_bytes") / seconds,
-                    "read_calls_per_second": delta("syscr") / seconds,
-                    "write_calls_per_second": delta("syscw") / seconds,
-                    "read_size_bytes": delta("rchar") / delta("syscr") if delta("syscr") else None,
-                    "write_size_bytes": delta("wchar") / delta("syscw") if delta("syscw") else None,
+                    "read_bytes_per_second": d.read_bytes / seconds,
+                    "write_bytes_per_second": d.write_bytes / seconds,
+                    "read_calls_per_second": d.syscr / seconds,
+                    "write_calls_per_second": d.syscw / seconds,
+                    "read_size_bytes": d.rchar / d.syscr if d.syscr else None,
+                    "write_size_bytes": d.wchar / d.syscw if d.syscw else None,
                 }
             out[root] = WorkloadAccess(
                 root,
                 len(counters),
-                total,
+                _summed(counters.values()),
                 **rates,
                 mounts_read=tuple(sorted(reads)),
                 mounts_written=tuple(sorted(writes)),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from storwatch.config import number
 from storwatch.paths import HostPaths
 from storwatch.procfs.lustre import LliteLineError, LliteStats, fsname_of_instance, fsname_of_source, parse_llite_stats
-from storwatch.sources import Context, FactsKey, OnceLog
+from storwatch.sources import Context, FactsKey, OnceLog, read_bounded
 from storwatch.sources.mounts import MOUNTS
 from storwatch.vocabulary import Mount
 
@@ -93,14 +93,6 @@ def join_mounts(fsnames: Sequence[str], mounts: Sequence[Mount]) -> dict[str, st
     return joined
 
 
-def _read_bounded(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    try:
-        return os.read(fd, MAX_FILE_BYTES)
-    finally:
-        os.close(fd)
-
-
 class LustreSource:
     name = "lustre"
 
@@ -165,7 +157,7 @@ class LustreSource:
                 errors.append(f"{path}: not a client directory name (expected FSNAME-HEXINSTANCE)")
                 continue
             try:
-                data = _read_bounded(path)
+                data = read_bounded(path, MAX_FILE_BYTES)
             except OSError as e:
                 errors.append(f"{path}: {e.strerror or e}")
                 continue
