@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from storwatch._blocking_worker import serve
+from storwatch.checkpoints.birth import birth_time
+from storwatch.checkpoints.events import FileTimes, parse_lines
 from storwatch.checkpoints.formats import check, identify
 from storwatch.checkpoints.limits import DeepLimits
 from storwatch.checkpoints.scan import CheckpointCandidate, CheckpointScanner, ScanResult
@@ -39,6 +41,8 @@ EVENT_LOG_TAIL = 64 * 1024
 """Bytes read from the end of a run's event log."""
 CHECK_ERROR_REASONS = ("os_error", "value_error", "recursion_error", "memory_error", "other")
 """What a check that raised is counted as (storwatch_checkpoint_check_errors_total{reason})."""
+MAX_REJECTED_LINES = 10_000
+"""Event lines remembered as counted, per unit (past it the memory starts again: a line is then counted twice)."""
 FORGET_ROUNDS = 3
 """A unit not asked for in this many rounds is forgotten (a pod volume that went away)."""
 OOM_SCORE_ADJ = 500
@@ -105,8 +109,12 @@ class _Unit:
     scanner: CheckpointScanner
     verdicts: dict[str, tuple[tuple[int, float], dict[str, Any]]] = field(default_factory=dict)
     """Candidate path -> (size and newest mtime, its cheap check) as last checked."""
-    events: dict[str, tuple[int, dict[str, dict[str, float]]]] = field(default_factory=dict)
-    """Run directory -> (its event log's mtime, the last record per checkpoint path)."""
+    events: dict[str, tuple[tuple[int, int], list[bytes]]] = field(default_factory=dict)
+    """Run directory -> (its event log's mtime and size, the lines at its end)."""
+    births: dict[str, tuple[tuple[int, float], float | None]] = field(default_factory=dict)
+    """Checkpoint path -> (its size and mtime, its birth time) for the files event lines name."""
+    rejected_lines: set[int] = field(default_factory=set)
+    """Event lines already dropped and counted (hashes), so a log read again counts each once."""
     round: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -137,44 +145,69 @@ def _unit(path: str, params: dict[str, Any]) -> _Unit:
     return unit
 
 
-def _event_log(unit: _Unit, run: str) -> dict[str, dict[str, float]]:
-    """The last write record of each checkpoint path in the run's event log (read again when it changes)."""
+def _event_lines(unit: _Unit, run: str) -> list[bytes]:
+    """The lines at the end of the run's event log (read again only when it changes)."""
     path = os.path.join(run, EVENT_LOG_NAME)
     try:
         st = os.lstat(path)
     except OSError:
         unit.events.pop(run, None)
-        return {}
+        return []
     cached = unit.events.get(run)
-    if cached is not None and cached[0] == st.st_mtime_ns:
+    if cached is not None and cached[0] == (st.st_mtime_ns, st.st_size):
         return cached[1]
-    records: dict[str, dict[str, float]] = {}
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             opened = os.fstat(fd)
             if not stat.S_ISREG(opened.st_mode):
-                return {}  # not a regular file: never read a FIFO or device
+                return []  # not a regular file: never read a FIFO or device
             size = opened.st_size
             os.lseek(fd, max(0, size - EVENT_LOG_TAIL), os.SEEK_SET)
             data = os.read(fd, EVENT_LOG_TAIL)
         finally:
             os.close(fd)
     except OSError:
-        return {}
-    for line in data.splitlines()[1 if size > EVENT_LOG_TAIL else 0 :]:
-        try:
-            rec = json.loads(line)
-            target = os.path.join(run, os.path.basename(str(rec["path"])))
-            record = {"start": float(rec["start"]), "end": float(rec["end"]), "bytes": float(rec["bytes"])}
-            pid = rec.get("pid")
-            if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 1 << 22:
-                record["pid"] = pid  # PID_MAX_LIMIT is 2^22: anything else is not a PID
-            records[target] = record
-        except (ValueError, KeyError, TypeError, RecursionError):
-            continue  # a torn or foreign line: the others still count
-    unit.events[run] = (st.st_mtime_ns, records)
-    return records
+        return []
+    lines = data.splitlines()[1 if size > EVENT_LOG_TAIL else 0 :]  # the first may be cut
+    unit.events[run] = ((st.st_mtime_ns, st.st_size), lines)
+    return lines
+
+
+def _event_log(
+    unit: _Unit, run: str, files: dict[str, CheckpointCandidate], now: float, rejected: dict[str, int]
+) -> dict[str, dict[str, float]]:
+    """The last good write record of each checkpoint of the run in its event log, each line checked against the
+    file it names (checkpoints/events.py); lines dropped are added to ``rejected`` by reason, each line once."""
+
+    def target(named: str) -> str | None:
+        return os.path.join(run, os.path.basename(named))  # a run's log speaks of its own directory only
+
+    def file_times(path: str) -> FileTimes | None:
+        c = files.get(path)
+        if c is None:
+            return None
+        footprint = (c.size_bytes, c.newest_mtime)
+        known = unit.births.get(path)
+        if known is None or known[0] != footprint:
+            known = unit.births[path] = (footprint, birth_time(path))
+        return FileTimes(c.size_bytes, c.newest_mtime, known[1])
+
+    records, dropped = parse_lines(_event_lines(unit, run), target, file_times, now)
+    for line, reason in dropped:
+        key = hash((run, line))
+        if key not in unit.rejected_lines:
+            if len(unit.rejected_lines) >= MAX_REJECTED_LINES:
+                unit.rejected_lines.clear()
+            unit.rejected_lines.add(key)
+            rejected[reason] = rejected.get(reason, 0) + 1
+    out: dict[str, dict[str, float]] = {}
+    for path, rec in records.items():
+        record = {"start": rec.start, "end": rec.end, "bytes": float(rec.bytes)}
+        if rec.pid is not None:
+            record["pid"] = rec.pid
+        out[path] = record
+    return out
 
 
 def _candidate(c: CheckpointCandidate, result: dict[str, Any], event: dict[str, float] | None) -> dict[str, Any]:
@@ -184,6 +217,7 @@ def _candidate(c: CheckpointCandidate, result: dict[str, Any], event: dict[str, 
         "run": c.run,
         "reason": c.reason,
         "size_bytes": c.size_bytes,
+        "allocated_bytes": c.allocated_bytes,
         "files": c.files,
         "mtime": c.mtime,
         "newest_mtime": c.newest_mtime,
@@ -232,7 +266,7 @@ def _orphans(result: ScanResult, now: float) -> list[dict[str, Any]]:
                 orphan = orphaned_temp(dir_fd, name, now)
                 path = os.path.join(directory, name)
                 if orphan is not None:
-                    found.append({"path": path, "run": run, "bytes": orphan.size_bytes, "why": orphan.why})
+                    found.append({"path": path, "run": run, "bytes": orphan.allocated_bytes, "why": orphan.why})
                 elif _changed_lately(dir_fd, name, now):
                     found.append({"path": path, "run": run, "writing": True})
         finally:
@@ -252,8 +286,12 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
         verdicts: dict[str, tuple[tuple[int, float], dict[str, Any]]] = {}
         candidates = []
         events: dict[str, dict[str, dict[str, float]]] = {}
+        rejected: dict[str, int] = {}
+        by_run: dict[str, dict[str, CheckpointCandidate]] = {}
+        for c in result.candidates:
+            by_run.setdefault(c.run, {})[c.path] = c
         for run in result.runs:
-            events[run.path] = _event_log(unit, run.path)
+            events[run.path] = _event_log(unit, run.path, by_run.get(run.path, {}), now, rejected)
         for c in result.candidates:
             footprint = (c.size_bytes, c.newest_mtime)
             cached = unit.verdicts.get(c.path)
@@ -271,6 +309,7 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
                 verdicts.setdefault(p, v)
         unit.verdicts = verdicts
         unit.events = {r: e for r, e in unit.events.items() if r in events}
+        unit.births = {p: b for p, b in unit.births.items() if p in verdicts}
         answer = {
             "root": unit.scanner.roots[0],
             "candidates": candidates,
@@ -279,6 +318,7 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
             "truncated_detail": result.truncated_detail,
             "seconds": result.stats.seconds,
             "check_errors": errors,
+            "claims_rejected": rejected,
             "orphans": _orphans(result, now),
             "datasets": [
                 {"path": d.path, "files": d.files, "bytes": d.bytes, "newest_mtime": d.newest_mtime}

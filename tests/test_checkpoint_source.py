@@ -114,26 +114,36 @@ def test_write_duration_from_the_event_log_and_from_watching(
     run.mkdir()
     f = run / "step-1.pt"
     torch_like_zip(f)
+    # The line's span must agree with the file's own times: written (mtime) within it, born when it began.
+    born = f.stat().st_mtime
+    os.utime(f, (born + 12.0, born + 12.0))
+    size = f.stat().st_size
     events = run / EVENT_LOG
     events.write_text(
-        "not json\n" + json.dumps({"path": str(f), "start": 100.0, "end": 112.5, "bytes": 2500.0, "step": 1}) + "\n"
+        "not json\n"
+        + json.dumps({"path": str(f), "start": born - 0.5, "end": born + 12.0, "bytes": size, "step": 1})
+        + "\n"
     )
-    clock = Clock(200.0)
+    clock = Clock(born + 100.0)
     source = make_source([str(tmp_path)], clock=clock, deep_per_scan=0)
-    (state,) = source.collect().runs
+    facts = source.collect()
+    (state,) = facts.runs
     (ckpt,) = state.checkpoints
     assert ckpt.write_seconds == 12.5
-    assert ckpt.write_bytes_per_second == 200.0
+    assert ckpt.write_bytes_per_second == size / 12.5
+    assert facts.claims_rejected["malformed"] == 1  # "not json", counted once however often the log is read
+    assert source.collect().claims_rejected["malformed"] == 1
+    clock.now = 300.0
 
     # Without an event log: first seen incomplete at 300, first seen complete at 330.
     g = run / "step-2.pt"
     torch_like_zip(g)
     whole = g.read_bytes()
     g.write_bytes(whole[:100])
-    clock.now = 300.0
+    clock.now = born + 300.0
     source.collect()
     g.write_bytes(whole)
-    clock.now = 330.0
+    clock.now = born + 330.0
     (state,) = source.collect().runs
     second = next(c for c in state.checkpoints if c.path == str(g))
     assert second.verdict == "complete"

@@ -78,7 +78,16 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     )
     for reason, count in sorted(facts.check_errors.items()):
         errors.add((reason,), count)
-    yield from (stuck, errors)
+    claims = Family(
+        "storwatch_checkpoint_claims_rejected_total",
+        "What tenants' files claimed and was refused: event-log lines whose numbers fail a check against the file "
+        "they name (dropped), and writer PIDs the kernel does not back (the write is timed, no GPU is charged).",
+        "counter",
+        labels=("reason",),
+    )
+    for reason, count in sorted(facts.claims_rejected.items()):
+        claims.add((reason,), count)
+    yield from (stuck, errors, claims)
 
 
 def _recovery(view: View) -> Iterator[Family]:

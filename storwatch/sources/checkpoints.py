@@ -34,6 +34,7 @@ from typing import Any
 from storwatch._checkpoint_worker import CHECK_ERROR_REASONS
 from storwatch._checkpoint_worker import command as worker_command
 from storwatch.blocking import BlockingCalls, CallOutcome
+from storwatch.checkpoints.events import REJECT_REASONS as EVENT_REJECT_REASONS
 from storwatch.checkpoints.formats import CheckResult
 from storwatch.checkpoints.limits import DeepLimits
 from storwatch.checkpoints.scan import MAX_DATASET_DIRS, DatasetDir
@@ -41,6 +42,9 @@ from storwatch.config import CheckpointsConfig
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.sources import FactsKey
+from storwatch.sources.kubevolumes import parse_kubelet_volume_path
+from storwatch.sources.writers import GONE, WriterCheck
+from storwatch.sources.writers import REJECT_REASONS as WRITER_REJECT_REASONS
 from storwatch.training import EVENT_LOG_NAME as EVENT_LOG
 from storwatch.training import temp_writer_pid
 
@@ -64,6 +68,11 @@ ORPHAN_PATHS_PER_RUN = 20
 WAIT_MARGIN_SECONDS = 2.0
 """A collection waits for the walks at most max_seconds (where they stop themselves) plus this, or timeout_seconds if
 that is shorter: a unit still walking then keeps its last result, and is stuck only once past timeout_seconds."""
+CLAIM_REJECT_REASONS = EVENT_REJECT_REASONS + WRITER_REJECT_REASONS
+"""Why a tenant's claim was refused (storwatch_checkpoint_claims_rejected_total{reason}): an event line's numbers
+(checkpoints/events.py), or a writer PID the kernel does not back (sources/writers.py)."""
+MAX_JUDGED_CLAIMS = 4096
+"""Refused PID claims remembered as counted (past it the memory starts again)."""
 _DEEP = "deep\0"
 """Prefix of a deep check's key among the helper's calls (a unit's key is its path)."""
 
@@ -87,9 +96,13 @@ class CheckpointState:
     write_start: float | None = None
     """When the write began, where the run's event log says (storwatch.training.atomic_save): with ``write_seconds``
     the exact span the writer was busy saving."""
+    allocated_bytes: int = 0
+    """The space it takes on disk (``st_blocks * 512``): what its next one will need, whatever size a sparse file
+    claims."""
     writer_pid: int | None = None
-    """The process that wrote it, as the event log names it (in the writer's PID namespace: the host's off
-    Kubernetes, the container's in a pod)."""
+    """The process that wrote it, as the event log names it, once the kernel backs the claim (it was seen with a file
+    open for writing under the run: sources/writers.py); None otherwise. Only off Kubernetes, where PIDs are the
+    host's."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +121,8 @@ class RunState:
     """When this source first saw an atomic_save temporary of the run whose writer is still at it (a save in
     progress); None when there is none."""
     writing_pids: tuple[int, ...] = ()
-    """The writers of those temporaries, as their names carry them (in the writer's PID namespace)."""
+    """The writers of those temporaries, as their names carry them, where the kernel backs the claim (the process
+    has a file open for writing under the run)."""
 
     @property
     def complete(self) -> tuple[CheckpointState, ...]:
@@ -166,6 +180,8 @@ class CheckpointFacts:
     """Why this collection is a failure of the source: a stuck unit, or one whose scan could not run."""
     datasets: tuple[DatasetDir, ...] = ()
     """Directories of dataset shards of at least ``dataset_min_bytes`` under the roots, the largest first."""
+    claims_rejected: dict[str, int] = field(default_factory=dict)
+    """Tenants' claims refused since the agent started, by reason (each of CLAIM_REJECT_REASONS, zeros included)."""
 
 
 CHECKPOINTS: FactsKey[CheckpointFacts] = FactsKey("checkpoints")
@@ -268,8 +284,18 @@ class CheckpointSource:
         calls: BlockingCalls | None = None,
         max_inflight: int = 8,
         limits: DeepLimits | None = None,
+        resolve_roots: Callable[[CheckpointsConfig], Sequence[str]] | None = None,
+        writers: WriterCheck | None = None,
     ) -> None:
         self.roots = tuple(os.path.normpath(r) for r in roots)
+        self.resolve_roots = resolve_roots
+        """The scan roots a (reloaded) section names, as this agent sees them."""
+        self.writers = writers if writers is not None else WriterCheck()
+        self._claims_rejected = dict.fromkeys(CLAIM_REJECT_REASONS, 0)
+        self._claims_judged: set[tuple[int, str, str]] = set()
+        """(PID, run, reason) of refused PID claims already counted."""
+        self._backed_now: dict[tuple[int, str], bool] = {}
+        """PID claims judged in this collection."""
         self.stuck_paths = stuck_paths
         self.mountpoints = mountpoints if mountpoints is not None else OwnMountpoints()
         self.interval_seconds = interval_seconds
@@ -299,7 +325,7 @@ class CheckpointSource:
         self._check_errors = dict.fromkeys(CHECK_ERROR_REASONS, 0)
 
     def configure(self, settings: object) -> None:
-        """Take a reloaded ``checkpoints`` section (roots and the kubelet switch take effect on restart)."""
+        """Take a reloaded ``checkpoints`` section, its roots included (units no longer planned are forgotten)."""
         for name in (
             "interval_seconds",
             "settle_seconds",
@@ -316,6 +342,11 @@ class CheckpointSource:
                 setattr(self, name, getattr(settings, name))
         if isinstance(settings, CheckpointsConfig):
             self.limits = DeepLimits.from_config(settings)
+            if self.resolve_roots is not None:
+                roots = tuple(os.path.normpath(r) for r in self.resolve_roots(settings))
+                if roots != self.roots:
+                    log.info("checkpoint roots now %s", ", ".join(roots) or "none")
+                    self.roots = roots
 
     # -- units
 
@@ -344,6 +375,8 @@ class CheckpointSource:
             return CheckpointFacts(self.clock(), (), False, None, 0.0, ())
         self._round += 1
         now = self.clock()
+        self._backed_now = {}
+        self.writers.forget_gone()
         plan = self._plan()
         unit_paths = sorted(u for u, _ in plan)
         stuck_mounts = {os.path.normpath(p) for p in self.stuck_paths()} if self.stuck_paths is not None else set()
@@ -418,6 +451,7 @@ class CheckpointSource:
             dict(self._check_errors),
             failure,
             self._dataset_dirs(),
+            dict(self._claims_rejected),
         )
 
     def _dataset_dirs(self) -> tuple[DatasetDir, ...]:
@@ -436,6 +470,9 @@ class CheckpointSource:
         for reason, count in answer.get("check_errors", {}).items():
             key = reason if reason in self._check_errors else "other"
             self._check_errors[key] += int(count)
+        for reason, count in answer.get("claims_rejected", {}).items():
+            if reason in self._claims_rejected:
+                self._claims_rejected[reason] += int(count)
         return _UnitResult(
             resolved=str(answer["root"]),
             candidates=tuple(answer["candidates"]),
@@ -550,7 +587,7 @@ class CheckpointSource:
                     since = seen_writing[path] = self._writing_seen.get(path, now)
                     writing[run] = min(writing.get(run, since), since)
                     pid = temp_writer_pid(os.path.basename(path))
-                    if pid is not None:
+                    if pid is not None and self._backed(pid, run):
                         writers.setdefault(run, set()).add(pid)
                     run_root.setdefault(run, resolved_roots.get(root, root))
                     continue
@@ -575,6 +612,28 @@ class CheckpointSource:
             )
         return tuple(runs)
 
+    def _backed(self, pid: int, run: str) -> bool:
+        """Whether the kernel backs a tenant's claim that ``pid`` writes ``run`` (sources/writers.py); a refusal is
+        counted once per process and run."""
+        known = self._backed_now.get((pid, run))
+        if known is not None:
+            return known
+        if parse_kubelet_volume_path(run) is not None:
+            # A pod's volume: the PID is the container's, not the host's; the pod whose volume it is writes it.
+            self._backed_now[(pid, run)] = False
+            return False
+        reason = self.writers.look(pid, run)
+        if reason is not None and reason != GONE and (pid, run, reason) not in self._claims_judged:
+            if len(self._claims_judged) >= MAX_JUDGED_CLAIMS:
+                self._claims_judged.clear()
+            self._claims_judged.add((pid, run, reason))
+            self._claims_rejected[reason] += 1
+            log.info(
+                "checkpoint run %s names process %d as its writer, which has no file open there: not believed", run, pid
+            )
+        self._backed_now[(pid, run)] = reason is None
+        return reason is None
+
     def _state(self, cand: dict[str, Any], seen: _Seen) -> CheckpointState:
         r = seen.result
         write_seconds: float | None = None
@@ -586,7 +645,8 @@ class CheckpointSource:
             write_seconds = rec["end"] - rec["start"]
             rate = rec["bytes"] / write_seconds if write_seconds > 0 else None
             start = rec["start"]
-            pid = int(rec["pid"]) if rec.get("pid") is not None else None
+            claimed = rec.get("pid")
+            pid = int(claimed) if claimed is not None and self._backed(int(claimed), str(cand["run"])) else None
         elif seen.first_incomplete is not None and seen.completed_seen is not None:
             write_seconds = seen.completed_seen - seen.first_incomplete
             rate = r.size_bytes / write_seconds if write_seconds > 0 else None
@@ -602,7 +662,8 @@ class CheckpointSource:
             write_seconds,
             rate,
             start,
-            pid,
+            allocated_bytes=int(cand.get("allocated_bytes") or 0),
+            writer_pid=pid,
         )
 
     def close(self) -> None:

@@ -1,0 +1,124 @@
+"""Whether a process a tenant's file names as a checkpoint's writer really writes there: the kernel's word for it.
+
+An event line's ``pid`` and an atomic_save temporary's name are written by the tenant, so each is a claim. A claim
+holds when the process, or one below it (an async save's worker), has a file open for writing under the run's
+directory, read from ``<procfs>/<pid>/fd`` (the link: where the file is, in the writer's mount namespace) and
+``fdinfo`` (its access mode). Once seen, the process stays a writer of that run while it lives (the same PID with
+the same start time), so the event line of a save that was seen in progress is believed after the file is closed.
+The links are the kernel's: nothing here opens or stats the files themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from storwatch.paths import HostPaths
+from storwatch.procfs.pidio import access_mode, parse_children
+from storwatch.sources import read_bounded
+
+MAX_PROCESSES = 64
+"""Processes looked at per claim: the claimed one and those below it."""
+MAX_FDS = 4096
+"""Open files looked at per process."""
+MAX_REMEMBERED = 4096
+"""(process, run) pairs remembered as seen writing."""
+REJECT_REASONS = ("not_writer",)
+"""Why a PID claim was refused and counted: the process lives and was never seen writing under the run. (A claim
+naming no live process ties nothing to any GPU and is not counted: a finished job's event lines name exited
+writers.)"""
+GONE = "gone"
+
+
+@dataclass(frozen=True)
+class Writer:
+    pid: int
+    start_ticks: int
+    """The process's start time (``stat`` field 22): a PID reused by another process is another writer."""
+
+
+class WriterCheck:
+    """Corroborates PID claims against the processes' open files, and remembers what it saw."""
+
+    def __init__(self, paths: HostPaths | None = None) -> None:
+        self.paths = paths or HostPaths()
+        self._seen: dict[Writer, set[str]] = {}
+        """Each process seen writing, and the run directories it was seen writing under."""
+
+    def _writer(self, pid: int) -> Writer | None:
+        try:
+            data = read_bounded(self.paths.proc(str(pid), "stat"), 4096)
+        except OSError:
+            return None
+        # The command name (field 2) may hold spaces and parentheses: fields after it follow the last ')'.
+        fields = data.rpartition(b")")[2].split()
+        if len(fields) < 20 or not fields[19].isdigit():
+            return None
+        return Writer(pid, int(fields[19]))
+
+    def _tree(self, pid: int) -> list[int]:
+        out: list[int] = []
+        queue, seen = [pid], {pid}
+        while queue and len(out) < MAX_PROCESSES:
+            p = queue.pop(0)
+            out.append(p)
+            try:
+                tids = os.listdir(self.paths.proc(str(p), "task"))
+            except OSError:
+                continue
+            for tid in tids[:MAX_PROCESSES]:
+                try:
+                    children = parse_children(read_bounded(self.paths.proc(str(p), "task", tid, "children"), 65536))
+                except OSError:
+                    continue
+                for child in children:
+                    if child not in seen:
+                        seen.add(child)
+                        queue.append(child)
+        return out
+
+    def _writes_under(self, pid: int, directory: str) -> bool:
+        prefix = directory.rstrip("/") + "/"
+        fd_dir = self.paths.proc(str(pid), "fd")
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            return False
+        for name in names[:MAX_FDS]:
+            try:
+                target = os.readlink(os.path.join(fd_dir, name))
+            except OSError:
+                continue
+            if not target.startswith("/"):
+                continue  # a pipe, socket or anonymous inode
+            # The link is the path in the writer's mount namespace; off Kubernetes (where PIDs are claimed at all)
+            # that is the host's, which this agent sees under its rootfs.
+            seen_at = self.paths.root(target.removesuffix(" (deleted)"))
+            if not seen_at.startswith(prefix):
+                continue
+            try:
+                mode = access_mode(read_bounded(self.paths.proc(str(pid), "fdinfo", name), 4096))
+            except OSError:
+                continue
+            if mode is not None and "w" in mode:
+                return True
+        return False
+
+    def look(self, pid: int, run: str) -> str | None:
+        """Look at the process now: None when it (or one below it) writes under ``run`` now or was seen to, else the
+        reason the claim is refused: one of REJECT_REASONS, or GONE when no such process lives."""
+        writer = self._writer(pid)
+        if writer is None:
+            return GONE
+        if run in self._seen.get(writer, ()):
+            return None
+        if any(self._writes_under(p, run) for p in self._tree(pid)):
+            if writer not in self._seen and len(self._seen) >= MAX_REMEMBERED:
+                self._seen.pop(next(iter(self._seen)))
+            self._seen.setdefault(writer, set()).add(run)
+            return None
+        return "not_writer"
+
+    def forget_gone(self) -> None:
+        """Drop the processes that exited (or whose PID now names another process)."""
+        self._seen = {w: runs for w, runs in self._seen.items() if self._writer(w.pid) == w}
