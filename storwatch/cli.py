@@ -220,7 +220,7 @@ def _orphaned_temps(paths: Sequence[str]) -> list[tuple[str, int]]:
         finally:
             os.close(dir_fd)
         if orphan is not None:
-            found.append((temp, orphan.size_bytes))
+            found.append((temp, orphan.allocated_bytes))
     return found
 
 

@@ -297,10 +297,12 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "newest_complete_age_seconds": recovery_point_seconds(run, view.timestamp),
                 "newest_complete_size_bytes": None if newest is None else newest.size_bytes,
                 "interval_seconds": run.interval_seconds,
-                # null: no complete checkpoint survives losing this node (+Inf in storwatch_recovery_point_seconds)
+                # null: no complete checkpoint survives losing this node (+Inf in storwatch_recovery_point_seconds),
+                # or its age is unknown (recovery_point_unknown_reason says why)
                 "recovery_point_seconds": None
-                if rec is None or math.isinf(rec.recovery_point_seconds)
+                if rec is None or rec.recovery_point_seconds is None or math.isinf(rec.recovery_point_seconds)
                 else rec.recovery_point_seconds,
+                "recovery_point_unknown_reason": None if rec is None else rec.unknown_reason,
                 "write_cost_seconds": None if rec is None else rec.write_cost_seconds,
                 "recommended_interval_seconds": None if rec is None else rec.recommended_interval_seconds,
                 "workload": None if rec is None else rec.workload,

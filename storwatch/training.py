@@ -100,6 +100,8 @@ class OrphanedTemp:
     mtime: float
     why: str
     """How its writer was found gone: a free lock, or its age where there is no lock to test."""
+    allocated_bytes: int = 0
+    """The space it takes (``st_blocks * 512``): what removing it frees, whatever size a sparse file claims."""
 
 
 def temp_name(final_name: str) -> str:
@@ -163,10 +165,16 @@ def _orphan(dir_fd: int, name: str, now: float, hold: bool) -> tuple[OrphanedTem
                     return None, None
                 lockable = False
             if lockable and len(token) == _LOCKED_TOKEN_DIGITS:
-                found = OrphanedTemp(name, fst.st_size, fst.st_mtime, "its writer holds no lock on it")
+                found = OrphanedTemp(
+                    name, fst.st_size, fst.st_mtime, "its writer holds no lock on it", fst.st_blocks * 512
+                )
             elif age >= UNLOCKED_TEMP_SECONDS:
                 found = OrphanedTemp(
-                    name, fst.st_size, fst.st_mtime, f"no writer's lock to test; unchanged for {age:.0f} s"
+                    name,
+                    fst.st_size,
+                    fst.st_mtime,
+                    f"no writer's lock to test; unchanged for {age:.0f} s",
+                    fst.st_blocks * 512,
                 )
     finally:
         if found is None or not hold:

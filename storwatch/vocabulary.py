@@ -183,9 +183,11 @@ class Finding:
     count: int
     """Complete checkpoints of the run on this mount."""
     bytes: int
-    newest_age_seconds: float
+    newest_age_seconds: float | None
+    """Age of the newest file it counts; None when that is dated in the future (its age is unknown)."""
     durable_age_seconds: float | None
-    """Age of the run's newest complete checkpoint on durable storage (the same run label elsewhere); None: none."""
+    """Age of the run's newest complete checkpoint on durable storage (the same run label elsewhere); None: none, or
+    dated in the future."""
     move_to: str | None
     """A cluster or region mount to put it on: the same pod's first, else any on the node; None when there is none."""
     sentence: str

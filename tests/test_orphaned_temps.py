@@ -70,16 +70,20 @@ def test_orphaned_temporaries_are_reported_everywhere_and_removed_by_the_next_sa
         _killed_save(run / f"step-{step}.pt", size)
     temps = sorted(p for p in run.iterdir() if training.is_temp_name(p.name))
     assert len(temps) == 3
+    # One left sparse: it claims 5 TiB and takes what its 3000 written bytes take. Space is the point here.
+    os.truncate(temps[0], 5 << 40)
     then = time.time() - 2 * training.TEMP_GRACE_SECONDS
     for t in temps:
         os.utime(t, (then, then))
+    taken = sum(t.stat().st_blocks * 512 for t in temps)
+    assert 15000 <= taken < 1 << 20
 
     # storwatch verify: the checkpoint's verdict as before, and a line naming the litter (exit status unchanged).
     out = subprocess.run(
         [sys.executable, "-m", "storwatch", "verify", str(run)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    assert "ORPHANED" in out.stdout and "3 temporaries of atomic_save, 15000 bytes" in out.stdout
+    assert "ORPHANED" in out.stdout and f"3 temporaries of atomic_save, {taken} bytes" in out.stdout
     assert all(str(t) in out.stdout for t in temps)
     out = subprocess.run(
         [sys.executable, "-m", "storwatch", "verify", str(run / "step-1.pt"), "--json"],
@@ -95,7 +99,7 @@ def test_orphaned_temporaries_are_reported_everywhere_and_removed_by_the_next_sa
     )
     with running_agent("--config", str(config), "--listen", "127.0.0.1:0") as agent:
         key = 'storwatch_checkpoint_orphaned_temp_bytes{run="run"}'
-        wait_until(lambda: _metric(agent.fetch("/metrics").text(), key) == 15000.0, 15, what="15000 orphaned bytes")
+        wait_until(lambda: _metric(agent.fetch("/metrics").text(), key) == taken, 15, what=f"{taken} orphaned bytes")
         data = json.loads(agent.fetch("/api/status").text())
         (entry,) = [r for r in data["checkpoints"] if r["run"] == "run"]
         assert entry["orphaned_temps"] == 3 and entry["orphaned_temp_paths"] == [str(t) for t in temps]

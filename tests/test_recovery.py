@@ -36,7 +36,8 @@ def checkpoint(verdict: str, age: float) -> CheckpointState:
         # A newer checkpoint being written, or broken, does not move the point a restart would come back to.
         pytest.param([("complete", 1800.0), ("incomplete", 30.0)], 1800.0, id="write-in-progress"),
         pytest.param([("complete", 1800.0), ("corrupt", 300.0)], 1800.0, id="newest-corrupt"),
-        pytest.param([("complete", -5.0)], -5.0, id="clock-behind-the-file"),
+        pytest.param([("complete", -5.0)], None, id="dated-in-the-future-age-unknown"),
+        pytest.param([("complete", -1.0)], 0.0, id="within-the-clock-skew-is-now"),
     ],
 )
 def test_recovery_point_is_the_age_of_the_newest_complete(

@@ -25,6 +25,7 @@ def ckpt(age: float, verdict: str = "complete", write_seconds: float | None = No
         verdict=verdict,
         reason=verdict,
         size_bytes=1 << 30,
+        allocated_bytes=1 << 30,
         mtime=NOW - age,
         deep_checked=False,
         first_seen=NOW - age,
@@ -203,3 +204,35 @@ def test_write_cost_per_tier_and_who_writes_the_run() -> None:
         )
     ).decode()
     assert 'storwatch_checkpoint_tier_write_seconds{durability="cluster",run="local"} 16.0' in text
+
+
+def test_headroom_counts_the_space_a_checkpoint_takes_not_the_size_a_sparse_file_claims() -> None:
+    import dataclasses
+
+    from storwatch.vocabulary import FsUsage
+
+    usage = FsUsage(size_bytes=64 << 20, free_bytes=60 << 20, avail_bytes=60 << 20, files=1000, files_free=900)
+    mount = Mount(1, "/data", "tmpfs", "tmpfs", "/", 0, 40, False, (), (), usage, False, 0.0)
+    sparse = dataclasses.replace(ckpt(60.0), size_bytes=5 << 40, allocated_bytes=1 << 20)  # 5 TiB claimed, 1 MiB used
+    (r,) = recoveries([run("sparse", MountView(mount, Verdict(Durability.VOLATILE, "test", ())), sparse)], NOW)
+    assert r.headroom_bytes == (60 << 20) - (5 << 20) // 4
+
+
+def test_a_checkpoint_dated_in_the_future_has_no_age_and_no_negative_figure() -> None:
+    """A file dated in 2125 (touch -d, or a clock stepped back): its age, the recovery point and the GPU-seconds at
+    risk are unknown, with the reason, never negative."""
+    future = ckpt(-3.1e9)  # dated 98 years ahead
+    (r,) = recoveries([run("ahead", on(Durability.CLUSTER), future)], NOW)
+    assert r.recovery_point_seconds is None and r.newest_age_seconds is None
+    assert r.unknown_reason is not None and "in the future" in r.unknown_reason
+    assert r.gpu_seconds_at_risk is None
+    # a second within the skew is now, not the future
+    (close,) = recoveries([run("close", on(Durability.CLUSTER), ckpt(-1.0))], NOW)
+    assert close.recovery_point_seconds == 0.0
+    # on ephemeral storage nothing survives the node whatever the date says
+    (local,) = recoveries([run("local", on(Durability.NODE), future)], NOW)
+    assert local.recovery_point_seconds == math.inf
+    view = View(Snapshot(NOW), Platform("generic", "test"), recovery=(r, close))
+    lines = render_text(checkpoints_area.families(view, ExportState())).decode().splitlines()
+    assert not any(line.startswith('storwatch_recovery_point_seconds{run="ahead"}') for line in lines)
+    assert all(float(line.rsplit(" ", 1)[1]) >= 0 for line in lines if line.startswith("storwatch_recovery_point"))

@@ -18,7 +18,9 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 
+from storwatch.analysis.recovery import checkpoint_age_seconds
 from storwatch.analysis.view import MountView, RunView
 from storwatch.checkpoints.scan import DatasetDir
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
@@ -29,14 +31,22 @@ CRITICAL_AGE_SECONDS = 3600.0
 critical: losing the node loses more than an hour of training."""
 
 
-def _age(seconds: float) -> str:
+def _age(seconds: float | None) -> str:
+    """An age in words, with "old"; a time in the future is said to be so (its age is unknown)."""
+    if seconds is None:
+        return "dated in the future (age unknown)"
     if seconds < 90:
-        return f"{seconds:.0f} s"
+        return f"{seconds:.0f} s old"
     if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
+        return f"{seconds / 60:.0f} min old"
     if seconds < 172_800:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} d"
+        return f"{seconds / 3600:.0f} h old"
+    return f"{seconds / 86400:.0f} d old"
+
+
+@dataclass(frozen=True)
+class _Dated:
+    mtime: float
 
 
 def _gib(n: int) -> str:
@@ -101,7 +111,7 @@ def dataset_findings(
                 run=where_label,
                 count=d.files,
                 bytes=d.bytes,
-                newest_age_seconds=now - d.newest_mtime,
+                newest_age_seconds=checkpoint_age_seconds(_Dated(d.newest_mtime), now),
                 durable_age_seconds=None,
                 move_to=move_to,
                 sentence=sentence,
@@ -119,11 +129,13 @@ def find(
     """The findings of the View's checkpoint runs and dataset directories at ``now``, most severe first, then by
     bytes."""
     runs, mounts = tuple(runs), tuple(mounts)
-    durable_newest: dict[str, float] = {}
+    durable_newest: dict[str, _Dated] = {}
     for rv in runs:
         newest = rv.run.newest_complete
         if newest is not None and rv.mount is not None and not rv.mount.verdict.durability.ephemeral:
-            durable_newest[rv.label] = max(durable_newest.get(rv.label, newest.mtime), newest.mtime)
+            known = durable_newest.get(rv.label)
+            if known is None or newest.mtime > known.mtime:
+                durable_newest[rv.label] = _Dated(newest.mtime)
     out: list[Finding] = []
     for rv in runs:
         mv = rv.mount
@@ -131,20 +143,24 @@ def find(
         if mv is None or not complete or not mv.verdict.durability.ephemeral:
             continue
         size = sum(c.size_bytes for c in complete)
-        newest_age = now - max(c.mtime for c in complete)
+        newest = max(complete, key=lambda c: c.mtime)
+        newest_age = checkpoint_age_seconds(newest, now)
         durable = durable_newest.get(rv.label)
-        durable_age = None if durable is None else now - durable
+        durable_age = None if durable is None else checkpoint_age_seconds(durable, now)
         pod_uid = _pod_of(rv.run.path)
         move_to = _durable_place(pod_uid, mounts)
-        at_risk = durable_age is None or durable_age - newest_age > CRITICAL_AGE_SECONDS
+        # A copy dated in the future has an unknown age: it counts neither as fresh nor as stale.
+        at_risk = durable is None or (
+            durable_age is not None and newest_age is not None and durable_age - newest_age > CRITICAL_AGE_SECONDS
+        )
         severity: Severity = "critical" if at_risk else "warning"
         where = mv.mount.mountpoint
         kind = kind_of((c.format, os.path.basename(c.path)) for c in complete)
         noun = "model file" if kind == "model" else "checkpoint"
         sentence = (
             f"{len(complete)} {noun}{'s' if len(complete) != 1 else ''}, {_gib(size)}, newest "
-            f"{_age(newest_age)} old, only on {mv.verdict.durability.value} storage {where}; "
-            + ("no durable copy" if durable_age is None else f"newest durable copy {_age(durable_age)} old")
+            f"{_age(newest_age)}, only on {mv.verdict.durability.value} storage {where}; "
+            + ("no durable copy" if durable is None else f"newest durable copy {_age(durable_age)}")
             + ("; copy them to " + move_to if move_to else "; this node has no cluster or region storage to copy to")
         )
         key = f"checkpoint\0{where}\0{rv.run.path}".encode()  # the id stays what it was before kinds

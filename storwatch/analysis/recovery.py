@@ -28,19 +28,38 @@ class Series(Protocol):
     def newest_complete(self) -> Written | None: ...
 
 
-def checkpoint_age_seconds(checkpoint: Written, now: float) -> float:
-    """Seconds since the checkpoint was last written, at ``now`` (negative for a clock behind the file's)."""
-    return now - checkpoint.mtime
+CLOCK_SKEW_SECONDS = 2.0
+"""How far in the future a file's time may be and still be read as now: filesystems stamp times from a coarse clock,
+and the View's time was read before the scan finished."""
+
+
+def checkpoint_age_seconds(checkpoint: Written, now: float) -> float | None:
+    """Seconds since the checkpoint was last written, at ``now``; None when it is dated in the future (past
+    CLOCK_SKEW_SECONDS): a clock stepped back, or a date a tenant set. Its age is then unknown, neither fresh nor
+    stale: never a negative number."""
+    age = now - checkpoint.mtime
+    return None if age < -CLOCK_SKEW_SECONDS else max(0.0, age)
+
+
+def future_dated_reason(checkpoint: Written, now: float) -> str | None:
+    """Why the checkpoint's age is unknown (it is dated in the future), or None when it is known."""
+    ahead = checkpoint.mtime - now
+    if ahead <= CLOCK_SKEW_SECONDS:
+        return None
+    return (
+        f"its newest complete checkpoint is dated {ahead:.0f} s in the future (a clock stepped, or a date set by hand)"
+    )
 
 
 def recovery_point_seconds(run: Series, now: float) -> float | None:
     """The age of the run's newest complete checkpoint at ``now``: the work a restart from disk would redo. None
-    when the run has no complete checkpoint (a restart would start over)."""
+    when the run has no complete checkpoint (a restart would start over), or when that checkpoint is dated in the
+    future (its age is unknown)."""
     newest = run.newest_complete
     return None if newest is None else checkpoint_age_seconds(newest, now)
 
 
-__all__ = ["Series", "Written", "checkpoint_age_seconds", "recovery_point_seconds"]
+__all__ = ["Series", "Written", "checkpoint_age_seconds", "future_dated_reason", "recovery_point_seconds"]
 
 
 @dataclass(frozen=True)
@@ -48,10 +67,12 @@ class RunRecovery:
     """One run's recovery figures at the View's time."""
 
     label: str
-    recovery_point_seconds: float
-    """Age of the newest complete checkpoint that survives losing this node; ``inf`` when the run has none."""
+    recovery_point_seconds: float | None
+    """Age of the newest complete checkpoint that survives losing this node; ``inf`` when the run has none; None when
+    it is dated in the future (``unknown_reason`` says so)."""
     newest_age_seconds: float | None
-    """Age of the newest complete checkpoint anywhere (node-local included); None without any."""
+    """Age of the newest complete checkpoint anywhere (node-local included); None without any, or when it is dated in
+    the future."""
     write_cost_seconds: float | None
     """How long its newest timed complete checkpoint took to write; None when none was timed."""
     overhead_ratio: float | None
@@ -69,8 +90,12 @@ class RunRecovery:
     tier_write_seconds: Mapping[str, float] = field(default_factory=dict)
     """How long its newest complete checkpoint would take to write on each durability tier of this node, at the
     median rate that checkpoints timed on that tier were written here."""
+    unknown_reason: str | None = None
+    """Why the recovery point is unknown (None while it is known)."""
 
     @property
     def gpu_seconds_at_risk(self) -> float | None:
-        """GPU time lost if this node died now: the recovery point times the run's GPUs here (None without any)."""
-        return self.recovery_point_seconds * self.gpus if self.gpus else None
+        """GPU time lost if this node died now: the recovery point times the run's GPUs here (None without any GPU,
+        or while the recovery point is unknown)."""
+        point = self.recovery_point_seconds
+        return point * self.gpus if self.gpus and point is not None else None

@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 
 from storwatch.analysis.pods import ProcessPod, workload_name
-from storwatch.analysis.recovery import RunRecovery, recovery_point_seconds
+from storwatch.analysis.recovery import RunRecovery, future_dated_reason, recovery_point_seconds
 from storwatch.analysis.view import RunView
 from storwatch.procfs.cgroup import SlurmJob
 from storwatch.sources.gpu.facts import GPUFacts
@@ -65,7 +65,7 @@ def headroom_bytes(rv: RunView) -> int | None:
     usage = rv.mount.mount.usage if rv.mount is not None else None
     if newest is None or usage is None:
         return None
-    return usage.avail_bytes - math.ceil(newest.size_bytes * HEADROOM_MARGIN)
+    return usage.avail_bytes - math.ceil(newest.allocated_bytes * HEADROOM_MARGIN)
 
 
 def run_gpus(rv: RunView, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod]) -> frozenset[str]:
@@ -126,16 +126,29 @@ def run_recovery(
     run = rv.run
     durable = rv.mount is not None and not rv.mount.verdict.durability.ephemeral
     newest_age = recovery_point_seconds(run, now)
-    point = newest_age if durable and newest_age is not None else math.inf
+    newest = run.newest_complete
+    unknown = future_dated_reason(newest, now) if newest is not None else None
+    point: float | None = math.inf
+    if durable and newest is not None:
+        point = newest_age  # None while the newest is dated in the future
     timed = next((c for c in reversed(run.complete) if c.write_seconds is not None), None)
     cost = timed.write_seconds if timed is not None else None
     interval = run.interval_seconds
     overhead = cost / interval if cost is not None and interval else None
     recommended = daly_interval(cost, mtbf_seconds) if cost is not None and cost > 0 else None
-    newest = run.newest_complete
     by_tier = {t: newest.size_bytes / r for t, r in (rates or {}).items() if newest is not None and r > 0}
     return RunRecovery(
-        rv.label, point, newest_age, cost, overhead, recommended, headroom_bytes(rv), gpus, workload, by_tier
+        rv.label,
+        point,
+        newest_age,
+        cost,
+        overhead,
+        recommended,
+        headroom_bytes(rv),
+        gpus,
+        workload,
+        by_tier,
+        unknown if point is None else None,
     )
 
 

@@ -67,6 +67,7 @@ registry (checkpoints/formats).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -132,6 +133,9 @@ class CheckpointCandidate:
     """Its own modification time, seconds since the epoch."""
     newest_mtime: float
     """Directory: the newest mtime of anything in its subtree (itself included). File: its mtime."""
+    allocated_bytes: int = 0
+    """The space it takes on disk (``st_blocks * 512``, summed like ``size_bytes``): less than its size when it is
+    sparse or compressed."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,7 @@ class _Listing:
     """Why it is a candidate directory by its content (``marker X`` / ``suffix .distcp``), else None."""
     file_bytes: int | None
     """Sum of its regular files' sizes; None when it was listed outside a candidate (files not stat'ed)."""
+    file_allocated: int
     file_count: int
     newest_file_ns: int
     """Newest mtime of its regular files (0 when none or not stat'ed)."""
@@ -235,22 +240,22 @@ class DatasetDir:
 class _DirAcc:
     """A candidate directory's totals, summed over its subtree during one walk."""
 
-    __slots__ = ("files", "mtime_ns", "newest_ns", "path", "reason", "root", "size")
+    __slots__ = ("allocated", "files", "mtime_ns", "newest_ns", "path", "reason", "root", "size")
 
     def __init__(self, path: str, root: str, reason: str, mtime_ns: int) -> None:
         self.path, self.root, self.reason = path, root, reason
         self.mtime_ns = self.newest_ns = mtime_ns
-        self.size = self.files = 0
+        self.size = self.files = self.allocated = 0
 
 
 class _FileTotals:
     """Sizes and newest mtime of the regular files of one directory being listed inside a candidate."""
 
-    __slots__ = ("count", "newest_ns", "path", "scanner", "size")
+    __slots__ = ("allocated", "count", "newest_ns", "path", "scanner", "size")
 
     def __init__(self, scanner: CheckpointScanner, path: str) -> None:
         self.scanner, self.path = scanner, path
-        self.size = self.count = self.newest_ns = 0
+        self.size = self.count = self.newest_ns = self.allocated = 0
 
     def add(self, entry: os.DirEntry[str]) -> None:
         if entry.is_symlink():
@@ -265,6 +270,7 @@ class _FileTotals:
             self.scanner._error(f"{self.path}/{entry.name}: {err.strerror}")
             return
         self.size += st.st_size
+        self.allocated += st.st_blocks * 512
         self.count += 1
         self.newest_ns = max(self.newest_ns, st.st_mtime_ns)
 
@@ -421,6 +427,7 @@ class CheckpointScanner:
                 owner = self._new_dir(path, root, listing.marker, listing.mtime_ns)
             if owner is not None:
                 owner.size += listing.file_bytes or 0
+                owner.allocated += listing.file_allocated
                 owner.files += listing.file_count
                 owner.newest_ns = max(owner.newest_ns, listing.mtime_ns, listing.newest_file_ns)
             else:
@@ -551,6 +558,7 @@ class CheckpointScanner:
             candidate_files=tuple(candidate_files),
             marker=marker,
             file_bytes=files.size if inside else None,
+            file_allocated=files.allocated if inside else 0,
             file_count=files.count,
             newest_file_ns=files.newest_ns,
             temps=tuple(temps),
@@ -576,6 +584,7 @@ class CheckpointScanner:
                     files=acc.files,
                     mtime=acc.mtime_ns / 1e9,
                     newest_mtime=acc.newest_ns / 1e9,
+                    allocated_bytes=acc.allocated,
                 )
             )
         for path, root, reason, st in self._files:
@@ -590,6 +599,7 @@ class CheckpointScanner:
                     files=1,
                     mtime=st.st_mtime_ns / 1e9,
                     newest_mtime=st.st_mtime_ns / 1e9,
+                    allocated_bytes=st.st_blocks * 512,
                 )
             )
         out.sort(key=lambda c: c.path)
@@ -644,14 +654,4 @@ def _group_runs(candidates: list[CheckpointCandidate]) -> list[CheckpointRun]:
 
 
 def _with_run(c: CheckpointCandidate, run: str) -> CheckpointCandidate:
-    return CheckpointCandidate(
-        path=c.path,
-        kind=c.kind,
-        root=c.root,
-        run=run,
-        reason=c.reason,
-        size_bytes=c.size_bytes,
-        files=c.files,
-        mtime=c.mtime,
-        newest_mtime=c.newest_mtime,
-    )
+    return dataclasses.replace(c, run=run)
