@@ -66,6 +66,33 @@ GPU_OFF_REASON = BY_NAME["gpu"].off_reason(GPUConfig(enabled=False))
 STOP_JOIN_SECONDS = 2.0
 
 
+CLOCK_STEP_SECONDS = 5.0
+"""A wall clock that moved this much more (or less) than the monotonic clock between two ticks was stepped."""
+
+
+class ClockWatch:
+    """Notices the wall clock stepping (NTP, a person, a VM resumed) between ticks and logs each step once: ages and
+    recovery points follow the wall clock, so a step moves them; intervals and deadlines use the monotonic clock."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float] | None = None
+
+    def check(self, wall: float, monotonic: float) -> float | None:
+        """The step since the last check, in seconds (positive: forward), when there was one; logged."""
+        last, self._last = self._last, (wall, monotonic)
+        if last is None:
+            return None
+        step = (wall - last[0]) - (monotonic - last[1])
+        if abs(step) < CLOCK_STEP_SECONDS:
+            return None
+        log.warning(
+            "the wall clock stepped %s by %.1f s; ages and recovery points now follow the new time",
+            "forward" if step > 0 else "back",
+            abs(step),
+        )
+        return step
+
+
 @dataclass(frozen=True)
 class _Ticked:
     """What one tick saw, from which its View is made."""
@@ -148,6 +175,7 @@ class Agent:
         self.config_path = config_path
         self.flags = flags
         self.clock = clock
+        self._clock_watch = ClockWatch()
         self.config = config
         self.platform = resolve_platform(config.platform, config.host_paths())
         # The Kubernetes volume behind a mount is the strongest evidence after an override.
@@ -426,6 +454,7 @@ class Agent:
         """One tick: build one Snapshot, keep it in History and feed the latency windows; the View follows when a
         consumer asks for it."""
         snap = self.snapshot()
+        self._clock_watch.check(snap.timestamp, time.monotonic())
         self.history.append(snap.for_history(self._history_keys))
         self.stalls.observe(snap.gpus, self._feeder.feed(snap))
         self._feeder.forget(snap)  # the windows of unmounted pod volumes, which would otherwise stay for ever

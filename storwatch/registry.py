@@ -170,6 +170,8 @@ def _checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> CheckpointSo
         timeout_seconds=section.timeout_seconds,
         deep_timeout_seconds=section.deep_timeout_seconds,
         limits=DeepLimits.from_config(section),
+        # A reload applies the roots too: the same host paths, as this agent sees them.
+        resolve_roots=lambda s: default_roots(ctx.paths, s.roots, s.kubelet),
     )
 
 

@@ -551,3 +551,37 @@ def test_a_thousand_slow_clients_leave_fds_bounded_and_scrapes_answered(tmp_path
         finally:
             for s in slow:
                 s.close()
+
+
+def test_sighup_applies_checkpoint_roots(tmp_path: Path) -> None:
+    """A root added by a reload is scanned, and one taken away is no longer (no restart)."""
+    import zipfile
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root in (first, second):
+        (root / "run").mkdir(parents=True)
+        with zipfile.ZipFile(root / "run" / "step-1.pt", "w") as z:
+            z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+            z.writestr("archive/version", b"3\n")
+
+    def roots(*paths: Path) -> str:
+        return (
+            "tick_seconds: 0.2\nkube: {enabled: false}\n"
+            f"checkpoints: {{roots: {json.dumps([str(p) for p in paths])}, kubelet: false, interval_seconds: 0.3}}\n"
+        )
+
+    def paths(data: dict[str, Any]) -> set[str]:
+        return {r["path"] for r in data["checkpoints"]}
+
+    config = tmp_path / "storwatch.yaml"
+    write_config(config, roots(first))
+    with running_agent(*LISTEN, "--config", str(config)) as agent:
+        status_when(agent, lambda d: paths(d) == {str(first / "run")}, timeout=10.0, what="the first root's run")
+        write_config(config, roots(first, second))
+        agent.send_signal(signal.SIGHUP)
+        both = {str(first / "run"), str(second / "run")}
+        status_when(agent, lambda d: paths(d) == both, timeout=10.0, what="the added root scanned after SIGHUP")
+        write_config(config, roots(second))
+        agent.send_signal(signal.SIGHUP)
+        status_when(agent, lambda d: paths(d) == {str(second / "run")}, timeout=10.0, what="the removed root gone")
+        assert "takes effect on restart" not in agent.stderr_text()

@@ -114,3 +114,17 @@ def test_health_and_readiness_probes_never_render_the_exposition(counted: tuple[
     status, body = get("/metrics")
     assert status == 200 and b"storwatch_mount_info" in body
     assert get("/metrics") == (200, body) and counts.renders == 1
+
+
+def test_a_wall_clock_step_is_noticed_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    from storwatch.agent import ClockWatch
+
+    watch = ClockWatch()
+    assert watch.check(1000.0, 50.0) is None
+    assert watch.check(1001.0, 51.0) is None  # both moved a second
+    with caplog.at_level("WARNING", logger="storwatch.agent"):
+        assert watch.check(1002.0 - 7200.0, 52.0) == pytest.approx(-7200.0)  # stepped back 2 h
+        assert watch.check(1003.0 - 7200.0, 53.0) is None  # the next tick: no new step, nothing logged
+    assert [r.getMessage() for r in caplog.records] == [
+        "the wall clock stepped back by 7200.0 s; ages and recovery points now follow the new time"
+    ]

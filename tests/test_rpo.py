@@ -236,3 +236,12 @@ def test_a_checkpoint_dated_in_the_future_has_no_age_and_no_negative_figure() ->
     lines = render_text(checkpoints_area.families(view, ExportState())).decode().splitlines()
     assert not any(line.startswith('storwatch_recovery_point_seconds{run="ahead"}') for line in lines)
     assert all(float(line.rsplit(" ", 1)[1]) >= 0 for line in lines if line.startswith("storwatch_recovery_point"))
+
+
+def test_a_tier_rate_takes_one_value_per_run() -> None:
+    """One run saving often at an absurd rate moves a tier's median no more than any other run does."""
+    from storwatch.analysis.rpo import tier_rates
+
+    honest = [run(f"r{i}", on(Durability.CLUSTER, "/nfs"), ckpt(60.0, write_seconds=10.0)) for i in range(2)]
+    noisy = run("noisy", on(Durability.CLUSTER, "/nfs"), *(ckpt(float(a), write_seconds=1e-6) for a in range(1, 50)))
+    assert tier_rates([*honest, noisy]) == {"cluster": pytest.approx((1 << 30) / 10.0)}

@@ -102,16 +102,16 @@ def run_workload(rv: RunView, pods: Mapping[int, ProcessPod], jobs: Mapping[int,
 
 
 def tier_rates(runs: Iterable[RunView]) -> dict[str, float]:
-    """Per durability tier, the median rate (bytes per second) at which checkpoints timed by their event logs were
-    written on this node's mounts of that tier."""
+    """Per durability tier, the median over runs of each run's median rate (bytes per second) at which its timed
+    checkpoints were written on this node's mounts of that tier: one value per run, so a run that saves often, or
+    whose figures are odd, moves the tier's rate no more than any other run."""
     rates: dict[str, list[float]] = {}
     for rv in runs:
         if rv.mount is None:
             continue
-        tier = rv.mount.verdict.durability.value
-        for c in rv.run.complete:
-            if c.write_bytes_per_second:
-                rates.setdefault(tier, []).append(c.write_bytes_per_second)
+        mine = [c.write_bytes_per_second for c in rv.run.complete if c.write_bytes_per_second]
+        if mine:
+            rates.setdefault(rv.mount.verdict.durability.value, []).append(statistics.median(mine))
     return {tier: statistics.median(values) for tier, values in rates.items()}
 
 
