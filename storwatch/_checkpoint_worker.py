@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from storwatch._blocking_worker import serve
-from storwatch.checkpoints.birth import birth_time
+from storwatch.checkpoints.birth import StatxTimes, statx_times
 from storwatch.checkpoints.events import FileTimes, parse_lines
 from storwatch.checkpoints.formats import check, identify
 from storwatch.checkpoints.limits import DeepLimits
@@ -111,8 +111,8 @@ class _Unit:
     """Candidate path -> (size and newest mtime, its cheap check) as last checked."""
     events: dict[str, tuple[tuple[int, int], list[bytes]]] = field(default_factory=dict)
     """Run directory -> (its event log's mtime and size, the lines at its end)."""
-    births: dict[str, tuple[tuple[int, float], float | None]] = field(default_factory=dict)
-    """Checkpoint path -> (its size and mtime, its birth time) for the files event lines name."""
+    births: dict[str, tuple[tuple[int, float], StatxTimes | None]] = field(default_factory=dict)
+    """Checkpoint path -> (its size and mtime, its birth and change times) for the files event lines name."""
     rejected_lines: set[int] = field(default_factory=set)
     """Event lines already dropped and counted (hashes), so a log read again counts each once."""
     round: int = 0
@@ -190,8 +190,11 @@ def _event_log(
         footprint = (c.size_bytes, c.newest_mtime)
         known = unit.births.get(path)
         if known is None or known[0] != footprint:
-            known = unit.births[path] = (footprint, birth_time(path))
-        return FileTimes(c.size_bytes, c.newest_mtime, known[1])
+            known = unit.births[path] = (footprint, statx_times(path))
+        times = known[1]
+        if times is None:
+            return FileTimes(c.size_bytes, c.newest_mtime, None)
+        return FileTimes(c.size_bytes, c.newest_mtime, times.birth, times.ctime)
 
     records, dropped = parse_lines(_event_lines(unit, run), target, file_times, now)
     for line, reason in dropped:
@@ -316,6 +319,8 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
             "truncated": result.truncated,
             "truncated_reason": result.truncated_reason,
             "truncated_detail": result.truncated_detail,
+            "unreadable": result.unreadable,
+            "unreadable_paths": list(result.unreadable_paths),
             "seconds": result.stats.seconds,
             "check_errors": errors,
             "claims_rejected": rejected,

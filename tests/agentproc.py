@@ -27,7 +27,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from email.message import Message
 from pathlib import Path
@@ -304,11 +304,13 @@ def start_agent(
     stop_timeout: float = 5.0,
     cwd: str | os.PathLike[str] | None = None,
     nofile: int | None = None,
+    prefix: Sequence[str] = (),
 ) -> AgentProcess:
     """Start ``python -m storwatch agent *args`` and return at once; :meth:`AgentProcess.wait_serving` waits for its
     port. The caller stops it (:meth:`AgentProcess.stop`). Starting several this way and then waiting for each lets
-    them start concurrently. ``nofile``: the agent's file descriptor limit (RLIMIT_NOFILE, soft and hard)."""
-    cmd = [sys.executable, "-m", "storwatch", "agent", *args]
+    them start concurrently. ``nofile``: the agent's file descriptor limit (RLIMIT_NOFILE, soft and hard).
+    ``prefix``: a command that execs the agent (``setpriv --bounding-set=-all`` runs it without capabilities)."""
+    cmd = [*prefix, sys.executable, "-m", "storwatch", "agent", *args]
 
     def limit_fds() -> None:
         if nofile is not None:
@@ -340,6 +342,7 @@ def running_agent(
     stop_timeout: float = 5.0,
     cwd: str | os.PathLike[str] | None = None,
     nofile: int | None = None,
+    prefix: Sequence[str] = (),
 ) -> Iterator[AgentProcess]:
     """Start ``python -m storwatch agent *args`` and yield it once it logged its port; stop it afterwards.
 
@@ -348,7 +351,7 @@ def running_agent(
     agent's stderr) if it exits first or the deadline passes. ``cwd`` defaults to the repository root, so the
     working tree's ``storwatch`` is the one imported. ``nofile``: see :func:`start_agent`.
     """
-    agent = start_agent(*args, env=env, stop_timeout=stop_timeout, cwd=cwd, nofile=nofile)
+    agent = start_agent(*args, env=env, stop_timeout=stop_timeout, cwd=cwd, nofile=nofile, prefix=prefix)
     try:
         agent.wait_serving(timeout)
         yield agent

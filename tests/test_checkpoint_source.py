@@ -116,12 +116,12 @@ def test_write_duration_from_the_event_log_and_from_watching(
     torch_like_zip(f)
     # The line's span must agree with the file's own times: written (mtime) within it, born when it began.
     born = f.stat().st_mtime
-    os.utime(f, (born + 12.0, born + 12.0))
+    os.utime(f, (born + 8.0, born + 8.0))  # its ctime is now (the utime): the span ends by then, give or take
     size = f.stat().st_size
     events = run / EVENT_LOG
     events.write_text(
         "not json\n"
-        + json.dumps({"path": str(f), "start": born - 0.5, "end": born + 12.0, "bytes": size, "step": 1})
+        + json.dumps({"path": str(f), "start": born - 0.5, "end": born + 8.0, "bytes": size, "step": 1})
         + "\n"
     )
     clock = Clock(born + 100.0)
@@ -129,8 +129,8 @@ def test_write_duration_from_the_event_log_and_from_watching(
     facts = source.collect()
     (state,) = facts.runs
     (ckpt,) = state.checkpoints
-    assert ckpt.write_seconds == 12.5
-    assert ckpt.write_bytes_per_second == size / 12.5
+    assert ckpt.write_seconds == 8.5
+    assert ckpt.write_bytes_per_second == size / 8.5
     assert facts.claims_rejected["malformed"] == 1  # "not json", counted once however often the log is read
     assert source.collect().claims_rejected["malformed"] == 1
     clock.now = 300.0
@@ -321,16 +321,18 @@ def test_orphaned_temporaries_are_reported_per_run(
     _orphan(lonely, "model.pt", 7, 3600)
     facts = make_source([str(tmp_path)], deep_per_scan=0).collect()
     runs = {os.path.basename(r.path): r for r in facts.runs}
-    assert runs["run"].orphaned_temps == 2 and runs["run"].orphaned_temp_bytes == 1500
+    taken = sum(p.stat().st_blocks * 512 for p in old)  # the space they take, what removing them frees
+    lonely_taken = next(lonely.iterdir()).stat().st_blocks * 512
+    assert runs["run"].orphaned_temps == 2 and runs["run"].orphaned_temp_bytes == taken
     assert runs["run"].orphaned_temp_paths == tuple(sorted(str(p) for p in old))
-    assert runs["lonely"].checkpoints == () and runs["lonely"].orphaned_temp_bytes == 7
+    assert runs["lonely"].checkpoints == () and runs["lonely"].orphaned_temp_bytes == lonely_taken
     view = build_view(Snapshot(timestamp=time.time(), checkpoints=facts), Classifier("generic"), Platform("g", "t"))
     text = Exporter(exporter_areas(), process_metrics=False).render(view).decode()
-    assert 'storwatch_checkpoint_orphaned_temp_bytes{run="run"} 1500.0' in text
-    assert 'storwatch_checkpoint_orphaned_temp_bytes{run="lonely"} 7.0' in text
+    assert f'storwatch_checkpoint_orphaned_temp_bytes{{run="run"}} {float(taken)}' in text
+    assert f'storwatch_checkpoint_orphaned_temp_bytes{{run="lonely"}} {float(lonely_taken)}' in text
     data = view_to_dict(view)
     entry = next(r for r in data["checkpoints"] if r["run"] == "run")
-    assert entry["orphaned_temps"] == 2 and entry["orphaned_temp_bytes"] == 1500
+    assert entry["orphaned_temps"] == 2 and entry["orphaned_temp_bytes"] == taken
     page = render_status_page(data)
     assert "2 orphaned temporaries" in page
 

@@ -1,4 +1,4 @@
-"""A file's birth time, as the kernel keeps it (``statx`` with ``STATX_BTIME``), for the filesystems that record one.
+"""A file's birth and change times, as the kernel keeps them (``statx``): the birth where the filesystem records one.
 
 Python's ``os.stat`` has no birth time on Linux, so this calls libc's ``statx`` through ctypes. ext4, xfs, btrfs and
 tmpfs (since Linux 5.18 for tmpfs) report it; NFS, overlayfs on some lowers, FUSE and older kernels do not, and then
@@ -10,11 +10,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from dataclasses import dataclass
 from typing import Any
 
 AT_SYMLINK_NOFOLLOW = 0x100
 AT_STATX_DONT_SYNC = 0x4000
 """Never ask a network filesystem's server: the cached attributes will do, and a hung server must not hang us."""
+STATX_CTIME = 0x80
 STATX_BTIME = 0x800
 
 
@@ -65,17 +67,45 @@ _statx = _load()
 AT_FDCWD = -100
 
 
-def birth_time(path: str, dir_fd: int | None = None) -> float | None:
-    """Seconds since the epoch at which ``path`` (relative to ``dir_fd`` when given; a symlink itself, never its
-    target) was created, or None where the filesystem, the kernel or libc keeps none or the call fails."""
+@dataclass(frozen=True)
+class StatxTimes:
+    birth: float | None
+    """When the file was created; None where the filesystem keeps no birth time."""
+    ctime: float
+    """When its inode last changed (a write, a rename, a chmod): it only moves forward."""
+
+
+def statx_times(path: str, dir_fd: int | None = None) -> StatxTimes | None:
+    """The birth and change times of ``path`` (relative to ``dir_fd`` when given; a symlink itself, never its
+    target), or None where the call fails or libc has no statx."""
     if _statx is None:
         return None
     buf = _Statx()
     flags = AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC
-    if _statx(AT_FDCWD if dir_fd is None else dir_fd, os.fsencode(path), flags, STATX_BTIME, ctypes.byref(buf)) != 0:
+    if (
+        _statx(
+            AT_FDCWD if dir_fd is None else dir_fd,
+            os.fsencode(path),
+            flags,
+            STATX_BTIME | STATX_CTIME,
+            ctypes.byref(buf),
+        )
+        != 0
+    ):
         return None
-    if not buf.stx_mask & STATX_BTIME:
+    if not buf.stx_mask & STATX_CTIME:
         return None
-    seconds: int = buf.stx_btime.tv_sec
-    nanoseconds: int = buf.stx_btime.tv_nsec
+    ctime = _seconds(buf.stx_ctime)
+    return StatxTimes(_seconds(buf.stx_btime) if buf.stx_mask & STATX_BTIME else None, ctime)
+
+
+def _seconds(t: _Timestamp) -> float:
+    seconds: int = t.tv_sec
+    nanoseconds: int = t.tv_nsec
     return seconds + nanoseconds / 1e9
+
+
+def birth_time(path: str, dir_fd: int | None = None) -> float | None:
+    """When ``path`` was created (see :func:`statx_times`), or None where that is not known."""
+    times = statx_times(path, dir_fd)
+    return None if times is None else times.birth

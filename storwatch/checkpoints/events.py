@@ -5,9 +5,9 @@ Everything in an event log is a tenant's claim: the log sits in a directory the 
 when its numbers are finite and inside physical bounds, its span ends no later than now (give or take
 ``SKEW_SECONDS``), and the file it names was written within that span: the file's data last changed (its mtime)
 between the span's start and end, it was created (its birth time, where the filesystem keeps one) when the span
-began, and it holds about the bytes the line says. A line that fails is dropped and counted by its reason, never
-clamped into a plausible value. The PID a line names is a claim of its own, corroborated by the checkpoint source
-against the processes' open files.
+began, it was renamed into place (its ctime) by the span's end, and it holds about the bytes the line says. A line
+that fails is dropped and counted by its reason, never clamped into a plausible value. The PID a line names is a
+claim of its own, corroborated by the checkpoint source against the processes' open files.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ class FileTimes:
     mtime: float
     birth: float | None
     """Its creation time (statx btime), None where the filesystem keeps none."""
+    ctime: float | None = None
+    """When its inode last changed: the rename that finished the save, or later (a chmod); None when unknown."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ def judge(rec: dict[str, Any], file: FileTimes, now: float) -> SaveRecord | str:
         return "span"
     if not start - SKEW_SECONDS <= file.mtime <= end + SKEW_SECONDS:
         return "file_life"
+    if file.ctime is not None and end > file.ctime + SKEW_SECONDS:
+        return "file_life"  # the save ends with its rename: a span that goes on past it is stretched
     if file.birth is not None and not start - SKEW_SECONDS <= file.birth <= end + SKEW_SECONDS:
         return "file_life"
     if file.birth is not None and file.birth - start > SKEW_SECONDS:

@@ -68,6 +68,7 @@ registry (checkpoints/formats).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import re
@@ -96,6 +97,7 @@ _ANY_SUFFIXES = (*FILE_SUFFIXES, DCP_SUFFIX)
 RACY_SECONDS = 2.0
 """A directory listed less than this after its last change is listed again on the next scan (see module doc)."""
 MAX_ERRORS = 100
+MAX_UNREADABLE_PATHS = 10
 """Errors kept per scan (unreadable directories, vanished files); further ones are only counted."""
 MAX_TEMPS = 1000
 DATASET_SUFFIXES = (".parquet", ".arrow", ".tfrecord", ".tfrecords", ".jsonl.zst", ".mds", ".lance")
@@ -196,6 +198,10 @@ class ScanResult:
     the walk went through: saves in progress, or left by a writer that was killed (at most ``MAX_TEMPS``)."""
     datasets: tuple[DatasetDir, ...] = ()
     """Directories of dataset shards the walk went through, the largest first (at most ``MAX_DATASET_DIRS``)."""
+    unreadable: int = 0
+    """Entries the walk was refused (EACCES, EPERM): what lies below them was not seen."""
+    unreadable_paths: tuple[str, ...] = ()
+    """The first ``MAX_UNREADABLE_PATHS`` of them."""
 
 
 @dataclass(frozen=True)
@@ -267,7 +273,7 @@ class _FileTotals:
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError as err:
-            self.scanner._error(f"{self.path}/{entry.name}: {err.strerror}")
+            self.scanner._os_error(f"{self.path}/{entry.name}", err)
             return
         self.size += st.st_size
         self.allocated += st.st_blocks * 512
@@ -323,6 +329,8 @@ class CheckpointScanner:
         self._entries = 0
         self._listed = self._reused = self._stated = self._symlinks = self._error_count = 0
         self._errors: list[str] = []
+        self._unreadable = 0
+        self._unreadable_paths: list[str] = []
         self._truncated: tuple[TruncatedReason, str] | None = None
         self._seen: dict[str, _Listing] = {}
         self._files: list[tuple[str, str, str, os.stat_result]] = []  # path, root, reason, stat
@@ -373,10 +381,22 @@ class CheckpointScanner:
             truncated_reason=reason,
             truncated_detail=detail,
             errors=tuple(self._errors),
+            unreadable=self._unreadable,
+            unreadable_paths=tuple(self._unreadable_paths),
             stats=self.stats,
             temps=tuple(sorted(temps)[:MAX_TEMPS]),
             datasets=tuple(datasets),
         )
+
+    def _os_error(self, path: str, err: OSError, what: str = "") -> None:
+        """An entry the walk could not open or stat: unreadable when permission was refused (a tenant's closed home,
+        an agent without CAP_DAC_READ_SEARCH), counted apart so a gap in what the agent sees is never an empty
+        tree."""
+        if err.errno in (errno.EACCES, errno.EPERM):
+            self._unreadable += 1
+            if len(self._unreadable_paths) < MAX_UNREADABLE_PATHS:
+                self._unreadable_paths.append(path)
+        self._error(f"{what}{path}: {err.strerror}")
 
     def _error(self, message: str) -> None:
         self._error_count += 1
@@ -405,7 +425,7 @@ class CheckpointScanner:
         try:
             st = os.lstat(root)
         except OSError as err:
-            self._error(f"root {root}: {err.strerror}")
+            self._os_error(root, err, "root ")
             return
         if not stat.S_ISDIR(st.st_mode):
             self._error(f"root {root}: not a directory")
@@ -451,7 +471,7 @@ class CheckpointScanner:
         try:
             st = os.lstat(path)
         except OSError as err:
-            self._error(f"{path}: {err.strerror}")
+            self._os_error(path, err)
             return
         if stat.S_ISREG(st.st_mode):
             suffix = os.path.splitext(path)[1]
@@ -463,7 +483,7 @@ class CheckpointScanner:
             fd = os.open(path, _OPEN_FLAGS)
         except OSError as err:
             # ELOOP/ENOTDIR: it was replaced by a symlink or a file since its parent was listed.
-            self._error(f"{path}: {err.strerror}")
+            self._os_error(path, err)
             return None
         try:
             mtime_ns = os.fstat(fd).st_mtime_ns
@@ -475,7 +495,7 @@ class CheckpointScanner:
                 return cached
             listing = self._list(fd, path, mtime_ns, inside)
         except OSError as err:
-            self._error(f"{path}: {err.strerror}")
+            self._os_error(path, err)
             return None
         finally:
             os.close(fd)

@@ -87,7 +87,16 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     )
     for reason, count in sorted(facts.claims_rejected.items()):
         claims.add((reason,), count)
-    yield from (stuck, errors, claims)
+    unreadable = Family(
+        "storwatch_checkpoint_unreadable_entries",
+        "Entries under a checkpoint root (or a mount below one) that the last walk was refused (permission): "
+        "checkpoints below them are not seen.",
+        labels=("root",),
+    )
+    refused = {u.path: u.entries for u in facts.unreadable}
+    for root in sorted({*facts.roots, *refused}):
+        unreadable.add((display_path(root),), refused.get(root, 0))
+    yield from (stuck, errors, claims, unreadable)
 
 
 def _recovery(view: View) -> Iterator[Family]:

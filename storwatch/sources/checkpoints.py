@@ -166,6 +166,17 @@ class StuckRoot:
 
 
 @dataclass(frozen=True)
+class Unreadable:
+    """A unit whose walk was refused entries (EACCES, EPERM): a gap in what the agent sees."""
+
+    path: str
+    """The scan root, or the mount below one."""
+    entries: int
+    examples: tuple[str, ...]
+    """The first few entries refused."""
+
+
+@dataclass(frozen=True)
 class CheckpointFacts:
     timestamp: float
     runs: tuple[RunState, ...]
@@ -182,6 +193,8 @@ class CheckpointFacts:
     """Directories of dataset shards of at least ``dataset_min_bytes`` under the roots, the largest first."""
     claims_rejected: dict[str, int] = field(default_factory=dict)
     """Tenants' claims refused since the agent started, by reason (each of CLAIM_REJECT_REASONS, zeros included)."""
+    unreadable: tuple[Unreadable, ...] = ()
+    """Units whose last walk could not read some entries; the collection is then a failure naming them."""
 
 
 CHECKPOINTS: FactsKey[CheckpointFacts] = FactsKey("checkpoints")
@@ -210,6 +223,9 @@ class _UnitResult:
     seconds: float
     orphans: tuple[dict[str, Any], ...]
     datasets: tuple[DatasetDir, ...] = ()
+    unreadable: int = 0
+    """Entries the walk was refused (permission): what lies below them was not seen."""
+    unreadable_paths: tuple[str, ...] = ()
 
 
 def _datasets(rows: Iterable[Any]) -> Iterator[DatasetDir]:
@@ -435,9 +451,17 @@ class CheckpointSource:
             stuck.extend(self._deep_checks(now, candidates, {s.path for s in stuck}))
 
         runs = self._runs(candidates, root_of, resolved_roots)
+        unreadable = tuple(
+            Unreadable(u, r.unreadable, r.unreadable_paths) for u, r in sorted(self._units.items()) if r.unreadable
+        )
         failure = None
-        if stuck or problems:
+        if stuck or problems or unreadable:
             parts = [f"checkpoint root {s.path} is stuck: {s.reason} ({s.seconds:.0f} s)" for s in stuck] + problems
+            parts += [
+                f"cannot read {u.entries} entr{'y' if u.entries == 1 else 'ies'} under {u.path} (permission denied: "
+                f"{', '.join(u.examples[:3])}); checkpoints there are not seen"
+                for u in unreadable
+            ]
             failure = "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
         truncated = [r for r in self._units.values() if r.truncated]
         return CheckpointFacts(
@@ -452,6 +476,7 @@ class CheckpointSource:
             failure,
             self._dataset_dirs(),
             dict(self._claims_rejected),
+            unreadable,
         )
 
     def _dataset_dirs(self) -> tuple[DatasetDir, ...]:
@@ -482,6 +507,8 @@ class CheckpointSource:
             seconds=float(answer.get("seconds") or 0.0),
             orphans=tuple(answer.get("orphans") or ()),
             datasets=tuple(_datasets(answer.get("datasets") or ())),
+            unreadable=int(answer.get("unreadable") or 0),
+            unreadable_paths=tuple(str(p) for p in answer.get("unreadable_paths") or ()),
         )
 
     def _track(self, cand: dict[str, Any], now: float) -> None:
