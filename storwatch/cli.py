@@ -176,7 +176,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         results.extend(_verify_path(path, args.deep, limits))
     if args.json:
         keys = ("path", "format", "verdict", "reason", "size_bytes", "deep")
-        json.dump([{k: r.to_dict()[k] for k in keys} for r in results], sys.stdout, indent=2)
+        # No number here is a float (sizes are ints): allow_nan=False only keeps it so.
+        json.dump([{k: r.to_dict()[k] for k in keys} for r in results], sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         for r in results:
@@ -491,6 +492,7 @@ def _ratio_arg(text: str) -> float:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from storwatch.plan import as_dicts, format_plan, plan
+    from storwatch.report import NON_FINITE, finite_data, strict_json
 
     config, _ = _load(args)
     _setup_logging(config.log_level if args.log_level else "warning")
@@ -519,8 +521,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         progress=progress,
     )
     if args.json:
-        json.dump({"budget": args.budget, "mounts": as_dicts(rows)}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        plain, non_finite = finite_data({"budget": args.budget, "mounts": as_dicts(rows)})
+        sys.stdout.write(strict_json({**plain, NON_FINITE: non_finite}, indent=2) + "\n")
     else:
         # The names in the table (mountpoints, types, errors quoting paths) escaped before it is laid out, so that
         # its columns are measured as printed.
@@ -538,14 +540,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
-    from storwatch.report import view_to_dict
+    from storwatch.report import strict_json, view_to_dict
 
     config, _ = _load(args)
     _setup_logging(config.log_level if args.log_level else "warning")
     data = view_to_dict(scan_view(config, args.timeout, args.sample), sample_seconds=args.sample or None)
     if args.json:
-        json.dump(data, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(strict_json(data, indent=2) + "\n")
     else:
         width = shutil.get_terminal_size((200, 24)).columns if sys.stdout.isatty() else 10_000
         print(format_table(data, width))
