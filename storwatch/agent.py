@@ -37,6 +37,7 @@ from storwatch.config import Config, ConfigError, GPUConfig
 from storwatch.exporter import ConfigReloads, Exporter
 from storwatch.history import History
 from storwatch.paths import HostPaths
+from storwatch.printable import Lines
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas, load_config
 from storwatch.snapshot import CORE_KEYS, Snapshot
 from storwatch.sources import FactsKey, Source
@@ -587,7 +588,7 @@ class Agent:
 
     def _reload_failed(self, message: str) -> bool:
         self.reloads.failed()
-        log.error("reload failed, keeping the last good configuration:\n%s", message)
+        log.error("reload failed, keeping the last good configuration:\n%s", Lines(message))  # one error a line
         self._dirty.set()  # a tick, so the next scrape shows the count
         return False
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from storwatch import __version__
 from storwatch.config import Config, ConfigError, parse_listen
+from storwatch.printable import PrintableFormatter, printable, printable_lines
 from storwatch.registry import load_config
 from storwatch.vocabulary import PLATFORMS, CollectorStatus
 
@@ -159,12 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_verify(args: argparse.Namespace) -> int:
     missing = [p for p in args.paths if not os.path.lexists(p)]
     if missing:
-        print(f"storwatch verify: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+        print(f"storwatch verify: no such file or directory: {', '.join(map(printable, missing))}", file=sys.stderr)
         return EXIT_USAGE
     from storwatch.checkpoints.limits import DeepLimits
 
     limits = DeepLimits.from_config(load_config(args.config).checkpoints)
-    # Names from disk may hold bytes that are not UTF-8 (kept as surrogates): printed escaped, never an exception.
+    # Names from disk may hold bytes that are not UTF-8 (kept as surrogates): printed escaped (printable), and never
+    # an exception should a line still hold one.
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
@@ -174,11 +176,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         results.extend(_verify_path(path, args.deep, limits))
     if args.json:
         keys = ("path", "format", "verdict", "reason", "size_bytes", "deep")
-        json.dump([{k: r.to_dict()[k] for k in keys} for r in results], sys.stdout, indent=2)
+        # No number here is a float (sizes are ints): allow_nan=False only keeps it so.
+        json.dump([{k: r.to_dict()[k] for k in keys} for r in results], sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         for r in results:
-            print(f"{r.verdict.upper():<10}  {r.format or 'unknown':<19}  {r.path}\n            {r.reason}")
+            print(_verdict_lines(r))
     orphans = _orphaned_temps(args.paths)
     if orphans:
         # Not a verdict on any checkpoint (the exit status does not change): litter beside them.
@@ -188,11 +191,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
             file=sys.stderr if args.json else sys.stdout,
         )
         for path, _ in orphans:
-            print(f"            {path}", file=sys.stderr if args.json else sys.stdout)
+            print(f"            {printable(path)}", file=sys.stderr if args.json else sys.stdout)
     verdicts = {r.verdict for r in results}
     if verdicts & {"incomplete", "corrupt"}:
         return EXIT_FINDINGS
     return EXIT_NOTHING_VERIFIED if "unknown" in verdicts or not results else EXIT_OK
+
+
+def _verdict_lines(r: Any) -> str:
+    """A check's two lines: verdict, format and path, then the reason. The path and the reason (which may quote an
+    entry's name) come from the files checked: escaped, so a name cannot rewrite the lines around it."""
+    return (
+        f"{r.verdict.upper():<10}  {printable(r.format or 'unknown'):<19}  {printable(r.path)}\n            "
+        + printable(r.reason)
+    )
 
 
 def _orphaned_temps(paths: Sequence[str]) -> list[tuple[str, int]]:
@@ -234,12 +246,15 @@ def _verify_path(path: str, deep: bool, limits: Any = None) -> list[Any]:
         return [check(path, deep=deep, limits=limits)]
     result = CheckpointScanner([path]).scan()
     if result.truncated_detail:
-        print(f"storwatch verify: {path}: scan stopped early: {result.truncated_detail}", file=sys.stderr)
+        print(
+            f"storwatch verify: {printable(path)}: scan stopped early: {printable(result.truncated_detail)}",
+            file=sys.stderr,
+        )
     found = sorted(result.candidates, key=lambda c: (c.newest_mtime, c.path))
     if not found:
         r = check(path, deep=deep, limits=limits)
         return [dataclasses.replace(r, reason=f"{r.reason}, and none was found below it")]
-    print(f"storwatch verify: {path}: {len(found)} checkpoints found below it", file=sys.stderr)
+    print(f"storwatch verify: {printable(path)}: {len(found)} checkpoints found below it", file=sys.stderr)
     return [check(c.path, deep=deep, limits=limits) for c in found]
 
 
@@ -272,11 +287,11 @@ def _load(args: argparse.Namespace) -> tuple[Config, Any]:
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    # Log lines quote mountpoints, paths and errors that embed them: the formatter escapes what a terminal would act
+    # on, and indents a record's further lines so that none can pass for a record of its own.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -290,13 +305,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
         server = StatusHTTPServer(config.listen, tls=config.tls)
     except OSError as err:
         host, port = parse_listen(config.listen)
-        print(f"storwatch: cannot serve on {host or '*'}:{port}: {err.strerror or err}", file=sys.stderr)
+        print(f"storwatch: cannot serve on {printable(host or '*')}:{port}: {err.strerror or err}", file=sys.stderr)
         return EXIT_USAGE
     try:
         agent = Agent(config, config_path=args.config, flags=flags, server=server)
     except ValueError as err:
         server.server_close()
-        print(f"storwatch: {err}", file=sys.stderr)
+        print(f"storwatch: {printable(str(err))}", file=sys.stderr)
         return EXIT_USAGE
     agent.run_until_signalled(exiting=True)
     return EXIT_OK
@@ -387,21 +402,30 @@ def format_table(data: dict[str, Any], width: int) -> str:
     if with_io:
         headers += ("READ ms", "WRITE ms", "FSYNC ms")
     headers += ("REASON",)
+    # Every cell escaped (printable): a mountpoint, a device or an error holding ESC or a newline would otherwise
+    # move the cursor or break the table into rows that are not there.
     rows = [
-        (
-            m["mountpoint"],
-            m["fstype"],
-            m["durability"],
-            usage_percent(m),
-            human_bytes(m["size_bytes"]),
-            human_bytes(m["avail_bytes"]),
-            mount_state(m),
-            *(
-                (latency_cell(m, "read", window), latency_cell(m, "write", window), latency_cell(m, "fsync", window))
-                if with_io
-                else ()
-            ),
-            m["reason"],
+        tuple(
+            printable(cell)
+            for cell in (
+                m["mountpoint"],
+                m["fstype"],
+                m["durability"],
+                usage_percent(m),
+                human_bytes(m["size_bytes"]),
+                human_bytes(m["avail_bytes"]),
+                mount_state(m),
+                *(
+                    (
+                        latency_cell(m, "read", window),
+                        latency_cell(m, "write", window),
+                        latency_cell(m, "fsync", window),
+                    )
+                    if with_io
+                    else ()
+                ),
+                m["reason"],
+            )
         )
         for m in mounts
     ]
@@ -416,14 +440,14 @@ def format_table(data: dict[str, Any], width: int) -> str:
         return text if len(text) <= width else text[: max(width - 1, 20)] + "…"
 
     plat = data["platform"]
-    out = [f"platform: {plat['name']} ({plat['detected_by']})", "", line(headers)]
+    out = [printable(f"platform: {plat['name']} ({plat['detected_by']})"), "", line(headers)]
     out.extend(line(r) for r in rows)
     stuck = sum(1 for m in mounts if m["stuck"])
     eph = sum(1 for m in mounts if m["ephemeral"])
     out += ["", f"{len(rows)} mounts, {eph} ephemeral (volatile or node: lost with this node), {stuck} stuck"]
     pseudo = [m["mountpoint"] for m in data["mounts"] if m["pseudo"]]
     if pseudo:
-        out.append(f"not shown: {', '.join(pseudo)} (kernel interfaces, not storage; listed by --json)")
+        out.append(f"not shown: {printable(', '.join(pseudo))} (kernel interfaces, not storage; listed by --json)")
     if with_io:
         if window == "sample":
             out.append(f"latency: the average of one {data['sample_seconds']:g} s interval, in milliseconds")
@@ -432,9 +456,9 @@ def format_table(data: dict[str, Any], width: int) -> str:
     gpus = data["gpus"]
     if gpus:
         driver = data["nvml"]["driver_version"]
-        out.append(f"GPUs: {len(gpus)}" + (f" (driver {driver})" if driver else ""))
+        out.append(f"GPUs: {len(gpus)}" + (f" (driver {printable(driver)})" if driver else ""))
     elif data["nvml"]["error"] != GPU_OFF:
-        out.append(no_gpus_line(data))
+        out.append(printable(no_gpus_line(data)))
     return "\n".join(out)
 
 
@@ -468,6 +492,7 @@ def _ratio_arg(text: str) -> float:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from storwatch.plan import as_dicts, format_plan, plan
+    from storwatch.report import NON_FINITE, finite_data, strict_json
 
     config, _ = _load(args)
     _setup_logging(config.log_level if args.log_level else "warning")
@@ -483,7 +508,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     def progress(line: str) -> None:
         if not args.json:
-            print(line, file=sys.stderr, flush=True)
+            print(printable(line), file=sys.stderr, flush=True)
 
     rows = plan(
         view,
@@ -496,22 +521,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
         progress=progress,
     )
     if args.json:
-        json.dump({"budget": args.budget, "mounts": as_dicts(rows)}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        plain, non_finite = finite_data({"budget": args.budget, "mounts": as_dicts(rows)})
+        sys.stdout.write(strict_json({**plain, NON_FINITE: non_finite}, indent=2) + "\n")
     else:
-        print(format_plan(rows, args.budget))
+        # The names in the table (mountpoints, types, errors quoting paths) escaped before it is laid out, so that
+        # its columns are measured as printed.
+        shown = [
+            dataclasses.replace(
+                r,
+                mountpoint=printable(r.mountpoint),
+                fstype=printable(r.fstype),
+                error=None if r.error is None else printable(r.error),
+            )
+            for r in rows
+        ]
+        print(format_plan(shown, args.budget))
     return EXIT_OK if all(r.error is None for r in rows) else EXIT_FINDINGS
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
-    from storwatch.report import view_to_dict
+    from storwatch.report import strict_json, view_to_dict
 
     config, _ = _load(args)
     _setup_logging(config.log_level if args.log_level else "warning")
     data = view_to_dict(scan_view(config, args.timeout, args.sample), sample_seconds=args.sample or None)
     if args.json:
-        json.dump(data, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(strict_json(data, indent=2) + "\n")
     else:
         width = shutil.get_terminal_size((200, 24)).columns if sys.stdout.isatty() else 10_000
         print(format_table(data, width))
@@ -531,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_plan(args)
         return cmd_scan(args)
     except ConfigError as err:
-        print(f"storwatch: configuration error:\n{err}", file=sys.stderr)
+        print(f"storwatch: configuration error:\n{printable_lines(str(err), indent='')}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

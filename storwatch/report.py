@@ -1,8 +1,15 @@
-"""The View as plain data: the one shape behind /api/status, ``scan --json``, the status page and the scan table."""
+"""The View as plain data: the one shape behind /api/status, ``scan --json``, the status page and the scan table.
+
+That data is JSON as RFC 8259 has it: a number that is not finite (an infinity or NaN, which Python's json would
+write as the bare words ``Infinity`` and ``NaN`` that browsers and strict parsers refuse) is ``null``, and
+``non_finite_values`` says where each was and what it held.
+"""
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from storwatch.analysis.latency import WindowStats
@@ -19,10 +26,68 @@ from storwatch.vocabulary import FsUsage, Mount
 GPU_OFF = "GPU source off"
 """The NVML error of a View without GPU facts (gpu.enabled: false)."""
 
+NON_FINITE = "non_finite_values"
+"""The key of the list of the numbers of a report that were not finite and are null in it (:func:`finite_data`)."""
+
+
+def finite_data(data: Any) -> tuple[Any, list[dict[str, str]]]:
+    """``data`` (mappings, lists and tuples of plain values, as json.dumps takes them) with every float that is not
+    finite replaced by None; and for each, where it was (a JSON Pointer, RFC 6901) and what it held (``inf``,
+    ``-inf``, ``nan``), in the order found. Whatever reaches a report (a tenant's event line of ``"end": 1e999``, a
+    division by a zero duration), what is written of it is then JSON; containers holding no such float are kept as
+    they are, not copied."""
+    found: list[dict[str, str]] = []
+
+    def leaf(value: float, path: tuple[str, ...]) -> None:
+        found.append({"pointer": "".join("/" + _pointer_token(p) for p in path), "value": repr(value)})
+
+    def walk(value: Any, path: tuple[str, ...]) -> Any:
+        # Only floats and containers are looked at, and a container is copied only once something in it changes: a
+        # report without such a number is walked without building anything.
+        items = value.items() if isinstance(value, Mapping) else enumerate(value)
+        copy: Any = None
+        for key, item in items:
+            kind = type(item)
+            if kind is float:
+                if math.isfinite(item):
+                    continue
+                leaf(item, (*path, str(key)))
+                new = None
+            elif kind is dict or kind is list or kind is tuple or isinstance(item, Mapping):
+                new = walk(item, (*path, str(key)))
+                if new is item:
+                    continue
+            else:
+                continue
+            if copy is None:
+                copy = dict(value) if isinstance(value, Mapping) else list(value)
+            copy[key] = new
+        return value if copy is None else copy
+
+    if isinstance(data, float):
+        if math.isfinite(data):
+            return data, found
+        leaf(data, ())
+        return None, found
+    if isinstance(data, Mapping | list | tuple):
+        return walk(data, ()), found
+    return data, found
+
+
+def _pointer_token(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def strict_json(data: Any, indent: int | None = None) -> str:
+    """``data`` as RFC 8259 JSON: a float that is not finite raises (ValueError) rather than being written as a bare
+    ``Infinity`` or ``NaN``; pass the data through :func:`finite_data` first (view_to_dict does)."""
+    return json.dumps(data, allow_nan=False, indent=indent)
+
 
 def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, Any]:
-    """The View as plain data. ``sample_seconds``: the latency is that of one interval of this length (``scan
-    --sample``), labelled ``sample`` rather than as the agent's minute and hour windows."""
+    """The View as plain data, every number in it finite or null (:func:`finite_data`; ``non_finite_values`` says
+    which were not). ``sample_seconds``: the latency is that of one interval of this length (``scan --sample``),
+    labelled ``sample`` rather than as the agent's minute and hour windows."""
     cluster = view.kube.cluster if view.kube is not None else ClusterObjects()
     mounts = []
     for mv in view.mounts:
@@ -60,7 +125,7 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
                 "kube": _volume_dict(m, cluster),
             }
         )
-    return {
+    data = {
         "generated_at": view.timestamp,
         "latency_windows": ["sample"] if sample_seconds else ["1m", "1h"],
         "sample_seconds": sample_seconds or None,
@@ -91,6 +156,8 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
             for c in view.collectors
         ],
     }
+    plain, non_finite = finite_data(data)
+    return {**plain, NON_FINITE: non_finite}
 
 
 def _volume_dict(mount: Mount, cluster: ClusterObjects) -> dict[str, Any] | None:
@@ -474,7 +541,8 @@ def no_checkpoints_line(data: dict[str, Any]) -> str:
 
 def mount_state(mount: dict[str, Any]) -> str:
     if mount["stuck"]:
-        return f"STUCK {mount['stuck_seconds']:.0f}s"
+        seconds = mount["stuck_seconds"]
+        return "STUCK" if seconds is None else f"STUCK {seconds:.0f}s"
     if mount.get("usage_error"):
         return str(mount["usage_error"])
     return "ro" if mount["readonly"] else "ok"

@@ -344,7 +344,8 @@ def test_sighup_reloads_and_keeps_last_good_config(tmp_path: Path) -> None:
         mark = agent.stderr_mark()
         agent.send_signal(signal.SIGHUP)
         agent.wait_for_stderr(r"ERROR .*reload failed", timeout=5.0, since=mark)
-        agent.wait_for_stderr(rf"^{re.escape(str(config))}:\d+: invalid YAML", timeout=2.0, since=mark)
+        # On a line of its own, indented as every further line of a log record is (storwatch.printable)
+        agent.wait_for_stderr(rf"^    {re.escape(str(config))}:\d+: invalid YAML", timeout=2.0, since=mark)
         time.sleep(0.5)
         assert agent.running(), agent.stderr_text()
         root = root_mount(wait_for_status(agent))
@@ -355,7 +356,7 @@ def test_sighup_reloads_and_keeps_last_good_config(tmp_path: Path) -> None:
         mark = agent.stderr_mark()
         agent.send_signal(signal.SIGHUP)
         agent.wait_for_stderr(
-            rf"^{re.escape(str(config))}:3: mounts\.interval_seconds: must be 0\.1 to 3600, got -3\.0$", since=mark
+            rf"^    {re.escape(str(config))}:3: mounts\.interval_seconds: must be 0\.1 to 3600, got -3\.0$", since=mark
         )
         assert agent.running(), agent.stderr_text()
         assert root_mount(wait_for_status(agent))["durability"] == "cluster"
@@ -441,7 +442,7 @@ def test_harmful_configs_on_sighup_leave_the_last_good_one_serving(tmp_path: Pat
             mark = agent.stderr_mark()
             agent.send_signal(signal.SIGHUP)
             agent.wait_for_stderr(r"ERROR .*reload failed, keeping the last good configuration", since=mark)
-            agent.wait_for_stderr(f"^{re.escape(str(config) + str(location))}", timeout=2.0, since=mark)
+            agent.wait_for_stderr(f"^    {re.escape(str(config) + str(location))}", timeout=2.0, since=mark)
             # Counted: a failed reload makes a tick, and the next scrape shows it.
             wait_until(
                 lambda count=count: reload_metrics(agent) == (float(count), 0.0),

@@ -74,7 +74,12 @@ def test_every_kind_of_family_renders_as_generate_latest_does() -> None:
     registry.register(Fixed(families()))
     expected = generate_latest(registry)
     assert b'z="/mnt/a \\"quoted\\" dir"' in expected and b"two\\nlines" in expected  # the cases are really there
-    assert render_text(registry.collect()) == expected
+    # Byte for byte as generate_latest, except its samples that are not finite: the writer leaves those out (one rule,
+    # exporter/text.py), where generate_latest writes +Inf, -Inf and NaN.
+    lines = expected.splitlines(keepends=True)
+    non_finite = [line for line in lines if line.split()[-1] in (b"+Inf", b"-Inf", b"NaN")]
+    assert len(non_finite) == 3
+    assert render_text(registry.collect()) == b"".join(line for line in lines if line not in non_finite)
 
 
 def as_samples(family: Metric) -> Metric:

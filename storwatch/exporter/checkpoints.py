@@ -105,6 +105,7 @@ def _recovery(view: View) -> Iterator[Family]:
         "Age of the run's newest complete checkpoint on storage that survives losing this node (cluster or region); "
         "+Inf when it has none there.",
         labels=("run",),
+        allow_inf=True,
     )
     overhead = Family(
         "storwatch_checkpoint_overhead_ratio",
@@ -120,6 +121,7 @@ def _recovery(view: View) -> Iterator[Family]:
         "storwatch_gpu_seconds_at_risk",
         "GPU time the run would lose if this node died now: its recovery point times the GPUs its pod holds here.",
         labels=("run",),
+        allow_inf=True,
     )
     headroom = Family(
         "storwatch_checkpoint_headroom_bytes",

@@ -4,11 +4,19 @@ Every area of the exporter writes its families with :class:`Family`: a sample be
 added (label names sorted, values escaped and numbers formatted as prometheus_client's ``generate_latest`` writes
 them), so a scrape of 20,000 series is a join of lines already written. ``Family.samples`` parses the lines back, so
 any other consumer (a test, prometheus_client's own writer) reads the samples as from any prometheus_client family.
+
+One rule for numbers, here and nowhere else: a sample's value is finite, or it is not written. The text format could
+carry ``NaN``, ``+Inf`` and ``-Inf``, but a NaN or infinity that reached a figure by accident (a tenant's event line
+of ``"end": 1e999``, a division by a zero duration) would poison every ``sum()`` and ``rate()`` over it. The only
+exception is ``+Inf`` in a family made with ``allow_inf=True``, whose row in the README's metrics table says what
+``+Inf`` means there (test_strict_output checks the two agree).
 """
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
@@ -29,6 +37,8 @@ _TEXT_TYPE = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram
 _LATE_SUFFIXES = ("_created", "_gsum", "_gcount")
 
 _NEG_INF = float("-inf")
+_POS_INF = float("inf")
+_FLOAT_MAX = sys.float_info.max
 _EXACT_INT = 2**53
 """Below this every int converts to a float exactly, so its decimal digits are the float's."""
 
@@ -55,6 +65,15 @@ def value_text(value: float) -> str:
     return _float_text(value)
 
 
+def exportable(value: float, allow_inf: bool = False) -> bool:
+    """Whether a sample of ``value`` is written: a finite number, or ``+Inf`` where ``allow_inf`` (module doc)."""
+    if type(value) is int:
+        # Compared exactly (math.isfinite would overflow converting one past a float's range, and so would the
+        # writing): an int no float can hold would be written as an infinity, or not at all.
+        return -_FLOAT_MAX <= value <= _FLOAT_MAX
+    return math.isfinite(value) or (allow_inf and value == _POS_INF)
+
+
 def labels_text(*pairs: tuple[str, str]) -> str:
     """A label set as the text format writes it; ``pairs`` come in the order of their names, as the format sorts
     them (the golden scrape, checked against prometheus_client's own writer, holds every family to it)."""
@@ -66,10 +85,18 @@ class Family(Metric):
 
     ``name`` is the name a scrape shows (counters end in ``_total``, as DESIGN.md names them); the prometheus_client
     Metric it is keeps the name without that suffix, as prometheus_client does. ``labels`` are the label names
-    :meth:`add` takes values for, in the caller's order; lines are written with the names sorted.
+    :meth:`add` takes values for, in the caller's order; lines are written with the names sorted. A value that is
+    not finite is not written (:func:`exportable`), but ``+Inf`` where ``allow_inf`` (the README says what it means).
     """
 
-    def __init__(self, name: str, documentation: str, typ: str = "gauge", labels: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        typ: str = "gauge",
+        labels: Sequence[str] = (),
+        allow_inf: bool = False,
+    ) -> None:
         suffix = _TEXT_NAME_SUFFIX.get(typ, "")
         super().__init__(name.removesuffix(suffix) if suffix else name, documentation, typ)
         self.sample_name = self.name + suffix
@@ -81,6 +108,8 @@ class Family(Metric):
                 raise ValueError(f"label name {key!r} would need escaping, which render_text does not do")
         self._label_names = tuple(labels)
         self._order = sorted(range(len(labels)), key=lambda i: labels[i])
+        self.allow_inf = allow_inf
+        """``+Inf`` is written: the README's row of this family says what it means."""
 
     @property
     def samples(self) -> list[Sample]:
@@ -115,23 +144,29 @@ class Family(Metric):
         return labels_text(*pairs) if pairs else ""
 
     def add(self, values: Sequence[str], value: float | None) -> None:
-        """One sample with these label values (in the order of ``labels``); None writes nothing."""
-        if value is not None:
+        """One sample with these label values (in the order of ``labels``); None, or a value that is not finite
+        (:func:`exportable`), writes nothing."""
+        if value is not None and exportable(value, self.allow_inf):
             self.lines.append(f"{self.sample_name}{self._labels(values)} {value_text(value)}\n")
 
     def add_text(self, labels: str, value: float | None) -> None:
         """One sample whose label set is already written (``labels_text``, or ``""`` for none); None writes nothing.
-        For the families with a series or more per mount, device or NFS procedure, nearly all of a large node's."""
-        if value is not None:
+        For the families with a series or more per mount, device or NFS procedure, nearly all of a large node's. As
+        :meth:`add`, a value that is not finite writes nothing."""
+        if value is not None and exportable(value, self.allow_inf):
             self.lines.append(f"{self.sample_name}{labels} {value_text(value)}\n")
 
     def add_lines(self, lines: str) -> None:
-        """Sample lines already written whole (each ending in a newline), as :meth:`add_text` would write them."""
+        """Sample lines already written whole (each ending in a newline), as :meth:`add_text` would write them. Their
+        values are the caller's to keep finite: this is for counters the kernel keeps as integers (NFS)."""
         self.lines.append(lines)
 
     def add_histogram(self, values: Sequence[str], buckets: Sequence[tuple[str, float]], sum_value: float) -> None:
         """A histogram's cumulative ``buckets`` (upper bound as written, count; ``+Inf`` last), then its count and
-        sum, as prometheus_client's HistogramMetricFamily has them written."""
+        sum, as prometheus_client's HistogramMetricFamily has them written. Nothing of it is written when a count or
+        the sum is not finite: a histogram without one of its series would be read wrong."""
+        if not all(exportable(v) for v in (sum_value, *(count for _, count in buckets))):
+            return
         name = self.name
         for bound, count in buckets:
             self.lines.append(f"{name}_bucket{self._labels(values, ('le', bound))} {value_text(count)}\n")
@@ -143,12 +178,14 @@ class Family(Metric):
     def from_metric(cls, metric: Metric) -> list[Family]:
         """A family from another collector (prometheus_client's process metrics) as Families written as
         generate_latest writes it: ``_created``, ``_gsum`` and ``_gcount`` samples in gauge families of their own
-        after it."""
+        after it. A sample whose value is not finite is left out, as :meth:`add` leaves it out."""
         exposed = metric.name + _TEXT_NAME_SUFFIX.get(metric.type, "")
         family = cls(exposed, metric.documentation, metric.type)
         late: dict[str, Family] = {}
         late_names = {metric.name + suffix: suffix for suffix in _LATE_SUFFIXES}
         for sample in metric.samples:
+            if not exportable(sample.value):
+                continue
             labels = sample.labels
             for key in labels:
                 if not _LABEL_NAME.fullmatch(key):

@@ -67,7 +67,7 @@ def render_status_page(data: dict[str, Any]) -> str:
         elif probe["seconds"] is None:
             probe_cell = "failed: " + (probe["error"] or "")
         else:
-            probe_cell = "/".join(f"{probe['seconds'][k] * 1000:.2f}" for k in ("write", "fsync", "read"))
+            probe_cell = "/".join(_ms(probe["seconds"].get(k)) for k in ("write", "fsync", "read"))
         if all(c == "-" for c in cells) and probe_cell == "-":
             continue
         io_rows.append(
@@ -204,6 +204,11 @@ its last round.</p>
 <p><a href="/metrics">/metrics</a> · <a href="/api/status">/api/status</a></p>
 </body></html>
 """
+
+
+def _ms(seconds: float | None) -> str:
+    # None: not measured, or not a finite number (report.finite_data made it null).
+    return "-" if seconds is None else f"{seconds * 1000:.2f}"
 
 
 def _collector_text(c: dict[str, Any]) -> str:

@@ -12,7 +12,6 @@ import email.utils
 import errno
 import functools
 import gzip
-import json
 import logging
 import queue
 import resource
@@ -30,7 +29,7 @@ from http import HTTPStatus
 from storwatch.analysis.view import View
 from storwatch.config import ConfigError, TLSConfig, parse_listen
 from storwatch.paths import OWN_SOMAXCONN
-from storwatch.report import view_to_dict
+from storwatch.report import strict_json, view_to_dict
 from storwatch.web.page import render_status_page
 
 log = logging.getLogger(__name__)
@@ -375,7 +374,7 @@ class StatusHTTPServer:
                 made = self._pages.get(kind)
                 if made is None or made.source is not view:
                     data = view_to_dict(view)
-                    body = json.dumps(data).encode() if kind == _JSON else render_status_page(data).encode("utf-8")
+                    body = strict_json(data).encode() if kind == _JSON else render_status_page(data).encode("utf-8")
                     made = self._pages[kind] = _Rendered(view, body)
         return self._compressible(req, made, kind, inline)
 

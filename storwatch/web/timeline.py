@@ -4,16 +4,26 @@ run writes to; and the findings panel, one sentence each, most severe first.
 
 Every drawn element carries a class (``util``, ``memory``, ``stall <cause>``, ``write``, ``latency``) and a
 ``<title>`` a browser shows on hover, so the test can read the picture from the DOM as a person reads it on screen.
+
+Every coordinate is a finite number inside the picture: a time or value that is not a finite number (null in the
+report), a span that ends before it starts, ends in the future or lasts longer than any stall or write can, is not
+drawn, and the GPU's caption says how many were left out.
 """
 
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 from storwatch.report import human_seconds
 
 WIDTH, PLOT_HEIGHT, LATENCY_HEIGHT, MARGIN = 900, 90, 40, 48
+BUCKET_SECONDS = 10.0
+"""The width of a point's bucket (analysis/timeline.py): a point is drawn at its middle."""
+MAX_SPAN_SECONDS = 86400.0
+"""No stall or checkpoint write lasts a day: a span that began earlier than that before the picture's hour is a
+clock step or a forged time (an event line's ``start``), not something to draw."""
 CAUSE_COLOURS = {"checkpoint_write": "#e8871e", "data_read": "#8e44ad", "io_contention": "#c0392b"}
 CAUSE_WORDS = {
     "checkpoint_write": "waiting on its checkpoint write",
@@ -38,16 +48,45 @@ def findings_panel(findings: list[dict[str, Any]]) -> str:
 
 
 def _x(t: float, start: float, end: float) -> float:
-    return MARGIN + (t - start) / (end - start) * (WIDTH - 2 * MARGIN) if end > start else MARGIN
+    """The x of time ``t``, held inside the plot (``t``, ``start`` and ``end`` finite, ``end`` after ``start``)."""
+    x = MARGIN + (t - start) / (end - start) * (WIDTH - 2 * MARGIN)
+    return min(WIDTH - MARGIN, max(MARGIN, x))
+
+
+def _finite(*values: Any) -> bool:
+    """Every value is a number (not null: report.finite_data nulls infinities and NaN) and finite."""
+    return all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+
+
+def _drawable_points(points: list[list[Any]], start: float, end: float) -> list[tuple[float, float]]:
+    """The points with a finite time inside the picture's hour (a bucket either side) and a finite value."""
+    return [(t, v) for t, v in points if _finite(t, v) and start - BUCKET_SECONDS <= t <= end + BUCKET_SECONDS]
+
+
+def _drawable_span(span: dict[str, Any], start: float, end: float) -> bool:
+    """A span with finite times, in order, that ends no later than a bucket after the picture's end and began less
+    than MAX_SPAN_SECONDS before its start. One wholly before the hour is not drawn either, but is no fault."""
+    s, e = span["start"], span["end"]
+    if not _finite(s, e):
+        return False
+    return bool(start - MAX_SPAN_SECONDS <= s <= e <= end + BUCKET_SECONDS)
 
 
 def _polyline(
-    points: list[list[float]], start: float, end: float, top: float, height: float, scale: float, cls: str, title: str
+    points: list[tuple[float, float]],
+    start: float,
+    end: float,
+    top: float,
+    height: float,
+    scale: float,
+    cls: str,
+    title: str,
 ) -> str:
     if not points:
         return ""
     coords = " ".join(
-        f"{_x(t + 5.0, start, end):.1f},{top + height - min(1.0, max(0.0, v / scale)) * height:.1f}" for t, v in points
+        f"{_x(t + BUCKET_SECONDS / 2, start, end):.1f},{top + height - min(1.0, max(0.0, v / scale)) * height:.1f}"
+        for t, v in points
     )
     colour = {"util": "#2e7d32", "memory": "#757575", "latency": "#1565c0"}.get(cls, "#333")
     return (
@@ -57,15 +96,27 @@ def _polyline(
 
 
 def gpu_timeline(g: dict[str, Any], start: float, end: float) -> str:
-    """One GPU's SVG: utilisation and memory over stall spans and write bars, and its run mount's latency below."""
+    """One GPU's SVG: utilisation and memory over stall spans and write bars, and its run mount's latency below.
+    ``start`` and ``end`` are finite, ``end`` after ``start`` (:func:`timelines` sees to it)."""
     e = html.escape
     top, h = 18.0, PLOT_HEIGHT
+    stalls = [s for s in g["stalls"] if _drawable_span(s, start, end)]
+    writes = [w for w in g["writes"] if _drawable_span(w, start, end)]
+    utilization = _drawable_points(g["utilization"], start, end)
+    memory = _drawable_points(g["memory"], start, end)
+    latency = _drawable_points(g["latency"], start, end) if g["latency_mountpoint"] else []
+    drawn = [(g["stalls"], stalls), (g["writes"], writes), (g["utilization"], utilization), (g["memory"], memory)]
+    if g["latency_mountpoint"]:
+        drawn.append((g["latency"], latency))
+    left_out = sum(len(given) - len(kept) for given, kept in drawn)
+    stalls = [s for s in stalls if s["end"] >= start]  # wholly before the hour: nothing to draw, nothing wrong
+    writes = [w for w in writes if w["end"] >= start]
     parts = [
         f"<rect class='frame' x='{MARGIN}' y='{top}' width='{WIDTH - 2 * MARGIN}' height='{h}' fill='#fafafa' "
         "stroke='#ccc'/>",
         f"<text x='4' y='{top + 10}' font-size='11'>100%</text><text x='4' y='{top + h}' font-size='11'>0</text>",
     ]
-    for s in g["stalls"]:
+    for s in stalls:
         x0, x1 = _x(max(s["start"], start), start, end), _x(s["end"], start, end)
         seconds = s["end"] - s["start"]
         parts.append(
@@ -74,18 +125,19 @@ def gpu_timeline(g: dict[str, Any], start: float, end: float) -> str:
             f"<title>{e(CAUSE_WORDS.get(s['cause'], s['cause']))} on {e(s['mountpoint'])}: {seconds:.1f} s"
             "</title></rect>"
         )
-    for w in g["writes"]:
+    for w in writes:
         x0, x1 = _x(max(w["start"], start), start, end), _x(w["end"], start, end)
         parts.append(
             f"<rect class='write' x='{x0:.1f}' y='2' width='{max(1.0, x1 - x0):.1f}' height='12' fill='#1565c0'>"
             f"<title>checkpoint of {e(w['run'])}: {w['end'] - w['start']:.1f} s</title></rect>"
         )
-    parts.append(_polyline(g["utilization"], start, end, top, h, 1.0, "util", "utilisation (10 s means)"))
-    parts.append(_polyline(g["memory"], start, end, top, h, 1.0, "memory", "memory used / total"))
+    parts.append(_polyline(utilization, start, end, top, h, 1.0, "util", "utilisation (10 s means)"))
+    parts.append(_polyline(memory, start, end, top, h, 1.0, "memory", "memory used / total"))
     height = top + h + 6
     if g["latency_mountpoint"]:
-        lat = g["latency"]
-        peak = max((v for _, v in lat), default=0.0) or 0.001
+        lat = latency
+        peak = max((v for _, v in lat), default=0.0)
+        peak = peak if peak > 0 else 0.001
         ltop = height + 12
         parts.append(
             f"<text x='{MARGIN}' y='{ltop - 2}' font-size='11'>write latency of {e(g['latency_mountpoint'])} "
@@ -99,16 +151,26 @@ def gpu_timeline(g: dict[str, Any], start: float, end: float) -> str:
             )
         )
         height = ltop + LATENCY_HEIGHT + 4
-    lost = sum(s["end"] - max(s["start"], start) for s in g["stalls"])
+    lost = sum(min(s["end"], end) - max(s["start"], start) for s in stalls)
     parts.append(
         f"<text x='{MARGIN}' y='{height + 12}' font-size='11'>{human_seconds(end - start)} ago</text>"
         f"<text x='{WIDTH - MARGIN - 24}' y='{height + 12}' font-size='11'>now</text>"
     )
     return (
         f"<figure class='gpu-timeline' data-gpu='{e(g['gpu'])}'><figcaption>GPU {e(g['gpu'])}: "
-        f"{lost:.0f} s stalled on storage in the last hour</figcaption>"
+        f"{lost:.0f} s stalled on storage in the last hour{_left_out_words(left_out)}</figcaption>"
         f"<svg class='timeline' xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{height + 16:.0f}' "
         f"viewBox='0 0 {WIDTH} {height + 16:.0f}' role='img'>{''.join(parts)}</svg></figure>"
+    )
+
+
+def _left_out_words(count: int) -> str:
+    if not count:
+        return ""
+    values = "value" if count == 1 else "values"
+    return (
+        f" ({count} {values} not drawn: not a finite number, a span that ends before it starts or in the future, "
+        f"or one that began over {MAX_SPAN_SECONDS / 3600:.0f} h before this hour)"
     )
 
 
@@ -116,6 +178,11 @@ def timelines(data: dict[str, Any]) -> str:
     t = data.get("timeline")
     if not t or not t["gpus"]:
         return ""
+    if not (_finite(t["start"], t["end"]) and t["end"] > t["start"]):
+        return (
+            "<h2>GPUs, the last hour</h2><p class='note' id='timeline-not-drawn'>Not drawn: the picture's hour is "
+            "not a span of finite times.</p>"
+        )
     legend = " ".join(
         f"<span style='background:{c};opacity:.6'>&nbsp;&nbsp;&nbsp;</span> {html.escape(CAUSE_WORDS[k])}"
         for k, c in CAUSE_COLOURS.items()
