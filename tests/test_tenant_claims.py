@@ -312,3 +312,38 @@ def test_without_capabilities_a_closed_home_is_reported_not_silently_empty(tmp_p
     assert len(status["checkpoints"]) == 1  # what it can read is still there
     assert status["checkpoints"][0]["path"] == str(root / "open" / "run")
     assert metrics[("storwatch_checkpoint_unreadable_entries", (("root", str(root)),))] == 1
+
+
+def test_a_writer_is_believed_once_the_kernel_shows_it_writing_there(tmp_path: Path) -> None:
+    """sources/writers.py against real processes: one holding a file open for writing under the run is its writer,
+    and stays so after it exits (its last event line comes then); one that only reads there, or writes elsewhere,
+    is not; a PID of no process was never seen."""
+    from storwatch.sources.writers import GONE, WriterCheck
+
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    (run / "data").write_bytes(b"d")
+    hold = "import sys, time\nf = open(sys.argv[1], sys.argv[2])\nprint('open', flush=True)\ntime.sleep(600)\n"
+
+    def holding(path: Path, mode: str) -> subprocess.Popen[str]:
+        p = subprocess.Popen([sys.executable, "-c", hold, str(path), mode], stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "open"
+        return p
+
+    check = WriterCheck()
+    writer = holding(run / ".step-1.pt.tmp", "wb")
+    reader = holding(run / "data", "rb")
+    other = holding(elsewhere / "x", "wb")
+    try:
+        assert check.look(writer.pid, str(run)) is None
+        assert check.look(reader.pid, str(run)) == "not_writer"
+        assert check.look(other.pid, str(run)) == "not_writer"
+        assert check.look(other.pid, str(elsewhere)) is None
+    finally:
+        for p in (writer, reader, other):
+            p.kill()
+            p.wait(10)
+    check.forget_reused()
+    assert check.look(writer.pid, str(run)) is None  # seen writing there while it lived
+    assert check.look(reader.pid, str(run)) == GONE

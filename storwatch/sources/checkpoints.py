@@ -392,7 +392,7 @@ class CheckpointSource:
         self._round += 1
         now = self.clock()
         self._backed_now = {}
-        self.writers.forget_gone()
+        self.writers.forget_reused()
         plan = self._plan()
         unit_paths = sorted(u for u, _ in plan)
         stuck_mounts = {os.path.normpath(p) for p in self.stuck_paths()} if self.stuck_paths is not None else set()

@@ -3,8 +3,9 @@
 An event line's ``pid`` and an atomic_save temporary's name are written by the tenant, so each is a claim. A claim
 holds when the process, or one below it (an async save's worker), has a file open for writing under the run's
 directory, read from ``<procfs>/<pid>/fd`` (the link: where the file is, in the writer's mount namespace) and
-``fdinfo`` (its access mode). Once seen, the process stays a writer of that run while it lives (the same PID with
-the same start time), so the event line of a save that was seen in progress is believed after the file is closed.
+``fdinfo`` (its access mode). Once seen, the process stays a writer of that run, so the event line of a save that
+was seen in progress is believed after the file is closed, and after the writer exits (its last save's line comes
+then); a PID that now names another process (another start time) is no longer that writer.
 The links are the kernel's: nothing here opens or stats the files themselves.
 """
 
@@ -42,8 +43,8 @@ class WriterCheck:
 
     def __init__(self, paths: HostPaths | None = None) -> None:
         self.paths = paths or HostPaths()
-        self._seen: dict[Writer, set[str]] = {}
-        """Each process seen writing, and the run directories it was seen writing under."""
+        self._seen: dict[int, tuple[int, set[str]]] = {}
+        """Each process seen writing, by PID: its start time and the run directories it was seen writing under."""
 
     def _writer(self, pid: int) -> Writer | None:
         try:
@@ -105,20 +106,28 @@ class WriterCheck:
         return False
 
     def look(self, pid: int, run: str) -> str | None:
-        """Look at the process now: None when it (or one below it) writes under ``run`` now or was seen to, else the
-        reason the claim is refused: one of REJECT_REASONS, or GONE when no such process lives."""
+        """None when the process (or one below it) writes under ``run`` now or was seen to, else the reason the
+        claim is refused: one of REJECT_REASONS, or GONE when no such process lives and none was seen."""
         writer = self._writer(pid)
+        known = self._seen.get(pid)
+        if known is not None and writer is not None and writer.start_ticks != known[0]:
+            del self._seen[pid]  # the PID names another process now
+            known = None
+        if known is not None and run in known[1]:
+            return None
         if writer is None:
             return GONE
-        if run in self._seen.get(writer, ()):
-            return None
         if any(self._writes_under(p, run) for p in self._tree(pid)):
-            if writer not in self._seen and len(self._seen) >= MAX_REMEMBERED:
+            if known is None and len(self._seen) >= MAX_REMEMBERED:
                 self._seen.pop(next(iter(self._seen)))
-            self._seen.setdefault(writer, set()).add(run)
+            self._seen.setdefault(pid, (writer.start_ticks, set()))[1].add(run)
             return None
         return "not_writer"
 
-    def forget_gone(self) -> None:
-        """Drop the processes that exited (or whose PID now names another process)."""
-        self._seen = {w: runs for w, runs in self._seen.items() if self._writer(w.pid) == w}
+    def forget_reused(self) -> None:
+        """Drop the writers whose PID now names another process (a writer that exited is kept: its last lines come
+        after it is gone, and a PID of no process ties nothing to a GPU)."""
+        for pid, (ticks, _) in list(self._seen.items()):
+            now = self._writer(pid)
+            if now is not None and now.start_ticks != ticks:
+                del self._seen[pid]
