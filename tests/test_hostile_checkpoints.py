@@ -221,6 +221,46 @@ def test_pickle_and_json_size_limits_are_unknown(tmp_path: Path) -> None:
     assert (result.verdict, result.limit) == ("unknown", "max_pickle_bytes")
 
 
+def test_the_agents_source_calls_every_code_payload_unsafe(corpus: tuple[Path, Path, list[hostile.Item]]) -> None:
+    """The checkpoint source the agent runs (its helper process, the scan's own candidates): every item carrying a
+    code payload is unsafe, counted apart from the damaged ones, and nothing else in the corpus is complete."""
+    from storwatch.sources.checkpoints import CheckpointSource
+
+    root, marker, items = corpus
+    source = CheckpointSource([str(root)], deep_per_scan=0)
+    try:
+        facts = source.collect()
+    finally:
+        source.close()
+    found = {c.path: c for run in facts.runs for c in run.checkpoints}
+    payloads = [item for item in items if item.verdicts == ("unsafe",)]
+    assert len(payloads) >= 20
+    for item in payloads:
+        state = found.get(str(item.path))
+        assert state is not None, (item.name, sorted(found)[:5])
+        assert state.verdict == "unsafe" and item.mentions in state.reason, (item.name, state)
+    assert sum(run.unsafe for run in facts.runs) == len(payloads)
+    assert not [path for path, state in found.items() if state.verdict == "complete"]
+    assert not marker.exists()
+    # Exported per run beside the damaged ones, and in /api/status's shape.
+    from storwatch.analysis.build import build_view
+    from storwatch.classify import Classifier
+    from storwatch.exporter import Exporter
+    from storwatch.registry import exporter_areas
+    from storwatch.report import view_to_dict
+    from storwatch.snapshot import Snapshot
+    from storwatch.vocabulary import Platform
+
+    view = build_view(
+        Snapshot(timestamp=time.time(), checkpoints=facts), Classifier("generic"), Platform("generic", "t")
+    )
+    text = Exporter(exporter_areas(), process_metrics=False).render(view).decode()
+    assert 'storwatch_checkpoint_unsafe{run="hf"} 1.0' in text
+    assert 'storwatch_checkpoint_corrupt{run="hf"} 0.0' in text
+    runs = {r["run"]: r for r in view_to_dict(view)["checkpoints"]}
+    assert runs["hf"]["unsafe"] == 1 and runs["hf"]["corrupt"] == 0
+
+
 # ---- storwatch verify --deep as a process ------------------------------------------------------------------------
 
 

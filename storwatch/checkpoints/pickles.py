@@ -519,6 +519,7 @@ HF_TRAINER: Mapping[str, Global] = _table(
         "transformers.trainer_utils.FSDPOption",
         "transformers.debug_utils.DebugOption",
         "transformers.training_args.ParallelMode",
+        "transformers.trainer_pt_utils.AcceleratorConfig",
         "accelerate.utils.dataclasses.DistributedType",
         "accelerate.state.PartialState",
     )
