@@ -156,6 +156,16 @@ def test_unknown_class_is_complete_with_a_note_that_allowed_globals_quiets(
         assert (quiet.verdict, quiet.notes, quiet.unknown_globals) == ("complete", (), ()), allowed
 
 
+def test_many_distinct_unknown_names_stop_at_the_object_limit(tmp_path: Path) -> None:
+    """Each unknown name gets an inert stand-in; a pickle naming 100,000 distinct ones (and dropping each) is charged
+    for them and stops at the object limit: unknown, not corrupt, and the note names only the first thousand."""
+    body = b"".join(b"cm%d\nC%d\n0" % (i, i) for i in range(100_000))  # GLOBAL, POP
+    path = hostile.torch_zip(tmp_path / "m.pt", b"\x80\x02" + body + b"N.")
+    result = check(str(path), limits=DeepLimits(max_pickle_objects=500_000))
+    assert (result.verdict, result.limit) == ("unknown", "max_pickle_objects"), result
+    assert len(result.unknown_globals) <= 20
+
+
 def test_unknown_class_in_dcp_metadata_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A .metadata that is not DCP's (an unknown class at its top) is corrupt for what it holds, not for the name.
     dcp = hostile.dcp_dir(tmp_path / "step-1", _pickle_of_unknown_class(monkeypatch))

@@ -768,6 +768,7 @@ class _Mark:
     __slots__ = ()
 
 
+_UNKNOWN_GLOBAL_OBJECTS = 12
 MAX_UNKNOWN_NAMES = 1000
 """Distinct unknown names noted per dict passed as ``unknown`` (a pickle naming more is still read)."""
 
@@ -872,6 +873,9 @@ class Reader:
             self.unknown[full] = 1
         record = self._unknown_globals.get(full)
         if record is None:
+            # A stand-in (a Global and its closure) costs about a dozen objects' worth of memory: charged as such, so
+            # a pickle naming millions of distinct classes stops at the object limit like any other.
+            self.charge(_UNKNOWN_GLOBAL_OBJECTS)
             record = self._unknown_globals[full] = _record(full)
         return record
 
