@@ -15,12 +15,15 @@ $(RUN_STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e .
 	touch $(RUN_STAMP)
 
-$(STAMP): $(RUN_STAMP)
+$(STAMP): $(RUN_STAMP) Makefile
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# torch for the checkpoint tests: 2.13.0 is a local CPU wheel here; a plain 'torch' would pull GBs of CUDA.
 	$(BIN)/pip install --quiet torch==2.13.0
 	# torchsnapshot for its real-library checkpoint test (0.1.0 runs on torch 2.13 with numpy; torch stays pinned).
 	$(BIN)/pip install --quiet torchsnapshot==0.1.0 numpy torch==2.13.0
+	# The training libraries whose real checkpoints the tests judge (tests/framework_checkpoints.py): the Hugging Face
+	# Trainer with Accelerate, Lightning; torch stays pinned in the same call, so pip never swaps it for a CUDA build.
+	$(BIN)/pip install --quiet transformers==5.24.0 accelerate==1.15.0 lightning==2.6.6 torch==2.13.0
 	touch $(STAMP)
 
 # Debian packages the real-part tests start (promtool, node_exporter, chromium, FUSE, mkfs.ext4).

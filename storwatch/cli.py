@@ -28,15 +28,19 @@ VERIFY_EPILOG = """\
 verdicts:
   complete    the checkpoint is whole (every byte read and torch.load tried, with --deep)
   incomplete  a save that did not finish, or a file cut short
-  corrupt     finished, then damaged, never valid, or its pickle reaches for a global outside the allow-list
+  corrupt     finished, then damaged, or never valid
+  unsafe      a pickle in it names a global that runs code when loaded (os.system, builtins.exec, ...):
+              never complete, whatever else holds; do not load it
   unknown     not a checkpoint, or a check stopped at a limit (the reason names it)
+A "note:" line says what is no damage: classes a pickle names that storwatch does not know (read as inert
+records; checkpoints.allowed_globals in --config quiets it), bytes after a legacy file's last storage.
 
 exit status:
   0  every path is a complete checkpoint
-  1  some checkpoint is incomplete or corrupt
+  1  some checkpoint is incomplete, corrupt or unsafe
   2  usage error (a path does not exist, a bad option or configuration)
-  3  none incomplete or corrupt, but something could not be verified: no checkpoint was found, or a check
-     stopped at a limit
+  3  none incomplete, corrupt or unsafe, but something could not be verified: no checkpoint was found, or a
+     check stopped at a limit
 
 Nothing is ever unpickled with the standard unpickler or executed: pickles are read by a restricted reader, and
 torch.load (weights_only=True, with --deep) runs in a separate, resource-limited process.
@@ -139,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
     verify = sub.add_parser(
         "verify",
-        help="check checkpoint files or directories: complete, incomplete, corrupt or unknown",
+        help="check checkpoint files or directories: complete, incomplete, corrupt, unsafe or unknown",
         description="Check checkpoint files or directories (a run directory: every checkpoint found below it).",
         epilog=VERIFY_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -175,7 +179,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for path in args.paths:
         results.extend(_verify_path(path, args.deep, limits))
     if args.json:
-        keys = ("path", "format", "verdict", "reason", "size_bytes", "deep")
+        keys = ("path", "format", "verdict", "reason", "size_bytes", "deep", "notes", "unknown_globals")
         # No number here is a float (sizes are ints): allow_nan=False only keeps it so.
         json.dump([{k: r.to_dict()[k] for k in keys} for r in results], sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
@@ -193,17 +197,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for path, _ in orphans:
             print(f"            {printable(path)}", file=sys.stderr if args.json else sys.stdout)
     verdicts = {r.verdict for r in results}
-    if verdicts & {"incomplete", "corrupt"}:
+    if verdicts & {"incomplete", "corrupt", "unsafe"}:
         return EXIT_FINDINGS
     return EXIT_NOTHING_VERIFIED if "unknown" in verdicts or not results else EXIT_OK
 
 
 def _verdict_lines(r: Any) -> str:
-    """A check's two lines: verdict, format and path, then the reason. The path and the reason (which may quote an
-    entry's name) come from the files checked: escaped, so a name cannot rewrite the lines around it."""
+    """A check's lines: verdict, format and path, then the reason, then its notes. The path, the reason and the notes
+    (which may quote an entry's or a class's name) come from the files checked: escaped, so a name cannot rewrite the
+    lines around it."""
     return (
         f"{r.verdict.upper():<10}  {printable(r.format or 'unknown'):<19}  {printable(r.path)}\n            "
         + printable(r.reason)
+        + "".join(f"\n            note: {printable(note)}" for note in r.notes)
     )
 
 

@@ -377,6 +377,7 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "kept": len(run.complete),
                 "incomplete": run.incomplete,
                 "corrupt": run.corrupt,
+                "unsafe": run.unsafe,
                 "write_in_progress": run.write_in_progress,
                 "orphaned_temps": run.orphaned_temps,
                 "orphaned_temp_bytes": run.orphaned_temp_bytes,

@@ -50,6 +50,8 @@ class _Subprocess:
 
 
 PAYLOADS = {"os.system": _System, "builtins.exec": _Exec, "subprocess.call": _Subprocess}
+NAMED_AS = {"os.system": "posix.system", "builtins.exec": "builtins.exec", "subprocess.call": "subprocess.call"}
+"""The global each payload's pickle names (os.system pickles as posix.system on Linux)."""
 
 
 def payload(marker: Path, kind: str = "os.system", protocol: int = 2, wrap: bool = True) -> bytes:
@@ -57,6 +59,48 @@ def payload(marker: Path, kind: str = "os.system", protocol: int = 2, wrap: bool
     evil = PAYLOADS[kind](marker)
     obj: object = {"state_dict": {"w": [0.0] * 4}, "epoch": 3, "hook": evil} if wrap else evil
     return pickle.dumps(obj, protocol=protocol)
+
+
+def _text(value: str) -> bytes:
+    raw = value.encode()
+    return b"\x8c" + bytes([len(raw)]) + raw  # SHORT_BINUNICODE
+
+
+def gadget(marker: Path, kind: str) -> bytes:
+    """A pickle, written opcode by opcode, that touches ``marker`` through a gadget a name-based allow-list can miss:
+
+    ``attribute-path``: protocol 4 resolves ``logging`` + ``os.system`` by getattr, reaching os through logging;
+    ``getattr-import``: ``getattr(__import__("os"), "system")``; ``partial``: ``functools.partial(os.system, CMD)()``;
+    ``io-open``: ``io.open(marker, "w")`` (creates the file); ``timeit``: ``timeit.timeit(CODE, number=1)``."""
+    touch = f"touch {marker}"
+    if kind == "attribute-path":
+        return b"\x80\x04" + _text("logging") + _text("os.system") + b"\x93" + _text(touch) + b"\x85R."
+    if kind == "getattr-import":
+        return (
+            b"\x80\x02c__builtin__\ngetattr\n(c__builtin__\n__import__\n(Vos\ntRVsystem\ntR"
+            + b"(V"
+            + touch.encode()
+            + b"\ntR."
+        )
+    if kind == "partial":
+        return b"\x80\x02cfunctools\npartial\n(cposix\nsystem\nV" + touch.encode() + b"\ntR)R."
+    if kind == "io-open":
+        return b"\x80\x02cio\nopen\n(V" + str(marker).encode() + b"\nVw\ntR."
+    if kind == "timeit":
+        code = f"open({str(marker)!r}, 'w').close()"
+        # timeit(stmt, setup, timer, number): the statement runs once.
+        return b"\x80\x02ctimeit\ntimeit\n(V" + code.encode() + b"\nVpass\nctimeit\ndefault_timer\nK\x01tR."
+    raise ValueError(kind)
+
+
+GADGETS = {
+    "attribute-path": "logging.os.system",
+    "getattr-import": "builtins.getattr",
+    "partial": "posix.system",
+    "io-open": "io.open",
+    "timeit": "timeit.timeit",
+}
+"""Each gadget and the name the restricted reader stops at."""
 
 
 def payload_would_run(data: bytes, marker: Path) -> bool:
@@ -240,18 +284,22 @@ def build_corpus(root: Path, marker: Path) -> list[Item]:
     for kind in PAYLOADS:
         for proto in (2, 4):
             tag = f"{kind.replace('.', '-')}-p{proto}"
-            mention = kind.rpartition(".")[2] + ": refused"
-            add(f"pt-{tag}", torch_zip(root / f"pt-{tag}" / "model.pt", payload(m, kind, proto)), ("corrupt",), mention)
+            mention = f"names {NAMED_AS[kind]}"
+            add(f"pt-{tag}", torch_zip(root / f"pt-{tag}" / "model.pt", payload(m, kind, proto)), ("unsafe",), mention)
     add(
         "dcp-metadata",
         dcp_dir(root / "dcp-metadata" / "step-10", payload(m, "os.system", 4, wrap=False)),
-        ("corrupt",),
-        "system: refused",  # os.system pickles as posix.system
+        ("unsafe",),
+        "names posix.system",
     )
+    for kind, name in GADGETS.items():
+        add(f"gadget-{kind}", torch_zip(root / f"gadget-{kind}" / "model.pt", gadget(m, kind)), ("unsafe",), name)
+        dcp = dcp_dir(root / f"gadget-dcp-{kind}" / "step-1", gadget(m, kind))
+        add(f"gadget-dcp-{kind}", dcp, ("unsafe",), name)
     ds = root / "deepspeed"
     torch_zip(ds / "global_step10" / "mp_rank_00_model_states.pt", payload(m, "builtins.exec"))
     (ds / "latest").write_text("global_step10")
-    add("deepspeed-model-states", ds / "global_step10", ("corrupt",), "builtins.exec")
+    add("deepspeed-model-states", ds / "global_step10", ("unsafe",), "builtins.exec")
     hf = root / "hf" / "checkpoint-10"
     torch_zip(hf / "pytorch_model.bin", plain_state_pickle())
     torch_zip(hf / "optimizer.pt", payload(m, "subprocess.call"))
@@ -259,24 +307,24 @@ def build_corpus(root: Path, marker: Path) -> list[Item]:
     old = 1_700_000_000
     for p in (*hf.iterdir(), hf):
         os.utime(p, (old, old))
-    add("hf-optimizer", hf, ("corrupt",), "subprocess.call")
+    add("hf-optimizer", hf, ("unsafe",), "subprocess.call")
     hf2 = root / "hf2" / "checkpoint-10"
     torch_zip(hf2 / "pytorch_model.bin", payload(m, "os.system", 4))
     (hf2 / "trainer_state.json").write_text("{}")
     for p in (*hf2.iterdir(), hf2):
         os.utime(p, (old, old))
-    add("hf-model", hf2, ("corrupt",), "system: refused")
+    add("hf-model", hf2, ("unsafe",), "names posix.system")
     mg = root / "megatron"
     it = mg / "iter_0000010"
     torch_zip(it / "common.pt", payload(m, "os.system"))
     dcp_dir(it, payload(m, "builtins.exec", 4, wrap=False))
     (mg / "latest_checkpointed_iteration.txt").write_text("10")
-    add("megatron-common", it, ("corrupt",), "system: refused")
+    add("megatron-common", it, ("unsafe",), "names posix.system")
     mg2 = root / "megatron2" / "iter_0000010"
     torch_zip(mg2 / "common.pt", plain_state_pickle())
     dcp_dir(mg2, payload(m, "builtins.exec", 4, wrap=False))
     (root / "megatron2" / "latest_checkpointed_iteration.txt").write_text("10")
-    add("megatron-dcp-metadata", mg2, ("corrupt",), "builtins.exec")
+    add("megatron-dcp-metadata", mg2, ("unsafe",), "builtins.exec")
 
     # Headers and pickles built to exhaust a parser.
     for name in ("st-nested", "st-huge"):
@@ -315,7 +363,7 @@ def build_corpus(root: Path, marker: Path) -> list[Item]:
     odd.mkdir()
     bad_name = os.fsdecode(b"\xff\xfe-model.pt")
     torch_zip(odd / bad_name, payload(m, "os.system"))
-    add("non-utf8-name", odd / bad_name, ("corrupt",), "system: refused")
+    add("non-utf8-name", odd / bad_name, ("unsafe",), "names posix.system")
     loops = root / "symlink-loop"
     loops.mkdir()
     (loops / "a.pt").symlink_to("b.pt")

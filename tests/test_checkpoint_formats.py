@@ -23,6 +23,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed (pip install torch==2.13.0, CPU wheel)")
 
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int8", "bool")
+LEGACY_HEAD = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little") + b"."
+"""pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2): how every legacy torch.save file starts."""
 
 
 def safetensors_bytes(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
@@ -103,6 +105,13 @@ def assert_truncated(result: CheckResult, size: int) -> None:
         ({"d/latest_checkpointed_iteration.txt": b"10"}, "d", "megatron"),
         ({"d/iter_0000010/x": b""}, "d/iter_0000010", "megatron"),
         ({"d/readme": b""}, "d", None),
+        # torch.save's legacy format: the magic number's pickle (protocol 2), then anything.
+        ({"m.pt": LEGACY_HEAD + b"rest"}, "m.pt", "torch-legacy"),
+        ({"m.bin": LEGACY_HEAD}, "m.bin", "torch-legacy"),
+        ({"noext": LEGACY_HEAD}, "noext", "torch-legacy"),
+        ({"m.pt": LEGACY_HEAD[:5]}, "m.pt", "torch-zip"),
+        ({"d/random_states_0.pkl": b"PK\x03\x04", "d/optimizer.bin": b""}, "d", "accelerate"),
+        ({"d/checkpoint_3/random_states_0.pkl": b"PK\x03\x04"}, "d/checkpoint_3", "accelerate"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -118,6 +127,64 @@ def test_unknown_is_reported_not_raised(tmp_path: Path) -> None:
     result = check(str(tmp_path / "notes.txt"))
     assert (result.format, result.verdict) == (None, "unknown")
     assert "not a recognised checkpoint format" in result.reason and "no checkpoint found" in result.reason
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "unsafe"),
+    [
+        ("posix", "system", "starts processes"),
+        ("nt", "system", "starts processes"),
+        ("os", "popen", "starts processes"),
+        ("subprocess", "Popen", "starts processes"),
+        ("builtins", "eval", "runs code"),
+        ("builtins", "exec", "runs code"),
+        ("builtins", "getattr", "runs code"),
+        ("builtins", "__import__", "runs code"),
+        ("builtins", "open", "runs code"),
+        ("importlib", "import_module", "runs code"),
+        ("runpy", "run_path", "runs code"),
+        ("pickle", "loads", "runs code"),
+        ("marshal", "loads", "runs code"),
+        ("types", "FunctionType", "runs code"),
+        ("ctypes", "CDLL", "runs code"),
+        ("code", "InteractiveInterpreter", "runs code"),
+        ("operator", "attrgetter", "runs code"),
+        ("operator", "methodcaller", "runs code"),
+        ("_operator", "methodcaller", "runs code"),
+        ("torch", "load", "runs code"),
+        ("torch.serialization", "load", "runs code"),
+        ("torch.storage", "_load_from_bytes", "runs code"),
+        ("torch.fx.graph_module", "reduce_graph_module", "runs code"),
+        ("numpy.testing._private.utils", "runstring", "runs code"),
+        ("io", "open", "files"),
+        ("_io", "FileIO", "files"),
+        ("shutil", "rmtree", "files"),
+        ("pty", "spawn", "starts processes"),
+        ("webbrowser", "open", "starts processes"),
+        ("multiprocessing.util", "spawnv_passfds", "starts processes"),
+        ("socket", "create_connection", "network"),
+        ("sys", "modules", "runs code"),
+        # Attribute paths that walk through a module, and dunders: what protocol 4's dotted names can reach.
+        ("logging", "os.system", "attribute path"),
+        ("collections", "abc.sys", "attribute path"),
+        ("pathlib", "Path.write_text", "attribute path"),
+        ("torch", "__builtins__", "internals"),
+        # Not unsafe: allowed stand-ins are looked up first; unknown classes are only noted.
+        ("transformers.trainer_pt_utils", "AcceleratorConfig", None),
+        ("functools", "partial", None),
+        ("copyreg", "__newobj__", None),
+        ("mypkg.types", "Config", None),
+        ("mypkg", "Outer.Inner", None),
+        ("uuid", "UUID", None),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_unsafe_globals(module: str, name: str, unsafe: str | None) -> None:
+    from storwatch.checkpoints.pickles import unsafe_global
+
+    why = unsafe_global(module, name)
+    assert (why is None) == (unsafe is None), why
+    assert unsafe is None or (why is not None and unsafe in why), why
 
 
 # ---- torch.save ZIP, hand-built (no torch needed) ------------------------------------------------------------------
@@ -208,6 +275,39 @@ def test_fifty_truncated_torch_saves_are_never_complete(tmp_path: Path) -> None:
             assert_truncated(check(str(path)), size)
             if cut % 5 == 0:
                 assert_truncated(check(str(path), deep=True), size)
+
+
+@pytest.mark.realpart
+@needs_torch
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_legacy_torch_save_is_read_and_every_cut_is_incomplete(tmp_path: Path, protocol: int) -> None:
+    """torch.save(..., _use_new_zipfile_serialization=False): complete whole, incomplete wherever it is cut (never for
+    being no ZIP), corrupt when a storage's stored count disagrees with its pickle."""
+    assert torch is not None
+    rng = random.Random(protocol)
+    state = random_state(rng, 200_000)
+    state["marker"] = torch.zeros(12345, dtype=torch.float32)
+    state["step"] = 3
+    buf = io.BytesIO()
+    torch.save(state, buf, _use_new_zipfile_serialization=False, pickle_protocol=protocol)
+    data = buf.getvalue()
+    path = tmp_path / "legacy.pt"
+    path.write_bytes(data)
+    result = check(str(path))
+    assert (result.format, result.verdict, result.reason) == ("torch-legacy", "complete", "all checks passed")
+    assert check(str(path), deep=True).verdict == "complete"
+    cut = tmp_path / "cut.pt"
+    for size in [*sorted(rng.sample(range(1, len(data)), 40)), len(data) - 1]:
+        cut.write_bytes(data[:size])
+        result = check(str(cut))
+        assert result.verdict == "incomplete", (size, result)
+        if size >= 32:  # past the magic number's pickle: known for what it is, and cut short
+            assert result.format == "torch-legacy" and "cut short" in result.reason, (size, result)
+    count = (12345).to_bytes(8, "little")
+    assert data.count(count) == 1
+    cut.write_bytes(data.replace(count, (12344).to_bytes(8, "little")))
+    result = check(str(cut))
+    assert result.verdict == "corrupt" and "12,344 elements where the pickle names 12,345" in result.reason
 
 
 @pytest.mark.realpart

@@ -1,6 +1,8 @@
 """Hostile checkpoints (tests/hostile.py) through check(), through ``storwatch verify --deep`` as a process, and
-through the running agent: no payload ever runs, memory and time stay bounded, each gets the right verdict, and a
-healthy run beside the poison is still tracked. One agent test runs in a 256 MiB memory cgroup with the zip bomb."""
+through the running agent: no payload ever runs, memory and time stay bounded, each gets the right verdict (every
+code payload ``unsafe``, never complete), and a healthy run beside the poison is still tracked. Classes the reader
+merely does not know are no damage: complete, with a note. One agent test runs in a 256 MiB memory cgroup with the
+zip bomb."""
 
 from __future__ import annotations
 
@@ -88,6 +90,12 @@ def test_payloads_run_when_unpickled_the_ordinary_way(tmp_path: Path, kind: str)
         assert hostile.payload_would_run(hostile.payload(marker, kind, protocol), marker)
 
 
+@pytest.mark.parametrize("kind", sorted(hostile.GADGETS))
+def test_gadgets_run_when_unpickled_the_ordinary_way(tmp_path: Path, kind: str) -> None:
+    marker = tmp_path / "MARKER"
+    assert hostile.payload_would_run(hostile.gadget(marker, kind), marker)
+
+
 # ---- check() in this process ---------------------------------------------------------------------------------------
 
 
@@ -103,17 +111,20 @@ def test_every_hostile_item_gets_its_verdict_and_nothing_runs(corpus: tuple[Path
     assert not marker.exists()
 
 
-def test_refused_global_names_it_and_the_way_out(tmp_path: Path) -> None:
+def test_unsafe_global_is_named_and_no_configuration_makes_it_complete(tmp_path: Path) -> None:
     marker = tmp_path / "MARKER"
     path = hostile.torch_zip(tmp_path / "m.pt", hostile.payload(marker, "builtins.exec", 2))
     result = check(str(path))
-    assert result.verdict == "corrupt"
-    assert "data.pkl references builtins.exec: refused" in result.reason
-    assert "checkpoints.allowed_globals" in result.reason
+    assert result.verdict == "unsafe" and not result.complete
+    assert "data.pkl names builtins.exec, which runs code when unpickled" in result.reason
+    assert "no configuration makes it complete" in result.reason
+    # Configured names only quiet the note on unknown classes: an unsafe one stays unsafe.
+    for allowed in ("builtins.exec", "builtins.*", "posix.*"):
+        assert check(str(path), limits=DeepLimits(allowed_globals=(allowed,))).verdict == "unsafe", allowed
     assert not marker.exists()
 
 
-def test_configured_allowed_global_is_inert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _pickle_of_unknown_class(monkeypatch: pytest.MonkeyPatch) -> bytes:
     import pickle
     import types
 
@@ -127,12 +138,40 @@ def test_configured_allowed_global_is_inert(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setitem(sys.modules, "myproject.config", module)
     h = Hyper()
     h.lr = 0.1  # type: ignore[attr-defined]
-    data = pickle.dumps({"hparams": h}, protocol=2)
-    path = hostile.torch_zip(tmp_path / "m.pt", data)
-    assert check(str(path)).verdict == "corrupt"
+    return pickle.dumps({"hparams": h, "more": [Hyper(), Hyper()]}, protocol=2)
+
+
+def test_unknown_class_is_complete_with_a_note_that_allowed_globals_quiets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = hostile.torch_zip(tmp_path / "m.pt", _pickle_of_unknown_class(monkeypatch))
+    result = check(str(path))
+    assert result.verdict == "complete" and result.reason == "all checks passed"
+    assert result.unknown_globals == ("myproject.config.Hyper",) and result.unknown_global_count == 1
+    (note,) = result.notes
+    assert "1 name storwatch does not know (myproject.config.Hyper)" in note
+    assert "checkpoints.allowed_globals" in note and "no damage" in note
     for allowed in ("myproject.config.Hyper", "myproject.config.*"):
-        limits = DeepLimits(allowed_globals=(allowed,))
-        assert check(str(path), limits=limits).verdict == "complete", allowed
+        quiet = check(str(path), limits=DeepLimits(allowed_globals=(allowed,)))
+        assert (quiet.verdict, quiet.notes, quiet.unknown_globals) == ("complete", (), ()), allowed
+
+
+def test_many_distinct_unknown_names_stop_at_the_object_limit(tmp_path: Path) -> None:
+    """Each unknown name gets an inert stand-in; a pickle naming 100,000 distinct ones (and dropping each) is charged
+    for them and stops at the object limit: unknown, not corrupt, and the note names only the first thousand."""
+    body = b"".join(b"cm%d\nC%d\n0" % (i, i) for i in range(100_000))  # GLOBAL, POP
+    path = hostile.torch_zip(tmp_path / "m.pt", b"\x80\x02" + body + b"N.")
+    result = check(str(path), limits=DeepLimits(max_pickle_objects=500_000))
+    assert (result.verdict, result.limit) == ("unknown", "max_pickle_objects"), result
+    assert len(result.unknown_globals) <= 20
+
+
+def test_unknown_class_in_dcp_metadata_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A .metadata that is not DCP's (an unknown class at its top) is corrupt for what it holds, not for the name.
+    dcp = hostile.dcp_dir(tmp_path / "step-1", _pickle_of_unknown_class(monkeypatch))
+    result = check(str(dcp))
+    assert result.verdict == "corrupt" and "not a Metadata" in result.reason
+    assert result.unknown_globals == ("myproject.config.Hyper",)
 
 
 def test_hardlink_to_a_file_outside_is_read_only_and_not_complete(tmp_path: Path) -> None:
@@ -190,6 +229,46 @@ def test_pickle_and_json_size_limits_are_unknown(tmp_path: Path) -> None:
     dcp = hostile.dcp_dir(tmp_path / "dcp", hostile.pickle_memo_bomb(copies=10))
     result = check(str(dcp), limits=DeepLimits(max_pickle_bytes=100))
     assert (result.verdict, result.limit) == ("unknown", "max_pickle_bytes")
+
+
+def test_the_agents_source_calls_every_code_payload_unsafe(corpus: tuple[Path, Path, list[hostile.Item]]) -> None:
+    """The checkpoint source the agent runs (its helper process, the scan's own candidates): every item carrying a
+    code payload is unsafe, counted apart from the damaged ones, and nothing else in the corpus is complete."""
+    from storwatch.sources.checkpoints import CheckpointSource
+
+    root, marker, items = corpus
+    source = CheckpointSource([str(root)], deep_per_scan=0)
+    try:
+        facts = source.collect()
+    finally:
+        source.close()
+    found = {c.path: c for run in facts.runs for c in run.checkpoints}
+    payloads = [item for item in items if item.verdicts == ("unsafe",)]
+    assert len(payloads) >= 20
+    for item in payloads:
+        state = found.get(str(item.path))
+        assert state is not None, (item.name, sorted(found)[:5])
+        assert state.verdict == "unsafe" and item.mentions in state.reason, (item.name, state)
+    assert sum(run.unsafe for run in facts.runs) == len(payloads)
+    assert not [path for path, state in found.items() if state.verdict == "complete"]
+    assert not marker.exists()
+    # Exported per run beside the damaged ones, and in /api/status's shape.
+    from storwatch.analysis.build import build_view
+    from storwatch.classify import Classifier
+    from storwatch.exporter import Exporter
+    from storwatch.registry import exporter_areas
+    from storwatch.report import view_to_dict
+    from storwatch.snapshot import Snapshot
+    from storwatch.vocabulary import Platform
+
+    view = build_view(
+        Snapshot(timestamp=time.time(), checkpoints=facts), Classifier("generic"), Platform("generic", "t")
+    )
+    text = Exporter(exporter_areas(), process_metrics=False).render(view).decode()
+    assert 'storwatch_checkpoint_unsafe{run="hf"} 1.0' in text
+    assert 'storwatch_checkpoint_corrupt{run="hf"} 0.0' in text
+    runs = {r["run"]: r for r in view_to_dict(view)["checkpoints"]}
+    assert runs["hf"]["unsafe"] == 1 and runs["hf"]["corrupt"] == 0
 
 
 # ---- storwatch verify --deep as a process ------------------------------------------------------------------------

@@ -30,7 +30,8 @@ def test_any_incomplete_exits_1_and_json_shape(tmp_path: Path, capsys: pytest.Ca
     write_safetensors(bad, truncate=5)
     assert main(["verify", "--json", "--deep", str(good), str(bad)]) == 1
     results = json.loads(capsys.readouterr().out)
-    assert [set(r) for r in results] == [{"path", "format", "verdict", "reason", "size_bytes", "deep"}] * 2
+    keys = {"path", "format", "verdict", "reason", "size_bytes", "deep", "notes", "unknown_globals"}
+    assert [set(r) for r in results] == [keys] * 2
     assert [r["verdict"] for r in results] == ["complete", "incomplete"]
     assert results[1]["path"] == str(bad) and results[1]["deep"] is True
     assert results[1]["size_bytes"] == bad.stat().st_size
@@ -115,12 +116,13 @@ def test_help_documents_verdicts_and_exit_codes(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     for line in (
         "0  every path is a complete checkpoint",
-        "1  some checkpoint is incomplete or corrupt",
+        "1  some checkpoint is incomplete, corrupt or unsafe",
         "2  usage",
         "3  ",
     ):
         assert line in out
     assert "unknown     not a checkpoint" in out
+    assert "unsafe      a pickle in it names a global that runs code" in out
 
 
 def test_bad_config_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,3 +131,31 @@ def test_bad_config_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixtu
     config.write_text("checkpoints:\n  allowed_globals: [os.system]\n")
     assert main(["verify", "--config", str(config), str(tmp_path / "a.safetensors")]) == 2
     assert "never allowed" in capsys.readouterr().err
+
+
+def test_unsafe_exits_1_and_unknown_class_is_complete_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests import hostile
+
+    marker = tmp_path / "MARKER"
+    unsafe = hostile.torch_zip(tmp_path / "evil.pt", hostile.payload(marker, "os.system"))
+    # A class nobody allow-listed, pickled by hand (GLOBAL, EMPTY_TUPLE, NEWOBJ, a dict state, BUILD).
+    known_not = b"\x80\x02cmyproject.config\nHyper\n)\x81}X\x02\x00\x00\x00lrG?\xb9\x99\x99\x99\x99\x99\x9asb."
+    fine = hostile.torch_zip(tmp_path / "fine.pt", known_not)
+    assert main(["verify", str(fine)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("COMPLETE") and "all checks passed" in out
+    assert "note: its pickles name 1 name storwatch does not know (myproject.config.Hyper)" in out
+    config = tmp_path / "c.yaml"
+    config.write_text("checkpoints:\n  allowed_globals: [myproject.config.Hyper]\n")
+    assert main(["verify", "--config", str(config), str(fine)]) == 0
+    assert "note:" not in capsys.readouterr().out
+    assert main(["verify", "--json", str(unsafe), str(fine)]) == 1
+    results = json.loads(capsys.readouterr().out)
+    assert [r["verdict"] for r in results] == ["unsafe", "complete"]
+    assert "names posix.system" in results[0]["reason"]
+    assert results[1]["unknown_globals"] == ["myproject.config.Hyper"] and len(results[1]["notes"]) == 1
+    assert main(["verify", str(unsafe)]) == 1
+    assert capsys.readouterr().out.startswith("UNSAFE")
+    assert not marker.exists()

@@ -1,5 +1,6 @@
-"""Checkpoints on disk: which format a file or directory is, and whether it is complete, incomplete, corrupt or
-unknown (not a checkpoint, or a check stopped at a limit)."""
+"""Checkpoints on disk: which format a file or directory is, and whether it is complete, incomplete, corrupt, unsafe
+(a pickle in it names a global that runs code when loaded) or unknown (not a checkpoint, or a check stopped at a
+limit)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,10 @@ the file's size, which torch maps), RLIMIT_CPU, no core dumps, and ``oom_score_a
 cgroup the kernel's OOM killer takes the child, not the agent. The caller kills the child's process group at a wall
 deadline. The outcome comes back as one JSON line on stdout.
 
-Extra allowed globals (argparse.Namespace, the frameworks' enums, ``checkpoints.allowed_globals``) are registered
-with ``torch.serialization.safe_globals`` as an inert class of the child's own, so torch never imports them either.
+Extra globals (argparse.Namespace, the frameworks' enums, ``checkpoints.allowed_globals``, and the classes the
+restricted reader found the file to name that storwatch does not know) are registered with
+``torch.serialization.safe_globals`` as an inert class of the child's own, so torch never imports them either. A
+legacy (non-ZIP) torch.save file is loaded without ``mmap``, which torch allows only for its ZIP format.
 Only the standard library is imported here; torch only in the child.
 """
 
@@ -30,6 +32,11 @@ from storwatch.paths import HostPaths
 
 _Finding = tuple[str, str]
 _MAX_OUTPUT = 64 * 1024
+WEIGHTS_ONLY_REFUSED = (
+    "torch's weights_only loader refused something storwatch's reader read (a class it takes as an inert record, "
+    "or a pickle opcode torch's loader does not support), so torch.load did not finish; that is no damage "
+    "(storwatch's own read of every storage passed)"
+)
 
 CHILD = r"""
 import json, os, resource, sys
@@ -74,7 +81,7 @@ class Inert(dict):
 stubs = [(type(name.rpartition(".")[2], (Inert,), {}), name) for name in cfg["globals"]]
 try:
     with torch.serialization.safe_globals(stubs):
-        torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+        torch.load(path, weights_only=True, mmap=cfg["mmap"], map_location="cpu")
 except MemoryError:
     report(status="memory", error="torch.load")
 except Exception as err:
@@ -93,7 +100,12 @@ def torch_available() -> bool:
 
 
 def torch_load_in_child(
-    path: str, file_size: int, limits: DeepLimits, deadline: Deadline, extra_globals: tuple[str, ...] = ()
+    path: str,
+    file_size: int,
+    limits: DeepLimits,
+    deadline: Deadline,
+    extra_globals: tuple[str, ...] = (),
+    mmap: bool = True,
 ) -> _Finding:
     """Load ``path`` with torch (``weights_only=True``) in a limited child; the finding for the check."""
     if not torch_available():
@@ -104,6 +116,7 @@ def torch_load_in_child(
         "address_space": limits.torch_address_space_bytes + file_size,
         "cpu": max(1, int(limits.torch_cpu_seconds)),
         "globals": list(extra_globals),
+        "mmap": mmap,
     }
     wall = max(1.0, min(limits.torch_wall_seconds, deadline.end - time.monotonic()))
     try:
@@ -168,12 +181,9 @@ def _outcome(out: bytes, returncode: int | None, limits: DeepLimits) -> _Finding
         )
     if status == "failed":
         if "Weights only load failed" in error:
-            # storwatch's own reader already allowed every global; torch's narrower list refusing one is no damage.
-            return (
-                "complete",
-                "every entry's CRC32 matches and every global is allowed; torch's weights_only loader refused a "
-                "class storwatch allows, so torch.load was not completed",
-            )
+            # storwatch's own reader already read every global (none unsafe); torch's narrower list refusing one is
+            # no damage: the caller makes this a note.
+            return "complete", WEIGHTS_ONLY_REFUSED
         first = error.strip().splitlines()[0] if error.strip() else "an error"
         return "corrupt", f"torch.load failed: {first[:300]}; the last complete checkpoint should be used"
     return "unknown", f"every entry's CRC32 matches; the torch-load child ended without an answer (status {returncode})"

@@ -2,14 +2,20 @@
 
 Pickles are programs: the standard unpickler imports any module and calls any function a file names, so a checkpoint
 can run code as whoever reads it. This reader runs the pickle machine itself, opcode by opcode (decoded by
-``pickletools.genops``), with an explicit allow-list of globals: each allowed ``(module, name)`` maps to a stand-in
-of our own (an inert ``Record``, a tuple, a string), and every other global is refused with an error naming it.
-A refused global stops the read before anything else happens: nothing is imported, looked up or called.
+``pickletools.genops``). Each global a pickle names is one of three things:
+
+  * allowed: a stand-in of our own (an inert ``Record``, a tuple, a string) that lets the structural check go on;
+  * unsafe (:func:`unsafe_global`): a name that runs code, or opens files, processes or sockets, when the standard
+    unpickler loads it (``os.system``, ``builtins.exec``, ``subprocess.Popen``, ``torch.load``...): the read stops
+    there with :class:`UnsafeGlobal`, before anything else happens;
+  * unknown: any other class or function (a framework's dataclass the lists do not name). Since nothing is ever
+    imported or called here, it stands as an inert ``Record`` of that name and the read goes on; the name is noted
+    (``unknown``) so the caller can say so. A class the reader does not know is not damage.
 
 Bounds: the input size (the caller reads at most ``max_pickle_bytes``), the objects built (every value and container
 slot counts, so memo tricks that re-push one large object many times still count against it), the nesting of tuples
 (hashing a deeply nested tuple recurses in C without a guard), and a wall-time deadline. Huge length fields cannot
-allocate: the input is in memory and every length is checked against what is left of it.
+allocate: every read is clamped to what is left of the input (``load_stream`` reads a file through a window).
 
 Allow-lists:
   * ``DCP_METADATA``: what torch.distributed.checkpoint's ``.metadata`` holds (torch 1.13 to 2.13 layouts).
@@ -17,11 +23,12 @@ Allow-lists:
   * ``HARMLESS_DATA``: plain data classes real checkpoints carry (argparse.Namespace, Lightning's AttributeDict,
     numpy arrays and scalars, pathlib paths, datetime values, slices, defaultdicts).
   * ``DEEPSPEED``, ``MEGATRON`` and ``HF_TRAINER``: the library classes those frameworks pickle into their files.
-Plus the configured ``checkpoints.allowed_globals``.
+Plus the configured ``checkpoints.allowed_globals``, which only quiets the note on unknown names: an unsafe name stays
+unsafe whatever the configuration says.
 
-Why one file (about 860 lines): it is one machine. The opcode loop, the stack and memo it keeps, the allow-lists and the
-stand-ins they map to are read together when judging whether a pickle can make the reader do anything; split, the
-one question a reviewer must answer (can any opcode reach an import or a call?) would span modules.
+Why one file: it is one machine. The opcode loop, the stack and memo it keeps, the allow-lists, the unsafe names and
+the stand-ins they map to are read together when judging whether a pickle can make the reader do anything; split,
+the one question a reviewer must answer (can any opcode reach an import or a call?) would span modules.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import _compat_pickle
 import io
 import pickletools
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -43,13 +51,14 @@ class PickleError(Exception):
     """The pickle is malformed, or does something its format never does."""
 
 
-class RefusedGlobal(PickleError):
-    """The pickle names a global outside the allow-list (``name`` is ``module.name``)."""
+class UnsafeGlobal(Exception):
+    """The pickle names a global that runs code (or opens files, processes or sockets) when unpickled the standard
+    way; ``name`` is ``module.name``, ``why`` says what it would do. Not a PickleError: it says nothing of damage."""
 
-    def __init__(self, name: str, called: bool = False) -> None:
-        what = "calls" if called else "references"
-        super().__init__(f"{what} {name}: refused")
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"names {name}, which {why} when unpickled")
         self.name = name
+        self.why = why
 
 
 class Record:
@@ -79,7 +88,7 @@ class Record:
 
 
 class Global:
-    """What a GLOBAL opcode pushes: the allowed name and what calling or instantiating it does (None: refused)."""
+    """What a GLOBAL opcode pushes: the name and what calling or instantiating it does (None: it is a value)."""
 
     __slots__ = ("call", "name", "new")
 
@@ -181,6 +190,15 @@ def _bytearray(reader: Reader, args: tuple[Any, ...]) -> bytearray:
         raise PickleError("bytearray is given something other than bytes")
     reader.charge_bytes(len(data))
     return bytearray(data) if not isinstance(data, list) else bytearray(bytes(len(data)))
+
+
+def _bytes(reader: Reader, args: tuple[Any, ...]) -> bytes:
+    # Protocol 2 writes b"" as bytes() and a bytes subclass's value as bytes(list of ints).
+    data: Any = args[0] if args else []
+    if len(args) > 1 or not isinstance(data, (list, bytes)) or not all(type(b) is int and 0 <= b < 256 for b in data):
+        raise PickleError("bytes is given something other than byte values")
+    reader.charge_bytes(len(data))
+    return bytes(data)
 
 
 def _codecs_encode(reader: Reader, args: tuple[Any, ...]) -> bytes:
@@ -353,6 +371,7 @@ def _torch_weights_only() -> dict[str, Global]:
         _text("torch.device"),
         Global("_codecs.encode", _codecs_encode),
         Global("builtins.bytearray", _bytearray),
+        Global("builtins.bytes", _bytes),
         Global("builtins.set", _set(False)),
         Global("builtins.frozenset", _set(True)),
         Global("builtins.complex", _complex),
@@ -380,6 +399,7 @@ _RECONSTRUCTOR = Global("copyreg._reconstructor", _reconstructor)
 HARMLESS_DATA: Mapping[str, Global] = _table(
     [
         _record("argparse.Namespace"),
+        _record("types.SimpleNamespace"),
         _record("lightning.fabric.utilities.data.AttributeDict"),
         _record("lightning.pytorch.utilities.parsing.AttributeDict"),
         _record("pytorch_lightning.utilities.parsing.AttributeDict"),
@@ -390,6 +410,7 @@ HARMLESS_DATA: Mapping[str, Global] = _table(
         *(_record(f"datetime.{t}") for t in ("datetime", "date", "time", "timedelta", "timezone")),
         *(_path(f"{m}.{c}") for m in ("pathlib", "pathlib._local") for c in ("PosixPath", "PurePosixPath")),
         *(_record(f"{m}.multiarray.{f}") for m in ("numpy.core", "numpy._core") for f in ("_reconstruct", "scalar")),
+        *(_record(f"{m}.numeric._frombuffer") for m in ("numpy.core", "numpy._core")),
         _record("numpy.ndarray"),
         _record("numpy.dtype"),
         *(
@@ -498,6 +519,7 @@ HF_TRAINER: Mapping[str, Global] = _table(
         "transformers.trainer_utils.FSDPOption",
         "transformers.debug_utils.DebugOption",
         "transformers.training_args.ParallelMode",
+        "transformers.trainer_pt_utils.AcceleratorConfig",
         "accelerate.utils.dataclasses.DistributedType",
         "accelerate.state.PartialState",
     )
@@ -505,8 +527,221 @@ HF_TRAINER: Mapping[str, Global] = _table(
 """What the Hugging Face Trainer pickles into ``training_args.bin`` (its arguments and their enums)."""
 
 
+_RUNS_CODE = "runs code"
+_FILES = "opens, writes or removes files"
+_NETWORK = "opens network connections"
+_PROCESSES = "starts processes or threads, or signals them"
+
+UNSAFE: Mapping[str, str] = {
+    **dict.fromkeys(
+        (
+            # The interpreter itself: names that import, compile, evaluate or reach any object.
+            "builtins",
+            "__builtin__",
+            "sys",
+            "importlib",
+            "imp",
+            "runpy",
+            "pkgutil",
+            "zipimport",
+            "site",
+            "code",
+            "codeop",
+            "types",
+            "inspect",
+            "gc",
+            "operator",
+            "_operator",
+            "ctypes",
+            "_ctypes",
+            "cffi",
+            "pydoc",
+            "pdb",
+            "bdb",
+            "doctest",
+            "timeit",
+            "trace",
+            "profile",
+            "cProfile",
+            "unittest",
+            "test",
+            "idlelib",
+            "ensurepip",
+            "venv",
+            "distutils",
+            "setuptools",
+            "pip",
+            "compileall",
+            "py_compile",
+            "logging.config",
+            # Other deserialisers: loading one of their objects loads a pickle (or code) of its own.
+            "pickle",
+            "_pickle",
+            "cPickle",
+            "marshal",
+            "shelve",
+            "dbm",
+            "copy_reg",
+            "dill",
+            "cloudpickle",
+            "joblib",
+            "jsonpickle",
+            "yaml",
+            "IPython",
+            "torch.load",
+            "torch.storage._load_from_bytes",
+            "torch.serialization",
+            "torch.hub",
+            "torch.jit",
+            "torch.package",
+            "torch.fx",
+            "torch.utils.cpp_extension",
+            "torch._C",
+            "torch.ops",
+            "torch._ops",
+            "torch.classes",
+            "torch.library",
+            "torch.compile",
+            "torch.compiler",
+            "torch._dynamo",
+            "torch._inductor",
+            "torch.distributed.rpc",
+            "numpy.testing",
+            "numpy.f2py",
+            "numpy.distutils",
+            "numpy.ctypeslib",
+            "numpy.load",
+            "numpy.lib.npyio",
+            "numpy.lib._npyio_impl",
+            "numpy.lib.format",
+            "pandas.read_pickle",
+            "pandas.io",
+        ),
+        _RUNS_CODE,
+    ),
+    **dict.fromkeys(
+        (
+            "os",
+            "posix",
+            "nt",
+            "subprocess",
+            "_posixsubprocess",
+            "commands",
+            "popen2",
+            "pty",
+            "platform",
+            "webbrowser",
+            "multiprocessing",
+            "_multiprocessing",
+            "concurrent",
+            "asyncio",
+            "threading",
+            "_thread",
+            "signal",
+            "_signal",
+            "faulthandler",
+            "atexit",
+            "resource",
+            "uuid._get_command_stdout",
+            "uuid._popen",
+        ),
+        _PROCESSES,
+    ),
+    **dict.fromkeys(
+        (
+            "io",
+            "_io",
+            "codecs.open",
+            "shutil",
+            "tempfile",
+            "fileinput",
+            "mmap",
+            "fcntl",
+            "tarfile",
+            "zipfile",
+            "gzip",
+            "bz2",
+            "lzma",
+            "sqlite3",
+            "logging.FileHandler",
+            "logging.basicConfig",
+            "logging.handlers",
+            "torch.save",
+            "torch.from_file",
+            "numpy.save",
+            "numpy.savez",
+            "numpy.savez_compressed",
+            "numpy.savetxt",
+            "numpy.loadtxt",
+            "numpy.genfromtxt",
+            "numpy.fromfile",
+            "numpy.memmap",
+            "numpy.core.memmap",
+            "numpy._core.memmap",
+        ),
+        _FILES,
+    ),
+    **dict.fromkeys(
+        (
+            "socket",
+            "_socket",
+            "ssl",
+            "select",
+            "http",
+            "urllib",
+            "urllib2",
+            "httplib",
+            "ftplib",
+            "smtplib",
+            "poplib",
+            "imaplib",
+            "nntplib",
+            "telnetlib",
+            "xmlrpc",
+            "socketserver",
+            "requests",
+            "urllib3",
+            "httpx",
+            "aiohttp",
+        ),
+        _NETWORK,
+    ),
+}
+"""Names that run code, or reach files, processes or the network, when the standard unpickler loads a pickle naming
+them: a whole module (and every name below it) or one function. Allowed stand-ins are looked up first, so
+``builtins.set`` stays allowed while every other builtin (``eval``, ``exec``, ``getattr``, ``open``, ``__import__``)
+is unsafe. ``functools.partial`` and the like are not here: they call only what they are given, which is a global the
+pickle must name too (``partial(os.system, ...)`` names ``posix.system``)."""
+
+_CLASS_LIKE = re.compile(r"_*[A-Z]")
+_DUNDER_OK = frozenset({"copyreg.__newobj__", "copyreg.__newobj_ex__"})
+
+
+def unsafe_global(module: str, name: str) -> str | None:
+    """What the global ``module.name`` would do when unpickled the standard way, if that is dangerous; else None.
+
+    Beyond the names in UNSAFE: a dunder anywhere in the name (``__builtins__``, ``__globals__``, ``__import__``),
+    and an attribute path (pickle protocol 4 walks dotted names with getattr) that passes through anything but a
+    class: ``logging.os.system`` or ``collections.abc.sys`` reach a dangerous module through a harmless one, and
+    pickle itself writes dotted names for classes nested in classes, and for methods reached through their class
+    (``pathlib.Path.write_text``), which no checkpoint needs."""
+    full = f"{module}.{name}"
+    parts = full.split(".")
+    for i in range(len(parts), 0, -1):
+        why = UNSAFE.get(".".join(parts[:i]))
+        if why is not None:
+            return why
+    attrs = name.split(".")
+    if full not in _DUNDER_OK and any(a.startswith("__") and a.endswith("__") for a in attrs):
+        return f"{_RUNS_CODE} (it reaches into an object's internals)"
+    if len(attrs) > 1 and not all(_CLASS_LIKE.match(a) for a in attrs):
+        return f"{_RUNS_CODE} (it reaches {attrs[-1][:80]} through the attribute path {name[:120]})"
+    return None
+
+
 def with_extra(base: Mapping[str, Global], extra: Iterable[str]) -> Callable[[str], Global | None]:
-    """A resolver: ``base``, plus configured ``module.name`` (or ``module.*``) entries as inert records."""
+    """A resolver: ``base``, plus configured ``module.name`` (or ``module.*``) entries as inert records. Unsafe names
+    are never resolved (the reader refuses them); any other name resolves to None (unknown, noted by the reader)."""
     exact = {n for n in extra if not n.endswith(".*")}
     prefixes = tuple(n[:-1] for n in extra if n.endswith(".*"))
 
@@ -514,11 +749,16 @@ def with_extra(base: Mapping[str, Global], extra: Iterable[str]) -> Callable[[st
         found = base.get(name)
         if found is not None:
             return found
-        if name in exact or (prefixes and name.startswith(prefixes)):
+        if (name in exact or (prefixes and name.startswith(prefixes))) and not _unsafe_full(name):
             return _record(name)
         return None
 
     return resolve
+
+
+def _unsafe_full(full: str) -> str | None:
+    module, _, name = full.rpartition(".")
+    return unsafe_global(module, name) if module else None
 
 
 # ---- the machine -----------------------------------------------------------------------------------------------
@@ -528,8 +768,13 @@ class _Mark:
     __slots__ = ()
 
 
+_UNKNOWN_GLOBAL_OBJECTS = 12
+MAX_UNKNOWN_NAMES = 1000
+"""Distinct unknown names noted per dict passed as ``unknown`` (a pickle naming more is still read)."""
+
+
 class Reader:
-    """One run of the restricted pickle machine over ``data``."""
+    """One run (or several, one pickle after another) of the restricted pickle machine."""
 
     def __init__(
         self,
@@ -537,15 +782,19 @@ class Reader:
         persistent_load: Callable[[Reader, Any], Any] | None = None,
         max_objects: int = 4_000_000,
         deadline: Deadline | None = None,
+        unknown: dict[str, int] | None = None,
     ) -> None:
         self.resolve = resolve
         self.persistent_load = persistent_load
         self.max_objects = max_objects
         self.deadline = deadline
+        self.unknown: dict[str, int] = {} if unknown is None else unknown
+        """Names neither allowed nor unsafe, each with how often the pickle names it; read as inert records."""
         self.objects = 0
         self.bytes_made = 0
         self.max_bytes_made = 0
         self._tuple_depth: dict[int, int] = {}
+        self._unknown_globals: dict[str, Global] = {}
 
     # -- accounting
 
@@ -586,10 +835,15 @@ class Reader:
     # -- the run
 
     def load(self, data: bytes) -> Any:
-        self.max_bytes_made = len(data)
+        return self.load_stream(io.BytesIO(data), len(data))
+
+    def load_stream(self, stream: Any, size: int) -> Any:
+        """Read one pickle from ``stream`` (a binary file object whose reads never return more than is left of the
+        ``size`` bytes it may hold), leaving the stream just past its STOP."""
+        self.max_bytes_made += size
         try:
-            return self._run(data)
-        except (PickleError, LimitReached):
+            return self._run(stream)
+        except (PickleError, LimitReached, UnsafeGlobal):
             raise
         except RecursionError:  # pragma: no cover - depth is bounded above; kept so nothing escapes as a crash
             raise PickleError("nested too deeply") from None
@@ -606,31 +860,46 @@ class Reader:
             module = _compat_pickle.IMPORT_MAPPING[module]
         full = f"{module}.{name}"
         found = self.resolve(full)
-        if found is None:
-            raise RefusedGlobal(full[:300])
-        return found
+        if found is not None:
+            return found
+        why = unsafe_global(module, name)
+        if why is not None:
+            raise UnsafeGlobal(full[:300], why)
+        # Unknown: never imported, never called; an inert record of that name stands in for it.
+        full = full[:300]
+        if full in self.unknown:
+            self.unknown[full] += 1
+        elif len(self.unknown) < MAX_UNKNOWN_NAMES:
+            self.unknown[full] = 1
+        record = self._unknown_globals.get(full)
+        if record is None:
+            # A stand-in (a Global and its closure) costs about a dozen objects' worth of memory: charged as such, so
+            # a pickle naming millions of distinct classes stops at the object limit like any other.
+            self.charge(_UNKNOWN_GLOBAL_OBJECTS)
+            record = self._unknown_globals[full] = _record(full)
+        return record
 
     def _call(self, fn: Any, args: Any) -> Any:
         if not isinstance(fn, Global):
-            raise PickleError("REDUCE on something that is not an allowed global")
+            raise PickleError("REDUCE on something that is not a global")
         if not isinstance(args, tuple):
             raise PickleError("REDUCE with arguments that are not a tuple")
         if fn.call is None:
-            raise RefusedGlobal(fn.name, called=True)
+            raise PickleError(f"it calls {fn.name}, which is a value, not a function or class")
         self.charge(len(args) + 1)
         return fn.call(self, args)
 
     def _new(self, cls: Any, args: Any) -> Any:
         if not isinstance(cls, Global):
-            raise PickleError("NEWOBJ on something that is not an allowed class")
+            raise PickleError("NEWOBJ on something that is not a class")
         if not isinstance(args, tuple):
             raise PickleError("NEWOBJ with arguments that are not a tuple")
         if cls.new is None:
-            raise RefusedGlobal(cls.name, called=True)
+            raise PickleError(f"it instantiates {cls.name}, which is a value, not a class")
         self.charge(len(args) + 1)
         return cls.new(self, args)
 
-    def _run(self, data: bytes) -> Any:
+    def _run(self, stream: Any) -> Any:
         stack: list[Any] = []
         metastack: list[list[Any]] = []
         memo: dict[int, Any] = {}
@@ -643,7 +912,7 @@ class Reader:
             return items
 
         arg: Any
-        for opcode, arg, _pos in pickletools.genops(io.BytesIO(data)):
+        for opcode, arg, _pos in pickletools.genops(stream):
             count += 1
             if self.deadline is not None and not count % _DEADLINE_EVERY:
                 self.deadline.check()
@@ -858,6 +1127,8 @@ def load(
     persistent_load: Callable[[Reader, Any], Any] | None = None,
     max_objects: int = 4_000_000,
     deadline: Deadline | None = None,
+    unknown: dict[str, int] | None = None,
 ) -> Any:
-    """Run ``data`` through the restricted machine; raise RefusedGlobal, PickleError or LimitReached."""
-    return Reader(resolve, persistent_load, max_objects, deadline).load(data)
+    """Run ``data`` through the restricted machine; raise UnsafeGlobal, PickleError or LimitReached. Names neither
+    allowed nor unsafe are counted in ``unknown``."""
+    return Reader(resolve, persistent_load, max_objects, deadline, unknown).load(data)

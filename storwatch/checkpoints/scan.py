@@ -7,7 +7,8 @@ What is a candidate
     ``iter_NNNNNNN`` (Megatron), ``*.orbax-checkpoint-tmp-*`` (Orbax, still being written), or holding a ``*.distcp``
     file or one of the markers in ``DIR_MARKERS`` (torch.distributed.checkpoint ``.metadata``, torchsnapshot
     ``.snapshot_metadata``, a sharded safetensors index, Orbax ``commit_success.txt``/``_CHECKPOINT_METADATA``,
-    ``trainer_state.json``). Everything below a candidate directory belongs to it: its size is the sum of the sizes
+    ``trainer_state.json``, Accelerate's ``random_states_0.pkl``: a ``save_state`` directory is one checkpoint, not
+    one per file). Everything below a candidate directory belongs to it: its size is the sum of the sizes
     of all regular files in its subtree, and no nested candidate is reported (``checkpoint-500/global_step500/`` is
     one checkpoint, not two).
 

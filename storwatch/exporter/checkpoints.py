@@ -19,6 +19,10 @@ _CHECKPOINT_GAUGES = (
     ("storwatch_checkpoint_kept", "Complete checkpoints the run keeps on disk."),
     ("storwatch_checkpoint_incomplete", "The run's incomplete checkpoints (being written, or abandoned mid-write)."),
     ("storwatch_checkpoint_corrupt", "The run's corrupt checkpoints (finished, then damaged, or never valid)."),
+    (
+        "storwatch_checkpoint_unsafe",
+        "The run's unsafe checkpoints: a pickle in them names a global that runs code when loaded (never complete).",
+    ),
     ("storwatch_checkpoint_write_in_progress", "1 while the run's newest checkpoint is incomplete."),
     (
         "storwatch_checkpoint_orphaned_temp_bytes",
@@ -53,6 +57,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
         gauges["storwatch_checkpoint_kept"].add(label, len(run.complete))
         gauges["storwatch_checkpoint_incomplete"].add(label, run.incomplete)
         gauges["storwatch_checkpoint_corrupt"].add(label, run.corrupt)
+        gauges["storwatch_checkpoint_unsafe"].add(label, run.unsafe)
         gauges["storwatch_checkpoint_write_in_progress"].add(label, 1 if run.write_in_progress else 0)
         gauges["storwatch_checkpoint_orphaned_temp_bytes"].add(label, run.orphaned_temp_bytes)
     yield last

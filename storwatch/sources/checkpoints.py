@@ -82,7 +82,8 @@ class CheckpointState:
     path: str
     format: str | None
     verdict: str
-    """complete, incomplete, corrupt or unknown."""
+    """complete, incomplete, corrupt, unsafe (a pickle in it names a global that runs code when loaded) or
+    unknown."""
     reason: str
     size_bytes: int
     mtime: float
@@ -140,6 +141,10 @@ class RunState:
     @property
     def corrupt(self) -> int:
         return sum(1 for c in self.checkpoints if c.verdict == "corrupt")
+
+    @property
+    def unsafe(self) -> int:
+        return sum(1 for c in self.checkpoints if c.verdict == "unsafe")
 
     @property
     def write_in_progress(self) -> bool:

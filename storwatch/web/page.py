@@ -109,6 +109,9 @@ def render_status_page(data: dict[str, Any]) -> str:
         if r["corrupt"]:
             bad = next((c for c in r["checkpoints"] if c["verdict"] == "corrupt"), None)
             problems.append(f"{r['corrupt']} corrupt" + (f": {bad['reason']}" if bad else ""))
+        if r.get("unsafe"):
+            bad = next((c for c in r["checkpoints"] if c["verdict"] == "unsafe"), None)
+            problems.append(f"{r['unsafe']} unsafe" + (f": {bad['reason']}" if bad else ""))
         if r["orphaned_temps"]:
             problems.append(
                 f"{r['orphaned_temps']} orphaned temporaries ({human_bytes(r['orphaned_temp_bytes'])}) left by killed "
@@ -119,7 +122,7 @@ def render_status_page(data: dict[str, Any]) -> str:
             "<td class='durability'><span class='d-{dur}'>{dur}</span></td><td class='num'>{age}</td>"
             "<td class='num'>{size}</td><td class='num'>{interval}</td>"
             "<td class='num'>{kept}</td><td>{state}</td></tr>".format(
-                cls="stuck" if r["corrupt"] else "",
+                cls="stuck" if r["corrupt"] or r.get("unsafe") else "",
                 run=e(r["run"]),
                 dur=e(r["durability"] or "unknown"),
                 age=human_seconds(r["newest_complete_age_seconds"]),

@@ -1,8 +1,10 @@
-"""Identify a checkpoint's format from its layout and decide whether it is complete, incomplete, corrupt or unknown.
+"""Identify a checkpoint's format from its layout and decide whether it is complete, incomplete, corrupt, unsafe or
+unknown.
 
-Formats: torch.save ZIP archives (``.pt``, ``.pth``, ``.bin``, Lightning ``.ckpt``), safetensors (single and sharded
-with an index), torch Distributed Checkpoint (also Megatron's torch_dist), torchsnapshot, DeepSpeed, Hugging Face
-Trainer, Orbax and Megatron.
+Formats: torch.save ZIP archives (``.pt``, ``.pth``, ``.bin``, Lightning ``.ckpt``) and torch.save's legacy format
+(the same suffixes, told apart by their first bytes), safetensors (single and sharded with an index), torch
+Distributed Checkpoint (also Megatron's torch_dist), torchsnapshot, DeepSpeed, Hugging Face Trainer, Accelerate's
+``save_state`` directory, Orbax and Megatron.
 
 The cheap check reads structure and metadata, never bulk data: a ZIP's end records and central directory and its
 ``data.pkl`` (every storage it names must be in the archive with the bytes it needs), a safetensors header, a DCP
@@ -12,15 +14,18 @@ bounded chunks) and, where torch is installed, loads a torch.save file with ``we
 short-lived, resource-limited process (``deep.py``).
 
 Trust: checkpoint files are written by jobs the agent does not trust. Nothing here unpickles with the standard
-unpickler or imports torch: pickles (``data.pkl``, DCP ``.metadata``) are read by the restricted machine in
-``pickles.py``, which refuses every global outside its allow-lists; a file that names another global is ``corrupt``.
+unpickler or imports torch: pickles (``data.pkl``, DCP ``.metadata``, a legacy file's pickles) are read by the
+restricted machine in ``pickles.py``, which imports and calls nothing. A pickle naming a global that runs code when
+loaded (``os.system``, ``builtins.exec``, ``torch.load``...) makes the checkpoint ``unsafe``; one naming classes the
+reader merely does not know is read with inert records in their place, and the result carries a note naming them.
 Every parse is bounded (``limits.DeepLimits``); past a bound the verdict names the bound. Symlinks are followed only
 while they stay inside the checkpoint's own directory; FIFOs and devices are never opened for reading.
 
-Verdicts: ``complete``; ``incomplete`` (a save that did not finish, or a file cut short); ``corrupt`` (finished, then
-damaged, never valid, or carrying a refused global); ``unknown`` (not a checkpoint, or a check stopped at a limit that
-says nothing against the checkpoint). ``check`` never raises: an exception while checking is a ``corrupt`` verdict
-naming it.
+Verdicts speak of damage: ``complete``; ``incomplete`` (a save that did not finish, or a file cut short); ``corrupt``
+(finished, then damaged, or never valid); ``unknown`` (not a checkpoint, or a check stopped at a limit that says
+nothing against the checkpoint). Safety is a verdict of its own: ``unsafe`` (a pickle names a global that runs code
+when loaded), never complete and outranking every other finding in a directory. ``check`` never raises: an
+exception while checking is a ``corrupt`` verdict naming it.
 
 What cannot be checked cheaply: Orbax writes tensorstore/OCDBT chunks whose layout only tensorstore knows, so an
 Orbax step is judged by its commit (the temporary directory renamed, ``commit_success.txt`` on object stores) and
@@ -31,9 +36,10 @@ One registry (:data:`REGISTRY`) says, per format, how it is recognised on disk a
 read it.
 
 The checks live beside the formats they know: :mod:`.zip` (torch.save's ZIP: structure, streamed CRCs, the
-restricted read of data.pkl), :mod:`.safetensors` (single files and sharded indexes), :mod:`.dcp`
+restricted read of data.pkl), :mod:`.legacy` (torch.save's legacy format: its pickles, then each storage's count and
+bytes), :mod:`.safetensors` (single files and sharded indexes), :mod:`.dcp`
 (torch.distributed.checkpoint and torchsnapshot: metadata read with the restricted unpickler, shard extents),
-:mod:`.steps` (step directories with tracker files: DeepSpeed, Megatron, Hugging Face Trainer, Orbax) and
+:mod:`.steps` (step directories: DeepSpeed, Megatron, Hugging Face Trainer, Accelerate, Orbax) and
 :mod:`.common` (the verdict type, bounded reads that never follow links out of a checkpoint, the JSON and YAML
 readers with their limits).
 
@@ -50,10 +56,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from storwatch.checkpoints import pickles
 from storwatch.checkpoints.formats.common import (
     _DCP_METADATA,
     DEFAULT_LIMITS,
     FALLBACK,
+    MAX_NOTED_GLOBALS,
     NOT_A_CHECKPOINT,
     TORCH_SUFFIXES,
     VERDICTS,
@@ -67,9 +75,12 @@ from storwatch.checkpoints.formats.common import (
     _footprint,
     _NotFollowed,
     _NotRegular,
+    _unsafe,
+    unknown_note,
 )
 from storwatch.checkpoints.formats.dcp import _check_dcp, _check_torchsnapshot
 from storwatch.checkpoints.formats.gguf import GGUF_MAGIC, _check_gguf
+from storwatch.checkpoints.formats.legacy import SNIFF_BYTES, _check_torch_legacy, is_legacy_head
 from storwatch.checkpoints.formats.safetensors import (
     SAFETENSORS_INDEX_SUFFIX,
     _check_safetensors,
@@ -82,10 +93,13 @@ from storwatch.checkpoints.formats.steps import (
     _MEGATRON_TRACKER,
     _ORBAX_MARKERS,
     _ORBAX_TMP,
+    ACCELERATE_MARKER,
+    _check_accelerate,
     _check_deepspeed,
     _check_hf_trainer,
     _check_megatron,
     _check_orbax,
+    is_accelerate_entry,
 )
 from storwatch.checkpoints.formats.zip import _LOCAL_SIG, _check_torch_zip
 from storwatch.checkpoints.limits import DeepLimits, LimitReached
@@ -106,7 +120,10 @@ class Format:
     file_suffixes: tuple[str, ...] = ()
     """A regular file whose name ends so is of this format."""
     magic: bytes | None = None
-    """A regular file starting with these bytes is of this format (when no suffix said)."""
+    """A regular file starting with these bytes is of this format (when no suffix said, or several formats share
+    its suffix)."""
+    sniff: Callable[[bytes], bool] | None = None
+    """Likewise, for a start that is not fixed bytes: true of the file's first ``SNIFF_BYTES`` bytes."""
     dir_name: re.Pattern[str] | None = None
     """A directory whose name matches is of this format."""
     name_first: bool = False
@@ -133,6 +150,12 @@ REGISTRY: tuple[Format, ...] = (
         magic=_LOCAL_SIG,
         scan_suffixes=TORCH_SUFFIXES,
     ),
+    Format(
+        "torch-legacy",
+        _check_torch_legacy,
+        file_suffixes=TORCH_SUFFIXES,
+        sniff=is_legacy_head,
+    ),
     Format("safetensors", _check_safetensors, file_suffixes=(".safetensors",), scan_suffixes=(".safetensors",)),
     Format("gguf", _check_gguf, file_suffixes=(".gguf",), magic=GGUF_MAGIC, scan_suffixes=(".gguf",)),
     Format(
@@ -140,14 +163,14 @@ REGISTRY: tuple[Format, ...] = (
         _check_safetensors_sharded,
         file_suffixes=(SAFETENSORS_INDEX_SUFFIX,),
         dir_entry=lambda e: e.endswith(SAFETENSORS_INDEX_SUFFIX),
-        dir_rank=2,
+        dir_rank=3,
         scan_markers=frozenset({"model.safetensors.index.json"}),  # Hugging Face save_pretrained
     ),
     Format(
         "torch-dcp",
         _check_dcp,
         dir_entry=lambda e: bool(_DCP_METADATA.fullmatch(e)) or e.endswith(".distcp") or e == ".metadata.tmp",
-        dir_rank=3,
+        dir_rank=4,
         scan_markers=frozenset({".metadata"}),
         shard_suffix=".distcp",
     ),
@@ -155,7 +178,7 @@ REGISTRY: tuple[Format, ...] = (
         "torchsnapshot",
         _check_torchsnapshot,
         dir_entry=lambda e: e == ".snapshot_metadata",
-        dir_rank=4,
+        dir_rank=5,
         scan_markers=frozenset({".snapshot_metadata"}),
     ),
     Format(
@@ -175,12 +198,20 @@ REGISTRY: tuple[Format, ...] = (
         scan_dir_name=r"checkpoint-\d+",
     ),
     Format(
+        "accelerate",
+        _check_accelerate,
+        dir_entry=is_accelerate_entry,
+        dir_rank=2,
+        # Accelerator.save_state: one directory of several files, not one checkpoint per file.
+        scan_markers=frozenset({ACCELERATE_MARKER}),
+    ),
+    Format(
         "orbax",
         _check_orbax,
         dir_name=re.compile(r".*" + re.escape(_ORBAX_TMP) + r".*", re.DOTALL),
         name_first=True,
         dir_entry=lambda e: e in _ORBAX_MARKERS,
-        dir_rank=5,
+        dir_rank=6,
         # commit_success.txt: Orbax on object storage, which has no atomic rename
         scan_markers=frozenset({"commit_success.txt", "_CHECKPOINT_METADATA"}),
         scan_dir_name=r".+\.orbax-checkpoint-tmp-.*",
@@ -200,8 +231,7 @@ _CHECKS: dict[str, Check] = {f.name: f.check for f in REGISTRY}
 _BY_DIR_RANK = sorted(
     (f for f in REGISTRY if f.dir_name is not None or f.dir_entry is not None), key=lambda f: f.dir_rank
 )
-_MAGIC = tuple((f.magic, f.name) for f in REGISTRY if f.magic is not None)
-_MAGIC_BYTES = max((len(m) for m, _ in _MAGIC), default=0)
+_HEAD_BYTES = max(SNIFF_BYTES, *(len(f.magic) for f in REGISTRY if f.magic is not None))
 
 
 # ---- identification ----------------------------------------------------------------------------------------------
@@ -214,20 +244,32 @@ def identify(path: str) -> str | None:
         return _identify_dir(path, name)
     if not os.path.isfile(path):
         return None
-    for f in REGISTRY:
-        if f.file_suffixes and name.endswith(f.file_suffixes):
-            return f.name
+    by_suffix = [f for f in REGISTRY if f.file_suffixes and name.endswith(f.file_suffixes)]
+    if len(by_suffix) == 1:
+        return by_suffix[0].name
+    head = _head(path)
+    # Formats sharing a suffix (torch.save's ZIP and legacy formats) are told apart by their first bytes; a file too
+    # short or damaged to tell is taken for the first (whose check then says what is wrong with it).
+    if by_suffix:
+        return next((f.name for f in by_suffix if head and _starts_as(f, head)), by_suffix[0].name)
+    return next((f.name for f in REGISTRY if head and _starts_as(f, head)), None)
+
+
+def _head(path: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     except OSError:
-        return None
+        return b""
     try:
-        head = os.read(fd, _MAGIC_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        return os.read(fd, _HEAD_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
     except OSError:
-        return None
+        return b""
     finally:
         os.close(fd)
-    return next((fmt for magic, fmt in _MAGIC if head.startswith(magic)), None)
+
+
+def _starts_as(f: Format, head: bytes) -> bool:
+    return (f.magic is not None and head.startswith(f.magic)) or (f.sniff is not None and f.sniff(head))
 
 
 def _identify_dir(path: str, name: str) -> str | None:
@@ -273,6 +315,8 @@ def check(
         finding, limit = (err.verdict, str(err)), err.limit
     except _Bad as err:
         finding = err.finding
+    except pickles.UnsafeGlobal as err:  # the checks catch it where they read a pickle; this holds if one does not
+        finding = _unsafe("a pickle", err)
     except MemoryError:
         finding, error = (
             ("unknown", "the check ran out of memory; it says nothing against the checkpoint"),
@@ -281,7 +325,24 @@ def check(
     except Exception as err:
         error = type(err).__name__
         finding = ("corrupt", f"checking it failed ({error}: {_describe(err)}); {FALLBACK}")
-    return CheckResult(path, fmt, finding[0], finding[1] or "all checks passed", size, mtime, deep, limit, error)
+    notes = list(ctx.notes)
+    unknown = sorted(ctx.unknown)
+    if unknown and finding[0] != "unsafe":
+        notes.insert(0, unknown_note(ctx.unknown))
+    return CheckResult(
+        path,
+        fmt,
+        finding[0],
+        finding[1] or "all checks passed",
+        size,
+        mtime,
+        deep,
+        limit,
+        error,
+        tuple(notes),
+        tuple(unknown[:MAX_NOTED_GLOBALS]),
+        len(unknown),
+    )
 
 
 def _check_format(path: str, fmt: str | None, ctx: _Ctx) -> _Finding:

@@ -8,21 +8,21 @@ import json
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, BinaryIO
 
 from storwatch.checkpoints import pickles
 from storwatch.checkpoints.limits import MIB, Deadline, DeepLimits, LimitReached
 
-VERDICTS = ("complete", "incomplete", "corrupt", "unknown")
+VERDICTS = ("complete", "incomplete", "corrupt", "unsafe", "unknown")
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 FALLBACK = "the last complete checkpoint should be used"
 NOT_A_CHECKPOINT = (
-    "is not a recognised checkpoint format (torch.save ZIP, safetensors, DCP, torchsnapshot, DeepSpeed, "
-    "Hugging Face Trainer, Orbax, Megatron or GGUF)"
+    "is not a recognised checkpoint format (torch.save ZIP or legacy, safetensors, DCP, torchsnapshot, DeepSpeed, "
+    "Hugging Face Trainer, Accelerate, Orbax, Megatron or GGUF)"
 )
 DEFAULT_LIMITS = DeepLimits()
 
@@ -59,8 +59,8 @@ class CheckResult:
     """One of FORMATS, or None when the layout is not a known checkpoint format."""
     verdict: str
     """``complete``, ``incomplete`` (a save that did not finish, or is still running), ``corrupt`` (finished, then
-    damaged, never valid, or carrying a refused pickle global) or ``unknown`` (not a checkpoint, or a check that
-    stopped at a limit)."""
+    damaged, or never valid), ``unsafe`` (a pickle in it names a global that runs code when loaded: never complete,
+    whatever else holds) or ``unknown`` (not a checkpoint, or a check that stopped at a limit)."""
     reason: str
     """A sentence a person can act on."""
     size_bytes: int
@@ -73,6 +73,13 @@ class CheckResult:
     """The DeepLimits field that stopped the check, when one did (a fixed keyword, fit for a label)."""
     error: str | None = None
     """The exception's type when checking raised one (the verdict is then ``corrupt``)."""
+    notes: tuple[str, ...] = ()
+    """Sentences about what the check met that is no damage: classes its pickles name that storwatch does not know
+    (read as inert records), a torch.load that refused such a class, bytes after a legacy file's last storage."""
+    unknown_globals: tuple[str, ...] = ()
+    """Those unknown names, sorted (at most MAX_NOTED_GLOBALS; ``checkpoints.allowed_globals`` quiets them)."""
+    unknown_global_count: int = 0
+    """How many distinct unknown names the pickles hold (counted up to pickles.MAX_UNKNOWN_NAMES)."""
 
     @property
     def complete(self) -> bool:
@@ -84,7 +91,9 @@ class CheckResult:
 
 _Finding = tuple[str, str]
 _OK: _Finding = ("complete", "")
-_RANK = {"complete": 0, "unknown": 1, "incomplete": 2, "corrupt": 3}
+# unsafe outranks damage: whatever else is wrong with a file, loading it would run what it names.
+_RANK = {"complete": 0, "unknown": 1, "incomplete": 2, "corrupt": 3, "unsafe": 4}
+MAX_NOTED_GLOBALS = 20
 
 
 class _NotFollowed(Exception):
@@ -116,6 +125,14 @@ class _Ctx:
     """The registry's identification, for formats whose members are checkpoints of other formats."""
     checks: Mapping[str, Callable[[str, _Ctx], _Finding]]
     """The registry's check of each format, likewise."""
+    unknown: dict[str, int] = field(default_factory=dict)
+    """Globals the pickles read so far name that are neither allowed nor unsafe, with how often (pickles.Reader)."""
+    notes: list[str] = field(default_factory=list)
+    """Findings that are no damage, in words (CheckResult.notes)."""
+
+    def note(self, text: str) -> None:
+        if text not in self.notes and len(self.notes) < MAX_NOTED_GLOBALS:
+            self.notes.append(text)
 
 
 def _worst(a: _Finding, b: _Finding) -> _Finding:
@@ -307,19 +324,36 @@ def _dcp_resolver(extra: tuple[str, ...]) -> Callable[[str], pickles.Global | No
     return pickles.with_extra(pickles.DCP_METADATA, extra)
 
 
-def _extra_torch_globals(limits: DeepLimits) -> tuple[str, ...]:
-    """Allowed names beyond torch's own list, for the torch-load child (which stands an inert class in for each)."""
+def _extra_torch_globals(limits: DeepLimits, unknown: Iterable[str] = ()) -> tuple[str, ...]:
+    """Names beyond torch's own list, for the torch-load child (which stands an inert class in for each): the allowed
+    ones, and the unknown ones this file's pickle was found to name (never unsafe ones: those stop the check
+    before torch is tried)."""
     names = [*pickles.HARMLESS_DATA, *pickles.DEEPSPEED, *pickles.MEGATRON, *pickles.HF_TRAINER]
     names += [n for n in limits.allowed_globals if not n.endswith(".*")]
+    names += [n for n in unknown if n not in names]
     return tuple(n for n in names if n not in pickles.TORCH_WEIGHTS_ONLY)
 
 
-def _refused(what: str, err: pickles.RefusedGlobal) -> _Finding:
+def _unsafe(what: str, err: pickles.UnsafeGlobal) -> _Finding:
     return (
-        "corrupt",
-        f"{what} {err}: nothing was run, but a checkpoint whose pickle reaches for {err.name} may carry a code "
-        f"payload and must not be loaded; if {err.name} is a harmless class your checkpoints carry, add it to "
-        f"checkpoints.allowed_globals; {FALLBACK}",
+        "unsafe",
+        f"{what} {err}: nothing was run here, but loading this file with pickle or torch.load(weights_only=False) "
+        "would run it; treat it as a code payload, not as a checkpoint (no configuration makes it complete)",
+    )
+
+
+def unknown_note(unknown: Mapping[str, int]) -> str:
+    """The note on classes a pickle names that storwatch does not know."""
+    names = sorted(unknown)
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    if len(names) >= pickles.MAX_UNKNOWN_NAMES:
+        count = f"{len(names):,} or more names"
+    else:
+        count = f"{len(names)} name" + ("s" if len(names) != 1 else "")
+    return (
+        f"its pickles name {count} storwatch does not know ({shown}): read as inert records, never imported or "
+        "called here (the standard unpickler would import them); that is no damage. List them in "
+        "checkpoints.allowed_globals to quiet this note"
     )
 
 

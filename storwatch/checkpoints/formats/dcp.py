@@ -24,8 +24,8 @@ from storwatch.checkpoints.formats.common import (
     _open_regular,
     _read_all,
     _read_bounded,
-    _refused,
     _safe_relative,
+    _unsafe,
     _worst,
 )
 from storwatch.checkpoints.formats.safetensors import _check_weight_map
@@ -64,10 +64,15 @@ def _check_dcp_metadata(path: str, name: str, ctx: _Ctx) -> _Finding:
         return _check_weight_map(path, weight_map, name, ctx)
     try:
         metadata = pickles.load(
-            data, _dcp_resolver(ctx.limits.allowed_globals), None, ctx.limits.max_pickle_objects, ctx.deadline
+            data,
+            _dcp_resolver(ctx.limits.allowed_globals),
+            None,
+            ctx.limits.max_pickle_objects,
+            ctx.deadline,
+            ctx.unknown,
         )
-    except pickles.RefusedGlobal as err:
-        return _refused(name, err)
+    except pickles.UnsafeGlobal as err:
+        return _unsafe(name, err)
     except pickles.PickleError as err:
         return "corrupt", f"{name} is not a valid DCP metadata pickle: {err}; {FALLBACK}"
     extents = _dcp_extents(metadata, name)

@@ -1,7 +1,9 @@
 """Step directories that a tracker file or a rename commits: DeepSpeed (``latest`` -> ``global_stepN``), Megatron
 (``latest_checkpointed_iteration.txt`` -> ``iter_NNNNNNN``), Hugging Face Trainer (``checkpoint-N``, complete once
-settled) and Orbax (committed by renaming its temporary directory, or ``commit_success.txt`` on object stores).
-Their members are checkpoints of other formats, checked through the registry the context carries."""
+settled), Accelerate's ``save_state`` directory (``random_states_N.pkl`` beside the model, optimizer, scheduler and
+sampler states; complete once settled) and Orbax (committed by renaming its temporary directory, or
+``commit_success.txt`` on object stores). Their members are checkpoints of other formats, checked through the
+registry the context carries."""
 
 from __future__ import annotations
 
@@ -38,6 +40,11 @@ _DEEPSPEED_STEP = re.compile(r"global_step(\d{1,18})", re.ASCII)
 _ORBAX_TMP = ".orbax-checkpoint-tmp-"
 _ORBAX_MARKERS = ("commit_success.txt", "_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt")
 _MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+ACCELERATE_MARKER = "random_states_0.pkl"
+"""What Accelerate's save_state writes in every save (process 0's RNG states), after the model, optimizer, scheduler,
+sampler and scaler states; only custom objects' ``custom_checkpoint_N.pkl`` follow it."""
+_ACCELERATE_RNG = re.compile(r"random_states_\d{1,9}\.pkl", re.ASCII)
+_MEMBER_FORMATS = ("torch-zip", "torch-legacy", "safetensors", "safetensors-sharded")
 
 
 # ---- layouts with marker files -------------------------------------------------------------------------------
@@ -59,15 +66,15 @@ def _check_orbax(path: str, ctx: _Ctx) -> _Finding:
     )
 
 
-def _check_members(root: str, ctx: _Ctx) -> tuple[_Finding, int]:
+def _check_members(root: str, ctx: _Ctx, extra_suffixes: tuple[str, ...] = ()) -> tuple[_Finding, int]:
     """Check every checkpoint file below ``root`` (torch.save, safetensors); the worst finding and how many."""
     finding, count = _OK, 0
     for file_path in _walk_files(root, ctx.deadline):
         rel = os.path.relpath(file_path, root)
-        if not rel.endswith((*TORCH_SUFFIXES, ".safetensors", SAFETENSORS_INDEX_SUFFIX)):
+        if not rel.endswith((*TORCH_SUFFIXES, ".safetensors", SAFETENSORS_INDEX_SUFFIX, *extra_suffixes)):
             continue
         fmt = ctx.identify(file_path)
-        if fmt not in ("torch-zip", "safetensors", "safetensors-sharded"):
+        if fmt not in _MEMBER_FORMATS:
             if os.path.islink(file_path):
                 return ("incomplete", f"{rel} is a symlink that leads nowhere readable; it was not followed"), count
             continue
@@ -186,13 +193,9 @@ def _check_megatron(path: str, ctx: _Ctx) -> _Finding:
     return finding
 
 
-def _check_hf_trainer(path: str, ctx: _Ctx) -> _Finding:
-    if not os.path.exists(os.path.join(path, "trainer_state.json")):
-        return (
-            "incomplete",
-            "no trainer_state.json: the Hugging Face Trainer writes it at the end of a save, so this "
-            f"save did not finish (or is still running); {FALLBACK}",
-        )
+def _unsettled(path: str, ctx: _Ctx) -> _Finding | None:
+    """``incomplete`` while anything in the directory changed within the settle time (a save with no end marker may
+    still be writing); None once it has settled."""
     newest = max((st.st_mtime for st in _walk_stats(path, ctx.deadline)), default=os.stat(path).st_mtime)
     newest = max(newest, os.stat(path).st_mtime)
     age = ctx.now - newest
@@ -202,5 +205,47 @@ def _check_hf_trainer(path: str, ctx: _Ctx) -> _Finding:
             f"something in the directory changed {max(age, 0.0):.0f} s ago, less than the "
             f"{ctx.settle:.0f} s settle time: the save may still be running; check again later",
         )
+    return None
+
+
+def _check_hf_trainer(path: str, ctx: _Ctx) -> _Finding:
+    if not os.path.exists(os.path.join(path, "trainer_state.json")):
+        if os.path.exists(os.path.join(path, ACCELERATE_MARKER)):
+            return _check_accelerate(path, ctx)  # Accelerate's save_state into a directory named checkpoint-N
+        return (
+            "incomplete",
+            "no trainer_state.json: the Hugging Face Trainer writes it at the end of a save, so this "
+            f"save did not finish (or is still running); {FALLBACK}",
+        )
+    unsettled = _unsettled(path, ctx)
+    if unsettled is not None:
+        return unsettled
     finding, _ = _check_members(path, ctx)
+    return finding
+
+
+def is_accelerate_entry(name: str) -> bool:
+    return bool(_ACCELERATE_RNG.fullmatch(name))
+
+
+def _check_accelerate(path: str, ctx: _Ctx) -> _Finding:
+    """One ``Accelerator.save_state`` directory: ``model.safetensors`` or ``pytorch_model.bin`` (``_N`` for further
+    models), ``optimizer.bin``, ``scheduler.bin``, ``sampler.bin``, ``scaler.pt``, ``random_states_N.pkl`` (one per
+    process) and ``custom_checkpoint_N.pkl``, all torch.save or safetensors files; FSDP's sharded states are DCP
+    subdirectories."""
+    names = _dir_names(path)
+    if ACCELERATE_MARKER not in names:
+        return (
+            "incomplete",
+            f"no {ACCELERATE_MARKER}: Accelerate's save_state writes it after the model, optimizer, scheduler and "
+            f"sampler states, so this save did not finish (or is still running); {FALLBACK}",
+        )
+    unsettled = _unsettled(path, ctx)
+    if unsettled is not None:
+        return unsettled
+    finding, _ = _check_members(path, ctx, (".pkl",))
+    for name in sorted(names):
+        sub = os.path.join(path, name)
+        if os.path.isdir(sub) and not os.path.islink(sub) and identify_dcp(sub):
+            finding = _worst(finding, _check_dcp(sub, ctx))
     return finding

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from storwatch.checkpoints import pickles
-from storwatch.checkpoints.deep import torch_load_in_child
+from storwatch.checkpoints.deep import WEIGHTS_ONLY_REFUSED, torch_load_in_child
 from storwatch.checkpoints.formats.common import (
     _CHUNK,
     _MAX_CENTRAL_DIRECTORY,
@@ -26,8 +26,8 @@ from storwatch.checkpoints.formats.common import (
     _Finding,
     _open_regular,
     _read_exact,
-    _refused,
     _torch_resolver,
+    _unsafe,
 )
 from storwatch.checkpoints.limits import LimitReached
 
@@ -61,12 +61,31 @@ def _check_torch_zip(path: str, ctx: _Ctx) -> _Finding:
         if finding[0] != "complete":
             return finding
         budget = _InflateBudget(size, ctx)
-        finding = _check_data_pkl(f, size, entries, ctx, budget)
+        unknown: dict[str, int] = {}
+        finding = _check_data_pkl(f, size, entries, ctx, budget, unknown)
+        _merge_unknown(ctx, unknown)
         if finding[0] != "complete" or not ctx.deep:
             return finding
         finding = _zip_crcs(f, size, entries, ctx, budget)
     if finding[0] == "complete" and ctx.limits.torch_load:
-        finding = torch_load_in_child(path, size, ctx.limits, ctx.deadline, _extra_torch_globals(ctx.limits))
+        extra = _extra_torch_globals(ctx.limits, unknown)
+        finding = note_refusal(ctx, torch_load_in_child(path, size, ctx.limits, ctx.deadline, extra))
+    return finding
+
+
+def _merge_unknown(ctx: _Ctx, unknown: dict[str, int]) -> None:
+    for name, count in unknown.items():
+        if name in ctx.unknown:
+            ctx.unknown[name] += count
+        elif len(ctx.unknown) < pickles.MAX_UNKNOWN_NAMES:
+            ctx.unknown[name] = count
+
+
+def note_refusal(ctx: _Ctx, finding: _Finding) -> _Finding:
+    """torch's weights_only loader refusing a class storwatch reads as inert is a note, not the verdict's reason."""
+    if finding == ("complete", WEIGHTS_ONLY_REFUSED):
+        ctx.note(WEIGHTS_ONLY_REFUSED)
+        return _OK
     return finding
 
 
@@ -285,10 +304,15 @@ def _discard(_: bytes) -> None:
 
 
 def _check_data_pkl(
-    f: BinaryIO, file_size: int, entries: list[_ZipEntry], ctx: _Ctx, budget: _InflateBudget
+    f: BinaryIO,
+    file_size: int,
+    entries: list[_ZipEntry],
+    ctx: _Ctx,
+    budget: _InflateBudget,
+    unknown: dict[str, int],
 ) -> _Finding:
-    """Run data.pkl through the restricted pickle machine: every global allowed, every storage it names present in
-    the archive with exactly the bytes it needs."""
+    """Run data.pkl through the restricted pickle machine: no unsafe global, every storage it names present in the
+    archive with exactly the bytes it needs; the unknown globals it names are counted in ``unknown``."""
     entry = next(e for e in entries if _is_data_pkl(e.name))
     limits = ctx.limits
     if entry.size > limits.max_pickle_bytes:
@@ -332,10 +356,15 @@ def _check_data_pkl(
 
     try:
         pickles.load(
-            bytes(buf), _torch_resolver(limits.allowed_globals), storage, limits.max_pickle_objects, ctx.deadline
+            bytes(buf),
+            _torch_resolver(limits.allowed_globals),
+            storage,
+            limits.max_pickle_objects,
+            ctx.deadline,
+            unknown,
         )
-    except pickles.RefusedGlobal as err:
-        return _refused("data.pkl", err)
+    except pickles.UnsafeGlobal as err:
+        return _unsafe("data.pkl", err)
     except pickles.PickleError as err:
         return "corrupt", f"data.pkl is not a valid torch.save pickle: {err}; {FALLBACK}"
     return _OK
