@@ -156,6 +156,45 @@ def test_unknown_class_is_complete_with_a_note_that_allowed_globals_quiets(
         assert (quiet.verdict, quiet.notes, quiet.unknown_globals) == ("complete", (), ()), allowed
 
 
+def test_enum_members_pickled_by_name_are_no_payload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An enum member pickled by its name, getattr(TheEnum, "NAME") (as ``enum.global_enum`` and some Python
+    versions write it), and a Flag combination as operator.or_ of such: that form is no payload; getattr of a
+    dunder, or on something that is not a named class, is (and calling what getattr gave is a gadget, in hostile.py)."""
+    import enum
+    import pickle
+    import types
+
+    module = types.ModuleType("myproject.enums")
+
+    class Mode(enum.Enum):
+        TRAIN = 1
+
+    class Flags(enum.Flag):
+        A = 1
+        B = 2
+
+    for cls in (Mode, Flags):
+        cls.__module__, cls.__qualname__ = module.__name__, cls.__name__
+        setattr(module, cls.__name__, cls)
+    monkeypatch.setitem(sys.modules, "myproject", types.ModuleType("myproject"))
+    monkeypatch.setitem(sys.modules, "myproject.enums", module)
+    by_name = (
+        b"\x80\x02}(Vmode\nc__builtin__\ngetattr\n(cmyproject.enums\nMode\nVTRAIN\ntR"
+        b"Vflags\nc_operator\nor_\n(c__builtin__\ngetattr\n(cmyproject.enums\nFlags\nVA\ntR"
+        b"c__builtin__\ngetattr\n(cmyproject.enums\nFlags\nVB\ntRtRu."
+    )
+    loaded = pickle.loads(by_name)  # the control: what the standard unpickler makes of it
+    assert loaded == {"mode": Mode.TRAIN, "flags": Flags.A | Flags.B}
+    result = check(str(hostile.torch_zip(tmp_path / "enum.pt", by_name)))
+    assert result.verdict == "complete", result
+    assert result.unknown_globals == ("myproject.enums.Flags", "myproject.enums.Mode")
+    dunder = b"\x80\x02c__builtin__\ngetattr\n(cmyproject.enums\nMode\nV__init__\ntR."
+    result = check(str(hostile.torch_zip(tmp_path / "dunder.pt", dunder)))
+    assert result.verdict == "unsafe" and "__init__" in result.reason, result
+    on_value = b"\x80\x02c__builtin__\ngetattr\n(K\x01Vreal\ntR."
+    assert check(str(hostile.torch_zip(tmp_path / "value.pt", on_value))).verdict == "unsafe"
+
+
 def test_many_distinct_unknown_names_stop_at_the_object_limit(tmp_path: Path) -> None:
     """Each unknown name gets an inert stand-in; a pickle naming 100,000 distinct ones (and dropping each) is charged
     for them and stops at the object limit: unknown, not corrupt, and the note names only the first thousand."""
