@@ -205,6 +205,40 @@ def test_many_distinct_unknown_names_stop_at_the_object_limit(tmp_path: Path) ->
     assert len(result.unknown_globals) <= 20
 
 
+@pytest.mark.realpart
+@needs_torch
+def test_deep_check_loads_an_unknown_class_as_an_inert_stand_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The torch-load child registers each unknown class the reader met as an inert class of its own, so torch.load
+    (weights_only=True) finishes without importing it; what torch still refuses is a note, not damage."""
+    assert torch is not None
+    import types
+
+    class Hyper:  # a class of the user's own, importable here and nowhere else (not in the torch-load child)
+        pass
+
+    module = types.ModuleType("myproject.config")
+    Hyper.__module__, Hyper.__qualname__ = module.__name__, "Hyper"
+    module.Hyper = Hyper  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "myproject", types.ModuleType("myproject"))
+    monkeypatch.setitem(sys.modules, "myproject.config", module)
+    hparams = Hyper()
+    hparams.lr = 0.1  # type: ignore[attr-defined]
+    marked = tmp_path / "marked.pt"
+    torch.save({"w": torch.randn(4, 4), "hparams": hparams}, marked)
+    result = check(str(marked), deep=True)
+    assert result.verdict == "complete", result
+    assert result.unknown_globals == ("myproject.config.Hyper",)
+    assert not any("weights_only loader refused" in n for n in result.notes), result.notes
+    protocol4 = tmp_path / "p4.pt"
+    torch.save({"w": torch.randn(4, 4)}, protocol4, pickle_protocol=4)
+    result = check(str(protocol4), deep=True)
+    # torch 2.13's weights_only loader does not take protocol 4's FRAME opcode: that is torch's gap, not damage.
+    assert result.verdict == "complete" and result.reason == "all checks passed", result
+    assert any("weights_only loader refused" in n for n in result.notes), result.notes
+
+
 def test_unknown_class_in_dcp_metadata_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A .metadata that is not DCP's (an unknown class at its top) is corrupt for what it holds, not for the name.
     dcp = hostile.dcp_dir(tmp_path / "step-1", _pickle_of_unknown_class(monkeypatch))
