@@ -71,7 +71,9 @@ def gadget(marker: Path, kind: str) -> bytes:
 
     ``attribute-path``: protocol 4 resolves ``logging`` + ``os.system`` by getattr, reaching os through logging;
     ``getattr-import``: ``getattr(__import__("os"), "system")``; ``partial``: ``functools.partial(os.system, CMD)()``;
-    ``io-open``: ``io.open(marker, "w")`` (creates the file); ``timeit``: ``timeit.timeit(CODE, number=1)``."""
+    ``io-open``: ``io.open(marker, "w")`` (creates the file); ``timeit``: ``timeit.timeit(CODE, number=1)``;
+    ``getattr-method``: ``getattr(PosixPath, "write_text")(PosixPath(marker), "x")``, the enum-member form of
+    getattr whose result is then called."""
     touch = f"touch {marker}"
     if kind == "attribute-path":
         return b"\x80\x04" + _text("logging") + _text("os.system") + b"\x93" + _text(touch) + b"\x85R."
@@ -81,6 +83,13 @@ def gadget(marker: Path, kind: str) -> bytes:
             + b"(V"
             + touch.encode()
             + b"\ntR."
+        )
+    if kind == "getattr-method":
+        return (
+            b"\x80\x02c__builtin__\ngetattr\n(cpathlib\nPosixPath\nVwrite_text\ntR"
+            + b"(cpathlib\nPosixPath\n(V"
+            + str(marker).encode()
+            + b"\ntRVx\ntR."
         )
     if kind == "partial":
         return b"\x80\x02cfunctools\npartial\n(cposix\nsystem\nV" + touch.encode() + b"\ntR)R."
@@ -95,7 +104,8 @@ def gadget(marker: Path, kind: str) -> bytes:
 
 GADGETS = {
     "attribute-path": "logging.os.system",
-    "getattr-import": "builtins.getattr",
+    "getattr-import": "builtins.__import__",
+    "getattr-method": "pathlib.PosixPath.write_text",
     "partial": "posix.system",
     "io-open": "io.open",
     "timeit": "timeit.timeit",

@@ -156,6 +156,45 @@ def test_unknown_class_is_complete_with_a_note_that_allowed_globals_quiets(
         assert (quiet.verdict, quiet.notes, quiet.unknown_globals) == ("complete", (), ()), allowed
 
 
+def test_enum_members_pickled_by_name_are_no_payload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An enum member pickled by its name, getattr(TheEnum, "NAME") (as ``enum.global_enum`` and some Python
+    versions write it), and a Flag combination as operator.or_ of such: that form is no payload; getattr of a
+    dunder, or on something that is not a named class, is (and calling what getattr gave is a gadget, in hostile.py)."""
+    import enum
+    import pickle
+    import types
+
+    module = types.ModuleType("myproject.enums")
+
+    class Mode(enum.Enum):
+        TRAIN = 1
+
+    class Flags(enum.Flag):
+        A = 1
+        B = 2
+
+    for cls in (Mode, Flags):
+        cls.__module__, cls.__qualname__ = module.__name__, cls.__name__
+        setattr(module, cls.__name__, cls)
+    monkeypatch.setitem(sys.modules, "myproject", types.ModuleType("myproject"))
+    monkeypatch.setitem(sys.modules, "myproject.enums", module)
+    by_name = (
+        b"\x80\x02}(Vmode\nc__builtin__\ngetattr\n(cmyproject.enums\nMode\nVTRAIN\ntR"
+        b"Vflags\nc_operator\nor_\n(c__builtin__\ngetattr\n(cmyproject.enums\nFlags\nVA\ntR"
+        b"c__builtin__\ngetattr\n(cmyproject.enums\nFlags\nVB\ntRtRu."
+    )
+    loaded = pickle.loads(by_name)  # the control: what the standard unpickler makes of it
+    assert loaded == {"mode": Mode.TRAIN, "flags": Flags.A | Flags.B}
+    result = check(str(hostile.torch_zip(tmp_path / "enum.pt", by_name)))
+    assert result.verdict == "complete", result
+    assert result.unknown_globals == ("myproject.enums.Flags", "myproject.enums.Mode")
+    dunder = b"\x80\x02c__builtin__\ngetattr\n(cmyproject.enums\nMode\nV__init__\ntR."
+    result = check(str(hostile.torch_zip(tmp_path / "dunder.pt", dunder)))
+    assert result.verdict == "unsafe" and "__init__" in result.reason, result
+    on_value = b"\x80\x02c__builtin__\ngetattr\n(K\x01Vreal\ntR."
+    assert check(str(hostile.torch_zip(tmp_path / "value.pt", on_value))).verdict == "unsafe"
+
+
 def test_many_distinct_unknown_names_stop_at_the_object_limit(tmp_path: Path) -> None:
     """Each unknown name gets an inert stand-in; a pickle naming 100,000 distinct ones (and dropping each) is charged
     for them and stops at the object limit: unknown, not corrupt, and the note names only the first thousand."""
@@ -164,6 +203,40 @@ def test_many_distinct_unknown_names_stop_at_the_object_limit(tmp_path: Path) ->
     result = check(str(path), limits=DeepLimits(max_pickle_objects=500_000))
     assert (result.verdict, result.limit) == ("unknown", "max_pickle_objects"), result
     assert len(result.unknown_globals) <= 20
+
+
+@pytest.mark.realpart
+@needs_torch
+def test_deep_check_loads_an_unknown_class_as_an_inert_stand_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The torch-load child registers each unknown class the reader met as an inert class of its own, so torch.load
+    (weights_only=True) finishes without importing it; what torch still refuses is a note, not damage."""
+    assert torch is not None
+    import types
+
+    class Hyper:  # a class of the user's own, importable here and nowhere else (not in the torch-load child)
+        pass
+
+    module = types.ModuleType("myproject.config")
+    Hyper.__module__, Hyper.__qualname__ = module.__name__, "Hyper"
+    module.Hyper = Hyper  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "myproject", types.ModuleType("myproject"))
+    monkeypatch.setitem(sys.modules, "myproject.config", module)
+    hparams = Hyper()
+    hparams.lr = 0.1  # type: ignore[attr-defined]
+    marked = tmp_path / "marked.pt"
+    torch.save({"w": torch.randn(4, 4), "hparams": hparams}, marked)
+    result = check(str(marked), deep=True)
+    assert result.verdict == "complete", result
+    assert result.unknown_globals == ("myproject.config.Hyper",)
+    assert not any("weights_only loader refused" in n for n in result.notes), result.notes
+    protocol4 = tmp_path / "p4.pt"
+    torch.save({"w": torch.randn(4, 4)}, protocol4, pickle_protocol=4)
+    result = check(str(protocol4), deep=True)
+    # torch 2.13's weights_only loader does not take protocol 4's FRAME opcode: that is torch's gap, not damage.
+    assert result.verdict == "complete" and result.reason == "all checks passed", result
+    assert any("weights_only loader refused" in n for n in result.notes), result.notes
 
 
 def test_unknown_class_in_dcp_metadata_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

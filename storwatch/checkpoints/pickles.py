@@ -21,7 +21,8 @@ Allow-lists:
   * ``DCP_METADATA``: what torch.distributed.checkpoint's ``.metadata`` holds (torch 1.13 to 2.13 layouts).
   * ``TORCH_WEIGHTS_ONLY``: torch's own ``weights_only`` set (rebuild functions, storages, dtypes, OrderedDict...).
   * ``HARMLESS_DATA``: plain data classes real checkpoints carry (argparse.Namespace, Lightning's AttributeDict,
-    numpy arrays and scalars, pathlib paths, datetime values, slices, defaultdicts).
+    numpy arrays and scalars, pathlib paths, datetime values, slices, defaultdicts), and the one use of ``getattr``
+    and ``operator.or_`` that Python's own enum pickling writes (a member by its name; a flag combination).
   * ``DEEPSPEED``, ``MEGATRON`` and ``HF_TRAINER``: the library classes those frameworks pickle into their files.
 Plus the configured ``checkpoints.allowed_globals``, which only quiets the note on unknown names: an unsafe name stays
 unsafe whatever the configuration says.
@@ -242,6 +243,39 @@ def _tensor(name: str) -> Global:
     return Global(name, make)
 
 
+_ATTRIBUTE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}", re.ASCII)
+
+
+def _getattr(reader: Reader, args: tuple[Any, ...]) -> Global:
+    # Python 3.11 and later pickle a plain Enum member as getattr(TheEnum, "NAME") (and a Flag combination as
+    # operator.or_ of such): that one form is allowed. Its result is a name that is never called: calling it, or
+    # getattr on anything but a named class, or of a private or dunder name, is what a gadget does.
+    if len(args) != 2 or not isinstance(args[0], Global) or not isinstance(args[1], str):
+        raise UnsafeGlobal("builtins.getattr", f"{_RUNS_CODE} (it is used on something other than a named class)")
+    owner, attr = args[0].name, args[1]
+    why = unsafe_global(owner, attr) if _ATTRIBUTE_NAME.fullmatch(attr) else "reaches a private or dunder attribute"
+    if why is not None:
+        raise UnsafeGlobal(f"builtins.getattr({owner[:120]}, {attr[:60]!r})", why)
+    reader.charge(_UNKNOWN_GLOBAL_OBJECTS)
+    return _attribute(f"{owner}.{attr}")
+
+
+def _attribute(name: str) -> Global:
+    """What getattr(a named class, a public name) gives: an enum member, say; calling it is a method call."""
+
+    def call(reader: Reader, args: tuple[Any, ...]) -> Any:
+        raise UnsafeGlobal(name[:300], f"{_RUNS_CODE} (it calls an attribute reached by getattr)")
+
+    return Global(name, call, call)
+
+
+def _enum_or(reader: Reader, args: tuple[Any, ...]) -> Record:
+    # operator.or_(FLAG_A, FLAG_B): how a Flag combination pickles. Nothing is or-ed here.
+    if len(args) != 2 or not all(isinstance(a, (Global, Record, int)) for a in args):
+        raise UnsafeGlobal("operator.or_", f"{_RUNS_CODE} (it is used on something other than enum flags)")
+    return Record("operator.or_", args)
+
+
 # ---- allow-lists -----------------------------------------------------------------------------------------------
 
 TORCH_DTYPES = [
@@ -404,6 +438,8 @@ HARMLESS_DATA: Mapping[str, Global] = _table(
         _record("lightning.pytorch.utilities.parsing.AttributeDict"),
         _record("pytorch_lightning.utilities.parsing.AttributeDict"),
         Global("collections.defaultdict", _defaultdict, _defaultdict),
+        Global("builtins.getattr", _getattr),
+        *(Global(f"{m}.or_", _enum_or) for m in ("operator", "_operator")),
         *(_value(f"builtins.{t}") for t in ("list", "dict", "int", "float", "str", "bool", "tuple", "object")),
         _record("builtins.slice"),
         _record("builtins.range"),
@@ -475,10 +511,12 @@ DCP_METADATA: Mapping[str, Global] = _table(
         Global("builtins.frozenset", _set(True)),
         _value("builtins.object"),
         _RECONSTRUCTOR,
+        Global("builtins.getattr", _getattr),
+        *(Global(f"{m}.or_", _enum_or) for m in ("operator", "_operator")),
     ]
 )
 """torch.distributed.checkpoint ``.metadata``: the metadata dataclasses (torch 1.13 to 2.13), torch.Size, dtypes,
-layouts, the checkpoint id's path and plain containers."""
+layouts, the checkpoint id's path, plain containers and enum members by name."""
 
 DEEPSPEED: Mapping[str, Global] = _table(
     _record(n)
@@ -714,6 +752,25 @@ is unsafe. ``functools.partial`` and the like are not here: they call only what 
 pickle must name too (``partial(os.system, ...)`` names ``posix.system``)."""
 
 _CLASS_LIKE = re.compile(r"_*[A-Z]")
+_MODULE_NAMES = frozenset(
+    [
+        "os",
+        "posix",
+        "nt",
+        "sys",
+        "subprocess",
+        "builtins",
+        "importlib",
+        "runpy",
+        "pickle",
+        "marshal",
+        "shutil",
+        "socket",
+        "ctypes",
+        "pty",
+    ]
+)
+"""Modules a global must not reach as an attribute of another module (``logging`` + ``os``: the os module)."""
 _DUNDER_OK = frozenset({"copyreg.__newobj__", "copyreg.__newobj_ex__"})
 
 
@@ -732,6 +789,8 @@ def unsafe_global(module: str, name: str) -> str | None:
         if why is not None:
             return why
     attrs = name.split(".")
+    if attrs[-1] in _MODULE_NAMES:
+        return f"{_RUNS_CODE} (it names the module {attrs[-1]} as an attribute of {module[:120]})"
     if full not in _DUNDER_OK and any(a.startswith("__") and a.endswith("__") for a in attrs):
         return f"{_RUNS_CODE} (it reaches into an object's internals)"
     if len(attrs) > 1 and not all(_CLASS_LIKE.match(a) for a in attrs):
