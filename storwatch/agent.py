@@ -1,12 +1,11 @@
-"""The agent: sources on their own cadences in their own workers, a tick that builds the View, and the server.
+"""The agent: sources on their own cadences in their own workers, a tick that makes and publishes the View, and the
+server.
 
 Signals: SIGTERM/SIGINT stop it (within a couple of seconds whatever the mounts do: nothing here waits on one);
 SIGHUP reloads the configuration file and keeps the last good one when the new one is invalid or cannot be applied.
 The handlers only note a signal; the main thread acts on it (see SignalInbox).
 
-Why one file (about 630 lines): the agent's lifecycle is one piece of concurrency: source workers, the tick, the
-server's providers, signals and reloads share one lock and one stopping order, which is easier to check in one
-place. What each source is and how it is made is in the registry (registry.py), not here.
+What each source is and how it is made is in the registry (registry.py), not here.
 """
 
 from __future__ import annotations
@@ -36,14 +35,14 @@ from storwatch.classify import Classifier, resolve_platform
 from storwatch.config import Config, ConfigError, GPUConfig
 from storwatch.exporter import ConfigReloads, Exporter
 from storwatch.history import History
-from storwatch.paths import HostPaths
 from storwatch.printable import Lines
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas, load_config
 from storwatch.snapshot import CORE_KEYS, Snapshot
 from storwatch.sources import FactsKey, Source
+from storwatch.sources.access import ACCESS
 from storwatch.sources.kubevolumes import KubeVolumeEvidence
 from storwatch.vocabulary import CollectorStatus, Platform
-from storwatch.web import NOT_CACHED, NotCached, StatusHTTPServer
+from storwatch.web import NotCached, StatusHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -95,25 +94,12 @@ class ClockWatch:
 
 
 @dataclass(frozen=True)
-class _Ticked:
-    """What one tick saw, from which its View is made."""
-
-    snapshot: Snapshot
-    ready: bool
-    classifier: Classifier
-    platform: Platform
-    paths: HostPaths
-    mtbf_seconds: float
-
-
-@dataclass(frozen=True)
 class _Served:
     """The View of one tick and its exposition text, swapped whole, so a request never sees half an update."""
 
-    ticked: _Ticked | None
     view: View | None
     metrics: bytes | None
-    """None until the first scrape after the View was made renders it."""
+    """None until the first scrape after the View was published renders it."""
 
 
 @dataclass
@@ -195,18 +181,19 @@ class Agent:
         self.stalls = StallFeed(self._stall_params(config))
         self._verdicts = VerdictCache()
         self._history_keys = (*CORE_KEYS, *(spec.facts for spec in SOURCES if spec.facts not in CORE_KEYS))
-        self._context = SourceContext(config.host_paths(), clock, self.latest, self.current_view)
-        """What the registry's factories are given (facts and View are read when a source asks)."""
+        self._subscribers: list[Callable[[View], None]] = []
+        """Told of each View as the tick publishes it (besides the scrape and page cache)."""
+        self._context = SourceContext(config.host_paths(), clock, self.latest, self.subscribe)
+        """What the registry's factories are given (another source's facts, read when a source asks; Views, pushed to
+        whoever subscribes)."""
         self._sources = self._made_sources(config) if sources is None else [_given(s) for s in sources]
         self._lock = threading.Lock()
-        self._view_lock = threading.Lock()
-        """Held while a View or its exposition is made, so two consumers asking at once make it once."""
+        self._render_lock = threading.Lock()
+        """Held while the exposition of a View is rendered, so two scrapes asking at once render it once."""
         self._stop = threading.Event()
         self._dirty = threading.Event()
         """Set to tick now rather than at the next tick_seconds: start-up, reload, stop."""
-        self._ticked: _Ticked | None = None
-        """What the last tick saw; the View is made from it when first asked for."""
-        self._served = _Served(None, None, self.exporter.render(None))
+        self._served = _Served(None, self.exporter.render(None))
         self._threads: list[threading.Thread] = []
         self.server = server
         log.info("platform %s (%s)", self.platform.name, self.platform.detected_by)
@@ -239,37 +226,20 @@ class Agent:
 
     # -- what consumers read
 
+    def subscribe(self, consumer: Callable[[View], None]) -> None:
+        """Call ``consumer`` with every View the tick publishes, on the ticker thread (it must be quick; one that
+        raises is logged and the others are still told)."""
+        self._subscribers.append(consumer)
+
     def current_view(self) -> View | None:
-        """The View of the last tick, made by the first consumer that asks for it (a scrape, the status page, the
-        probes), at most once per tick: a tick only records what the sources saw, so a node nobody looks at every
-        second does not pay for a View every second. None before the first tick."""
-        ticked = self._ticked
-        served = self._served
-        if ticked is None or served.ticked is ticked:
-            return served.view
-        with self._view_lock:
-            served = self._served
-            if served.ticked is not ticked:
-                view = build_view(
-                    ticked.snapshot,
-                    ticked.classifier,
-                    ticked.platform,
-                    ready=ticked.ready,
-                    windows=self.windows,
-                    paths=ticked.paths,
-                    verdicts=self._verdicts,
-                    mtbf_seconds=ticked.mtbf_seconds,
-                    stalls=self.stalls,
-                )
-                served = self._served = _Served(ticked, view, None)
-        return served.view
+        """The View the last tick published (None before the first tick); never makes one."""
+        return self._served.view
 
     def metrics(self) -> bytes:
-        """The exposition text of the current View, rendered at most once per tick, by the first scrape that asks."""
-        self.current_view()
+        """The exposition text of the current View, rendered at most once per View, by the first scrape that asks."""
         served = self._served
         if served.metrics is None:
-            with self._view_lock:
+            with self._render_lock:
                 served = self._served
                 if served.metrics is None:
                     served = self._served = dataclasses.replace(served, metrics=self.exporter.render(served.view))
@@ -277,22 +247,12 @@ class Agent:
         return served.metrics
 
     def cached_view(self) -> View | NotCached | None:
-        """The current View if it is already made (None before the first tick), else NOT_CACHED; never makes it."""
-        ticked = self._ticked
-        served = self._served
-        if ticked is None or served.ticked is ticked:
-            return served.view
-        return NOT_CACHED
+        """The current View (None before the first tick): Views are made by the tick, so this never waits."""
+        return self._served.view
 
     def cached_metrics(self) -> bytes | None:
         """The current exposition if it is already rendered, else None; never renders it."""
-        ticked = self._ticked
-        served = self._served
-        return served.metrics if ticked is None or served.ticked is ticked else None
-
-    @property
-    def view(self) -> View | None:
-        return self.current_view()
+        return self._served.metrics
 
     # -- workers
 
@@ -398,7 +358,7 @@ class Agent:
                 off_reason,
                 parse_errors,
             )
-        if self._ticked is None:
+        if self._served.view is None:
             self._dirty.set()  # until the first tick, every first report may complete it
 
     def collector_statuses(self) -> tuple[CollectorStatus, ...]:
@@ -445,15 +405,13 @@ class Agent:
             self._collect_once(st)
 
     def tick(self) -> View:
-        """Advance one tick and return its View (made now)."""
-        self.advance()
-        view = self.current_view()
-        assert view is not None
-        return view
+        """Advance one tick and return its View."""
+        return self.advance()
 
-    def advance(self) -> None:
-        """One tick: build one Snapshot, keep it in History and feed the latency windows; the View follows when a
-        consumer asks for it."""
+    def advance(self) -> View:
+        """One tick: build one Snapshot, keep it in History, feed the latency windows and the stall tracker, make
+        the View (a pure function of what the tick saw), settle the GPU time a scan can have explained, and publish
+        the View to its consumers. Views are made here only, on the agent's cadence, whoever reads them."""
         snap = self.snapshot()
         self._clock_watch.check(snap.timestamp, time.monotonic())
         self.history.append(snap.for_history(self._history_keys))
@@ -466,9 +424,27 @@ class Agent:
         with self._lock:
             ready = all(st.status is not None for st in self._sources)
             classifier, platform = self.classifier, self.platform
-        self._ticked = _Ticked(
-            snap, ready, classifier, platform, self.config.host_paths(), self.config.checkpoints.mtbf_seconds
+        view = build_view(
+            snap,
+            classifier,
+            platform,
+            ready=ready,
+            windows=self.windows,
+            paths=self.config.host_paths(),
+            verdicts=self._verdicts,
+            mtbf_seconds=self.config.checkpoints.mtbf_seconds,
         )
+        stalls, timeline = self.stalls.update(
+            snap.timestamp, view.checkpoints, view.mounts, snap.gpus, view.pods, snap.get(ACCESS)
+        )
+        view = dataclasses.replace(view, stalls=stalls, timeline=timeline)
+        self._served = _Served(view, None)
+        for consumer in list(self._subscribers):
+            try:
+                consumer(view)
+            except Exception:
+                log.exception("a consumer of the View failed; the others are still told")
+        return view
 
     def _run_ticker(self) -> None:
         started = time.monotonic()
@@ -583,7 +559,7 @@ class Agent:
                 if configure is not None:
                     configure(section)
                 self._switch(st, st.spec.off_reason(section), section)
-        with self._view_lock:  # not while a render is using the old set
+        with self._render_lock:  # not while a render is using the old set
             self.exporter.configure(new.nfs.operations)
 
     def _reload_failed(self, message: str) -> bool:

@@ -343,7 +343,7 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
     paths = config.host_paths()
     facts: dict[str, Any] = {}
     statuses = []
-    ctx = SourceContext(paths, time.time, lambda key: facts.get(key.name), lambda: None)
+    ctx = SourceContext(paths, time.time, lambda key: facts.get(key.name), lambda consumer: None)
     sampled = [spec for spec in SOURCES if spec.scan == "sampled"] if sample_seconds > 0 else []
     first: dict[str, Any] = {}
     for spec in sampled:  # the first reads of the sampled sources, the second after the interval below

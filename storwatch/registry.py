@@ -68,15 +68,15 @@ KUBE_SCAN_WAIT_SECONDS = 5.0
 
 @dataclass(frozen=True)
 class SourceContext:
-    """What a source's factory may use besides its section: where the host's files are, the clock, and the newest
-    picture of the node (another source's latest facts, the current View), read when the source asks."""
+    """What a source's factory may use besides its section: where the host's files are, the clock, another source's
+    latest facts (read when the source asks), and a way to be told of each View the agent publishes."""
 
     paths: HostPaths
     clock: Callable[[], float]
     latest: Callable[[FactsKey[Any]], Any]
     """Another source's newest facts (None before it reports)."""
-    view: Callable[[], View | None]
-    """The current View (None before the first tick; always None in `storwatch scan`)."""
+    subscribe: Callable[[Callable[[View], None]], None]
+    """Have a callable told of each View the agent publishes, on its ticker (`storwatch scan` publishes none)."""
 
 
 @dataclass(frozen=True)
@@ -144,8 +144,23 @@ def probe_targets(view: View | None) -> list[ProbeTarget]:
     ]
 
 
+class ProbeTargets:
+    """The probe source's targets, from each View the agent publishes (the source never asks for a View)."""
+
+    def __init__(self) -> None:
+        self.targets: list[ProbeTarget] = []
+
+    def __call__(self, view: View) -> None:
+        self.targets = probe_targets(view)
+
+    def get(self) -> list[ProbeTarget]:
+        return self.targets
+
+
 def _probe(ctx: SourceContext, section: ProbesConfig) -> ProbeSource:
-    return ProbeSource(ctx.paths, section, lambda: probe_targets(ctx.view()), ctx.clock)
+    targets = ProbeTargets()
+    ctx.subscribe(targets)
+    return ProbeSource(ctx.paths, section, targets.get, ctx.clock)
 
 
 def _stuck_mount_paths(ctx: SourceContext) -> list[str]:

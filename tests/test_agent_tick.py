@@ -67,15 +67,20 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Agent, FixedMount
         agent.stop()
 
 
-def test_ticks_nobody_looks_at_make_no_view(counted: tuple[Agent, FixedMounts, Counts]) -> None:
+def test_views_are_made_by_the_tick_alone_whoever_reads_them(counted: tuple[Agent, FixedMounts, Counts]) -> None:
+    """A View per tick, made on the tick (never by a reader), pushed to subscribers; the exposition is rendered at
+    most once per View, by the first scrape that asks."""
     agent, _, counts = counted
+    told: list[View] = []
+    agent.subscribe(told.append)
     assert agent.current_view() is None  # before the first tick
     for _ in range(5):
         agent.advance()
-    assert (counts.views, counts.renders) == (0, 0)
+    assert (counts.views, counts.renders) == (5, 0)  # nobody scraped: no exposition, but every tick has its View
     view = agent.current_view()
     assert view is not None and [mv.mount.mountpoint for mv in view.mounts] == ["/data"]
-    assert agent.current_view() is view and counts.views == 1
+    assert told[-1] is view and len(told) == 5
+    assert agent.current_view() is view and agent.cached_view() is view and counts.views == 5
 
 
 def test_each_tick_gets_its_own_view_and_exposition_once(counted: tuple[Agent, FixedMounts, Counts]) -> None:
@@ -128,3 +133,121 @@ def test_a_wall_clock_step_is_noticed_and_logged_once(caplog: pytest.LogCaptureF
     assert [r.getMessage() for r in caplog.records] == [
         "the wall clock stepped back by 7200.0 s; ages and recovery points now follow the new time"
     ]
+
+
+class _Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _Stub:
+    """A source that reports what the test puts in ``facts`` (its name files them where the real one would)."""
+
+    interval_seconds = 3600.0
+
+    def __init__(self, name: str, facts: Any) -> None:
+        self.name, self.facts = name, facts
+
+    def collect(self) -> Any:
+        return self.facts
+
+    def close(self) -> None:
+        pass
+
+
+def _stalled_agent(clock: _Clock) -> tuple[Agent, _Stub]:
+    """An agent whose GPU 0 (PID 4242) idles while its process writes a checkpoint to /scratch, 20 to 30 s in."""
+    from storwatch.sources.checkpoints import CheckpointFacts, CheckpointState, RunState
+
+    t0 = clock.t
+    write = CheckpointState(
+        "/scratch/run/step-1.pt",
+        "torch-zip",
+        "complete",
+        "ok",
+        1 << 30,
+        t0 + 30,
+        False,
+        t0 + 31,
+        10.0,
+        1e8,
+        write_start=t0 + 20,
+        writer_pid=4242,
+    )
+    run = RunState("/scratch/run", "/scratch", (write,))
+    checkpoints = _Stub("checkpoints", CheckpointFacts(t0, (run,), False, None, 0.0, ("/scratch",)))
+    gpu = _Stub("gpu", None)
+    mounts = FixedMounts()
+    mounts.mounts = (mount("/scratch", "ext4", "/dev/nvme0n1"),)
+    config = dataclasses.replace(Config(), listen="127.0.0.1:0", platform="generic")
+    return Agent(config, sources=[mounts, gpu, checkpoints], clock=clock, process_metrics=False), gpu
+
+
+def test_stall_totals_are_the_same_whether_scraped_every_tick_or_never() -> None:
+    """GPU time is settled by the tick, whoever reads the Views: an agent scraped every second and one never
+    scraped count the same stall seconds."""
+    from storwatch.sources.gpu.facts import GPUFacts, GPUProcess, GPUState
+
+    totals = []
+    for scraped in (True, False):
+        clock = _Clock(1_800_000_000.0)
+        t0 = clock.t
+        agent, gpu = _stalled_agent(clock)
+        try:
+            for i in range(120):
+                clock.t = t = t0 + i
+                util = 0.02 if 20 <= i < 30 else 0.95
+                state = GPUState(
+                    0,
+                    "GPU-a",
+                    "H100",
+                    True,
+                    utilization_samples=((t, util),),
+                    processes=(GPUProcess(4242, 1 << 30, None),),
+                )
+                gpu.facts = GPUFacts(t, True, "550", None, (state,))
+                agent.collect_now()
+                agent.advance()
+                if scraped:
+                    agent.metrics()
+            view = agent.current_view()
+            assert view is not None and view.stalls is not None
+            totals.append(dict(view.stalls.totals))
+        finally:
+            agent.stop()
+    assert totals[0] == totals[1]
+    ((key, seconds),) = totals[0].items()
+    assert "checkpoint_write" in key and seconds == pytest.approx(10.0, abs=1.0)
+
+
+def test_views_are_made_on_the_ticker_thread_only(tmp_path: Any) -> None:
+    """With every source on and its workers running, nobody scraping and then scrapes from another thread: every
+    View is made by the ticker (a source or a scrape never makes one)."""
+    import threading
+    import time
+
+    threads: list[str] = []
+    real_build = agent_module.build_view
+
+    def build_view(*args: Any, **kwargs: Any) -> View:
+        threads.append(threading.current_thread().name)
+        return real_build(*args, **kwargs)
+
+    config = dataclasses.replace(Config(), listen="127.0.0.1:0", platform="generic", tick_seconds=0.1)
+    agent = Agent(config, process_metrics=False)
+    original, agent_module.build_view = agent_module.build_view, build_view
+    try:
+        agent.start(serve=False)
+        deadline = time.monotonic() + 30
+        while len(threads) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for _ in range(5):
+            agent.metrics()
+            agent.current_view()
+    finally:
+        agent.stop()
+        agent_module.build_view = original
+    assert len(threads) >= 5 and set(threads) == {"ticker"}, threads

@@ -347,7 +347,8 @@ def test_before_the_first_tick(agent: Agent) -> None:
                 assert read_response(sock)[0] == status, path
         fresh.collect_now()
         fresh.advance()
-        assert fresh.cached_view() is NOT_CACHED  # a tick happened; nobody has made its View yet
+        view = fresh.cached_view()  # the tick made its View: a request never waits for one
+        assert view is not NOT_CACHED and view is fresh.current_view() is not None
     finally:
         fresh.stop()
 

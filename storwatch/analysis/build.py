@@ -8,12 +8,10 @@ from storwatch.analysis.io import mount_io
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.pods import process_pods
 from storwatch.analysis.rpo import DEFAULT_MTBF_SECONDS, recoveries
-from storwatch.analysis.stall_feed import StallFeed
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import Classifier
 from storwatch.paths import HostPaths
 from storwatch.snapshot import Snapshot
-from storwatch.sources.access import ACCESS
 from storwatch.vocabulary import Mount, Platform, Verdict
 
 
@@ -57,10 +55,9 @@ def build_view(
     paths: HostPaths | None = None,
     verdicts: VerdictCache | None = None,
     mtbf_seconds: float = DEFAULT_MTBF_SECONDS,
-    stalls: StallFeed | None = None,
 ) -> View:
-    """``stalls``: the agent's stall tracker, given the runs and pods of this View and settled (its state on the
-    View)."""
+    """The View of one Snapshot: a function of its arguments (``verdicts`` only saves classifying again what did not
+    change). The stall state and the last hour's picture are the agent's to add, from its stall tracker."""
     found = (verdicts or VerdictCache()).verdicts(classifier, snapshot)
     mounts = tuple(
         MountView(m, verdict, mount_io(m, snapshot, windows)) for m, verdict in zip(snapshot.mounts, found, strict=True)
@@ -70,11 +67,6 @@ def build_view(
     locate = mount_locator(mounts, paths)
     facts = snapshot.checkpoints
     pods = process_pods(snapshot.containers, snapshot.kube)
-    stall_state, timeline = (
-        stalls.update(snapshot.timestamp, checkpoints, mounts, snapshot.gpus, pods, snapshot.get(ACCESS))
-        if stalls is not None
-        else (None, None)
-    )
     return View(
         snapshot=snapshot,
         platform=platform,
@@ -90,6 +82,4 @@ def build_view(
             [(d, locate(d.path), host_path(paths, d.path)) for d in (facts.datasets if facts is not None else ())],
         ),
         recovery=recoveries(checkpoints, snapshot.timestamp, mtbf_seconds, snapshot.gpus, pods, snapshot.jobs),
-        stalls=stall_state,
-        timeline=timeline,
     )

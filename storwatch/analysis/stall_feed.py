@@ -1,6 +1,7 @@
 """Feed the stall tracker (analysis/stalls.py) from what the agent sees: each tick's GPU utilisation samples and the
-mounts' latency samples, and, when a View is made, the checkpoint writes of each run with the GPUs that wait on them
-and the mounts each GPU's work touches. The View then carries the settled totals and the current stalls.
+mounts' latency samples, and, once the tick has made its View, the checkpoint writes of each run with the GPUs that
+wait on them and the mounts each GPU's work touches; then it settles. The agent adds the settled totals and the
+current stalls to the View it publishes.
 
 Which GPUs a run's writes hold up: the GPUs of the pod whose volume holds the run (Kubernetes), or of the process
 that wrote it (its event log's PID, off Kubernetes, where PIDs are the host's). Which mounts a GPU's work touches:
@@ -153,8 +154,8 @@ class StallFeed:
         pods: Mapping[int, ProcessPod],
         access: AccessFacts | None = None,
     ) -> tuple[StallState, TimelinePicture]:
-        """When a View is made: the writes and what each GPU touches, then settle; the state and the last hour's
-        picture for the View."""
+        """Each tick, once its View is made: the writes and what each GPU touches, then settle; the state and the
+        last hour's picture for the View."""
         touches: dict[str, tuple[set[str], set[str]]] = {}
         done: list[WriteSpan] = []
         writing: list[WriteSpan] = []
