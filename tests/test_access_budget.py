@@ -31,13 +31,24 @@ CHILDREN, FDS = 200, 2_000
 BUDGET = {"max_processes": 1_000, "max_fds": 300, "max_processes_per_pass": 50, "max_fds_per_pass": 500}
 
 
+def budget_config(cpu_seconds: float) -> AccessConfig:
+    """BUDGET, and a CPU time per pass."""
+    return AccessConfig(
+        max_processes=BUDGET["max_processes"],
+        max_fds=BUDGET["max_fds"],
+        max_processes_per_pass=BUDGET["max_processes_per_pass"],
+        max_fds_per_pass=BUDGET["max_fds_per_pass"],
+        max_cpu_seconds_per_pass=cpu_seconds,
+    )
+
+
 @pytest.mark.realpart
 def test_each_pass_keeps_to_its_budget_and_the_tree_is_covered_over_passes(
     real_mounts: Enter[Any], tmp_path: Path
 ) -> None:
     mount = real_mounts(tmpfs_mount(tmp_path / "data", size="8m"))
     with fd_tree(mount.mountpoint / "shard", CHILDREN, FDS) as gpu_pid:
-        config = AccessConfig(**BUDGET, max_cpu_seconds_per_pass=60.0)
+        config = budget_config(60.0)
         source = AccessSource(HostPaths(), config, lambda: [gpu_pid], host_mounts, time.time)
         passes = math.ceil((CHILDREN + 1) / BUDGET["max_processes_per_pass"]) + 1
         for n in range(1, passes + 1):
@@ -52,7 +63,7 @@ def test_each_pass_keeps_to_its_budget_and_the_tree_is_covered_over_passes(
         assert w.processes == CHILDREN + 1 and w.processes_known == CHILDREN + 1
         assert w.read_calls_per_second is not None  # every process has a rate from two reads by now
         # a CPU budget too small for even one process: the GPU process is still read, and only it
-        tight_config = AccessConfig(**BUDGET, max_cpu_seconds_per_pass=0.001)
+        tight_config = budget_config(0.001)
         tight = AccessSource(HostPaths(), tight_config, lambda: [gpu_pid], host_mounts, time.time)
         facts = tight.collect()
         assert "cpu" in facts.sampled and facts.workloads[gpu_pid].sampled
