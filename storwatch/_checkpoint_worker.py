@@ -3,10 +3,12 @@ training side's event logs and tests temporaries for an orphan, so a mount whose
 thread here and never one of the agent's.
 
 Started by :func:`command` (``python -I``, this tree first on ``sys.path``); it imports only storwatch's
-standard-library modules
-(``checkpoints.scan``, ``checkpoints.formats``, ``training``) and answers requests as ``_blocking_worker`` does, one
-thread per request. It keeps, per unit (a scan root, or a mount below one), the incremental scanner and the cheap
-check of every candidate that did not change, so a rescan costs here what it cost in the agent.
+standard-library modules (``checkpoints.scan``, ``checkpoints.formats``, ``training``) and answers requests as
+``_blocking_worker`` does, one thread per request. It keeps, per unit (a scan root, or a mount below one), the
+incremental scanner and the cheap check of every candidate that did not change, so a rescan costs here what it cost
+in the agent. The threads share one parse budget (``checkpoints.limits.PARSE_BUDGET``): the metadata parsed at once,
+across every root, holds at most ``parse_budget_bytes``; a check that waited too long for room is ``unknown`` for
+this scan only and is made again at the next.
 
 Operations (the path hex-encoded, the parameters a hex-encoded JSON object; both answer one JSON text):
 
@@ -32,7 +34,7 @@ from storwatch._blocking_worker import serve
 from storwatch.checkpoints.birth import StatxTimes, statx_times
 from storwatch.checkpoints.events import FileTimes, parse_lines
 from storwatch.checkpoints.formats import check, identify
-from storwatch.checkpoints.limits import DeepLimits
+from storwatch.checkpoints.limits import TRANSIENT_LIMITS, DeepLimits
 from storwatch.checkpoints.scan import CheckpointCandidate, CheckpointScanner, ScanResult
 from storwatch.paths import HostPaths
 from storwatch.training import EVENT_LOG_NAME, TEMP_GRACE_SECONDS, orphaned_temp
@@ -298,7 +300,12 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
         for c in result.candidates:
             footprint = (c.size_bytes, c.newest_mtime)
             cached = unit.verdicts.get(c.path)
-            if cached is not None and cached[0] == footprint and cached[1]["verdict"] != "incomplete":
+            if (
+                cached is not None
+                and cached[0] == footprint
+                and cached[1]["verdict"] != "incomplete"
+                and cached[1].get("limit") not in TRANSIENT_LIMITS
+            ):
                 checked = cached[1]  # unchanged and settled: the earlier verdict stands
             else:
                 checked = guarded_check(c.path, False, now, settle, errors, c.size_bytes, c.newest_mtime, limits)

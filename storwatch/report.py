@@ -292,6 +292,7 @@ def _workloads_list(view: View) -> list[dict[str, Any]]:
             "write_size_bytes": w.write_size_bytes,
             "mounts_read": [display_path(m) for m in w.mounts_read],
             "mounts_written": [display_path(m) for m in w.mounts_written],
+            "sampled": w.sampled,
         }
         for pid, w in sorted(facts.workloads.items())
     ]

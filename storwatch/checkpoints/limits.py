@@ -1,5 +1,6 @@
-"""The bounds every checkpoint check runs within: bytes inflated, decompression ratio, sizes and nesting of the
-metadata it parses, objects a pickle may build, wall time, and the torch-load child's address space, CPU and deadline.
+"""The bounds every checkpoint check runs within: bytes inflated, decompression ratio, sizes, nesting and values of
+the metadata it parses, objects a pickle may build, wall time, the torch-load child's address space, CPU and deadline,
+and the memory that the metadata parses of one process may hold at once (``PARSE_BUDGET``).
 
 A check that reaches a bound stops there and says which one in its verdict's reason (see ``LimitReached``); the
 defaults are safe for an agent in a 256 MiB memory limit reading hostile files.
@@ -7,7 +8,10 @@ defaults are safe for an agent in a 256 MiB memory limit reading hostile files.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -35,6 +39,13 @@ class DeepLimits:
     """Largest JSON document parsed (a safetensors header, an index); the safetensors library's own cap is 100 MB."""
     max_json_depth: int = 64
     """Deepest nesting of a JSON document, checked before parsing (a safetensors header is three levels deep)."""
+    max_json_values: int = 2_000_000
+    """Values (keys included) a JSON document may hold, bounded before parsing; a safetensors header's tensors too
+    (the largest sharded index seen, DeepSeek-V3's, names about 92,000 tensors)."""
+    parse_budget_bytes: int = 64 * MIB
+    """Memory that the metadata parses of one process (the checkpoint helper's threads, one per root, together) may
+    hold at once. A parse reserves what it may build before it starts and waits for room; one that could never fit is
+    ``unknown``."""
     max_pickle_bytes: int = 64 * MIB
     """Largest pickle read (a DCP ``.metadata``, a torch.save ``data.pkl``)."""
     max_pickle_objects: int = 4_000_000
@@ -76,6 +87,61 @@ class DeepLimits:
 
     def deadline(self) -> Deadline:
         return Deadline(self.wall_seconds)
+
+
+BUDGET_WAIT_SECONDS = 10.0
+"""Longest a parse waits for room in the parse budget; past it the check is ``unknown`` and is made again at the next
+scan (limit ``parse_budget_busy``), so a unit's walk is never held past the agent's deadline by other roots' parses."""
+TRANSIENT_LIMITS = frozenset({"parse_budget_busy"})
+"""Limits that say nothing about the file, only about this moment: a verdict they stopped is not kept."""
+
+
+class ParseBudget:
+    """Memory that the metadata parses of this process hold at once. Each parse says up front what it may build
+    (an upper bound worked out from the bytes, before anything is built) and holds that much while it runs; the
+    checkpoint helper's threads, one per root, share one budget, so no set of files in any number of roots takes the
+    helper past it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.in_use = 0
+        """Bytes held by the parses running now."""
+        self.peak = 0
+        """The most bytes held at once since the process started."""
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int, what: str, limits: DeepLimits, deadline: Deadline) -> Iterator[None]:
+        capacity = limits.parse_budget_bytes
+        if nbytes > capacity:
+            raise LimitReached(
+                "parse_budget_bytes",
+                f"{what} could take up to {nbytes / MIB:,.1f} MiB to parse, more than the "
+                f"{capacity / MIB:,.0f} MiB that metadata parses may hold at once: it was not parsed, which says "
+                "nothing against the checkpoint",
+            )
+        give_up = min(deadline.end, time.monotonic() + BUDGET_WAIT_SECONDS)
+        with self._cond:
+            while self.in_use + nbytes > capacity:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    raise LimitReached(
+                        "parse_budget_busy",
+                        f"{what} waited {BUDGET_WAIT_SECONDS:g} s for {nbytes / MIB:,.1f} MiB of the parse budget "
+                        "while other checkpoints' metadata was being parsed: it is checked again at the next scan",
+                    )
+                self._cond.wait(left)
+            self.in_use += nbytes
+            self.peak = max(self.peak, self.in_use)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.in_use -= nbytes
+                self._cond.notify_all()
+
+
+PARSE_BUDGET = ParseBudget()
+"""This process's budget (the checkpoint helper's, or a ``storwatch verify``'s)."""
 
 
 class LimitReached(Exception):

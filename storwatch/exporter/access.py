@@ -36,6 +36,26 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
         "1 for each mount a GPU workload has files open on, by access mode (read or write).",
         labels=("workload", "pid", "mountpoint", "mode"),
     )
+    scan = [
+        Family(
+            "storwatch_workload_scan_processes",
+            "Processes (GPU processes and their descendants) whose counters and children the last access pass read.",
+        ),
+        Family("storwatch_workload_scan_fds", "Open files (fd links and fdinfo) the last access pass read."),
+        Family("storwatch_workload_scan_cpu_seconds", "CPU time the last access pass took."),
+    ]
+    scan[0].add((), facts.processes_read)
+    scan[1].add((), facts.fds_read)
+    scan[2].add((), facts.cpu_seconds)
+    reached = Family(
+        "storwatch_workload_scan_budget_reached",
+        "1 when the last access pass reached this budget of access.max_*_per_pass (processes, fds, cpu) and so read a "
+        "sample: the rest is read on the next passes.",
+        labels=("budget",),
+    )
+    for budget in ("processes", "fds", "cpu"):
+        reached.add((budget,), 1 if budget in facts.sampled else 0)
+    yield from (*scan, reached)
     for pid, w in sorted(facts.workloads.items()):
         labels = (workload_name(pid, view.pods, view.jobs), str(pid))
         if w.read_bytes_per_second is not None:

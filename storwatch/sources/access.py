@@ -8,17 +8,24 @@ and ``fdinfo`` (the open files: access mode and ``mnt_id``) and the process's ow
 volumes under its own paths and mount IDs, so a file is joined to the host's mount by the filesystem (device number)
 and the directory the mount shows (its root), which a container's bind of a kubelet volume shares with the host's.
 
-Bounded: at most ``max_processes`` processes per GPU process, ``max_fds`` open files each, 64 KiB per small file;
-only the processes NVML names and their descendants are read, never every process on the node. Nothing here touches
-the files themselves (a file on a hung mount would hang a stat): the links in ``fd`` and the ``fdinfo`` lines are the
-kernel's. A process that exits while it is read is skipped. Rates are over the processes seen at both of two reads.
+Bounded: at most ``max_processes`` processes known per GPU process, ``max_fds`` open files read from each, 64 KiB
+per small file; only the processes NVML names and their descendants are read, never every process on the node. Each
+pass also has a budget (``max_processes_per_pass`` processes read, ``max_fds_per_pass`` open files read,
+``max_cpu_seconds_per_pass`` of this thread's CPU): the GPU processes are read first, then their descendants from
+where the last pass stopped, and each process's open files from where its last read stopped, so past the budget the
+pass samples, the rest is read on later passes, and the facts say so (``sampled``). Nothing here touches the files
+themselves (a file on a hung mount would hang a stat): the links in ``fd`` and the ``fdinfo`` lines are the kernel's.
+A process that exits while it is read is skipped. A workload's rates are the sum of each of its processes' rates
+between that process's last two reads.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from storwatch.config import number
@@ -34,6 +41,9 @@ log = logging.getLogger(__name__)
 
 MAX_SMALL_FILE = 64 * 1024
 MAX_MOUNTINFO = 4 << 20
+MOUNT_MEMORY_PASSES = 12
+"""While a workload is sampled, a mount seen open is reported for this many passes after it was last seen (the open
+files are read a part at a time); a pass that read everything reports exactly what it saw."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,13 @@ class AccessConfig:
     max_processes: int = number(256, 1, 100_000)
     """Processes read per GPU process (itself and its descendants)."""
     max_fds: int = number(1024, 1, 1_000_000)
-    """Open files looked at per process."""
+    """Open files looked at per process in one read."""
+    max_processes_per_pass: int = number(512, 1, 1_000_000)
+    """Processes read in one pass, over every GPU workload (the GPU processes first)."""
+    max_fds_per_pass: int = number(4096, 1, 10_000_000)
+    """Open files read in one pass, over every GPU workload."""
+    max_cpu_seconds_per_pass: float = number(0.05, 0.001, 60)
+    """CPU time one pass may take; the pass stops reading past it."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,11 @@ class WorkloadAccess:
     mounts_read: tuple[str, ...] = ()
     """Host mountpoints it has files open on for reading."""
     mounts_written: tuple[str, ...] = ()
+    sampled: bool = False
+    """Not every process or open file of it was read in this pass (the pass's budget): rates and mounts come from
+    the parts read lately."""
+    processes_known: int = 0
+    """Its processes known (read in this pass or earlier, still alive), at most ``max_processes``."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +94,14 @@ class AccessFacts:
     timestamp: float
     workloads: dict[int, WorkloadAccess] = field(default_factory=dict)
     """By GPU process PID."""
+    processes_read: int = 0
+    """Processes whose counters and children this pass read."""
+    fds_read: int = 0
+    """Open files (fd links) this pass read."""
+    cpu_seconds: float = 0.0
+    """CPU time of this pass (the collecting thread's)."""
+    sampled: tuple[str, ...] = ()
+    """The budgets this pass reached (``processes``, ``fds``, ``cpu``); empty when it read everything."""
 
 
 ACCESS: FactsKey[AccessFacts] = FactsKey("access")
@@ -97,6 +126,104 @@ def _summed(records: Iterable[ProcessIO]) -> ProcessIO:
 def _delta(before: ProcessIO, after: ProcessIO) -> ProcessIO:
     """What a process did between two reads (never negative: a counter that went back is a reused PID)."""
     return ProcessIO(*(max(0, getattr(after, f) - getattr(before, f)) for f in _IO_FIELDS))
+
+
+class _PassBudget:
+    """What one pass may read: processes, open files, and this thread's CPU time."""
+
+    def __init__(self, processes: int, fds: int, cpu_seconds: float) -> None:
+        self.max_processes, self.max_fds, self.max_cpu = processes, fds, cpu_seconds
+        self.processes = 0
+        self.fds = 0
+        self._cpu_start = time.thread_time()
+
+    def cpu_used(self) -> float:
+        return time.thread_time() - self._cpu_start
+
+    def fds_left(self) -> int:
+        return self.max_fds - self.fds
+
+    def reached(self) -> tuple[str, ...]:
+        return tuple(
+            name
+            for name, over in (
+                ("processes", self.processes >= self.max_processes),
+                ("fds", self.fds >= self.max_fds),
+                ("cpu", self.cpu_used() >= self.max_cpu),
+            )
+            if over
+        )
+
+    def spent(self) -> bool:
+        return self.processes >= self.max_processes or self.cpu_used() >= self.max_cpu
+
+
+@dataclass
+class _ProcessRecord:
+    counters: ProcessIO | None
+    """Its counters at its last read (None: known as a child, not read yet)."""
+    at: float
+    read_pass: int
+    rate: ProcessIO | None = None
+    """What it did between its last two reads (a gone process stays until its next read finds it gone)."""
+    seconds: float = 0.0
+    """The time between those two reads."""
+
+
+@dataclass
+class _Workload:
+    """A GPU process and its descendants as known across passes."""
+
+    records: dict[int, _ProcessRecord] = field(default_factory=dict)
+    """By PID, the GPU process first, then in the order found."""
+    cursor: int = 0
+    """The last descendant read: the next pass goes on after it."""
+    ns: dict[int, tuple[int, int, str]] = field(default_factory=dict)
+    seen_read: dict[str, int] = field(default_factory=dict)
+    """Mountpoint -> the pass it was last seen open for reading."""
+    seen_written: dict[str, int] = field(default_factory=dict)
+
+    def queue(self, root: int) -> Iterator[int]:
+        """Its descendants once each, starting after the one read last, then those found on the way."""
+        order = [p for p in self.records if p != root]
+        start = order.index(self.cursor) + 1 if self.cursor in order else 0
+        given = {root}
+        while order:
+            for pid in order[start:] + order[:start]:
+                if pid in self.records and pid not in given:
+                    given.add(pid)
+                    yield pid
+            order, start = [p for p in self.records if p not in given], 0
+
+    def update(self, pid: int, io: ProcessIO, now: float, pass_: int) -> None:
+        rec = self.records.get(pid)
+        if rec is not None and rec.counters is not None and now > rec.at:
+            rec.rate = _delta(rec.counters, io)
+            rec.seconds = now - rec.at
+        elif rec is None or rec.counters is None:
+            rec = self.records[pid] = _ProcessRecord(None, now, pass_)
+        rec.counters, rec.at, rec.read_pass = io, now, pass_
+
+    def unread(self, pass_: int) -> bool:
+        return any(rec.read_pass != pass_ for rec in self.records.values())
+
+    def rates(self) -> dict[str, float | None]:
+        timed = [rec for rec in self.records.values() if rec.rate is not None and rec.seconds > 0]
+        if not timed:
+            return {}
+
+        def per_second(name: str) -> float:
+            return float(sum(getattr(rec.rate, name) / rec.seconds for rec in timed))
+
+        syscr, syscw = per_second("syscr"), per_second("syscw")
+        return {
+            "read_bytes_per_second": per_second("read_bytes"),
+            "write_bytes_per_second": per_second("write_bytes"),
+            "read_calls_per_second": syscr,
+            "write_calls_per_second": syscw,
+            "read_size_bytes": per_second("rchar") / syscr if syscr else None,
+            "write_size_bytes": per_second("wchar") / syscw if syscw else None,
+        }
 
 
 class HostMounts:
@@ -127,7 +254,11 @@ class AccessSource:
         self.mounts = mounts
         self.clock = clock
         self.configure(config)
-        self._before: dict[int, tuple[float, dict[int, ProcessIO]]] = {}
+        self._workloads: dict[int, _Workload] = {}
+        """Each GPU process's workload as known across passes."""
+        self._fd_cursor: dict[int, int] = {}
+        """Where the next read of a process's open files starts (its fd directory's order)."""
+        self._pass = 0
         self.parse_errors = 0
         self._bad = OnceLog(log)
         self.off_reason: str | None = None
@@ -137,25 +268,21 @@ class AccessSource:
         self.interval_seconds = config.interval_seconds
         self.max_processes = config.max_processes
         self.max_fds = config.max_fds
+        self.max_processes_per_pass = config.max_processes_per_pass
+        self.max_fds_per_pass = config.max_fds_per_pass
+        self.max_cpu_seconds_per_pass = config.max_cpu_seconds_per_pass
 
-    def _tree(self, root: int) -> list[int]:
-        """The process and its descendants, breadth first, at most max_processes."""
-        out: list[int] = []
-        queue, seen = [root], {root}
-        while queue and len(out) < self.max_processes:
-            pid = queue.pop(0)
-            out.append(pid)
-            try:
-                tids = os.listdir(self.paths.proc(str(pid), "task"))
-            except OSError:
-                continue
-            for tid in tids[: self.max_processes]:
-                data = _read_small(self.paths.proc(str(pid), "task", tid, "children"))
-                for child in parse_children(data or b""):
-                    if child not in seen:
-                        seen.add(child)
-                        queue.append(child)
-        return out
+    def _children(self, pid: int) -> list[int]:
+        """The process's children, from every thread's ``children`` file (at most max_processes)."""
+        try:
+            tids = os.listdir(self.paths.proc(str(pid), "task"))
+        except OSError:
+            return []
+        found: list[int] = []
+        for tid in tids[: self.max_processes]:
+            data = _read_small(self.paths.proc(str(pid), "task", tid, "children"))
+            found.extend(parse_children(data or b""))
+        return found
 
     def _io(self, pid: int) -> ProcessIO | None:
         path = self.paths.proc(str(pid), "io")
@@ -176,15 +303,35 @@ class AccessSource:
         entries, _ = parse_mountinfo(data)
         return {e.mount_id: (e.major, e.minor, e.root) for e in entries}
 
-    def _open_files(self, pid: int, ns: dict[int, tuple[int, int, str]], host: HostMounts) -> tuple[set[str], set[str]]:
+    def _open_files(
+        self, pid: int, ns: dict[int, tuple[int, int, str]], host: HostMounts, budget: _PassBudget
+    ) -> tuple[set[str], set[str], bool]:
+        """The host mountpoints of the process's open files read in this pass (at most max_fds and what is left of
+        the pass's fd budget, from where its last read stopped), and whether all of them were read."""
         reads: set[str] = set()
         writes: set[str] = set()
         fd_dir = self.paths.proc(str(pid), "fd")
+        start = self._fd_cursor.get(pid, 0)
+        want = min(self.max_fds, budget.fds_left())
+        if want <= 0:
+            return reads, writes, False
+        # scandir, not listdir: a process with 19,500 open files is listed only as far as this read goes.
+        names: list[str] = []
+        complete = True
         try:
-            names = os.listdir(fd_dir)
+            with os.scandir(fd_dir) as it:
+                for entry in itertools.islice(it, start, None):
+                    if len(names) >= want:
+                        complete = False
+                        break
+                    names.append(entry.name)
         except OSError:
-            return reads, writes
-        for name in names[: self.max_fds]:
+            return reads, writes, True
+        self._fd_cursor[pid] = start + len(names) if not complete else 0
+        if not complete or start:
+            complete = False
+        budget.fds += len(names)
+        for name in names:
             try:
                 target = os.readlink(os.path.join(fd_dir, name))
             except OSError:
@@ -215,55 +362,89 @@ class AccessSource:
                 reads.add(mountpoint)
             if "w" in mode:
                 writes.add(mountpoint)
-        return reads, writes
+        return reads, writes, complete
 
     def collect(self) -> AccessFacts:
         now = self.clock()
+        budget = _PassBudget(self.max_processes_per_pass, self.max_fds_per_pass, self.max_cpu_seconds_per_pass)
         host = HostMounts(self.mounts() or ())
-        out: dict[int, WorkloadAccess] = {}
-        before_all, after_all = self._before, {}
         roots = sorted(set(self.gpu_pids()))
         self.off_reason = None if roots else "no GPU process on this node (NVML names none)"
+        self._pass += 1
+        self._workloads = {r: self._workloads.get(r) or _Workload() for r in roots}
+        read_now: dict[int, tuple[set[str], set[str], bool]] = {}
+        # The GPU processes first: each one's counters, children and open files, while the budget lasts.
         for root in roots:
-            pids = self._tree(root)
-            counters: dict[int, ProcessIO] = {}
-            reads: set[str] = set()
-            writes: set[str] = set()
-            ns = self._namespace(root)
-            for pid in pids:
-                io = self._io(pid)
-                if io is None:
-                    continue  # exited, or not ours to read
-                counters[pid] = io
-                r, w = self._open_files(pid, ns, host)
-                reads |= r
-                writes |= w
-            if not counters:
+            if budget.spent():
+                break
+            read_now[root] = self._read(root, root, now, host, budget)
+        # Then their descendants, a process of each workload in turn, each from where its last pass stopped.
+        pending = {r: self._workloads[r].queue(r) for r in roots if r in read_now}
+        while pending and not budget.spent():
+            for root in list(pending):
+                pid = next(pending[root], None)
+                if pid is None:
+                    del pending[root]
+                    continue
+                self._workloads[root].cursor = pid
+                r, w, complete = self._read(root, pid, now, host, budget)
+                reads, writes, all_read = read_now[root]
+                read_now[root] = (reads | r, writes | w, all_read and complete)
+                if budget.spent():
+                    break
+        out: dict[int, WorkloadAccess] = {}
+        for root in roots:
+            work = self._workloads[root]
+            if root not in work.records:
                 continue
-            after_all[root] = (now, counters)
-            rates: dict[str, float | None] = {}
-            before = before_all.get(root)
-            if before is not None and now > before[0]:
-                seconds = now - before[0]
-                d = _summed(_delta(before[1][p], counters[p]) for p in counters if p in before[1])
-                rates = {
-                    "read_bytes_per_second": d.read_bytes / seconds,
-                    "write_bytes_per_second": d.write_bytes / seconds,
-                    "read_calls_per_second": d.syscr / seconds,
-                    "write_calls_per_second": d.syscw / seconds,
-                    "read_size_bytes": d.rchar / d.syscr if d.syscr else None,
-                    "write_size_bytes": d.wchar / d.syscw if d.syscw else None,
-                }
+            reads, writes, all_fds = read_now.get(root, (set(), set(), False))
+            sampled = not all_fds or work.unread(self._pass)
+            if sampled:
+                for mp in reads:
+                    work.seen_read[mp] = self._pass
+                for mp in writes:
+                    work.seen_written[mp] = self._pass
+                floor = self._pass - MOUNT_MEMORY_PASSES
+                work.seen_read = {m: p for m, p in work.seen_read.items() if p > floor}
+                work.seen_written = {m: p for m, p in work.seen_written.items() if p > floor}
+                reads, writes = set(work.seen_read), set(work.seen_written)
+            else:
+                work.seen_read = dict.fromkeys(reads, self._pass)
+                work.seen_written = dict.fromkeys(writes, self._pass)
+            read = [rec.counters for rec in work.records.values() if rec.counters is not None]
             out[root] = WorkloadAccess(
                 root,
-                len(counters),
-                _summed(counters.values()),
-                **rates,
+                len(read),
+                _summed(read),
+                **work.rates(),
                 mounts_read=tuple(sorted(reads)),
                 mounts_written=tuple(sorted(writes)),
+                sampled=sampled,
+                processes_known=len(work.records),
             )
-        self._before = after_all
-        return AccessFacts(now, out)
+        self._fd_cursor = {
+            p: c for p, c in self._fd_cursor.items() if any(p in w.records for w in self._workloads.values())
+        }
+        return AccessFacts(now, out, budget.processes, budget.fds, budget.cpu_used(), budget.reached())
+
+    def _read(
+        self, root: int, pid: int, now: float, host: HostMounts, budget: _PassBudget
+    ) -> tuple[set[str], set[str], bool]:
+        """Read one process of a workload: its counters (a new rate from the last two), its children (now known to
+        the workload) and its open files."""
+        work = self._workloads[root]
+        budget.processes += 1
+        io = self._io(pid)
+        if io is None:
+            work.records.pop(pid, None)  # exited, or not ours to read
+            return set(), set(), True
+        work.update(pid, io, now, self._pass)
+        for child in self._children(pid):
+            if child not in work.records and len(work.records) < self.max_processes:
+                work.records[child] = _ProcessRecord(None, 0.0, 0)
+        if pid == root:
+            work.ns = self._namespace(root)
+        return self._open_files(pid, work.ns, host, budget)
 
     def close(self) -> None:
         pass

@@ -9,12 +9,13 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, BinaryIO
 
 from storwatch.checkpoints import pickles
-from storwatch.checkpoints.limits import MIB, Deadline, DeepLimits, LimitReached
+from storwatch.checkpoints.limits import MIB, PARSE_BUDGET, Deadline, DeepLimits, LimitReached
 
 VERDICTS = ("complete", "incomplete", "corrupt", "unsafe", "unknown")
 
@@ -260,38 +261,73 @@ def _walk_files(root: str, deadline: Deadline, max_depth: int = 3) -> Iterator[s
 
 # ---- bounded JSON ------------------------------------------------------------------------------------------------
 
-_JSON_TOKENS = re.compile(rb'[\[\]{}"\\]')
+_JSON_STRING = re.compile(rb'"[^"]*"')  # once escapes are gone: one repeat of a class, no state per character
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+_BRACKETS_AS_LISTS = bytes.maketrans(b"{}", b"[]")
+_STRUCTURE_CHUNK = 64 * 1024
+_JSON_BYTES_PER_VALUE = 128
+"""What json.loads may build per value, at most (a one-key dict in a list is about 100 bytes; a short string in a
+dict about 125, its characters counted apart)."""
 
 
 def json_depth_exceeds(raw: bytes, max_depth: int) -> bool:
-    """Whether a JSON document nests deeper than ``max_depth``, found in one linear pass before any parse (a parser
-    that recurses would fail on 200,000 nested ``[`` only after allocating for them)."""
-    depth = 0
+    """Whether a JSON document nests deeper than ``max_depth``, found before any parse (a parser that recurses would
+    fail on 200,000 nested ``[`` only after allocating for them). Every step runs in C on at most two copies of the
+    document, and only where it has backslashes: escaped backslashes and quotes are dropped, then all but quotes and
+    brackets, then strings (a chunk at a time: re.sub keeps every piece of its output until it joins them), and each
+    pass then removes the innermost pairs of brackets. Brackets left unmatched count as nesting, so a broken
+    document may be called deep."""
+    if b"\\" in raw:
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    marks = raw.translate(None, _NOT_STRUCTURE)
+    outside = bytearray()
     in_string = False
-    escaped_at = -1
-    for m in _JSON_TOKENS.finditer(raw):
-        pos = m.start()
-        if pos == escaped_at:
-            continue
-        token = raw[pos]
+    for at in range(0, len(marks), _STRUCTURE_CHUNK):
+        chunk = marks[at : at + _STRUCTURE_CHUNK]
         if in_string:
-            if token == 0x5C:  # a backslash escapes the next character
-                escaped_at = pos + 1
-            elif token == 0x22:
-                in_string = False
-        elif token == 0x22:
-            in_string = True
-        elif token in (0x5B, 0x7B):
-            depth += 1
-            if depth > max_depth:
-                return True
-        elif token in (0x5D, 0x7D):
-            depth -= 1
-    return False
+            close = chunk.find(b'"')
+            if close < 0:
+                continue
+            chunk, in_string = chunk[close + 1 :], False
+        if chunk.count(b'"') % 2:
+            chunk, in_string = chunk[: chunk.rfind(b'"')], True
+        outside += _JSON_STRING.sub(b"", chunk)
+    del marks
+    brackets = bytes(outside).translate(_BRACKETS_AS_LISTS)
+    del outside
+    for passes in range(max_depth + 1):
+        inner = brackets.replace(b"[]", b"")
+        if len(inner) == len(brackets):
+            # Only unmatched brackets are left (closers first, then openers): each opener is one more level.
+            return passes + inner.count(b"[") > max_depth
+        brackets = inner
+    return True  # max_depth + 1 passes each removed a level
 
 
-def _load_json(raw: bytes, what: str, ctx: _Ctx) -> Any:
-    """Parse a JSON document within the limits; _Bad (corrupt) when it is not JSON or nests too deeply."""
+def json_values_bound(raw: bytes) -> int:
+    """At most how many values (keys included) json.loads builds from ``raw``: every value but the first of a
+    container follows a comma or a colon, and every container opens with a bracket (those inside strings only make
+    the bound higher)."""
+    return raw.count(b",") + raw.count(b":") + raw.count(b"[") + raw.count(b"{") + 1
+
+
+def json_parse_bytes(raw: bytes) -> int:
+    """Memory json.loads may take for ``raw``, at most: the bytes, the text decoded from them (1, 2 or 4 bytes a
+    character, as the widest character needs), the characters again in string objects, and each value."""
+    if raw.isascii():
+        width = 1
+    elif re.search(rb"[\xf0-\xf4]", raw):
+        width = 4
+    else:
+        width = 2
+    return len(raw) * (2 + width) + json_values_bound(raw) * _JSON_BYTES_PER_VALUE
+
+
+def _load_json(raw: bytes, what: str, ctx: _Ctx, budget: bool = True) -> Any:
+    """Parse a JSON document within the limits; _Bad (corrupt) when it is not JSON or nests too deeply, LimitReached
+    (unknown) when it holds more values than allowed or could not fit in the parse budget (limits.PARSE_BUDGET).
+    ``budget=False``: the caller holds the document's share of the budget (json_parse_bytes) while it uses the
+    result."""
     limits = ctx.limits
     if len(raw) > limits.max_json_bytes:
         raise LimitReached(
@@ -299,16 +335,25 @@ def _load_json(raw: bytes, what: str, ctx: _Ctx) -> Any:
             f"{what} is {len(raw):,} bytes of JSON, over the limit of {limits.max_json_bytes:,} "
             "(checkpoints.deep_max_json_bytes): it was not parsed",
         )
-    if json_depth_exceeds(raw, limits.max_json_depth):
-        raise _Bad(
-            "corrupt",
-            f"{what} nests deeper than {limits.max_json_depth} levels (checkpoints.deep_max_json_depth), "
-            f"which no checkpoint format writes: it is damaged or hostile; it was not parsed; {FALLBACK}",
+    values = json_values_bound(raw)
+    if values > limits.max_json_values:
+        raise LimitReached(
+            "max_json_values",
+            f"{what} holds up to {values:,} JSON values, over the limit of {limits.max_json_values:,}: it was not "
+            "parsed, which says nothing against the checkpoint",
         )
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
-        raise _Bad("corrupt", f"{what} is not valid JSON ({_describe(err)[:120]}); {FALLBACK}") from None
+    held = PARSE_BUDGET.hold(json_parse_bytes(raw), what, limits, ctx.deadline) if budget else nullcontext()
+    with held:
+        if json_depth_exceeds(raw, limits.max_json_depth):
+            raise _Bad(
+                "corrupt",
+                f"{what} nests deeper than {limits.max_json_depth} levels (checkpoints.deep_max_json_depth), "
+                f"which no checkpoint format writes: it is damaged or hostile; it was not parsed; {FALLBACK}",
+            )
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+            raise _Bad("corrupt", f"{what} is not valid JSON ({_describe(err)[:120]}); {FALLBACK}") from None
 
 
 @lru_cache(maxsize=8)

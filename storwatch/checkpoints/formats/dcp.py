@@ -28,7 +28,7 @@ from storwatch.checkpoints.formats.common import (
     _unsafe,
     _worst,
 )
-from storwatch.checkpoints.formats.safetensors import _check_weight_map
+from storwatch.checkpoints.formats.safetensors import _check_index
 
 # ---- torch Distributed Checkpoint ------------------------------------------------------------------------------
 
@@ -57,11 +57,7 @@ def _check_dcp_metadata(path: str, name: str, ctx: _Ctx) -> _Finding:
         return "corrupt", f"{name} is empty although DCP renames it into place only when written; {FALLBACK}"
     if data[:1] == b"{":
         # torch's Hugging Face storage writer keeps a safetensors index in .metadata instead of a pickle.
-        index = _load_json(data, name, ctx)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            return "corrupt", f"{name} is JSON without a weight_map of file names; {FALLBACK}"
-        return _check_weight_map(path, weight_map, name, ctx)
+        return _check_index(data, path, name, ctx)
     try:
         metadata = pickles.load(
             data,
