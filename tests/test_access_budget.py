@@ -62,7 +62,7 @@ def test_each_pass_keeps_to_its_budget_and_the_tree_is_covered_over_passes(
             assert w.processes == min(CHILDREN + 1, n * (BUDGET["max_processes_per_pass"] - 1) + 1), (n, w)
         assert w.processes == CHILDREN + 1 and w.processes_known == CHILDREN + 1
         assert w.read_calls_per_second is not None  # every process has a rate from two reads by now
-        # a CPU budget too small for even one process: the GPU process is still read, and only it
+        # a CPU budget too small for even one process: the GPU process's counters are still read
         tight_config = budget_config(0.001)
         tight = AccessSource(HostPaths(), tight_config, lambda: [gpu_pid], host_mounts, time.time)
         facts = tight.collect()

@@ -11,9 +11,10 @@ and the directory the mount shows (its root), which a container's bind of a kube
 Bounded: at most ``max_processes`` processes known per GPU process, ``max_fds`` open files read from each, 64 KiB
 per small file; only the processes NVML names and their descendants are read, never every process on the node. Each
 pass also has a budget (``max_processes_per_pass`` processes read, ``max_fds_per_pass`` open files read,
-``max_cpu_seconds_per_pass`` of this thread's CPU): the GPU processes are read first, then their descendants from
-where the last pass stopped, and each process's open files from where its last read stopped, so past the budget the
-pass samples, the rest is read on later passes, and the facts say so (``sampled``). Nothing here touches the files
+``max_cpu_seconds_per_pass`` of this thread's CPU): the GPU processes' counters are read first, always, then their
+descendants' from where the last pass stopped (within half the CPU budget), then the open files, the GPU processes'
+first, each process's from where its last read stopped; so past the budget the pass samples, the rest is read on
+later passes, and the facts say so (``sampled``). Nothing here touches the files
 themselves (a file on a hung mount would hang a stat): the links in ``fd`` and the ``fdinfo`` lines are the kernel's.
 A process that exits while it is read is skipped. A workload's rates are the sum of each of its processes' rates
 between that process's last two reads.
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 
 MAX_SMALL_FILE = 64 * 1024
 MAX_MOUNTINFO = 4 << 20
+PROCESS_CPU_SHARE = 0.5
+FD_CPU_CHECK_EVERY = 64
+"""Open files read between two looks at the pass's CPU time (one read of max_fds files may take tens of ms)."""
+"""Share of a pass's CPU budget that counters and children may take; the open files get the rest."""
 MOUNT_MEMORY_PASSES = 12
 """While a workload is sampled, a mount seen open is reported for this many passes after it was last seen (the open
 files are read a part at a time); a pass that read everything reports exactly what it saw."""
@@ -137,25 +142,34 @@ class _PassBudget:
         self.fds = 0
         self._cpu_start = time.thread_time()
 
+        self._stopped: set[str] = set()
+
     def cpu_used(self) -> float:
         return time.thread_time() - self._cpu_start
 
+    def _left(self, used: int, most: int, name: str, cpu_share: float) -> bool:
+        if used >= most:
+            self._stopped.add(name)
+            return False
+        if self.cpu_used() >= self.max_cpu * cpu_share:
+            self._stopped.add("cpu")
+            return False
+        return True
+
+    def processes_left(self, cpu_share: float) -> bool:
+        """Whether another process may be read (with at most ``cpu_share`` of the CPU budget used so far)."""
+        return self._left(self.processes, self.max_processes, "processes", cpu_share)
+
     def fds_left(self) -> int:
-        return self.max_fds - self.fds
+        """How many more open files may be read (0 once the fd or the CPU budget is spent)."""
+        return self.max_fds - self.fds if self._left(self.fds, self.max_fds, "fds", 1.0) else 0
+
+    def stop(self, name: str) -> None:
+        self._stopped.add(name)
 
     def reached(self) -> tuple[str, ...]:
-        return tuple(
-            name
-            for name, over in (
-                ("processes", self.processes >= self.max_processes),
-                ("fds", self.fds >= self.max_fds),
-                ("cpu", self.cpu_used() >= self.max_cpu),
-            )
-            if over
-        )
-
-    def spent(self) -> bool:
-        return self.processes >= self.max_processes or self.cpu_used() >= self.max_cpu
+        """The budgets that stopped this pass."""
+        return tuple(n for n in ("processes", "fds", "cpu") if n in self._stopped)
 
 
 @dataclass
@@ -177,7 +191,9 @@ class _Workload:
     records: dict[int, _ProcessRecord] = field(default_factory=dict)
     """By PID, the GPU process first, then in the order found."""
     cursor: int = 0
-    """The last descendant read: the next pass goes on after it."""
+    """The last descendant whose counters were read: the next pass goes on after it."""
+    fd_cursor: int = 0
+    """The last descendant whose open files were read: likewise."""
     ns: dict[int, tuple[int, int, str]] = field(default_factory=dict)
     seen_read: dict[str, int] = field(default_factory=dict)
     """Mountpoint -> the pass it was last seen open for reading."""
@@ -194,6 +210,12 @@ class _Workload:
                     given.add(pid)
                     yield pid
             order, start = [p for p in self.records if p not in given], 0
+
+    def fd_queue(self, root: int) -> Iterator[int]:
+        """Its descendants read at least once, once each, starting after the one whose open files were read last."""
+        order = [p for p, rec in self.records.items() if p != root and rec.counters is not None]
+        start = order.index(self.fd_cursor) + 1 if self.fd_cursor in order else 0
+        yield from order[start:] + order[:start]
 
     def update(self, pid: int, io: ProcessIO, now: float, pass_: int) -> None:
         rec = self.records.get(pid)
@@ -327,11 +349,13 @@ class AccessSource:
                     names.append(entry.name)
         except OSError:
             return reads, writes, True
-        self._fd_cursor[pid] = start + len(names) if not complete else 0
-        if not complete or start:
-            complete = False
-        budget.fds += len(names)
-        for name in names:
+        listed_all = complete
+        for done, name in enumerate(names):
+            if done and not done % FD_CPU_CHECK_EVERY and budget.cpu_used() >= budget.max_cpu:
+                names, listed_all = names[:done], False  # the CPU budget is spent: the rest waits for a later pass
+                budget.stop("cpu")
+                break
+            budget.fds += 1
             try:
                 target = os.readlink(os.path.join(fd_dir, name))
             except OSError:
@@ -362,7 +386,8 @@ class AccessSource:
                 reads.add(mountpoint)
             if "w" in mode:
                 writes.add(mountpoint)
-        return reads, writes, complete
+        self._fd_cursor[pid] = 0 if listed_all else start + len(names)
+        return reads, writes, listed_all and not start
 
     def collect(self) -> AccessFacts:
         now = self.clock()
@@ -372,33 +397,49 @@ class AccessSource:
         self.off_reason = None if roots else "no GPU process on this node (NVML names none)"
         self._pass += 1
         self._workloads = {r: self._workloads.get(r) or _Workload() for r in roots}
-        read_now: dict[int, tuple[set[str], set[str], bool]] = {}
-        # The GPU processes first: each one's counters, children and open files, while the budget lasts.
+        # First the counters and children: the GPU processes always (a few small reads each, so every workload is
+        # known every pass), then their descendants, a process of each workload in turn, each from where its last
+        # pass stopped. Half the CPU budget at most: the open files get the rest.
         for root in roots:
-            if budget.spent():
-                break
-            read_now[root] = self._read(root, root, now, host, budget)
-        # Then their descendants, a process of each workload in turn, each from where its last pass stopped.
-        pending = {r: self._workloads[r].queue(r) for r in roots if r in read_now}
-        while pending and not budget.spent():
+            self._read(root, root, now)
+            budget.processes += 1
+        pending = {r: self._workloads[r].queue(r) for r in roots if r in self._workloads[r].records}
+        while pending and budget.processes_left(PROCESS_CPU_SHARE):
             for root in list(pending):
                 pid = next(pending[root], None)
                 if pid is None:
                     del pending[root]
                     continue
                 self._workloads[root].cursor = pid
-                r, w, complete = self._read(root, pid, now, host, budget)
-                reads, writes, all_read = read_now[root]
-                read_now[root] = (reads | r, writes | w, all_read and complete)
-                if budget.spent():
+                self._read(root, pid, now)
+                budget.processes += 1
+                if not budget.processes_left(PROCESS_CPU_SHARE):
+                    break
+        # Then the open files: each GPU process's, then its descendants' in turn from where the last pass stopped.
+        opened: dict[int, tuple[set[str], set[str], set[int]]] = {r: (set(), set(), set()) for r in roots}
+        for root in roots:
+            work = self._workloads[root]
+            if root in work.records and budget.fds_left():
+                work.ns = self._namespace(root)
+                self._files_of(root, root, host, budget, opened[root])
+        fd_pending = {r: self._workloads[r].fd_queue(r) for r in roots if r in self._workloads[r].records}
+        while fd_pending and budget.fds_left():
+            for root in list(fd_pending):
+                pid = next(fd_pending[root], None)
+                if pid is None:
+                    del fd_pending[root]
+                    continue
+                self._workloads[root].fd_cursor = pid
+                self._files_of(root, pid, host, budget, opened[root])
+                if not budget.fds_left():
                     break
         out: dict[int, WorkloadAccess] = {}
         for root in roots:
             work = self._workloads[root]
             if root not in work.records:
                 continue
-            reads, writes, all_fds = read_now.get(root, (set(), set(), False))
-            sampled = not all_fds or work.unread(self._pass)
+            reads, writes, complete = opened[root]
+            sampled = work.unread(self._pass) or not complete >= set(work.records)
             if sampled:
                 for mp in reads:
                     work.seen_read[mp] = self._pass
@@ -422,29 +463,31 @@ class AccessSource:
                 sampled=sampled,
                 processes_known=len(work.records),
             )
-        self._fd_cursor = {
-            p: c for p, c in self._fd_cursor.items() if any(p in w.records for w in self._workloads.values())
-        }
+        known = {p for w in self._workloads.values() for p in w.records}
+        self._fd_cursor = {p: c for p, c in self._fd_cursor.items() if p in known}
         return AccessFacts(now, out, budget.processes, budget.fds, budget.cpu_used(), budget.reached())
 
-    def _read(
-        self, root: int, pid: int, now: float, host: HostMounts, budget: _PassBudget
-    ) -> tuple[set[str], set[str], bool]:
-        """Read one process of a workload: its counters (a new rate from the last two), its children (now known to
-        the workload) and its open files."""
+    def _read(self, root: int, pid: int, now: float) -> None:
+        """One process of a workload: its counters (a new rate from its last two reads) and its children (now known
+        to the workload); a process that is gone is forgotten."""
         work = self._workloads[root]
-        budget.processes += 1
         io = self._io(pid)
         if io is None:
             work.records.pop(pid, None)  # exited, or not ours to read
-            return set(), set(), True
+            return
         work.update(pid, io, now, self._pass)
         for child in self._children(pid):
             if child not in work.records and len(work.records) < self.max_processes:
                 work.records[child] = _ProcessRecord(None, 0.0, 0)
-        if pid == root:
-            work.ns = self._namespace(root)
-        return self._open_files(pid, work.ns, host, budget)
+
+    def _files_of(
+        self, root: int, pid: int, host: HostMounts, budget: _PassBudget, into: tuple[set[str], set[str], set[int]]
+    ) -> None:
+        reads, writes, complete = self._open_files(pid, self._workloads[root].ns, host, budget)
+        into[0].update(reads)
+        into[1].update(writes)
+        if complete:
+            into[2].add(pid)
 
     def close(self) -> None:
         pass
