@@ -168,7 +168,10 @@ def test_forged_writers_and_numbers_charge_no_gpu_and_break_no_figure(
     uid = _tenant_uid()
     # The victim: another tenant's process holding GPU 0's memory, idle.
     victim = subprocess.Popen(
-        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "600"], text=True
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "600"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     processes.append(victim)
     root = tmp_path / "ckpt"
@@ -251,8 +254,15 @@ def test_forged_writers_and_numbers_charge_no_gpu_and_break_no_figure(
 
     honest_risk = ("storwatch_gpu_seconds_at_risk", (("run", "honest"),))
     stalls = {k: v for k, v in metrics.items() if k[0] == "storwatch_gpu_stall_seconds_total"}
-    assert not any(dict(labels).get("gpu") == "0" and v > 0 for (_, labels), v in stalls.items()), stalls
-    assert not [c for c in status["stalls"]["current"] if c["gpu"] == "0"]
+    charged = [
+        v
+        for (_, labels), v in stalls.items()
+        if dict(labels)["gpu"] == "0" and dict(labels)["cause"] == "checkpoint_write"
+    ]
+    assert not any(v > 0 for v in charged), stalls
+    # (GPU 0 may wait on a slow mount its process has files open on, as any GPU may: none of it is the forged run's)
+    assert not [c for c in status["stalls"]["current"] if c["gpu"] == "0" and c["cause"] == "checkpoint_write"]
+    assert not [c for c in status["stalls"]["current"] if c["run"] == "tenant"]
     assert ("storwatch_gpu_seconds_at_risk", (("run", "tenant"),)) not in metrics
     assert metrics[honest_risk] == math.inf  # GPU 1's run: on node storage, nothing survives the node
     rejected = {

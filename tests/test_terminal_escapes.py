@@ -70,7 +70,7 @@ def test_verify_shows_a_forged_name_escaped_and_the_real_verdict(tmp_path: Path,
         "step-9\\x0d\\x1b[1A\\x1b[2KCOMPLETE    safetensors          ckpt~step-9.safetensors\\x0a"
         "            all checks passed\\x07\\x1b[8m.safetensors"
     )
-    assert "header is not valid JSON" in lines[1]
+    assert "safetensors header is invalid" in lines[1]
     assert not any(line.startswith("COMPLETE") for line in lines)
 
 
