@@ -160,10 +160,10 @@ class _Stub:
 
 def _stalled_agent(clock: _Clock) -> tuple[Agent, _Stub]:
     """An agent whose GPU 0 (PID 4242) idles while its process writes a checkpoint to /scratch, 20 to 30 s in."""
-    from storwatch.sources.checkpoints import CheckpointFacts, CheckpointState, RunState
+    from storwatch.sources.checkpoints import Checkpoint, CheckpointFacts, RunState
 
     t0 = clock.t
-    write = CheckpointState(
+    write = Checkpoint(
         "/scratch/run/step-1.pt",
         "torch-zip",
         "complete",
