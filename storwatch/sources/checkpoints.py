@@ -16,8 +16,9 @@ raises makes only its own checkpoint ``corrupt`` (``unknown`` when it is no know
 is one, else from when this source first saw the checkpoint incomplete and then complete. Temporaries of
 ``atomic_save`` whose writer is gone are reported per run (never removed: the next save does that).
 
-Why one file (about 540 lines): the source's state per unit and per run, and the helper-process calls that fill
-it, follow one checkpoint from found to checked to tracked; the stage records are in checkpoints/ and analysis/.
+The records it files are those the helper made (checkpoints/record.py), with what only this source knows added:
+when it first saw each checkpoint, a write timed by watching, and the writer PID the kernel backs
+(sources/writers.py); runs are keyed by RunId.
 """
 
 from __future__ import annotations
