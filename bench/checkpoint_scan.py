@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _common import HarnessError, machine_info, quiet_machine_warnings, verdict, write_json
 
 from storwatch.checkpoints.scan import CheckpointScanner
+from storwatch.config import CheckpointsConfig
 from storwatch.sources.checkpoints import CheckpointSource
 
 JOBS = 10
@@ -168,7 +169,7 @@ def run(root: str) -> dict[str, Any]:
         rescan_s.append(time.perf_counter() - t)
     rescan_stats = again.stats
 
-    source = CheckpointSource([root], deep_per_scan=0)
+    source = CheckpointSource([root], CheckpointsConfig(deep_per_scan=0))
     try:
         source.collect()
         source_s: list[float] = []

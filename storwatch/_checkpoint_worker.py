@@ -10,14 +10,16 @@ in the agent. The threads share one parse budget (``checkpoints.limits.PARSE_BUD
 across every root, holds at most ``parse_budget_bytes``; a check that waited too long for room is ``unknown`` for
 this scan only and is made again at the next.
 
-Operations (the path hex-encoded, the parameters a hex-encoded JSON object; both answer one JSON text):
+Operations (the path hex-encoded, the parameters a hex-encoded JSON object; each answers one JSON text, a record of
+``checkpoints/record.py``):
 
 ``ckpt_scan UNIT PARAMS``
     Walk UNIT (``skip``: directories not to enter), cheap-check new and changed candidates, read each run's event
-    log, and find the temporaries whose writer is gone. A check that raises makes only its candidate ``corrupt``
-    (``unknown`` when it is no known format), with the exception in the reason, and is counted by kind.
+    log, find the temporaries whose writer is gone, and answer the unit's runs (``UnitAnswer``). A check that raises
+    makes only its candidate ``corrupt`` (``unknown`` when it is no known format), with the exception in the reason,
+    and is counted by kind.
 ``ckpt_deep PATH PARAMS``
-    The deep check of one checkpoint, isolated the same way.
+    The deep check of one checkpoint, isolated the same way (``DeepAnswer``); its verdict stands in the unit's cache.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from typing import Any
 
 from storwatch._blocking_worker import serve
 from storwatch.checkpoints.birth import StatxTimes, statx_times
-from storwatch.checkpoints.events import FileTimes, parse_lines
-from storwatch.checkpoints.formats import check, identify
+from storwatch.checkpoints.events import FileTimes, SaveRecord, parse_lines
+from storwatch.checkpoints.formats import CheckResult, check, identify
 from storwatch.checkpoints.limits import TRANSIENT_LIMITS, DeepLimits
+from storwatch.checkpoints.record import Checkpoint, DeepAnswer, Run, Temp, UnitAnswer, to_wire
 from storwatch.checkpoints.scan import CheckpointCandidate, CheckpointScanner, ScanResult
 from storwatch.paths import HostPaths
 from storwatch.training import EVENT_LOG_NAME, TEMP_GRACE_SECONDS, orphaned_temp
@@ -81,11 +84,11 @@ def guarded_check(
     size: int = 0,
     mtime: float = 0.0,
     limits: DeepLimits | None = None,
-) -> dict[str, Any]:
-    """``check()`` as a plain dict; whatever it raises makes this checkpoint's verdict, never the scan's (check() is
-    built never to raise; this holds if it ever does)."""
+) -> CheckResult:
+    """``check()``, and whatever it raises makes this checkpoint's verdict, never the scan's (check() is built never
+    to raise; this holds if it ever does)."""
     try:
-        return check(path, deep=deep, now=now, settle_seconds=settle, limits=limits).to_dict()
+        return check(path, deep=deep, now=now, settle_seconds=settle, limits=limits)
     except Exception as err:  # one bad file must not end the scan of the others
         reason = error_reason(err)
         errors[reason] = errors.get(reason, 0) + 1
@@ -94,23 +97,25 @@ def guarded_check(
         except Exception:
             fmt = None
         text = str(err).replace("\n", " ")[:300]
-        return {
-            "path": path,
-            "format": fmt,
-            "verdict": "corrupt" if fmt is not None else "unknown",
-            "reason": f"checking it raised {type(err).__name__}: {text}"
+        return CheckResult(
+            path=path,
+            format=fmt,
+            verdict="corrupt" if fmt is not None else "unknown",
+            reason=f"checking it raised {type(err).__name__}: {text}"
             + ("" if fmt is not None else "; it is no checkpoint format storwatch knows"),
-            "size_bytes": size,
-            "mtime": mtime,
-            "deep": deep,
-        }
+            size_bytes=size,
+            mtime=mtime,
+            deep=deep,
+            error=type(err).__name__,
+        )
 
 
 @dataclass
 class _Unit:
     scanner: CheckpointScanner
-    verdicts: dict[str, tuple[tuple[int, float], dict[str, Any]]] = field(default_factory=dict)
-    """Candidate path -> (size and newest mtime, its cheap check) as last checked."""
+    verdicts: dict[str, tuple[tuple[int, float], CheckResult]] = field(default_factory=dict)
+    """Candidate path -> (size and newest mtime, its check) as last checked: the cheap check, or the deep one once it
+    was made of the same footprint. The one verdict cache: the agent keeps none."""
     events: dict[str, tuple[tuple[int, int], list[bytes]]] = field(default_factory=dict)
     """Run directory -> (its event log's mtime and size, the lines at its end)."""
     births: dict[str, tuple[tuple[int, float], StatxTimes | None]] = field(default_factory=dict)
@@ -178,7 +183,7 @@ def _event_lines(unit: _Unit, run: str) -> list[bytes]:
 
 def _event_log(
     unit: _Unit, run: str, files: dict[str, CheckpointCandidate], now: float, rejected: dict[str, int]
-) -> dict[str, dict[str, float]]:
+) -> dict[str, SaveRecord]:
     """The last good write record of each checkpoint of the run in its event log, each line checked against the
     file it names (checkpoints/events.py); lines dropped are added to ``rejected`` by reason, each line once."""
 
@@ -206,29 +211,29 @@ def _event_log(
                 unit.rejected_lines.clear()
             unit.rejected_lines.add(key)
             rejected[reason] = rejected.get(reason, 0) + 1
-    out: dict[str, dict[str, float]] = {}
-    for path, rec in records.items():
-        record = {"start": rec.start, "end": rec.end, "bytes": float(rec.bytes)}
-        if rec.pid is not None:
-            record["pid"] = rec.pid
-        out[path] = record
-    return out
+    return records
 
 
-def _candidate(c: CheckpointCandidate, result: dict[str, Any], event: dict[str, float] | None) -> dict[str, Any]:
-    return {
-        "path": c.path,
-        "kind": c.kind,
-        "run": c.run,
-        "reason": c.reason,
-        "size_bytes": c.size_bytes,
-        "allocated_bytes": c.allocated_bytes,
-        "files": c.files,
-        "mtime": c.mtime,
-        "newest_mtime": c.newest_mtime,
-        "check": result,
-        "event": event,
-    }
+def _checkpoint(c: CheckpointCandidate, result: CheckResult, event: SaveRecord | None) -> Checkpoint:
+    """The record of one candidate: what the walk found, what the check said, and its event line's timing."""
+    seconds = None if event is None else event.end - event.start
+    return Checkpoint(
+        path=c.path,
+        format=result.format,
+        verdict=result.verdict,
+        reason=result.reason,
+        size_bytes=result.size_bytes,
+        mtime=result.mtime,
+        deep_checked=result.deep,
+        write_seconds=seconds,
+        write_bytes_per_second=None if event is None or not seconds else event.bytes / seconds,
+        write_start=None if event is None else event.start,
+        allocated_bytes=c.allocated_bytes,
+        kind=c.kind,
+        files=c.files,
+        notes=result.notes,
+        claimed_pid=None if event is None else event.pid,
+    )
 
 
 def _changed_lately(dir_fd: int, name: str, now: float) -> bool:
@@ -241,11 +246,11 @@ def _changed_lately(dir_fd: int, name: str, now: float) -> bool:
     return stat.S_ISREG(st.st_mode) and now - st.st_mtime < TEMP_GRACE_SECONDS
 
 
-def _orphans(result: ScanResult, now: float) -> list[dict[str, Any]]:
-    """Temporaries found by the walk, each with the run it belongs to: those whose writer is gone (with their bytes
-    and why), and those written to lately (``"writing": true``: a save in progress)."""
+def _temps(result: ScanResult, now: float) -> dict[str, list[Temp]]:
+    """Temporaries found by the walk, by the run they belong to: those whose writer is gone (with the space they take
+    and why), and those written to lately (a save in progress)."""
     if not result.temps:
-        return []
+        return {}
     run_of: dict[str, str] = {}
     dir_candidates: list[tuple[str, str]] = []
     for c in result.candidates:
@@ -257,7 +262,7 @@ def _orphans(result: ScanResult, now: float) -> list[dict[str, Any]]:
     for temp in result.temps:
         directory, name = os.path.split(temp)
         by_dir.setdefault(directory, []).append(name)
-    found: list[dict[str, Any]] = []
+    found: dict[str, list[Temp]] = {}
     for directory, names in by_dir.items():
         run = run_of.get(directory) or next(
             (r for p, r in dir_candidates if directory == p or directory.startswith(p + "/")), directory
@@ -271,9 +276,9 @@ def _orphans(result: ScanResult, now: float) -> list[dict[str, Any]]:
                 orphan = orphaned_temp(dir_fd, name, now)
                 path = os.path.join(directory, name)
                 if orphan is not None:
-                    found.append({"path": path, "run": run, "bytes": orphan.allocated_bytes, "why": orphan.why})
+                    found.setdefault(run, []).append(Temp(path, False, orphan.allocated_bytes, orphan.why))
                 elif _changed_lately(dir_fd, name, now):
-                    found.append({"path": path, "run": run, "writing": True})
+                    found.setdefault(run, []).append(Temp(path, True))
         finally:
             os.close(dir_fd)
     return found
@@ -288,29 +293,26 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
     with unit.lock:
         result = unit.scanner.scan()
         errors: dict[str, int] = {}
-        verdicts: dict[str, tuple[tuple[int, float], dict[str, Any]]] = {}
-        candidates = []
-        events: dict[str, dict[str, dict[str, float]]] = {}
         rejected: dict[str, int] = {}
-        by_run: dict[str, dict[str, CheckpointCandidate]] = {}
-        for c in result.candidates:
-            by_run.setdefault(c.run, {})[c.path] = c
+        verdicts: dict[str, tuple[tuple[int, float], CheckResult]] = {}
+        runs: dict[str, list[Checkpoint]] = {}
         for run in result.runs:
-            events[run.path] = _event_log(unit, run.path, by_run.get(run.path, {}), now, rejected)
-        for c in result.candidates:
-            footprint = (c.size_bytes, c.newest_mtime)
-            cached = unit.verdicts.get(c.path)
-            if (
-                cached is not None
-                and cached[0] == footprint
-                and cached[1]["verdict"] != "incomplete"
-                and cached[1].get("limit") not in TRANSIENT_LIMITS
-            ):
-                checked = cached[1]  # unchanged and settled: the earlier verdict stands
-            else:
-                checked = guarded_check(c.path, False, now, settle, errors, c.size_bytes, c.newest_mtime, limits)
-            verdicts[c.path] = (footprint, checked)
-            candidates.append(_candidate(c, checked, events.get(c.run, {}).get(c.path)))
+            events = _event_log(unit, run.path, {c.path: c for c in run.candidates}, now, rejected)
+            made = runs[run.path] = []
+            for c in run.candidates:
+                footprint = (c.size_bytes, c.newest_mtime)
+                cached = unit.verdicts.get(c.path)
+                if (
+                    cached is not None
+                    and cached[0] == footprint
+                    and cached[1].verdict != "incomplete"
+                    and cached[1].limit not in TRANSIENT_LIMITS
+                ):
+                    checked = cached[1]  # unchanged and settled: the earlier verdict (cheap or deep) stands
+                else:
+                    checked = guarded_check(c.path, False, now, settle, errors, c.size_bytes, c.newest_mtime, limits)
+                verdicts[c.path] = (footprint, checked)
+                made.append(_checkpoint(c, checked, events.get(c.path)))
         if result.truncated:
             # What lay beyond the bound was not seen this time: keep its verdicts, bounded by the scan's own bound.
             for p, v in unit.verdicts.items():
@@ -318,36 +320,60 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
                     break
                 verdicts.setdefault(p, v)
         unit.verdicts = verdicts
-        unit.events = {r: e for r, e in unit.events.items() if r in events}
+        unit.events = {r: e for r, e in unit.events.items() if r in runs}
         unit.births = {p: b for p, b in unit.births.items() if p in verdicts}
-        answer = {
-            "root": unit.scanner.roots[0],
-            "candidates": candidates,
-            "truncated": result.truncated,
-            "truncated_reason": result.truncated_reason,
-            "truncated_detail": result.truncated_detail,
-            "unreadable": result.unreadable,
-            "unreadable_paths": list(result.unreadable_paths),
-            "seconds": result.stats.seconds,
-            "check_errors": errors,
-            "claims_rejected": rejected,
-            "orphans": _orphans(result, now),
-            "datasets": [
-                {"path": d.path, "files": d.files, "bytes": d.bytes, "newest_mtime": d.newest_mtime}
-                for d in result.datasets
-            ],
-        }
-    return json.dumps(answer, separators=(",", ":"))
+        temps = _temps(result, now)
+        answer = UnitAnswer(
+            root=unit.scanner.roots[0],
+            runs=tuple(
+                Run(run, tuple(runs.get(run, ())), tuple(sorted(temps.get(run, ()), key=lambda t: t.path)))
+                for run in sorted(runs.keys() | temps.keys())
+            ),
+            truncated=result.truncated,
+            truncated_reason=result.truncated_reason,
+            truncated_detail=result.truncated_detail,
+            seconds=result.stats.seconds,
+            check_errors=errors,
+            claims_rejected=rejected,
+            datasets=result.datasets,
+            unreadable=result.unreadable,
+            unreadable_paths=result.unreadable_paths,
+        )
+    return json.dumps(to_wire(answer), separators=(",", ":"))
 
 
 def deep_check(path_bytes: bytes, params_hex: str) -> str:
+    """The deep check of one checkpoint; its verdict goes into its unit's verdict cache (``unit`` in the
+    parameters) when the checkpoint has not changed meanwhile, so the next scan reports it."""
     params = json.loads(bytes.fromhex(params_hex))
     errors: dict[str, int] = {}
     path = os.fsdecode(path_bytes)
+    with _units_lock:
+        unit = _units.get(str(params.get("unit", "")))
+    before = None
+    if unit is not None:
+        with unit.lock:
+            cached = unit.verdicts.get(path)
+            before = cached[0] if cached is not None else None
     checked = guarded_check(
         path, True, float(params["now"]), float(params["settle"]), errors, 0, 0.0, limits_from(params)
     )
-    return json.dumps({"check": checked, "check_errors": errors}, separators=(",", ":"))
+    if unit is not None and before is not None:
+        with unit.lock:
+            cached = unit.verdicts.get(path)
+            if cached is not None and cached[0] == before:
+                unit.verdicts[path] = (before, checked)
+    record = Checkpoint(
+        path,
+        checked.format,
+        checked.verdict,
+        checked.reason,
+        checked.size_bytes,
+        checked.mtime,
+        True,
+        notes=checked.notes,
+    )
+    return json.dumps(to_wire(DeepAnswer(record, errors)), separators=(",", ":"))
 
 
 OPS = {"ckpt_scan": scan_unit, "ckpt_deep": deep_check}

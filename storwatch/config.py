@@ -188,13 +188,13 @@ class CheckpointsConfig:
     """Search /var/lib/kubelet/pods under the host root when it exists."""
     interval_seconds: float = number(30.0, 0.1, 86400)
     settle_seconds: float = number(60.0, 0.0, 86400)
+    """A Hugging Face Trainer directory is complete once nothing in it changed for this long."""
     mtbf_seconds: float = number(86400.0, 60.0, 2_592_000)
     """Mean time between failures of a training run (the job's, not one node's), for the recommended checkpoint
     interval (storwatch_checkpoint_recommended_interval_seconds)."""
     dataset_min_bytes: int = number(1 << 30, 1, 1 << 50)
     """A directory of dataset shards (Parquet, Arrow, TFRecord, WebDataset tars...) this large on storage lost with
     the node is a finding."""
-    """A Hugging Face Trainer directory is complete once nothing in it changed for this long."""
     deep_per_scan: int = number(1, 0, 1000)
     """Complete checkpoints read in full (every CRC; torch.load with torch installed) per scan, newest first."""
     deep_max_bytes: int = number(1 << 30, 0, 1 << 50)

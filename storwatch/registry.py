@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from storwatch.checkpoints.limits import DeepLimits
 from storwatch.config import (
     CheckpointsConfig,
     Config,
@@ -171,20 +170,10 @@ def _stuck_mount_paths(ctx: SourceContext) -> list[str]:
 def _checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> CheckpointSource:
     return CheckpointSource(
         default_roots(ctx.paths, section.roots, section.kubelet),
-        interval_seconds=section.interval_seconds,
-        settle_seconds=section.settle_seconds,
-        deep_per_scan=section.deep_per_scan,
-        dataset_min_bytes=section.dataset_min_bytes,
-        deep_max_bytes=section.deep_max_bytes,
+        section,
         clock=ctx.clock,
-        max_entries=section.max_entries,
-        max_depth=section.max_depth,
-        max_seconds=section.max_seconds,
         # A mount whose statvfs is stuck would hang the walk's helper too: its directories wait until it answers.
         stuck_paths=lambda: _stuck_mount_paths(ctx),
-        timeout_seconds=section.timeout_seconds,
-        deep_timeout_seconds=section.deep_timeout_seconds,
-        limits=DeepLimits.from_config(section),
         # A reload applies the roots too: the same host paths, as this agent sees them.
         resolve_roots=lambda s: default_roots(ctx.paths, s.roots, s.kubelet),
     )

@@ -350,11 +350,11 @@ def _findings_list(view: View) -> list[dict[str, Any]]:
 
 def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
     out = []
-    recovery = {r.label: r for r in view.recovery}
+    recovery = {r.run: r for r in view.recovery}
     for rv in view.checkpoints:
         run = rv.run
         newest = run.newest_complete
-        rec = recovery.get(rv.label)
+        rec = recovery.get(rv.id)
         out.append(
             {
                 "run": rv.label,

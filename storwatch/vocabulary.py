@@ -18,7 +18,7 @@ PLATFORMS = (GENERIC, TOGETHER_K8S, TOGETHER_SLURM, GRADIENT)
 
 
 class Durability(str, enum.Enum):
-    """How long data on a mount survives (DESIGN.md, "Durability classes")."""
+    """How long data on a mount survives (README, "Durability classes")."""
 
     VOLATILE = "volatile"
     """Nothing: a reboot or pod restart loses it."""
@@ -173,7 +173,7 @@ class Finding:
     id: str
     """Stable: the same run on the same mount keeps its id."""
     kind: str
-    """What the data is: ``checkpoint`` (training state) or ``model`` (model weights); datasets next."""
+    """What the data is: ``checkpoint`` (training state), ``model`` (model weights) or ``dataset`` (shards)."""
     severity: Severity
     mountpoint: str
     durability: str

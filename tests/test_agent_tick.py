@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import storwatch.agent as agent_module
+import storwatch.agent.tick as agent_module
 from storwatch.agent import Agent
 from storwatch.analysis.view import View
 from storwatch.config import Config
@@ -122,12 +122,12 @@ def test_health_and_readiness_probes_never_render_the_exposition(counted: tuple[
 
 
 def test_a_wall_clock_step_is_noticed_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    from storwatch.agent import ClockWatch
+    from storwatch.agent.tick import ClockWatch
 
     watch = ClockWatch()
     assert watch.check(1000.0, 50.0) is None
     assert watch.check(1001.0, 51.0) is None  # both moved a second
-    with caplog.at_level("WARNING", logger="storwatch.agent"):
+    with caplog.at_level("WARNING", logger="storwatch.agent.tick"):
         assert watch.check(1002.0 - 7200.0, 52.0) == pytest.approx(-7200.0)  # stepped back 2 h
         assert watch.check(1003.0 - 7200.0, 53.0) is None  # the next tick: no new step, nothing logged
     assert [r.getMessage() for r in caplog.records] == [
@@ -160,10 +160,10 @@ class _Stub:
 
 def _stalled_agent(clock: _Clock) -> tuple[Agent, _Stub]:
     """An agent whose GPU 0 (PID 4242) idles while its process writes a checkpoint to /scratch, 20 to 30 s in."""
-    from storwatch.sources.checkpoints import CheckpointFacts, CheckpointState, RunState
+    from storwatch.sources.checkpoints import Checkpoint, CheckpointFacts, RunState
 
     t0 = clock.t
-    write = CheckpointState(
+    write = Checkpoint(
         "/scratch/run/step-1.pt",
         "torch-zip",
         "complete",

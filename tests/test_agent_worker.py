@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import storwatch.agent as agent_module
+import storwatch.agent.collectors as agent_module
 from storwatch.agent import GPU_OFF_REASON, KNOWN_COLLECTORS, Agent
 from storwatch.config import Config, GPUConfig, KubeConfig
 from storwatch.vocabulary import CollectorStatus, Mount

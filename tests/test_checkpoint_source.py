@@ -4,6 +4,7 @@ checkpoint, and orphaned temporaries. Every source here runs its real helper pro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -15,7 +16,9 @@ from typing import Any
 import pytest
 
 from storwatch.analysis.build import build_view
+from storwatch.checkpoints.record import RunId
 from storwatch.classify import Classifier
+from storwatch.config import CheckpointsConfig
 from storwatch.exporter import Exporter
 from storwatch.paths import HostPaths
 from storwatch.registry import exporter_areas
@@ -50,7 +53,10 @@ def make_source() -> Iterator[Callable[..., CheckpointSource]]:
     made: list[CheckpointSource] = []
 
     def make(*args: Any, **kwargs: Any) -> CheckpointSource:
-        made.append(CheckpointSource(*args, **kwargs))
+        # The section's fields go in the settings (declared once, in CheckpointsConfig); the rest are the source's.
+        fields = {f.name for f in dataclasses.fields(CheckpointsConfig)}
+        settings = CheckpointsConfig(**{k: kwargs.pop(k) for k in list(kwargs) if k in fields})
+        made.append(CheckpointSource(*args, settings, **kwargs))
         return made[-1]
 
     yield make
@@ -252,14 +258,14 @@ def test_a_check_that_raises_fails_only_its_own_checkpoint(tmp_path: Path, monke
 
     monkeypatch.setattr(worker, "check", check)
     errors: dict[str, int] = {}
-    assert worker.guarded_check(str(good), False, 0.0, 60.0, errors)["verdict"] == "complete"
+    assert worker.guarded_check(str(good), False, 0.0, 60.0, errors).verdict == "complete"
     result = worker.guarded_check(str(bad), False, 0.0, 60.0, errors, size=7, mtime=5.0)
-    assert result["verdict"] == "corrupt" and result["format"] == "torch-zip"
-    assert "RecursionError: maximum recursion depth" in result["reason"]
-    assert (result["size_bytes"], result["mtime"]) == (7, 5.0)
+    assert result.verdict == "corrupt" and result.format == "torch-zip"
+    assert "RecursionError: maximum recursion depth" in result.reason
+    assert (result.size_bytes, result.mtime) == (7, 5.0)
     monkeypatch.setattr(worker, "identify", lambda path: None)
     result = worker.guarded_check(str(bad), True, 0.0, 60.0, errors)
-    assert result["verdict"] == "unknown" and result["deep"] is True
+    assert result.verdict == "unknown" and result.deep is True
     assert errors == {"recursion_error": 2}
     assert worker.error_reason(OSError()) == "os_error" and worker.error_reason(UnicodeError()) == "value_error"
     assert worker.error_reason(MemoryError()) == "memory_error" and worker.error_reason(KeyError()) == "other"
@@ -377,13 +383,55 @@ def test_the_limits_reach_the_checks_in_the_helper(
     tmp_path: Path, make_source: Callable[..., CheckpointSource]
 ) -> None:
     """checkpoints.deep_* (DeepLimits) travel with each request: a limit the file exceeds shows in its verdict."""
-    from storwatch.checkpoints.limits import DeepLimits
-
     header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
     (plain,) = make_source([str(tmp_path)], deep_per_scan=0).collect().runs
     assert plain.checkpoints[0].verdict == "complete"
-    (limited,) = make_source([str(tmp_path)], deep_per_scan=0, limits=DeepLimits(max_json_depth=1)).collect().runs
+    (limited,) = make_source([str(tmp_path)], deep_per_scan=0, deep_max_json_depth=2).collect().runs
     assert limited.checkpoints[0].verdict != "complete"
     assert "max_json_depth" in limited.checkpoints[0].reason, limited.checkpoints[0].reason
+
+
+def test_two_roots_with_the_same_folder_names_stay_two_runs_through_the_whole_path(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """RunId (the root and the path) is the join key from the helper to the View: runs that share their path below
+    two roots are two runs, with labels that differ, each joined with its own recovery figures, and /metrics carries
+    no series twice."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from storwatch.report import view_to_dict
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root, age in ((a, 100.0), (b, 7200.0)):
+        (root / "ckpts" / "plain").mkdir(parents=True)
+        torch_like_zip(root / "ckpts" / "plain" / "step-1.pt")
+        when = time.time() - age
+        os.utime(root / "ckpts" / "plain" / "step-1.pt", (when, when))
+    facts = make_source([str(a), str(b)], deep_per_scan=0).collect()
+    assert sorted(r.id for r in facts.runs) == sorted(
+        [RunId(str(a), str(a / "ckpts" / "plain")), RunId(str(b), str(b / "ckpts" / "plain"))]
+    )
+    view = build_view(Snapshot(timestamp=time.time(), checkpoints=facts), Classifier("generic"), Platform("g", "t"))
+    labels = sorted(rv.label for rv in view.checkpoints)
+    assert len(set(labels)) == 2 and labels == sorted([str(a / "ckpts" / "plain"), str(b / "ckpts" / "plain")])
+    by_run = {r["path"]: r for r in view_to_dict(view)["checkpoints"]}
+    assert by_run[str(a / "ckpts" / "plain")]["newest_complete_age_seconds"] < 1000
+    assert by_run[str(b / "ckpts" / "plain")]["newest_complete_age_seconds"] > 7000
+    text = Exporter(exporter_areas(), process_metrics=False).render(view).decode()
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, frozenset(sample.labels.items()))
+            assert key not in seen, key
+            seen.add(key)
+    assert sum(1 for name, _ in seen if name == "storwatch_checkpoint_size_bytes") == 2
+    # one label for the one run of a name: its path below its root
+    (alone,) = make_source([str(a)], deep_per_scan=0).collect().runs
+    (view_a,) = build_view(
+        Snapshot(timestamp=time.time(), checkpoints=make_source([str(a)], deep_per_scan=0).collect()),
+        Classifier("generic"),
+        Platform("g", "t"),
+    ).checkpoints
+    assert alone.id.below_root == "ckpts/plain" and view_a.label == "ckpts/plain"

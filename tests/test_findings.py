@@ -9,7 +9,7 @@ from storwatch.exporter import ExportState, render_text
 from storwatch.exporter import checkpoints as checkpoints_area
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
-from storwatch.sources.checkpoints import CheckpointState, RunState
+from storwatch.sources.checkpoints import Checkpoint, RunState
 from storwatch.vocabulary import Durability, Mount, Platform, Verdict
 
 NOW = 1_800_000_000.0
@@ -23,11 +23,11 @@ def mount(mountpoint: str, durability: Durability, fstype: str = "ext4") -> Moun
     return MountView(m, Verdict(durability, "test", ()))
 
 
-def ckpt(path: str, age: float, size: int, verdict: str = "complete") -> CheckpointState:
-    return CheckpointState(path, "torch-zip", verdict, verdict, size, NOW - age, False, NOW - age, None, None)
+def ckpt(path: str, age: float, size: int, verdict: str = "complete") -> Checkpoint:
+    return Checkpoint(path, "torch-zip", verdict, verdict, size, NOW - age, False, NOW - age, None, None)
 
 
-def run(root: str, label: str, where: MountView, *checkpoints: CheckpointState) -> RunView:
+def run(root: str, label: str, where: MountView, *checkpoints: Checkpoint) -> RunView:
     return RunView(RunState(f"{root}/{label}", root, checkpoints), label, where)
 
 

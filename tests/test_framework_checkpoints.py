@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from storwatch.checkpoints import check
+from storwatch.config import CheckpointsConfig
 from storwatch.sources.checkpoints import CheckpointSource
 from tests.agentproc import REPO_ROOT
 
@@ -120,7 +121,7 @@ def test_the_agents_source_calls_every_library_checkpoint_complete(
     written: tuple[Path, dict[str, list[str]]],
 ) -> None:
     root, kinds = written
-    source = CheckpointSource([str(root)], deep_per_scan=0)
+    source = CheckpointSource([str(root)], CheckpointsConfig(deep_per_scan=0))
     try:
         facts = source.collect()
     finally:

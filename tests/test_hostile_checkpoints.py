@@ -307,11 +307,12 @@ def test_pickle_and_json_size_limits_are_unknown(tmp_path: Path) -> None:
 def test_the_agents_source_calls_every_code_payload_unsafe(corpus: tuple[Path, Path, list[hostile.Item]]) -> None:
     """The checkpoint source the agent runs (its helper process, the scan's own candidates): every item carrying a
     code payload is unsafe, counted apart from the damaged ones, and nothing else in the corpus is complete."""
+    from storwatch.config import CheckpointsConfig
     from storwatch.sources.checkpoints import CheckpointSource
 
     root, marker, items = corpus
     payloads = [item for item in items if item.verdicts == ("unsafe",)]
-    source = CheckpointSource([str(root)], deep_per_scan=0)
+    source = CheckpointSource([str(root)], CheckpointsConfig(deep_per_scan=0))
     try:
         # The walk checks the bombs to their limits (seconds each): a collection that has not seen its answer yet
         # reports nothing new, so collect until the walk has answered (as the agent does every interval).

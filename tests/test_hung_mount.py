@@ -386,6 +386,7 @@ def test_a_walk_still_out_is_waited_for_only_as_long_as_walks_bound_themselves( 
 ) -> None:
     """A collection waits max_seconds plus a margin for the walks, not the whole deadline: a hung unit delays the
     first answer that long, is not a failure while within its deadline, and is stuck once past it."""
+    from storwatch.config import CheckpointsConfig
     from storwatch.sources.checkpoints import WAIT_MARGIN_SECONDS, CheckpointSource
     from tests.test_checkpoint_source import torch_like_zip
 
@@ -394,7 +395,8 @@ def test_a_walk_still_out_is_waited_for_only_as_long_as_walks_bound_themselves( 
     torch_like_zip(healthy / "step-1.pt")
     hung = real_mounts(fuse_mount(tmp_path / "hung", block_readdir=True))
     source = CheckpointSource(
-        [str(healthy), str(hung.mountpoint)], deep_per_scan=0, max_seconds=0.5, timeout_seconds=6.0
+        [str(healthy), str(hung.mountpoint)],
+        CheckpointsConfig(deep_per_scan=0, max_seconds=0.5, timeout_seconds=6.0),
     )
     try:
         started = time.monotonic()

@@ -116,6 +116,7 @@ def test_orphaned_temporaries_are_reported_everywhere_and_removed_by_the_next_sa
 def test_a_save_in_progress_is_a_write_in_progress_and_no_orphan(tmp_path: Path) -> None:
     """A live writer's temporary (its lock held, just written) makes the run's write_in_progress, with when it was
     first seen; the same temporary once its writer is killed and it has aged is an orphan, not a write."""
+    from storwatch.config import CheckpointsConfig
     from storwatch.sources.checkpoints import CheckpointSource
 
     run = tmp_path / "run"
@@ -131,7 +132,7 @@ def test_a_save_in_progress_is_a_write_in_progress_and_no_orphan(tmp_path: Path)
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
     clock = [time.time()]
-    source = CheckpointSource([str(tmp_path)], clock=lambda: clock[0], deep_per_scan=0)
+    source = CheckpointSource([str(tmp_path)], CheckpointsConfig(deep_per_scan=0), clock=lambda: clock[0])
     try:
         assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
         (state,) = source.collect().runs

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from storwatch.analysis.recovery import checkpoint_age_seconds, recovery_point_seconds
-from storwatch.sources.checkpoints import CheckpointState, RunState
+from storwatch.sources.checkpoints import Checkpoint, RunState
 
 NOW = 1_800_000_000.0
 
 
-def checkpoint(verdict: str, age: float) -> CheckpointState:
-    return CheckpointState(
+def checkpoint(verdict: str, age: float) -> Checkpoint:
+    return Checkpoint(
         path=f"/ckpt/run/step-{age:g}",
         format="torch-zip",
         verdict=verdict,

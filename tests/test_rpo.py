@@ -12,14 +12,14 @@ from storwatch.analysis.view import MountView, RunView, View
 from storwatch.exporter import ExportState, render_text
 from storwatch.exporter import checkpoints as checkpoints_area
 from storwatch.snapshot import Snapshot
-from storwatch.sources.checkpoints import CheckpointState, RunState
+from storwatch.sources.checkpoints import Checkpoint, RunState
 from storwatch.vocabulary import Durability, Mount, Platform, Verdict
 
 NOW = 1_800_000_000.0
 
 
-def ckpt(age: float, verdict: str = "complete", write_seconds: float | None = None) -> CheckpointState:
-    return CheckpointState(
+def ckpt(age: float, verdict: str = "complete", write_seconds: float | None = None) -> Checkpoint:
+    return Checkpoint(
         path=f"/ckpt/run/step-{age:g}",
         format="torch-zip",
         verdict=verdict,
@@ -39,7 +39,7 @@ def on(durability: Durability, mountpoint: str = "/data") -> MountView:
     return MountView(mount, Verdict(durability, "test", ()))
 
 
-def run(label: str, where: MountView | None, *checkpoints: CheckpointState) -> RunView:
+def run(label: str, where: MountView | None, *checkpoints: Checkpoint) -> RunView:
     return RunView(RunState(f"/ckpt/{label}", "/ckpt", checkpoints), label, where)
 
 

@@ -52,7 +52,9 @@ def hostile_view() -> View:
     mount = dataclasses.replace(rv.mount, mount=dataclasses.replace(rv.mount.mount, stuck=True, stuck_seconds=INF))
     rv = dataclasses.replace(rv, run=run, mount=mount)
     recovery = (
-        RunRecovery(rv.label, INF, NAN, INF, NAN, INF, gpus=2, tier_write_seconds={"node": INF, "cluster": NAN}),
+        RunRecovery(
+            rv.label, INF, NAN, INF, NAN, INF, gpus=2, tier_write_seconds={"node": INF, "cluster": NAN}, run=rv.id
+        ),
         RunRecovery("other", NAN, -INF, -INF, INF, NAN, gpus=1, tier_write_seconds={"volatile": -INF}),
     )
     stalls = StallState(

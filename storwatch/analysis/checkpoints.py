@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 
 from storwatch.analysis.view import MountView, RunView
+from storwatch.checkpoints.record import RunId
 from storwatch.paths import HostPaths
-from storwatch.sources.checkpoints import CheckpointFacts
+from storwatch.sources.checkpoints import CheckpointFacts, RunState
 
 MAX_RUNS = 100
 """Runs exported and shown, newest first: the run label stays bounded whatever the node holds."""
 
 
 def run_label(path: str, root: str) -> str:
+    """A run's path below its root (the root's own name for the root itself), as text fit for a label."""
     rel = os.path.relpath(path, root) if path != root else os.path.basename(path)
-    return os.fsencode(rel).decode("utf-8", "backslashreplace")[-160:]
+    return _text(rel)
+
+
+def _text(name: str) -> str:
+    return os.fsencode(name).decode("utf-8", "backslashreplace")[-160:]
+
+
+def run_labels(runs: Iterable[RunState]) -> dict[RunId, str]:
+    """A label for each run, unique on the node: its path below its root, or, where runs below different roots
+    share that path, its whole path."""
+    runs = list(runs)
+    short = {r.id: run_label(r.path, r.root) for r in runs}
+    taken = Counter(short.values())
+    return {rid: label if taken[label] == 1 else _text(rid.path) for rid, label in short.items()}
 
 
 def mount_locator(mounts: tuple[MountView, ...], paths: HostPaths) -> Callable[[str], MountView | None]:
@@ -38,4 +54,5 @@ def run_views(facts: CheckpointFacts | None, mounts: tuple[MountView, ...], path
     mount_of = mount_locator(mounts, paths)
 
     runs = sorted(facts.runs, key=lambda r: max((c.mtime for c in r.checkpoints), default=0.0), reverse=True)
-    return tuple(RunView(r, run_label(r.path, r.root), mount_of(r.path)) for r in runs[:MAX_RUNS])
+    labels = run_labels(facts.runs)
+    return tuple(RunView(r, labels[r.id], mount_of(r.path)) for r in runs[:MAX_RUNS])

@@ -133,9 +133,9 @@ def find(
     for rv in runs:
         newest = rv.run.newest_complete
         if newest is not None and rv.mount is not None and not rv.mount.verdict.durability.ephemeral:
-            known = durable_newest.get(rv.label)
+            known = durable_newest.get(rv.id.below_root)
             if known is None or newest.mtime > known.mtime:
-                durable_newest[rv.label] = _Dated(newest.mtime)
+                durable_newest[rv.id.below_root] = _Dated(newest.mtime)
     out: list[Finding] = []
     for rv in runs:
         mv = rv.mount
@@ -145,7 +145,7 @@ def find(
         size = sum(c.size_bytes for c in complete)
         newest = max(complete, key=lambda c: c.mtime)
         newest_age = checkpoint_age_seconds(newest, now)
-        durable = durable_newest.get(rv.label)
+        durable = durable_newest.get(rv.id.below_root)  # a copy: the same path below another root
         durable_age = None if durable is None else checkpoint_age_seconds(durable, now)
         pod_uid = _pod_of(rv.run.path)
         move_to = _durable_place(pod_uid, mounts)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from storwatch.checkpoints.record import RunId
 
 
 class Written(Protocol):
@@ -92,6 +95,8 @@ class RunRecovery:
     median rate that checkpoints timed on that tier were written here."""
     unknown_reason: str | None = None
     """Why the recovery point is unknown (None while it is known)."""
+    run: RunId | None = None
+    """The run these figures are of: the key to join them with the View's runs."""
 
     @property
     def gpu_seconds_at_risk(self) -> float | None:

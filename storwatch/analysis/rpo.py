@@ -149,6 +149,7 @@ def run_recovery(
         workload,
         by_tier,
         unknown if point is None else None,
+        rv.id,
     )
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from storwatch.analysis.latency import LatencySummary
     from storwatch.analysis.stalls import StallState
     from storwatch.analysis.timeline import TimelinePicture
+    from storwatch.checkpoints.record import RunId
     from storwatch.sources.checkpoints import CheckpointFacts, RunState
     from storwatch.sources.diskio import DiskIO
     from storwatch.sources.gpu import GPUFacts
@@ -60,9 +61,15 @@ class RunView:
 
     run: RunState
     label: str
-    """A short, stable name for the run: its path below the scan root."""
+    """A short, stable name for the run, unique on the node: its path below its scan root, or its whole path where
+    two runs below different roots share that (analysis/checkpoints.py). For people and the ``run`` label; joins go
+    by ``id``."""
     mount: MountView | None
     """The mount holding the run's directory (its durability is the checkpoints')."""
+
+    @property
+    def id(self) -> RunId:
+        return self.run.id
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ Where it runs
   The module is standard library only for that reason (so are ``storwatch.training`` and the format registry it
   imports, whose candidate rules it applies).
 
-Why one file (about 610 lines): one walk with its bounds, its reuse of unchanged listings and its grouping into
+Why one file: one walk with its bounds, its reuse of unchanged listings and its grouping into
 runs; the three read the same per-directory state, and the rules for what is a candidate come from the format
 registry (checkpoints/formats).
 """
@@ -98,16 +98,17 @@ _ANY_SUFFIXES = (*FILE_SUFFIXES, DCP_SUFFIX)
 RACY_SECONDS = 2.0
 """A directory listed less than this after its last change is listed again on the next scan (see module doc)."""
 MAX_ERRORS = 100
-MAX_UNREADABLE_PATHS = 10
 """Errors kept per scan (unreadable directories, vanished files); further ones are only counted."""
+MAX_UNREADABLE_PATHS = 10
+"""Entries refused (permission) named per scan; all of them are counted."""
 MAX_TEMPS = 1000
+"""Temporary files reported per scan."""
 DATASET_SUFFIXES = (".parquet", ".arrow", ".tfrecord", ".tfrecords", ".jsonl.zst", ".mds", ".lance")
 """Files that are dataset shards by their suffix (Parquet, Arrow, TFRecord, compressed JSON lines, MosaicML
 streaming, Lance); WebDataset shards are ``*-NNN.tar`` (_WEBDATASET)."""
 _WEBDATASET = re.compile(r".*[-_.]\d{3,}\.tar")
 MAX_DATASET_DIRS = 1000
 """Directories of dataset shards reported per scan, the largest first."""
-"""Temporary files reported per scan."""
 _CLOCK_EVERY = 4096
 """Entries between two reads of the clock inside one large directory."""
 _OPEN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)

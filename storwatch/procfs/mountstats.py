@@ -20,7 +20,7 @@ and skip only themselves; a bad ``device`` line skips its mount's block. The ker
 so a last line without one was cut short by the reader; it is reported as truncated rather than trusted, because a
 number cut in half still looks like a number.
 
-Why one file (about 830 lines): the block parser and the per-operation line parsers share one reading of the
+Why one file: the block parser and the per-operation line parsers share one reading of the
 kernel's layout and must change together when a kernel adds a field. The incremental readers and their caches are
 the NFS source's (``sources/mountstats_reader.py``); an NFSMount made by one parses its own tables on first use and
 asks that reader (through ``OperationMemory``) for per-op lines parsed by earlier reads, so a busy mount's tables

@@ -16,8 +16,9 @@ raises makes only its own checkpoint ``corrupt`` (``unknown`` when it is no know
 is one, else from when this source first saw the checkpoint incomplete and then complete. Temporaries of
 ``atomic_save`` whose writer is gone are reported per run (never removed: the next save does that).
 
-Why one file (about 540 lines): the source's state per unit and per run, and the helper-process calls that fill
-it, follow one checkpoint from found to checked to tracked; the stage records are in checkpoints/ and analysis/.
+The records it files are those the helper made (checkpoints/record.py), with what only this source knows added:
+when it first saw each checkpoint, a write timed by watching, and the writer PID the kernel backs
+(sources/writers.py); runs are keyed by RunId.
 """
 
 from __future__ import annotations
@@ -27,16 +28,16 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from storwatch._checkpoint_worker import CHECK_ERROR_REASONS
 from storwatch._checkpoint_worker import command as worker_command
-from storwatch.blocking import BlockingCalls, CallOutcome
+from storwatch.blocking import BlockingCalls
 from storwatch.checkpoints.events import REJECT_REASONS as EVENT_REJECT_REASONS
-from storwatch.checkpoints.formats import CheckResult
 from storwatch.checkpoints.limits import DeepLimits
+from storwatch.checkpoints.record import Checkpoint, DeepAnswer, RunId, UnitAnswer, from_wire
 from storwatch.checkpoints.scan import MAX_DATASET_DIRS, DatasetDir
 from storwatch.config import CheckpointsConfig
 from storwatch.paths import HostPaths
@@ -54,9 +55,9 @@ __all__ = [
     "CHECK_ERROR_REASONS",
     "EVENT_LOG",
     "KUBELET_PODS",
+    "Checkpoint",
     "CheckpointFacts",
     "CheckpointSource",
-    "CheckpointState",
     "RunState",
     "StuckRoot",
     "default_roots",
@@ -78,40 +79,11 @@ _DEEP = "deep\0"
 
 
 @dataclass(frozen=True)
-class CheckpointState:
-    path: str
-    format: str | None
-    verdict: str
-    """complete, incomplete, corrupt, unsafe (a pickle in it names a global that runs code when loaded) or
-    unknown."""
-    reason: str
-    size_bytes: int
-    mtime: float
-    """Newest modification time of anything in it: when it was last written."""
-    deep_checked: bool
-    first_seen: float
-    """When this source first saw it (the injected clock)."""
-    write_seconds: float | None
-    """How long the write took: from the event log, or from first seen incomplete to first seen complete."""
-    write_bytes_per_second: float | None
-    write_start: float | None = None
-    """When the write began, where the run's event log says (storwatch.training.atomic_save): with ``write_seconds``
-    the exact span the writer was busy saving."""
-    allocated_bytes: int = 0
-    """The space it takes on disk (``st_blocks * 512``): what its next one will need, whatever size a sparse file
-    claims."""
-    writer_pid: int | None = None
-    """The process that wrote it, as the event log names it, once the kernel backs the claim (it was seen with a file
-    open for writing under the run: sources/writers.py); None otherwise. Only off Kubernetes, where PIDs are the
-    host's."""
-
-
-@dataclass(frozen=True)
 class RunState:
     path: str
     """The directory the job writes its series into."""
     root: str
-    checkpoints: tuple[CheckpointState, ...]
+    checkpoints: tuple[Checkpoint, ...]
     """Oldest first."""
     orphaned_temps: int = 0
     """atomic_save temporaries in the run whose writer is gone (storwatch.training.orphaned_temp)."""
@@ -126,11 +98,16 @@ class RunState:
     has a file open for writing under the run)."""
 
     @property
-    def complete(self) -> tuple[CheckpointState, ...]:
+    def id(self) -> RunId:
+        """The run's key on this node: its root and its directory."""
+        return RunId(self.root, self.path)
+
+    @property
+    def complete(self) -> tuple[Checkpoint, ...]:
         return tuple(c for c in self.checkpoints if c.verdict == "complete")
 
     @property
-    def newest_complete(self) -> CheckpointState | None:
+    def newest_complete(self) -> Checkpoint | None:
         done = self.complete
         return done[-1] if done else None
 
@@ -208,38 +185,12 @@ CHECKPOINTS: FactsKey[CheckpointFacts] = FactsKey("checkpoints")
 
 @dataclass
 class _Seen:
+    """When this source first saw a checkpoint, and when it saw it incomplete and then complete."""
+
     footprint: tuple[int, float]
-    result: CheckResult
     first_seen: float
     first_incomplete: float | None
     completed_seen: float | None = None
-    deep: bool = False
-
-
-@dataclass(frozen=True)
-class _UnitResult:
-    """One unit's last answer from the helper."""
-
-    resolved: str
-    candidates: tuple[dict[str, Any], ...]
-    truncated: bool
-    truncated_reason: str | None
-    truncated_detail: str | None
-    seconds: float
-    orphans: tuple[dict[str, Any], ...]
-    datasets: tuple[DatasetDir, ...] = ()
-    unreadable: int = 0
-    """Entries the walk was refused (permission): what lies below them was not seen."""
-    unreadable_paths: tuple[str, ...] = ()
-
-
-def _datasets(rows: Iterable[Any]) -> Iterator[DatasetDir]:
-    """The helper's dataset rows, each checked (it is our own helper, but its answer crossed a pipe)."""
-    for row in rows:
-        try:
-            yield DatasetDir(str(row["path"]), int(row["files"]), int(row["bytes"]), float(row["newest_mtime"]))
-        except (KeyError, TypeError, ValueError):
-            continue
 
 
 def default_roots(paths: HostPaths, configured: Sequence[str], kubelet: bool) -> list[str]:
@@ -271,103 +222,62 @@ class OwnMountpoints:
         return self._last[1]
 
 
-def _result(d: dict[str, Any]) -> CheckResult:
-    return CheckResult(
-        path=str(d["path"]),
-        format=d.get("format"),
-        verdict=str(d["verdict"]),
-        reason=str(d["reason"]),
-        size_bytes=int(d.get("size_bytes") or 0),
-        mtime=float(d.get("mtime") or 0.0),
-        deep=bool(d.get("deep")),
-    )
-
-
 class CheckpointSource:
     name = "checkpoints"
 
     def __init__(
         self,
         roots: Sequence[str],
-        interval_seconds: float = 30.0,
-        settle_seconds: float = 60.0,
-        deep_per_scan: int = 1,
-        dataset_min_bytes: int = 1 << 30,
-        deep_max_bytes: int = 1 << 30,
+        settings: CheckpointsConfig | None = None,
         clock: Callable[[], float] = time.time,
-        max_entries: int = 200_000,
-        max_depth: int = 12,
-        max_seconds: float = 10.0,
         stuck_paths: Callable[[], Iterable[str]] | None = None,
-        timeout_seconds: float = 30.0,
-        deep_timeout_seconds: float = 300.0,
         mountpoints: Callable[[], Iterable[str]] | None = None,
         calls: BlockingCalls | None = None,
-        max_inflight: int = 8,
-        limits: DeepLimits | None = None,
         resolve_roots: Callable[[CheckpointsConfig], Sequence[str]] | None = None,
         writers: WriterCheck | None = None,
+        max_inflight: int = 8,
     ) -> None:
+        """``settings``: the ``checkpoints`` section (the defaults when None), taken whole on every reload;
+        ``resolve_roots``: the scan roots a (reloaded) section names, as this agent sees them."""
         self.roots = tuple(os.path.normpath(r) for r in roots)
+        self.settings = settings if settings is not None else CheckpointsConfig()
+        self.interval_seconds = self.settings.interval_seconds
+        self.limits = DeepLimits.from_config(self.settings)
+        """The bounds of every check, sent to the helper with each request."""
         self.resolve_roots = resolve_roots
-        """The scan roots a (reloaded) section names, as this agent sees them."""
-        self.writers = writers if writers is not None else WriterCheck()
-        self._claims_rejected = dict.fromkeys(CLAIM_REJECT_REASONS, 0)
-        self._claims_judged: set[tuple[int, str, str]] = set()
-        """(PID, run, reason) of refused PID claims already counted."""
-        self._backed_now: dict[tuple[int, str], bool] = {}
-        """PID claims judged in this collection."""
         self.stuck_paths = stuck_paths
         self.mountpoints = mountpoints if mountpoints is not None else OwnMountpoints()
-        self.interval_seconds = interval_seconds
-        self.settle_seconds = settle_seconds
+        self.clock = clock
+        self.writers = writers if writers is not None else WriterCheck()
+        self.calls = calls if calls is not None else BlockingCalls(max_inflight, command=worker_command())
         self._writing_seen: dict[str, float] = {}
         """Temporaries of saves in progress, and when each was first seen."""
-        self.deep_per_scan = deep_per_scan
-        self.dataset_min_bytes = dataset_min_bytes
-        self.deep_max_bytes = deep_max_bytes
-        self.clock = clock
-        self.max_entries = max_entries
-        self.max_depth = max_depth
-        self.max_seconds = max_seconds
-        self.timeout_seconds = timeout_seconds
-        self.deep_timeout_seconds = deep_timeout_seconds
-        self.limits = limits
-        """The bounds of every check (None: formats' defaults), sent to the helper with each request."""
-        self.calls = calls if calls is not None else BlockingCalls(max_inflight, command=worker_command())
         self._round = 0
         self._seen: dict[str, _Seen] = {}
-        self._units: dict[str, _UnitResult] = {}
+        self._units: dict[str, UnitAnswer] = {}
         """Each unit's last answer: kept while a later walk is stuck or still within its deadline."""
         self._deep_pending: dict[str, tuple[str, str]] = {}
         """Deep checks sent and not answered yet: key -> (checkpoint path, unit)."""
         self._deep_stuck: set[str] = set()
         """Keys of deep checks past their deadline at the last round (they hold no place among deep_per_scan)."""
         self._check_errors = dict.fromkeys(CHECK_ERROR_REASONS, 0)
+        self._claims_rejected = dict.fromkeys(CLAIM_REJECT_REASONS, 0)
+        self._claims_judged: set[tuple[int, str, str]] = set()
+        """(PID, run, reason) of refused PID claims already counted."""
+        self._backed_now: dict[tuple[int, str], bool] = {}
+        """PID claims judged in this collection."""
 
-    def configure(self, settings: object) -> None:
-        """Take a reloaded ``checkpoints`` section, its roots included (units no longer planned are forgotten)."""
-        for name in (
-            "interval_seconds",
-            "settle_seconds",
-            "deep_per_scan",
-            "deep_max_bytes",
-            "max_entries",
-            "max_depth",
-            "max_seconds",
-            "timeout_seconds",
-            "deep_timeout_seconds",
-            "dataset_min_bytes",
-        ):
-            if hasattr(settings, name):
-                setattr(self, name, getattr(settings, name))
-        if isinstance(settings, CheckpointsConfig):
-            self.limits = DeepLimits.from_config(settings)
-            if self.resolve_roots is not None:
-                roots = tuple(os.path.normpath(r) for r in self.resolve_roots(settings))
-                if roots != self.roots:
-                    log.info("checkpoint roots now %s", ", ".join(roots) or "none")
-                    self.roots = roots
+    def configure(self, settings: CheckpointsConfig) -> None:
+        """Take a reloaded ``checkpoints`` section whole, its roots included (units no longer planned are
+        forgotten)."""
+        self.settings = settings
+        self.interval_seconds = settings.interval_seconds
+        self.limits = DeepLimits.from_config(settings)
+        if self.resolve_roots is not None:
+            roots = tuple(os.path.normpath(r) for r in self.resolve_roots(settings))
+            if roots != self.roots:
+                log.info("checkpoint roots now %s", ", ".join(roots) or "none")
+                self.roots = roots
 
     # -- units
 
@@ -394,6 +304,7 @@ class CheckpointSource:
     def collect(self) -> CheckpointFacts:
         if not self.roots:
             return CheckpointFacts(self.clock(), (), False, None, 0.0, ())
+        settings = self.settings
         self._round += 1
         now = self.clock()
         self._backed_now = {}
@@ -412,27 +323,32 @@ class CheckpointSource:
             skip = [u for u in unit_paths if u.startswith(prefix)] + [m for m in stuck_mounts if m.startswith(prefix)]
             params = {
                 "now": now,
-                "settle": self.settle_seconds,
-                "max_entries": self.max_entries,
-                "max_depth": self.max_depth,
-                "max_seconds": self.max_seconds,
+                "settle": settings.settle_seconds,
+                "max_entries": settings.max_entries,
+                "max_depth": settings.max_depth,
+                "max_seconds": settings.max_seconds,
                 "skip": skip,
                 "round": self._round,
                 "limits": self._limits_param(),
             }
             requests[unit] = (unit, json.dumps(params).encode().hex())
-        wait = min(self.timeout_seconds, self.max_seconds + WAIT_MARGIN_SECONDS)
-        outcomes = self.calls.call_many("ckpt_scan", requests, self.timeout_seconds, wait=wait)
+        wait = min(settings.timeout_seconds, settings.max_seconds + WAIT_MARGIN_SECONDS)
+        outcomes = self.calls.call_many("ckpt_scan", requests, settings.timeout_seconds, wait=wait)
         fresh: set[str] = set()
         for unit, outcome in outcomes.items():
             if outcome.text is not None:
                 try:
                     before = self._units.get(unit)
-                    self._units[unit] = result = self._take(json.loads(outcome.text))
+                    self._units[unit] = answer = from_wire(UnitAnswer, json.loads(outcome.text))
                     fresh.add(unit)
-                    if result.truncated and (before is None or before.truncated_detail != result.truncated_detail):
-                        log.info("checkpoint scan of %s truncated: %s", unit, result.truncated_detail)
-                except (ValueError, KeyError, TypeError) as err:
+                    for reason, count in answer.check_errors.items():
+                        self._check_errors[reason if reason in self._check_errors else "other"] += count
+                    for reason, count in answer.claims_rejected.items():
+                        if reason in self._claims_rejected:
+                            self._claims_rejected[reason] += count
+                    if answer.truncated and (before is None or before.truncated_detail != answer.truncated_detail):
+                        log.info("checkpoint scan of %s truncated: %s", unit, answer.truncated_detail)
+                except (ValueError, RecursionError) as err:
                     problems.append(f"{unit}: unreadable answer from the helper ({type(err).__name__}: {err})")
             elif outcome.stuck:
                 stuck.append(StuckRoot(unit, outcome.in_flight_seconds, "its walk has not returned"))
@@ -441,21 +357,24 @@ class CheckpointSource:
         planned = {u for u, _ in plan}
         self._units = {u: r for u, r in self._units.items() if u in planned}
         root_of = dict(plan)
-        resolved_roots = {root: self._units[root].resolved for root in self.roots if root in self._units}
+        resolved = {root: self._units[root].root for root in self.roots if root in self._units}
 
-        # Every candidate of every unit (this round's answer, or the last one), tracked over time.
-        candidates: dict[str, tuple[dict[str, Any], str]] = {}
-        for unit, result in self._units.items():
-            for cand in result.candidates:
-                candidates.setdefault(cand["path"], (cand, unit))
-                if unit in fresh:
-                    self._track(cand, now)
+        # Every checkpoint of every unit (this round's answer, or the last one), tracked over time.
+        unit_of: dict[str, str] = {}
+        for unit, answer in self._units.items():
+            for run in answer.runs:
+                for c in run.checkpoints:
+                    unit_of.setdefault(c.path, unit)
+                    if unit in fresh:
+                        self._track(c, now)
         if not any(r.truncated for r in self._units.values()):
-            self._seen = {p: s for p, s in self._seen.items() if p in candidates}
-        if self.deep_per_scan > 0 or self._deep_pending:
-            stuck.extend(self._deep_checks(now, candidates, {s.path for s in stuck}))
-
-        runs = self._runs(candidates, root_of, resolved_roots)
+            self._seen = {p: s for p, s in self._seen.items() if p in unit_of}
+        runs = self._runs(root_of, resolved, now)
+        if settings.deep_per_scan > 0 or self._deep_pending:
+            deep_stuck, checked = self._deep_checks(now, runs, unit_of, {s.path for s in stuck})
+            stuck.extend(deep_stuck)
+            if checked:  # shown now; the helper's cache has them from its next scan on
+                runs = tuple(_with_deep(r, checked) for r in runs)
         unreadable = tuple(
             Unreadable(u, r.unreadable, r.unreadable_paths) for u, r in sorted(self._units.items()) if r.unreadable
         )
@@ -487,74 +406,66 @@ class CheckpointSource:
     def _dataset_dirs(self) -> tuple[DatasetDir, ...]:
         """Every unit's dataset directories of at least dataset_min_bytes, once each, the largest first."""
         found: dict[str, DatasetDir] = {}
-        for result in self._units.values():
-            for d in result.datasets:
-                if d.bytes >= self.dataset_min_bytes:
+        for answer in self._units.values():
+            for d in answer.datasets:
+                if d.bytes >= self.settings.dataset_min_bytes:
                     found.setdefault(d.path, d)
         return tuple(sorted(found.values(), key=lambda d: (-d.bytes, d.path))[:MAX_DATASET_DIRS])
 
-    def _limits_param(self) -> dict[str, Any] | None:
-        return None if self.limits is None else dataclasses.asdict(self.limits)
+    def _limits_param(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.limits)
 
-    def _take(self, answer: dict[str, Any]) -> _UnitResult:
-        for reason, count in answer.get("check_errors", {}).items():
-            key = reason if reason in self._check_errors else "other"
-            self._check_errors[key] += int(count)
-        for reason, count in answer.get("claims_rejected", {}).items():
-            if reason in self._claims_rejected:
-                self._claims_rejected[reason] += int(count)
-        return _UnitResult(
-            resolved=str(answer["root"]),
-            candidates=tuple(answer["candidates"]),
-            truncated=bool(answer["truncated"]),
-            truncated_reason=answer.get("truncated_reason"),
-            truncated_detail=answer.get("truncated_detail"),
-            seconds=float(answer.get("seconds") or 0.0),
-            orphans=tuple(answer.get("orphans") or ()),
-            datasets=tuple(_datasets(answer.get("datasets") or ())),
-            unreadable=int(answer.get("unreadable") or 0),
-            unreadable_paths=tuple(str(p) for p in answer.get("unreadable_paths") or ()),
-        )
-
-    def _track(self, cand: dict[str, Any], now: float) -> None:
-        path = cand["path"]
-        footprint = (int(cand["size_bytes"]), float(cand["newest_mtime"]))
-        result = _result(cand["check"])
-        seen = self._seen.get(path)
+    def _track(self, c: Checkpoint, now: float) -> None:
+        footprint = (c.size_bytes, c.mtime)
+        seen = self._seen.get(c.path)
         if seen is None:
-            seen = self._seen[path] = _Seen(footprint, result, now, now if result.verdict == "incomplete" else None)
-        elif seen.deep and seen.footprint == footprint:
-            pass  # unchanged since its deep check: that verdict stands
-        else:
-            seen.footprint, seen.result, seen.deep = footprint, result, False
-        if seen.result.verdict == "complete" and seen.completed_seen is None:
+            seen = self._seen[c.path] = _Seen(footprint, now, now if c.verdict == "incomplete" else None)
+        elif seen.footprint != footprint:
+            seen.footprint = footprint
+        if c.verdict == "complete" and seen.completed_seen is None:
             seen.completed_seen = now
 
     def _deep_checks(
-        self, now: float, candidates: dict[str, tuple[dict[str, Any], str]], stuck_units: set[str]
-    ) -> list[StuckRoot]:
-        busy = {unit for _, unit in self._deep_pending.values()}
+        self, now: float, runs: tuple[RunState, ...], unit_of: dict[str, str], stuck_units: set[str]
+    ) -> tuple[list[StuckRoot], dict[str, Checkpoint]]:
+        """Send the newest complete checkpoints not yet deep-checked (within deep_max_bytes) to the helper, at most
+        deep_per_scan at a time; the units stuck in one, and the checks answered now. The helper keeps each verdict
+        in its unit's cache, so later scans report it."""
+        settings = self.settings
+        busy = {unit for _, unit in self._deep_pending.values()} | stuck_units
+        pending = {path for path, _ in self._deep_pending.values()}
         todo = sorted(
             # A deep check reads every byte: larger checkpoints are checked in full only on demand (storwatch verify).
             (
-                (path, s)
-                for path, s in self._seen.items()
-                if s.result.verdict == "complete"
-                and not s.deep
-                and s.result.size_bytes <= self.deep_max_bytes
-                and path in candidates
-                and candidates[path][1] not in stuck_units | busy
+                c
+                for run in runs
+                for c in run.checkpoints
+                if c.verdict == "complete"
+                and not c.deep_checked
+                and c.size_bytes <= settings.deep_max_bytes
+                and c.path not in pending
+                and unit_of.get(c.path) not in busy
             ),
-            key=lambda item: item[1].result.mtime,
+            key=lambda c: c.mtime,
             reverse=True,
         )
         active = len(self._deep_pending) - len(self._deep_stuck & self._deep_pending.keys())
-        for path, _ in todo[: max(0, self.deep_per_scan - active)]:
-            self._deep_pending[_DEEP + path] = (path, candidates[path][1])
-        params = json.dumps({"now": now, "settle": self.settle_seconds, "limits": self._limits_param()}).encode().hex()
-        requests = {key: (path, params) for key, (path, _) in self._deep_pending.items()}
-        outcomes = self.calls.call_many("ckpt_deep", requests, self.deep_timeout_seconds)
+        for c in todo[: max(0, settings.deep_per_scan - active)]:
+            self._deep_pending[_DEEP + c.path] = (c.path, unit_of[c.path])
+        requests = {
+            key: (
+                path,
+                json.dumps(
+                    {"now": now, "settle": settings.settle_seconds, "limits": self._limits_param(), "unit": unit}
+                )
+                .encode()
+                .hex(),
+            )
+            for key, (path, unit) in self._deep_pending.items()
+        }
+        outcomes = self.calls.call_many("ckpt_deep", requests, settings.deep_timeout_seconds)
         stuck: list[StuckRoot] = []
+        checked: dict[str, Checkpoint] = {}
         self._deep_stuck = {key for key, outcome in outcomes.items() if outcome.stuck}
         for key, outcome in outcomes.items():
             path, unit = self._deep_pending[key]
@@ -564,85 +475,57 @@ class CheckpointSource:
             if outcome.text is None and outcome.error is None:
                 continue  # still within its deadline
             del self._deep_pending[key]
-            seen = self._seen.get(path)
-            if outcome.text is None or seen is None:
-                if outcome.error is not None:
-                    log.info("deep check of %s not made: %s", path, outcome.error)
+            if outcome.text is None:
+                log.info("deep check of %s not made: %s", path, outcome.error)
                 continue
-            deep = self._deep_answer(outcome)
-            if deep is None:
+            try:
+                answer = from_wire(DeepAnswer, json.loads(outcome.text))
+            except (ValueError, RecursionError) as err:
+                log.warning("unreadable deep-check answer from the helper: %s", err)
                 continue
-            if deep.verdict != "complete":
-                log.warning("checkpoint %s failed its deep check: %s", deep.path, deep.reason)
-            seen.result, seen.deep = deep, True
-        return stuck
+            for reason, count in answer.check_errors.items():
+                self._check_errors[reason if reason in self._check_errors else "other"] += count
+            checked[path] = answer.checkpoint
+            if answer.checkpoint.verdict != "complete":
+                log.warning("checkpoint %s failed its deep check: %s", path, answer.checkpoint.reason)
+        return stuck, checked
 
-    def _deep_answer(self, outcome: CallOutcome) -> CheckResult | None:
-        try:
-            answer = json.loads(outcome.text or "")
-            for reason, count in answer.get("check_errors", {}).items():
-                key = reason if reason in self._check_errors else "other"
-                self._check_errors[key] += int(count)
-            return _result(answer["check"])
-        except (ValueError, KeyError, TypeError) as err:
-            log.warning("unreadable deep-check answer from the helper: %s", err)
-            return None
-
-    def _runs(
-        self,
-        candidates: dict[str, tuple[dict[str, Any], str]],
-        root_of: dict[str, str],
-        resolved_roots: dict[str, str],
-    ) -> tuple[RunState, ...]:
-        members: dict[str, list[tuple[float, str, CheckpointState]]] = {}
-        run_root: dict[str, str] = {}
-        for path, (cand, unit) in candidates.items():
-            seen = self._seen.get(path)
-            if seen is None:
-                continue  # seen only in a kept answer of a unit this source has not tracked yet
-            run = str(cand["run"])
-            root = root_of.get(unit, unit)
-            run_root.setdefault(run, resolved_roots.get(root, root))
-            members.setdefault(run, []).append((float(cand["newest_mtime"]), path, self._state(cand, seen)))
-        orphans: dict[str, list[dict[str, Any]]] = {}
-        writing: dict[str, float] = {}
-        writers: dict[str, set[int]] = {}
-        now = self.clock()
+    def _runs(self, root_of: dict[str, str], resolved: dict[str, str], now: float) -> tuple[RunState, ...]:
+        """Every unit's runs, as the helper grouped them, with what this source adds: when each checkpoint was first
+        seen and how long its write took, and whose writes the kernel backs."""
+        runs: dict[str, RunState] = {}
         seen_writing: dict[str, float] = {}
-        for unit, result in self._units.items():
+        for unit, answer in self._units.items():
             root = root_of.get(unit, unit)
-            for orphan in result.orphans:
-                run = str(orphan["run"])
-                if orphan.get("writing"):
-                    # a save in progress: since when this source first saw its temporary
-                    path = str(orphan["path"])
-                    since = seen_writing[path] = self._writing_seen.get(path, now)
-                    writing[run] = min(writing.get(run, since), since)
-                    pid = temp_writer_pid(os.path.basename(path))
-                    if pid is not None and self._backed(pid, run):
-                        writers.setdefault(run, set()).add(pid)
-                    run_root.setdefault(run, resolved_roots.get(root, root))
-                    continue
-                orphans.setdefault(run, []).append(orphan)
-                run_root.setdefault(run, resolved_roots.get(root, root))
-        self._writing_seen = seen_writing
-        runs = []
-        for run in sorted(set(members) | set(orphans) | set(writing)):
-            states = tuple(state for _, _, state in sorted(members.get(run, []), key=lambda m: (m[0], m[1])))
-            left = sorted(orphans.get(run, []), key=lambda o: str(o["path"]))
-            runs.append(
-                RunState(
-                    run,
-                    run_root[run],
-                    states,
-                    len(left),
-                    sum(int(o["bytes"]) for o in left),
-                    tuple(str(o["path"]) for o in left[:ORPHAN_PATHS_PER_RUN]),
-                    writing.get(run),
-                    tuple(sorted(writers.get(run, ()))),
+            for run in answer.runs:
+                states = tuple(
+                    sorted((self._state(c, run.path) for c in run.checkpoints), key=lambda c: (c.mtime, c.path))
                 )
-            )
-        return tuple(runs)
+                orphans = [t for t in run.temps if not t.writing]
+                writing = [t for t in run.temps if t.writing]
+                since: float | None = None
+                writers: set[int] = set()
+                for t in writing:
+                    # a save in progress: since when this source first saw its temporary
+                    first = seen_writing[t.path] = self._writing_seen.get(t.path, now)
+                    since = first if since is None else min(since, first)
+                    pid = temp_writer_pid(os.path.basename(t.path))
+                    if pid is not None and self._backed(pid, run.path):
+                        writers.add(pid)
+                made = RunState(
+                    run.path,
+                    resolved.get(root, root),
+                    states,
+                    len(orphans),
+                    sum(t.allocated_bytes for t in orphans),
+                    tuple(t.path for t in orphans[:ORPHAN_PATHS_PER_RUN]),
+                    since,
+                    tuple(sorted(writers)),
+                )
+                known = runs.get(run.path)
+                runs[run.path] = made if known is None else _merged(known, made)
+        self._writing_seen = seen_writing
+        return tuple(runs[p] for p in sorted(runs))
 
     def _backed(self, pid: int, run: str) -> bool:
         """Whether the kernel backs a tenant's claim that ``pid`` writes ``run`` (sources/writers.py); a refusal is
@@ -661,42 +544,62 @@ class CheckpointSource:
             self._claims_judged.add((pid, run, reason))
             self._claims_rejected[reason] += 1
             log.info(
-                "checkpoint run %s names process %d as its writer, which has no file open there: not believed", run, pid
+                "checkpoint run %s names process %d as its writer, which has no file open there: not believed",
+                run,
+                pid,
             )
         self._backed_now[(pid, run)] = reason is None
         return reason is None
 
-    def _state(self, cand: dict[str, Any], seen: _Seen) -> CheckpointState:
-        r = seen.result
-        write_seconds: float | None = None
-        rate: float | None = None
-        start: float | None = None
-        pid: int | None = None
-        rec = cand.get("event")
-        if rec is not None and rec["end"] >= rec["start"]:
-            write_seconds = rec["end"] - rec["start"]
-            rate = rec["bytes"] / write_seconds if write_seconds > 0 else None
-            start = rec["start"]
-            claimed = rec.get("pid")
-            pid = int(claimed) if claimed is not None and self._backed(int(claimed), str(cand["run"])) else None
-        elif seen.first_incomplete is not None and seen.completed_seen is not None:
+    def _state(self, c: Checkpoint, run: str) -> Checkpoint:
+        """The helper's record with what this source knows: when it first saw it, the write's duration where only
+        watching timed it, and the writer PID where the kernel backs the claim."""
+        seen = self._seen.get(c.path)
+        first_seen = seen.first_seen if seen is not None else self.clock()
+        write_seconds, rate = c.write_seconds, c.write_bytes_per_second
+        watched = seen is not None and seen.first_incomplete is not None and seen.completed_seen is not None
+        if write_seconds is None and watched:
+            assert seen is not None and seen.completed_seen is not None and seen.first_incomplete is not None
             write_seconds = seen.completed_seen - seen.first_incomplete
-            rate = r.size_bytes / write_seconds if write_seconds > 0 else None
-        return CheckpointState(
-            cand["path"],
-            r.format,
-            r.verdict,
-            r.reason,
-            r.size_bytes,
-            r.mtime,
-            seen.deep,
-            seen.first_seen,
-            write_seconds,
-            rate,
-            start,
-            allocated_bytes=int(cand.get("allocated_bytes") or 0),
-            writer_pid=pid,
+            rate = c.size_bytes / write_seconds if write_seconds > 0 else None
+        claimed = c.claimed_pid
+        pid = claimed if claimed is not None and write_seconds is not None and self._backed(claimed, run) else None
+        return dataclasses.replace(
+            c, first_seen=first_seen, write_seconds=write_seconds, write_bytes_per_second=rate, writer_pid=pid
         )
 
     def close(self) -> None:
         self.calls.close()
+
+
+def _with_deep(run: RunState, checked: dict[str, Checkpoint]) -> RunState:
+    """The run with the deep checks answered in this collection in place of its checkpoints' cheap verdicts."""
+    if not any(c.path in checked for c in run.checkpoints):
+        return run
+    states = tuple(
+        c
+        if c.path not in checked
+        else dataclasses.replace(
+            c,
+            verdict=checked[c.path].verdict,
+            reason=checked[c.path].reason,
+            deep_checked=True,
+            notes=checked[c.path].notes,
+        )
+        for c in run.checkpoints
+    )
+    return dataclasses.replace(run, checkpoints=states)
+
+
+def _merged(a: RunState, b: RunState) -> RunState:
+    """One run seen from two units (a run directory holding a mount below it)."""
+    return RunState(
+        a.path,
+        a.root,
+        tuple(sorted(a.checkpoints + b.checkpoints, key=lambda c: (c.mtime, c.path))),
+        a.orphaned_temps + b.orphaned_temps,
+        a.orphaned_temp_bytes + b.orphaned_temp_bytes,
+        (a.orphaned_temp_paths + b.orphaned_temp_paths)[:ORPHAN_PATHS_PER_RUN],
+        min((t for t in (a.writing_since, b.writing_since) if t is not None), default=None),
+        tuple(sorted(set(a.writing_pids) | set(b.writing_pids))),
+    )

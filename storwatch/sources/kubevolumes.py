@@ -3,7 +3,7 @@
 Pure: no Kubernetes client here. ``sources/kube.py`` fills the snapshot types below from the API; everything else
 (the classifier, GPU attribution, exporter, policy) reads them without importing ``kubernetes``.
 
-Why one file (about 600 lines): the snapshot types and the rules that read durability from them (volume kinds, CSI
+Why one file: the snapshot types and the rules that read durability from them (volume kinds, CSI
 drivers and provisioners, PV sources) are one table of Kubernetes storage facts; splitting the types from the rules
 would leave each half unreadable alone.
 """

@@ -1,7 +1,7 @@
 """The HTTP server: /metrics (cached bytes), /healthz, /readyz, /status (HTML, from web/page.py) and /api/status
 (JSON), on one event-loop thread and a few workers.
 
-This module stays whole (about 700 lines) because it is one state machine: a connection moves through handshake,
+This module stays whole because it is one state machine: a connection moves through handshake,
 head, busy and write states on the loop thread, and splitting those states across modules would spread one
 invariant (only the loop thread touches a connection's socket) over several files."""
 

@@ -1,0 +1,321 @@
+"""The agent, a composition root: it makes the parts and wires them; each part is a unit of its own.
+
+- ``collectors.py``: every source on its own worker, on its own cadence, with its health recorded;
+- ``tick.py``: on the agent's cadence, one Snapshot becomes one View, published to every consumer;
+- ``reload.py``: reading a new configuration (applying it is here: it touches every part);
+- ``signals.py``: the signals, noted by their handlers and acted on by the main thread.
+
+What each source is and how it is made is in the registry (registry.py), not here.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from storwatch.agent.collectors import Collectors, given
+from storwatch.agent.reload import ReloadError, read_new
+from storwatch.agent.signals import SignalInbox
+from storwatch.agent.tick import ClockWatch, Publisher, ViewMaker
+from storwatch.analysis.latency import LatencyWindows
+from storwatch.analysis.stall_feed import StallFeed, settle_seconds_for
+from storwatch.analysis.stalls import StallParams
+from storwatch.analysis.view import View
+from storwatch.classify import Classifier, resolve_platform
+from storwatch.config import Config, GPUConfig
+from storwatch.exporter import ConfigReloads, Exporter
+from storwatch.history import History
+from storwatch.printable import Lines
+from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas
+from storwatch.snapshot import Snapshot
+from storwatch.sources import FactsKey, Source
+from storwatch.sources.kubevolumes import KubeVolumeEvidence
+from storwatch.vocabulary import CollectorStatus, Platform
+from storwatch.web import NotCached, StatusHTTPServer
+
+__all__ = ["GPU_OFF_REASON", "KNOWN_COLLECTORS", "Agent", "ClockWatch", "SignalInbox"]
+
+log = logging.getLogger(__name__)
+
+ConfigTransform = Callable[[Config], Config]
+STARTUP_GRACE_SECONDS = 5.0
+"""How long the first View waits for every source's first report before going out without the slow ones."""
+KNOWN_COLLECTORS = tuple(spec.name for spec in SOURCES)
+"""Every collector the agent knows (the registry's sources): each is reported (``storwatch_collector_enabled``),
+running or off."""
+GPU_OFF_REASON = BY_NAME["gpu"].off_reason(GPUConfig(enabled=False))
+"""Why the GPU and process collectors are off when ``gpu.enabled`` is false."""
+STOP_JOIN_SECONDS = 2.0
+"""How long stop() waits for the agent's threads, all together (each sleeps on the stop event, so they end at once
+unless one is inside a collect(), which no hung mount can hold: those calls run in the helper process)."""
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        config_path: str | None = None,
+        flags: ConfigTransform = lambda c: c,
+        clock: Callable[[], float] = time.time,
+        sources: list[Source[Any]] | None = None,
+        process_metrics: bool = True,
+        server: StatusHTTPServer | None = None,
+    ) -> None:
+        """``server``: one already bound (``storwatch agent`` binds its port before anything else starts, so a busy
+        port is one clear error); without it ``start`` binds ``config.listen``."""
+        self.config_path = config_path
+        self.flags = flags
+        self.clock = clock
+        self.config = config
+        self.platform = resolve_platform(config.platform, config.host_paths())
+        # The Kubernetes volume behind a mount is the strongest evidence after an override.
+        self._kube_evidence = KubeVolumeEvidence()
+        self.classifier = self._classifier(self.platform.name, config)
+        self.reloads = ConfigReloads()
+        self.exporter = Exporter(
+            exporter_areas(),
+            process_metrics=process_metrics,
+            nfs_operations=config.nfs.operations,
+            reloads=self.reloads,
+        )
+        self.stalls = StallFeed(self._stall_params(config))
+        self._views = ViewMaker(config, self.stalls, self._kube_evidence)
+        self._published = Publisher(self.exporter)
+        self._stop = threading.Event()
+        self._dirty = threading.Event()
+        """Set to tick now rather than at the next tick_seconds: start-up, reload, stop."""
+        context = SourceContext(config.host_paths(), clock, self.latest, self.subscribe)
+        states = Collectors.made(lambda spec: spec.section_of(config), context) if sources is None else []
+        self._collectors = Collectors(
+            states if sources is None else [given(s) for s in sources], context, clock, self._stop, self._reported
+        )
+        self._threads: list[threading.Thread] = []
+        self.server = server
+        log.info("platform %s (%s)", self.platform.name, self.platform.detected_by)
+
+    def _classifier(self, platform: str, config: Config) -> Classifier:
+        classifier = Classifier(platform, config.overrides())
+        classifier.add_provider(self._kube_evidence)
+        return classifier
+
+    @staticmethod
+    def _stall_params(config: Config) -> StallParams:
+        return StallParams(settle_seconds=settle_seconds_for(config.checkpoints.interval_seconds, config.tick_seconds))
+
+    def _reported(self) -> None:
+        if self._published.view is None:
+            self._dirty.set()  # until the first tick, every first report may complete it
+
+    # -- the parts, for tools and tests
+
+    @property
+    def history(self) -> History:
+        return self._views.history
+
+    @property
+    def windows(self) -> LatencyWindows:
+        return self._views.windows
+
+    def latest(self, key: FactsKey[Any] | str) -> Any:
+        """A running source's newest facts, by its FactsKey or collector name (None before it reports)."""
+        return self._collectors.latest(key)
+
+    # -- what consumers read
+
+    def subscribe(self, consumer: Callable[[View], None]) -> None:
+        """Call ``consumer`` with every View the tick publishes, on the ticker thread (it must be quick)."""
+        self._published.subscribe(consumer)
+
+    def current_view(self) -> View | None:
+        """The View the last tick published (None before the first tick); never makes one."""
+        return self._published.view
+
+    def metrics(self) -> bytes:
+        """The exposition text of the current View, rendered at most once per View, by the first scrape that asks."""
+        return self._published.metrics()
+
+    def cached_view(self) -> View | NotCached | None:
+        """The current View (None before the first tick): Views are made by the tick, so this never waits."""
+        return self._published.view
+
+    def cached_metrics(self) -> bytes | None:
+        """The current exposition if it is already rendered, else None; never renders it."""
+        return self._published.cached_metrics()
+
+    # -- collectors
+
+    def collector_statuses(self) -> tuple[CollectorStatus, ...]:
+        """Every known collector's status: each running source's last report, and an off status for each known
+        collector the agent does not run."""
+        return self._with_absent(self._collectors.statuses())
+
+    def _with_absent(self, running: tuple[CollectorStatus, ...]) -> tuple[CollectorStatus, ...]:
+        names = {st.source.name for st in self._collectors.states}
+        absent = tuple(
+            CollectorStatus(spec.name, False, 0.0, None, off_reason=self._absent_reason(spec))
+            for spec in SOURCES
+            if spec.name not in names
+        )
+        return running + absent
+
+    def _absent_reason(self, spec: SourceSpec[Any, Any]) -> str:
+        off = spec.off_reason(spec.section_of(self.config))
+        if off is not None:
+            return off
+        if spec.switch is None:
+            return "not started by this agent"
+        # Sources are made at start: a reload that turns one on finds none to resume.
+        return f"{spec.section}.{spec.switch} was false when the agent started; turning it on takes a restart"
+
+    def snapshot(self) -> Snapshot:
+        return self._snapshot()[0]
+
+    def _snapshot(self) -> tuple[Snapshot, bool]:
+        """Every running source's newest facts and every collector's status, taken together; and whether every
+        running source has reported."""
+        statuses, facts, ready = self._collectors.facts()
+        return Snapshot(self.clock(), collectors=self._with_absent(statuses), facts=facts), ready
+
+    def collect_now(self) -> None:
+        """Run every running source once, on this thread (tools and tests that drive the agent tick by tick)."""
+        self._collectors.collect_now()
+
+    # -- the tick
+
+    def advance(self) -> View:
+        """One tick: one Snapshot, one View made of it (tick.py), published to every consumer."""
+        snap, ready = self._snapshot()
+        with self._collectors.lock:
+            classifier, platform, config = self.classifier, self.platform, self.config
+        view = self._views.make(snap, ready, classifier, platform, config, time.monotonic())
+        self._published.publish(view)
+        return view
+
+    def _run_ticker(self) -> None:
+        started = time.monotonic()
+        frozen = False
+        while not self._stop.is_set():
+            self._dirty.wait(self.config.tick_seconds)
+            self._dirty.clear()
+            if self._stop.is_set():
+                break
+            if not self._collectors.all_reported() and time.monotonic() - started < STARTUP_GRACE_SECONDS:
+                continue  # a first View with every source in it, unless one of them is slow to start
+            try:
+                self.advance()
+            except Exception:
+                log.exception("tick failed; serving the previous view")
+            if not frozen:
+                # What start-up made (modules, parsers' tables, the first facts) lives as long as the agent: keep
+                # it out of every later garbage collection pass.
+                gc.freeze()
+                frozen = True
+
+    # -- lifecycle
+
+    def start(self, serve: bool = True) -> None:
+        """Serve (binding the port first, when no bound server was given), then start the sources and the ticker."""
+        if serve:
+            if self.server is None:
+                self.server = StatusHTTPServer(self.config.listen, tls=self.config.tls)
+            server = self.server
+            server.view, server.metrics = self.current_view, self.metrics
+            server.cached_view, server.cached_metrics = self.cached_view, self.cached_metrics
+            server.start()
+            log.info("serving on %s (port %d)", self.config.listen, server.port)
+        self._threads.extend(self._collectors.start())
+        t = threading.Thread(target=self._run_ticker, name="ticker", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+        self._collectors.close()
+        deadline = time.monotonic() + STOP_JOIN_SECONDS
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    # -- reload
+
+    def apply_config(self, new: Config) -> None:
+        """Put ``new`` in force as a reload would (validated already; ``listen``, ``tls`` and ``paths`` stay)."""
+        platform = resolve_platform(new.platform, new.host_paths())
+        self._apply(new, platform, self._classifier(platform.name, new))
+
+    def reload(self) -> bool:
+        """Re-read the configuration file and apply it. On any problem, reading, checking or applying it, the last
+        good configuration stays in force, the error is logged as ``FILE:LINE: FIELD: message`` (``FILE: message``
+        where no line applies) and counted (storwatch_config_reload_errors_total)."""
+        path = self.config_path
+        if path is None:
+            log.info("SIGHUP: no configuration file to reload")
+            return False
+        try:
+            new, platform = read_new(path, self.flags, self.config)
+            classifier = self._classifier(platform.name, new)
+        except ReloadError as err:
+            return self._reload_failed(str(err))
+        old = (self.config, self.platform, self.classifier)
+        try:
+            self._apply(new, platform, classifier)
+        except Exception as err:
+            log.debug("reload: applying %s", path, exc_info=True)
+            try:
+                self._apply(*old)
+            except Exception:
+                log.exception("reload: putting the last good configuration back failed")
+            return self._reload_failed(f"{path}: cannot apply: {type(err).__name__}: {err}")
+        self.reloads.succeeded()
+        self._dirty.set()
+        log.info("configuration reloaded from %s", path)
+        return True
+
+    def _apply(self, new: Config, platform: Platform, classifier: Classifier) -> None:
+        with self._collectors.lock:
+            self.config = new
+            self.platform, self.classifier = platform, classifier
+            self._views.history.resize(new.history_size)
+            self.stalls.configure(self._stall_params(new))
+            self._collectors.reconfigure(lambda spec: spec.section_of(new))
+        with self._published.render_lock:  # not while a render is using the old set
+            self.exporter.configure(new.nfs.operations)
+
+    def _reload_failed(self, message: str) -> bool:
+        self.reloads.failed()
+        log.error("reload failed, keeping the last good configuration:\n%s", Lines(message))  # one error a line
+        self._dirty.set()  # a tick, so the next scrape shows the count
+        return False
+
+    # -- signals
+
+    def run_until_signalled(self, exiting: bool = False) -> None:
+        """Serve until SIGTERM or SIGINT; SIGHUP reloads. Must be called from the main thread.
+
+        ``exiting``: the process exits once this returns (``storwatch agent``). The three signals are then ignored
+        from the moment the agent stops rather than given back to what was there before: a second SIGTERM
+        (``timeout`` sends one to the process and one to its group) would otherwise meet the default action, which
+        Python also restores as it shuts down, and kill a process that was exiting cleanly."""
+        inbox = SignalInbox()
+        try:
+            self.start()
+            while not inbox.stop_signal:
+                inbox.wait(1.0)
+                if inbox.hup and not inbox.stop_signal:
+                    inbox.hup = False  # a SIGHUP from here on asks for one more reload, after this one
+                    log.info("received SIGHUP, reloading the configuration")
+                    self.reload()
+            log.info("received %s, stopping", signal.Signals(inbox.stop_signal).name)
+        finally:
+            if exiting:
+                inbox.ignore_all()
+            self.stop()
+            inbox.close()

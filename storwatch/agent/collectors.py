@@ -1,0 +1,296 @@
+"""The collectors: each source on its own worker thread, on its own cadence, with its health recorded.
+
+A worker runs its source's ``collect()``, keeps the facts, records how it went (a status per collector, its changes
+logged once) and waits the source's interval, until the agent stops. Whatever a source or the worker loop raises
+becomes that collector's failure and the loop goes on. A reload may switch a source off (closed, its facts dropped)
+or on again (made anew); a collection that ends after its source was switched off is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec
+from storwatch.sources import FactsKey, Source
+from storwatch.vocabulary import CollectorStatus
+
+log = logging.getLogger(__name__)
+
+FALLBACK_INTERVAL_SECONDS = 10.0
+"""How often a worker runs its source when the source's interval_seconds cannot be waited (NaN, infinite, not above
+0; the config refuses these, a source may still hold one), and after an error of the worker loop itself."""
+STALLED_MIN_SECONDS = 300.0
+STALLED_INTERVALS = 10
+"""A collect() in flight longer than the larger of STALLED_MIN_SECONDS and STALLED_INTERVALS intervals is reported
+as a failure: sources keep their own deadlines, so only a bug or a hang they did not foresee gets there."""
+
+
+@dataclass
+class SourceState:
+    source: Source[Any]
+    key: FactsKey[Any]
+    """Where its facts go in the Snapshot."""
+    spec: SourceSpec[Any, Any] | None = None
+    """Its declaration in the registry (None for a source given to the Agent directly, as tests do)."""
+    facts: Any = None
+    status: CollectorStatus | None = None
+    last_error: str | None = None
+    last_success: float | None = None
+    off_reason: str | None = None
+    collecting_since: float | None = None
+    """time.monotonic() when the collect() in flight started; None between collections."""
+    paused: bool = False
+    """Switched off by a reload (gpu.enabled: false releases the NVIDIA driver); its worker idles."""
+
+
+def given(source: Source[Any]) -> SourceState:
+    """A source handed to the Agent directly (tests, tools): it files its facts where the registry's source of its
+    name would, and is configured on reload like it."""
+    spec = BY_NAME.get(source.name)
+    return SourceState(source, spec.facts if spec is not None else FactsKey(source.name), spec)
+
+
+def describe(err: BaseException) -> str:
+    text = str(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def usable_interval(value: object) -> tuple[float, str | None]:
+    """The seconds a worker can wait between two collections, and why not the source's own value when it cannot."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        seconds = math.nan
+    if math.isfinite(seconds) and seconds > 0:
+        return min(seconds, threading.TIMEOUT_MAX), None
+    return FALLBACK_INTERVAL_SECONDS, (
+        f"interval_seconds {value!r} is not a finite number of seconds above 0; "
+        f"collecting every {FALLBACK_INTERVAL_SECONDS:g} s instead"
+    )
+
+
+class Collectors:
+    """Every running source, its worker and its last report. ``lock`` guards the states (the agent's reload holds it
+    while it reconfigures them); ``reported`` is called after each report (the ticker wakes for the first View)."""
+
+    def __init__(
+        self,
+        states: list[SourceState],
+        context: SourceContext,
+        clock: Callable[[], float],
+        stop: threading.Event,
+        reported: Callable[[], None],
+    ) -> None:
+        self.states = states
+        self.context = context
+        self.clock = clock
+        self.stop = stop
+        self.reported = reported
+        self.lock = threading.Lock()
+
+    @classmethod
+    def made(cls, sections: Callable[[SourceSpec[Any, Any]], Any], context: SourceContext) -> list[SourceState]:
+        """Every source the registry declares that its section leaves on; the others are reported off."""
+        made = []
+        for spec in SOURCES:
+            section = sections(spec)
+            if spec.off_reason(section) is None:
+                made.append(SourceState(spec.make(context, section), spec.facts, spec))
+        return made
+
+    def latest(self, key: FactsKey[Any] | str) -> Any:
+        """A running source's newest facts, by its FactsKey or collector name (None before it reports)."""
+        with self.lock:
+            for st in self.states:
+                if st.key is key or st.source.name == key:
+                    return st.facts
+        return None
+
+    def facts(self) -> tuple[tuple[CollectorStatus, ...], dict[str, Any], bool]:
+        """The running collectors' statuses, their newest facts by key, and whether every one has reported."""
+        with self.lock:
+            statuses = self.statuses()
+            facts = {st.key.name: st.facts for st in self.states if not st.paused}
+            ready = all(st.status is not None for st in self.states)
+        return statuses, facts, ready
+
+    def all_reported(self) -> bool:
+        with self.lock:
+            return all(st.status is not None for st in self.states)
+
+    def start(self) -> list[threading.Thread]:
+        threads = []
+        for st in self.states:
+            t = threading.Thread(target=self.run, args=(st,), name=f"source-{st.source.name}", daemon=True)
+            t.start()
+            threads.append(t)
+        return threads
+
+    def collect_now(self) -> None:
+        """Run every running source once, on this thread, and record each as its worker would."""
+        for st in list(self.states):
+            self.collect_once(st)
+
+    def close(self) -> None:
+        for st in self.states:
+            try:
+                st.source.close()
+            except Exception:
+                log.exception("closing source %s", st.source.name)
+
+    # -- a worker
+
+    def run(self, st: SourceState) -> None:
+        """One source's worker: collect, record how it went, wait the source's interval, until the agent stops.
+        Whatever the source or this loop raises (BaseException included: a SystemExit would end a thread silently)
+        becomes that collector's failure and the loop goes on, so a worker never ends while its collector still
+        shows its last success."""
+        try:
+            while not self.stop.is_set():
+                try:
+                    wait = self.collect_once(st)
+                except BaseException as err:
+                    wait = FALLBACK_INTERVAL_SECONDS
+                    self.record(st, st.source.name, f"worker error: {describe(err)}", 0.0, None, None)
+                self.stop.wait(wait)
+        finally:
+            if not self.stop.is_set():  # only a failing Event could get here; say so rather than go quiet
+                self.record(st, st.source.name, "worker stopped", 0.0, None, None)
+
+    def collect_once(self, st: SourceState) -> float:
+        """Run the source once and record its status; the seconds to wait before the next run."""
+        if st.paused:
+            if st.status is None or st.status.off_reason is None:
+                self.record(st, st.source.name, None, 0.0, st.off_reason or "switched off by a reload", None)
+            return 1.0
+        src = st.source  # a reload may have replaced it
+        interval, interval_error = usable_interval(src.interval_seconds)
+        started = time.monotonic()
+        st.collecting_since = started
+        error: str | None = None
+        facts: Any = None
+        try:
+            facts = src.collect()
+            # A source may answer and still have failed (a stuck NVML call): its facts say so and are kept.
+            failure = getattr(facts, "failure", None)
+            error = None if failure is None else str(failure)
+        except BaseException as err:  # a failing source reports itself and the agent goes on
+            error = describe(err)
+        finally:
+            st.collecting_since = None
+        duration = time.monotonic() - started
+        try:
+            off = getattr(src, "off_reason", None)
+            parse_errors = getattr(src, "parse_errors", None)
+        except Exception as err:
+            off, parse_errors = None, None
+            error = f"{error}; {describe(err)}" if error else describe(err)
+        if interval_error is not None:
+            error = f"{error}; {interval_error}" if error else interval_error
+        with self.lock:
+            # A reload may have paused or replaced the source while it collected (gpu.enabled: false shuts NVML
+            # down and drops its facts): what this collection saw is then stale, and must not come back.
+            current = st.source is src and not st.paused
+            if facts is not None and current:
+                st.facts = facts
+        if not current:
+            return 0.0
+        self.record(
+            st,
+            src.name,
+            error,
+            duration,
+            None if off is None else str(off),
+            parse_errors if isinstance(parse_errors, int) else None,
+        )
+        return max(0.0, interval - duration)
+
+    def record(
+        self,
+        st: SourceState,
+        name: str,
+        error: str | None,
+        duration: float,
+        off_reason: str | None,
+        parse_errors: int | None,
+    ) -> None:
+        """Keep one collection's status (logging a change of state once) for the next snapshot."""
+        try:
+            now = self.clock()
+        except Exception:  # an injected clock's bug must not end the worker either
+            now = time.time()
+        if off_reason is not None:
+            if off_reason != st.off_reason:
+                log.info("collector %s is off: %s", name, off_reason)
+            error = None
+        elif error is None:
+            st.last_success = now
+            if st.last_error is not None:
+                log.info("collector %s recovered", name)
+        elif error != st.last_error:
+            log.warning("collector %s failed: %s", name, error)
+        with self.lock:
+            if st.paused and off_reason is None:
+                return  # paused by a reload since: the off status it set stands
+            st.last_error, st.off_reason = error, off_reason
+            st.status = CollectorStatus(
+                name,
+                error is None and off_reason is None,
+                duration,
+                st.last_success,
+                error,
+                off_reason,
+                parse_errors,
+            )
+        self.reported()
+
+    def statuses(self) -> tuple[CollectorStatus, ...]:
+        """Each running source's last report, a failure where its collect() has been in flight for too long."""
+        now = time.monotonic()
+        out = []
+        for st in self.states:
+            status, since = st.status, st.collecting_since
+            if since is not None:
+                interval, _ = usable_interval(st.source.interval_seconds)
+                stalled = now - since
+                if stalled > max(STALLED_MIN_SECONDS, STALLED_INTERVALS * interval):
+                    error = f"collect() has not returned after {stalled:.0f} s"
+                    last = status.last_success_timestamp if status is not None else None
+                    status = CollectorStatus(st.source.name, False, stalled, last, error)
+            if status is not None:
+                out.append(status)
+        return tuple(out)
+
+    # -- a reload
+
+    def reconfigure(self, sections: Callable[[SourceSpec[Any, Any]], Any]) -> None:
+        """Give every registry source its (reloaded) section, and switch each off or on as its section says. Called
+        with ``lock`` held."""
+        for st in self.states:
+            if st.spec is None:
+                continue
+            section = sections(st.spec)
+            configure = getattr(st.source, "configure", None)
+            if configure is not None:
+                configure(section)
+            self._switch(st, st.spec.off_reason(section), section)
+
+    def _switch(self, st: SourceState, off: str | None, section: Any) -> None:
+        """Switched off by a reload: closed (the GPU source shuts NVML down, so the NVIDIA driver can be unloaded for
+        an upgrade), its facts dropped, reported off. Switched on again: made anew."""
+        assert st.spec is not None
+        if off is not None and not st.paused:
+            st.paused, st.off_reason, st.facts = True, off, None
+            st.source.close()
+            st.status = CollectorStatus(st.source.name, False, 0.0, st.last_success, None, off)
+            log.info("collector %s switched off: %s", st.source.name, off)
+        elif off is None and st.paused:
+            st.source = st.spec.make(self.context, section)
+            st.paused, st.off_reason = False, None
+            log.info("collector %s switched on again", st.source.name)

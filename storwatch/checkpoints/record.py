@@ -1,0 +1,205 @@
+"""The checkpoint records that travel from the helper process's walk to the View, and the one join key, ``RunId``.
+
+One record per checkpoint (``Checkpoint``): the helper fills in what the walk and the check found, and the event
+log's timing when a line passed its checks; the checkpoint source adds what only it can know (when it first saw the
+checkpoint, how long its write took when watched, whether the kernel backs the writer PID a line names); analysis
+and every consumer read the same record. Runs travel as ``Run`` records, grouped once, by the helper.
+
+Across the helper's pipe the records go as JSON, written and read by ``to_wire`` and ``from_wire``: every field is
+checked against its declared type on the way in (an answer crossed a process boundary; a wrong type is an error that
+names the field, never a value taken on trust). Standard library only: the helper imports this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
+
+from storwatch.checkpoints.scan import DatasetDir
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, order=True)
+class RunId:
+    """A checkpoint run, unique on the node: the scan root it was found under and its directory (every later join,
+    from the View's runs to their recovery figures and findings, goes by this, never by a label)."""
+
+    root: str
+    """The scan root (as the walk resolved it)."""
+    path: str
+    """The run's directory: the root itself, or a directory below it."""
+
+    @property
+    def below_root(self) -> str:
+        """The run's directory as a path below its root (the root's own name for the root itself)."""
+        if self.path == self.root:
+            return os.path.basename(self.root.rstrip("/")) or "/"
+        return os.path.relpath(self.path, self.root)
+
+    def __str__(self) -> str:
+        return self.path
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint, from the walk to the View."""
+
+    path: str
+    format: str | None
+    verdict: str
+    """complete, incomplete, corrupt, unsafe or unknown."""
+    reason: str
+    size_bytes: int
+    mtime: float
+    """Newest modification time of anything in it: when it was last written."""
+    deep_checked: bool = False
+    first_seen: float = 0.0
+    """When the checkpoint source first saw it (its clock); 0 until the source has."""
+    write_seconds: float | None = None
+    """How long the write took: from the event log, or from first seen incomplete to first seen complete."""
+    write_bytes_per_second: float | None = None
+    write_start: float | None = None
+    """When the write began, where the run's event log says (storwatch.training.atomic_save): with ``write_seconds``
+    the exact span the writer was busy saving."""
+    allocated_bytes: int = 0
+    """The space it takes on disk (``st_blocks * 512``): what its next one will need, whatever size a sparse file
+    claims."""
+    writer_pid: int | None = None
+    """The process that wrote it, as the event log names it, once the kernel backs the claim (it was seen with a file
+    open for writing under the run: sources/writers.py); None otherwise. Only off Kubernetes, where PIDs are the
+    host's."""
+    kind: str = "file"
+    """``file``: a single-file checkpoint; ``dir``: a checkpoint directory."""
+    files: int = 1
+    notes: tuple[str, ...] = ()
+    """What the check met that is no damage (unknown classes read as inert records, a torch.load refusal)."""
+    claimed_pid: int | None = None
+    """The PID the event log's line names, before the kernel is asked (the helper fills it; the source decides
+    ``writer_pid``)."""
+
+
+@dataclass(frozen=True)
+class Temp:
+    """An atomic_save temporary found by the walk: a save in progress, or litter whose writer is gone."""
+
+    path: str
+    writing: bool
+    """Written to lately: a save in progress (not an orphan)."""
+    allocated_bytes: int = 0
+    """The space it takes (an orphan's: what removing it frees)."""
+    why: str | None = None
+    """How its writer was found gone (an orphan)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run as the helper grouped it: its directory, its checkpoints (oldest first) and its temporaries."""
+
+    path: str
+    checkpoints: tuple[Checkpoint, ...]
+    temps: tuple[Temp, ...] = ()
+
+
+@dataclass(frozen=True)
+class UnitAnswer:
+    """The helper's answer for one unit (a scan root, or a mount below one)."""
+
+    root: str
+    """The unit's path as the walk resolved it."""
+    runs: tuple[Run, ...]
+    truncated: bool
+    truncated_reason: str | None
+    truncated_detail: str | None
+    seconds: float
+    check_errors: dict[str, int] = field(default_factory=dict)
+    claims_rejected: dict[str, int] = field(default_factory=dict)
+    datasets: tuple[DatasetDir, ...] = ()
+    unreadable: int = 0
+    unreadable_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeepAnswer:
+    """The helper's answer to a deep check."""
+
+    checkpoint: Checkpoint
+    check_errors: dict[str, int] = field(default_factory=dict)
+
+
+class WireError(ValueError):
+    """An answer from the helper that does not have the declared shape (names the field)."""
+
+
+def to_wire(record: Any) -> dict[str, Any]:
+    """A record as plain data for JSON."""
+    return dataclasses.asdict(record)
+
+
+def from_wire(cls: type[T], data: Any, where: str = "") -> T:
+    """``cls`` (a dataclass of this module) from plain data, every field checked against its declared type."""
+    return typing.cast(T, _decode(cls, data, where or cls.__name__))
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _decode(kind: Any, value: Any, where: str) -> Any:
+    origin = get_origin(kind)
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        if not isinstance(value, dict):
+            raise WireError(f"{where}: an object expected, got {type(value).__name__}")
+        hints = _HINTS.get(kind)
+        if hints is None:
+            hints = _HINTS[kind] = get_type_hints(kind)
+        args = {}
+        for f in dataclasses.fields(kind):
+            if f.name in value:
+                args[f.name] = _decode(hints[f.name], value[f.name], f"{where}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise WireError(f"{where}.{f.name}: missing")
+        return kind(**args)
+    if origin in (typing.Union, types.UnionType):
+        options = get_args(kind)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _decode(option, value, where)
+            except WireError:
+                continue
+        raise WireError(f"{where}: {value!r:.60} is none of {kind}")
+    if origin is tuple:
+        item = get_args(kind)[0]
+        if not isinstance(value, list | tuple):
+            raise WireError(f"{where}: a list expected, got {type(value).__name__}")
+        return tuple(_decode(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        key_type, value_type = get_args(kind)
+        if not isinstance(value, dict):
+            raise WireError(f"{where}: an object expected, got {type(value).__name__}")
+        return {_decode(key_type, k, where): _decode(value_type, v, f"{where}[{k!r:.40}]") for k, v in value.items()}
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise WireError(f"{where}: true or false expected, got {value!r:.60}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise WireError(f"{where}: a whole number expected, got {value!r:.60}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise WireError(f"{where}: a finite number expected, got {value!r:.60}")
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str):
+            raise WireError(f"{where}: a string expected, got {value!r:.60}")
+        return value
+    raise WireError(f"{where}: no rule to read a {kind}")
