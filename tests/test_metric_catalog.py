@@ -583,3 +583,4 @@ def test_the_catalog_prints_as_markdown_rows() -> None:
     assert "| `storwatch_checkpoint_size_bytes` | run | one per checkpoint run exported: the newest 100" in (
         bounds.getvalue()
     )
+    assert "| `storwatch_finding` | severity | how urgent: warning, critical |" in bounds.getvalue()

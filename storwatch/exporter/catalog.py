@@ -26,7 +26,7 @@ from storwatch.sources.probe import PROBE_OPS
 from storwatch.vocabulary import PLATFORMS, Durability, Severity
 
 MetricType = Literal["gauge", "counter", "histogram"]
-Area = Literal["agent", "mounts", "io", "nfs", "lustre", "gpu", "checkpoints", "kube", "access"]
+AreaName = Literal["agent", "mounts", "io", "nfs", "lustre", "gpu", "checkpoints", "kube", "access"]
 WrittenBy = Literal["storwatch", "prometheus_client"]
 
 
@@ -54,7 +54,7 @@ class MetricSpec:
     help: str
     labels: tuple[Label, ...]
     """In the order an area passes their values (lines are written with the names sorted)."""
-    area: Area
+    area: AreaName
     """The exporter module that writes it (storwatch/exporter/AREA.py)."""
     allow_inf: bool = False
     """``+Inf`` is written; the README's row of the metric says what it means there."""
@@ -89,7 +89,7 @@ _declared: list[MetricSpec] = []
 
 def _metric(
     typ: MetricType,
-    area: Area,
+    area: AreaName,
     name: str,
     help_: str,
     labels: Sequence[Label] = (),
@@ -101,11 +101,11 @@ def _metric(
     return spec
 
 
-def _gauge(area: Area, name: str, help_: str, *labels: Label, allow_inf: bool = False) -> MetricSpec:
+def _gauge(area: AreaName, name: str, help_: str, *labels: Label, allow_inf: bool = False) -> MetricSpec:
     return _metric("gauge", area, name, help_, labels, allow_inf)
 
 
-def _counter(area: Area, name: str, help_: str, *labels: Label) -> MetricSpec:
+def _counter(area: AreaName, name: str, help_: str, *labels: Label) -> MetricSpec:
     return _metric("counter", area, name, help_, labels)
 
 
@@ -890,12 +890,13 @@ def markdown_rows(specs: Sequence[MetricSpec] = CATALOG) -> Iterator[str]:
 
 
 def label_rows(specs: Sequence[MetricSpec] = CATALOG) -> Iterator[str]:
-    """Each label of each metric with what bounds its values."""
+    """Each label of each metric with what bounds its values (and the values, where they are a fixed set)."""
     yield "| metric | label | bound |"
     yield "|---|---|---|"
     for spec in specs:
         for label in spec.labels:
-            yield f"| `{spec.name}` | {label.name} | {_cell(label.bound)} |"
+            values = "" if label.values is None else f": {', '.join(label.values)}"
+            yield f"| `{spec.name}` | {label.name} | {_cell(label.bound + values)} |"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
