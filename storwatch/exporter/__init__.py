@@ -1,10 +1,12 @@
 """The exporter: renders a View to Prometheus exposition text; /metrics serves the bytes.
 
-One module per area writes that area's families (:mod:`.mounts`, :mod:`.io`, :mod:`.nfs`, :mod:`.gpu`,
-:mod:`.checkpoints`, :mod:`.kube`, :mod:`.agent`), each with :class:`~storwatch.exporter.text.Family`; the writer
-(:mod:`.text`) joins their lines. An area is a function ``(view, state) -> families`` (:data:`.area.Area`);
-:class:`Exporter` renders the areas it is given, in order: the agent gives it those of the source registry
-(``storwatch.registry.exporter_areas``), each source's area declared with the source.
+Every metric is declared once, in :mod:`.catalog` (name, type, help, labels and the bound on each label's values).
+One module per area writes that area's families (:mod:`.mounts`, :mod:`.io`, :mod:`.nfs`, :mod:`.lustre`,
+:mod:`.gpu`, :mod:`.checkpoints`, :mod:`.kube`, :mod:`.access`, :mod:`.agent`), each a
+:class:`~storwatch.exporter.text.Family` made from its catalog entry; the writer (:mod:`.text`) joins their lines.
+An area is a function ``(view, state) -> families`` (:data:`.area.Area`); :class:`Exporter` renders the areas it is
+given, in order: the agent gives it those of the source registry (``storwatch.registry.exporter_areas``), each
+source's area declared with the source.
 """
 
 from __future__ import annotations

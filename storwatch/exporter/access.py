@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from storwatch.analysis.pods import workload_name
 from storwatch.analysis.view import View
+from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
 from storwatch.exporter.text import Family
 from storwatch.sources.access import ACCESS
@@ -17,45 +18,21 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     facts = view.snapshot.get(ACCESS) if view is not None else None
     if view is None or facts is None:
         return
-    rate = {
-        op: Family(
-            f"storwatch_workload_{op}_bytes_per_second",
-            f"Bytes a GPU workload (the GPU process and its workers) {op}s at the storage layer, per second over the "
-            "last interval (read_bytes, write_bytes of /proc/<pid>/io).",
-            labels=("workload", "pid"),
-        )
-        for op in ("read", "write")
-    }
-    size = Family(
-        "storwatch_workload_io_size_bytes",
-        "Average bytes per read or write call of a GPU workload over the last interval (rchar / syscr, wchar / syscw).",
-        labels=("workload", "pid", "op"),
-    )
-    mounts = Family(
-        "storwatch_workload_mount",
-        "1 for each mount a GPU workload has files open on, by access mode (read or write).",
-        labels=("workload", "pid", "mountpoint", "mode"),
-    )
     scan = [
-        Family(
-            "storwatch_workload_scan_processes",
-            "Processes (GPU processes and their descendants) whose counters and children the last access pass read.",
-        ),
-        Family("storwatch_workload_scan_fds", "Open files (fd links and fdinfo) the last access pass read."),
-        Family("storwatch_workload_scan_cpu_seconds", "CPU time the last access pass took."),
+        catalog.WORKLOAD_SCAN_PROCESSES.family(),
+        catalog.WORKLOAD_SCAN_FDS.family(),
+        catalog.WORKLOAD_SCAN_CPU.family(),
     ]
     scan[0].add((), facts.processes_read)
     scan[1].add((), facts.fds_read)
     scan[2].add((), facts.cpu_seconds)
-    reached = Family(
-        "storwatch_workload_scan_budget_reached",
-        "1 when the last access pass reached this budget of access.max_*_per_pass (processes, fds, cpu) and so read a "
-        "sample: the rest is read on the next passes.",
-        labels=("budget",),
-    )
+    reached = catalog.WORKLOAD_SCAN_BUDGET_REACHED.family()
     for budget in ("processes", "fds", "cpu"):
         reached.add((budget,), 1 if budget in facts.sampled else 0)
     yield from (*scan, reached)
+    rate = {"read": catalog.WORKLOAD_READ_RATE.family(), "write": catalog.WORKLOAD_WRITE_RATE.family()}
+    size = catalog.WORKLOAD_IO_SIZE.family()
+    mounts = catalog.WORKLOAD_MOUNT.family()
     for pid, w in sorted(facts.workloads.items()):
         labels = (workload_name(pid, view.pods, view.jobs), str(pid))
         if w.read_bytes_per_second is not None:

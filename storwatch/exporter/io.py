@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from storwatch.analysis.view import View
+from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
-from storwatch.exporter.text import Family, label_value, labels_text
+from storwatch.exporter.catalog import MetricSpec
+from storwatch.exporter.text import Family, label_value
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount
 from storwatch.sources.mounts import display_path
@@ -19,23 +21,23 @@ from storwatch.sources.probe import BUCKETS
 
 _MS = 0.001
 
-# (metric, help) for per-device counters, named as node_exporter names them so dashboards carry over.
+# Per-device counters, in the order of _disk_values.
 _DISK_COUNTERS = (
-    ("storwatch_disk_reads_completed_total", "Reads completed successfully."),
-    ("storwatch_disk_reads_merged_total", "Adjacent reads merged before being issued."),
-    ("storwatch_disk_read_bytes_total", "Bytes read."),
-    ("storwatch_disk_read_time_seconds_total", "Time spent on reads (sum over all reads)."),
-    ("storwatch_disk_writes_completed_total", "Writes completed successfully."),
-    ("storwatch_disk_writes_merged_total", "Adjacent writes merged before being issued."),
-    ("storwatch_disk_written_bytes_total", "Bytes written."),
-    ("storwatch_disk_write_time_seconds_total", "Time spent on writes (sum over all writes)."),
-    ("storwatch_disk_discards_completed_total", "Discards completed successfully."),
-    ("storwatch_disk_discarded_bytes_total", "Bytes discarded."),
-    ("storwatch_disk_discard_time_seconds_total", "Time spent on discards."),
-    ("storwatch_disk_flush_requests_total", "Flush requests completed successfully."),
-    ("storwatch_disk_flush_requests_time_seconds_total", "Time spent on flush requests."),
-    ("storwatch_disk_io_time_seconds_total", "Time the device had I/O in flight."),
-    ("storwatch_disk_io_time_weighted_seconds_total", "I/O time weighted by the number of I/Os in flight."),
+    catalog.DISK_READS_COMPLETED,
+    catalog.DISK_READS_MERGED,
+    catalog.DISK_READ_BYTES,
+    catalog.DISK_READ_TIME,
+    catalog.DISK_WRITES_COMPLETED,
+    catalog.DISK_WRITES_MERGED,
+    catalog.DISK_WRITTEN_BYTES,
+    catalog.DISK_WRITE_TIME,
+    catalog.DISK_DISCARDS_COMPLETED,
+    catalog.DISK_DISCARDED_BYTES,
+    catalog.DISK_DISCARD_TIME,
+    catalog.DISK_FLUSH_REQUESTS,
+    catalog.DISK_FLUSH_REQUESTS_TIME,
+    catalog.DISK_IO_TIME,
+    catalog.DISK_IO_TIME_WEIGHTED,
 )
 
 
@@ -66,46 +68,48 @@ def _disk_values(d: DiskStats) -> tuple[float | None, ...]:
 
 # Per-mount counters: the block device's under it, or for NFS the READ/WRITE/COMMIT procedures' (execute time).
 _MOUNT_COUNTERS = (
-    ("storwatch_mount_reads_completed_total", "Reads completed on the mount's device (NFS: READ requests)."),
-    ("storwatch_mount_read_bytes_total", "Bytes read from the mount's device (NFS: bytes received by READ)."),
-    ("storwatch_mount_read_time_seconds_total", "Time spent on reads (NFS: READ execute time)."),
-    ("storwatch_mount_writes_completed_total", "Writes completed on the mount's device (NFS: WRITE requests)."),
-    ("storwatch_mount_written_bytes_total", "Bytes written to the mount's device (NFS: bytes sent by WRITE)."),
-    ("storwatch_mount_write_time_seconds_total", "Time spent on writes (NFS: WRITE execute time)."),
-    ("storwatch_mount_flushes_completed_total", "Flushes completed on the mount's device (NFS: COMMIT requests)."),
-    ("storwatch_mount_flush_time_seconds_total", "Time spent on flushes (NFS: COMMIT execute time)."),
+    catalog.MOUNT_READS_COMPLETED,
+    catalog.MOUNT_READ_BYTES,
+    catalog.MOUNT_READ_TIME,
+    catalog.MOUNT_WRITES_COMPLETED,
+    catalog.MOUNT_WRITTEN_BYTES,
+    catalog.MOUNT_WRITE_TIME,
+    catalog.MOUNT_FLUSHES_COMPLETED,
+    catalog.MOUNT_FLUSH_TIME,
+)
+# (procedure, its requests, its bytes (None: none counted), its time, whether its bytes are those sent)
+_NFS_MOUNT_COUNTERS = (
+    ("READ", catalog.MOUNT_READS_COMPLETED, catalog.MOUNT_READ_BYTES, catalog.MOUNT_READ_TIME, False),
+    ("WRITE", catalog.MOUNT_WRITES_COMPLETED, catalog.MOUNT_WRITTEN_BYTES, catalog.MOUNT_WRITE_TIME, True),
+    ("COMMIT", catalog.MOUNT_FLUSHES_COMPLETED, None, catalog.MOUNT_FLUSH_TIME, False),
 )
 
 
-def _mount_disk_values(d: DiskStats, partition: bool = False) -> list[tuple[str, float | None]]:
+def _mount_disk_values(d: DiskStats, partition: bool = False) -> list[tuple[MetricSpec, float | None]]:
     flushes = None if partition else d.flushes_completed
     flush_ms = None if partition else d.flush_time_ms
     return [
-        ("storwatch_mount_reads_completed_total", d.reads_completed),
-        ("storwatch_mount_read_bytes_total", d.read_bytes),
-        ("storwatch_mount_read_time_seconds_total", d.read_time_ms * _MS),
-        ("storwatch_mount_writes_completed_total", d.writes_completed),
-        ("storwatch_mount_written_bytes_total", d.written_bytes),
-        ("storwatch_mount_write_time_seconds_total", d.write_time_ms * _MS),
-        ("storwatch_mount_flushes_completed_total", flushes),
-        ("storwatch_mount_flush_time_seconds_total", None if flush_ms is None else flush_ms * _MS),
+        (catalog.MOUNT_READS_COMPLETED, d.reads_completed),
+        (catalog.MOUNT_READ_BYTES, d.read_bytes),
+        (catalog.MOUNT_READ_TIME, d.read_time_ms * _MS),
+        (catalog.MOUNT_WRITES_COMPLETED, d.writes_completed),
+        (catalog.MOUNT_WRITTEN_BYTES, d.written_bytes),
+        (catalog.MOUNT_WRITE_TIME, d.write_time_ms * _MS),
+        (catalog.MOUNT_FLUSHES_COMPLETED, flushes),
+        (catalog.MOUNT_FLUSH_TIME, None if flush_ms is None else flush_ms * _MS),
     ]
 
 
-def _mount_nfs_values(nfs: NFSMount) -> list[tuple[str, float | None]]:
-    out: list[tuple[str, float | None]] = []
-    for name, ops_metric, bytes_metric, time_metric, use_sent in (
-        ("READ", "reads_completed", "read_bytes", "read_time_seconds", False),
-        ("WRITE", "writes_completed", "written_bytes", "write_time_seconds", True),
-        ("COMMIT", "flushes_completed", None, "flush_time_seconds", False),
-    ):
+def _mount_nfs_values(nfs: NFSMount) -> list[tuple[MetricSpec, float | None]]:
+    out: list[tuple[MetricSpec, float | None]] = []
+    for name, ops_metric, bytes_metric, time_metric, use_sent in _NFS_MOUNT_COUNTERS:
         op = nfs.operation(name)
         if op is None:
             continue
-        out.append((f"storwatch_mount_{ops_metric}_total", op.requests))
-        out.append((f"storwatch_mount_{time_metric}_total", op.execute_time_ms * _MS))
+        out.append((ops_metric, op.requests))
+        out.append((time_metric, op.execute_time_ms * _MS))
         if bytes_metric is not None:
-            out.append((f"storwatch_mount_{bytes_metric}_total", op.bytes_sent if use_sent else op.bytes_received))
+            out.append((bytes_metric, op.bytes_sent if use_sent else op.bytes_received))
     return out
 
 
@@ -121,13 +125,13 @@ def _disks(view: View) -> Iterator[Family]:
     disks = view.disks
     if disks is None:
         return
-    counters = [Family(name, help_, "counter") for name, help_ in _DISK_COUNTERS]
-    in_flight = Family("storwatch_disk_io_now", "I/Os in flight on the device.")
-    util = Family("storwatch_disk_utilization_ratio", "Share of the last interval the device was busy.")
+    counters = [spec.family() for spec in _DISK_COUNTERS]
+    in_flight = catalog.DISK_IO_NOW.family()
+    util = catalog.DISK_UTILIZATION.family()
     for name, d in sorted(disks.counters.items()):
         if d.reads_completed == 0 and d.writes_completed == 0:
             continue  # never used (spare loop devices, empty drives): not worth a series
-        labels = labels_text(("device", name))
+        labels = in_flight.labels_for((name,))
         for family, value in zip(counters, _disk_values(d), strict=True):
             family.add_text(labels, value)
         in_flight.add_text(labels, d.in_flight)
@@ -138,39 +142,38 @@ def _disks(view: View) -> Iterator[Family]:
 
 
 def _mount_io(view: View) -> Iterator[Family]:
-    device = Family(
-        "storwatch_mount_device_info",
-        "The block device a mount's I/O counters come from, and the devices at the bottom of its stack.",
-    )
-    counters = {name: Family(name, help_, "counter") for name, help_ in _MOUNT_COUNTERS}
-    latency = Family(
-        "storwatch_mount_latency_seconds",
-        "Per-mount operation latency over a window: p50, p95 and max of per-interval averages, and the mean.",
+    device = catalog.MOUNT_DEVICE_INFO.family()
+    counters = {spec: spec.family() for spec in _MOUNT_COUNTERS}
+    latency = catalog.MOUNT_LATENCY.family()
+    # A series per mount, operation, window and statistic: per window and statistic, a template of the label set
+    # that each mount and operation fills.
+    minute, hour = (
+        tuple(latency.labels_template({"window": window, "stat": stat}) for stat in ("p50", "p95", "max", "mean"))
+        for window in ("1m", "1h")
     )
     for mv in view.mounts:
         mp = display_path(mv.mount.mountpoint)
-        labels = labels_text(("mountpoint", mp))
         io = mv.io
         block = mv.mount.block
         if block is not None:
-            device.add_text(
-                labels_text(("device", block.device), ("mountpoint", mp), ("physical", ",".join(block.physical))), 1
-            )
-        values: list[tuple[str, float | None]] = []
+            device.add((mp, block.device, ",".join(block.physical)), 1)
+        values: list[tuple[MetricSpec, float | None]] = []
         if io.counters is not None:
             values = _mount_disk_values(io.counters, partition=bool(block and block.partition))
         elif io.nfs is not None:
             values = _mount_nfs_values(io.nfs)
-        for metric, value in values:
-            counters[metric].add_text(labels, value)
+        if values:
+            labels = counters[catalog.MOUNT_READS_COMPLETED].labels_for((mp,))
+            for spec, value in values:
+                counters[spec].add_text(labels, value)
         quoted = label_value(mp)
         for op, summary in sorted(io.latency.items()):
-            for window, stats in (("1m", summary.minute), ("1h", summary.hour)):
-                prefix = f'{{mountpoint="{quoted}",op="{label_value(op)}",stat="'
-                latency.add_text(f'{prefix}p50",window="{window}"}}', stats.p50_seconds)
-                latency.add_text(f'{prefix}p95",window="{window}"}}', stats.p95_seconds)
-                latency.add_text(f'{prefix}max",window="{window}"}}', stats.max_seconds)
-                latency.add_text(f'{prefix}mean",window="{window}"}}', stats.mean_seconds)
+            quoted_op = label_value(op)
+            for (p50, p95, most, mean), w in ((minute, summary.minute), (hour, summary.hour)):
+                latency.add_text(p50.format(quoted, quoted_op), w.p50_seconds)
+                latency.add_text(p95.format(quoted, quoted_op), w.p95_seconds)
+                latency.add_text(most.format(quoted, quoted_op), w.max_seconds)
+                latency.add_text(mean.format(quoted, quoted_op), w.mean_seconds)
     yield device
     yield from counters.values()
     yield latency
@@ -183,24 +186,10 @@ def probe_families(view: View | None, state: ExportState) -> Iterator[Family]:
     """The active probes of the mounts that have one; nothing on a node without any."""
     if view is None:
         return
-    labels = ("mountpoint", "op")
-    hist = Family(
-        "storwatch_probe_duration_seconds",
-        "Active probe latency per operation (write, fsync, read back) of a small file on the mount.",
-        "histogram",
-        labels,
-    )
-    success = Family(
-        "storwatch_probe_success",
-        "1 when the mount's last probe completed and read back what it wrote.",
-        labels=["mountpoint"],
-    )
-    stuck = Family(
-        "storwatch_probe_stuck", "1 when the mount's probe has not returned within its deadline.", labels=["mountpoint"]
-    )
-    last = Family(
-        "storwatch_probe_last_timestamp_seconds", "Unix time of the mount's last probe round.", labels=["mountpoint"]
-    )
+    hist = catalog.PROBE_DURATION.family()
+    success = catalog.PROBE_SUCCESS.family()
+    stuck = catalog.PROBE_STUCK.family()
+    last = catalog.PROBE_LAST_TIMESTAMP.family()
     any_probe = False
     for mv in view.mounts:
         probe = mv.io.probe

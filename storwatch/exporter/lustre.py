@@ -6,18 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from storwatch.analysis.view import View
+from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
 from storwatch.exporter.text import Family
 from storwatch.procfs.lustre import LliteStats
 from storwatch.sources.lustre import LUSTRE
 from storwatch.sources.mounts import display_path
 
-OPERATIONS = (
-    *("read", "write", "open", "close", "fsync", "getattr", "setattr", "create", "unlink", "mkdir", "rmdir"),
-    *("rename", "readdir", "statfs", "truncate", "mmap", "flock", "ioctl", "seek"),
-)
-"""The operations exported, of the 60 or so a client counts: the data path and the metadata calls a training job's
-reads and checkpoint writes wait on."""
+OPERATIONS = catalog.LUSTRE_OPERATIONS.values("operation")
+"""The operations exported, of the 60 or so a client counts (the catalog lists them)."""
 
 _BYTES_OF = {"read": "read_bytes", "write": "write_bytes"}
 _TIMED_UNITS = frozenset({"usecs", "usec"})
@@ -38,29 +35,11 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     facts = view.snapshot.get(LUSTRE) if view is not None else None
     if facts is None:
         return
-    fs = ("fsname", "mountpoint")
-    info = Family(
-        "storwatch_lustre_client_info",
-        "A Lustre client mount: its llite instance and the mount it was joined to (empty: not known).",
-        labels=(*fs, "instance"),
-    )
-    read = Family("storwatch_lustre_read_bytes_total", "Bytes read through the client mount.", "counter", labels=fs)
-    written = Family(
-        "storwatch_lustre_written_bytes_total", "Bytes written through the client mount.", "counter", labels=fs
-    )
-    ops = Family(
-        "storwatch_lustre_operations_total",
-        "Operations the client mount served, by operation.",
-        "counter",
-        labels=(*fs, "operation"),
-    )
-    seconds = Family(
-        "storwatch_lustre_operation_seconds_total",
-        "Time the client mount's operations took, by operation (clients that time them: Lustre 2.14 and later for "
-        "reads and writes).",
-        "counter",
-        labels=(*fs, "operation"),
-    )
+    info = catalog.LUSTRE_CLIENT_INFO.family()
+    read = catalog.LUSTRE_READ_BYTES.family()
+    written = catalog.LUSTRE_WRITTEN_BYTES.family()
+    ops = catalog.LUSTRE_OPERATIONS.family()
+    seconds = catalog.LUSTRE_OPERATION_SECONDS.family()
     for client in facts.clients:
         stats = client.stats
         where = (client.fsname, display_path(client.mountpoint) if client.mountpoint is not None else "")

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from storwatch.analysis.view import View
+from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
-from storwatch.exporter.text import Family, labels_text
+from storwatch.exporter.text import Family, label_value
 from storwatch.sources.mounts import display_path
 from storwatch.vocabulary import Durability
 
@@ -17,37 +18,26 @@ _DURABILITIES = tuple(Durability)
 def families(view: View | None, state: ExportState) -> Iterator[Family]:
     if view is None:
         return
-    info = Family("storwatch_mount_info", "A mount on this node with its durability class and the reason for it.")
-    durability = Family(
-        "storwatch_mount_durability",
-        "1 for the durability class of each mount (volatile, node, cluster, region), 0 for the others.",
-    )
-    size = Family("storwatch_mount_size_bytes", "Filesystem size in bytes.")
-    free = Family("storwatch_mount_free_bytes", "Free bytes, root's reserve included.")
-    avail = Family("storwatch_mount_avail_bytes", "Bytes available to unprivileged users.")
-    files = Family("storwatch_mount_files", "Inodes in the filesystem.")
-    files_free = Family("storwatch_mount_files_free", "Free inodes.")
-    stuck = Family("storwatch_mount_stuck", "1 when a statvfs on the mount has not returned within its deadline.")
-    stuck_for = Family("storwatch_mount_stuck_seconds", "How long the oldest call on a stuck mount has been in flight.")
-    readonly = Family("storwatch_mount_readonly", "1 when the mount is read-only.")
+    info = catalog.MOUNT_INFO.family()
+    durability = catalog.MOUNT_DURABILITY.family()
+    size = catalog.MOUNT_SIZE_BYTES.family()
+    free = catalog.MOUNT_FREE_BYTES.family()
+    avail = catalog.MOUNT_AVAIL_BYTES.family()
+    files = catalog.MOUNT_FILES.family()
+    files_free = catalog.MOUNT_FILES_FREE.family()
+    stuck = catalog.MOUNT_STUCK.family()
+    stuck_for = catalog.MOUNT_STUCK_SECONDS.family()
+    readonly = catalog.MOUNT_READONLY.family()
+    by_class = [(d, durability.labels_template({"durability": d.value})) for d in _DURABILITIES]
     for mv in view.mounts:
         m, verdict = mv.mount, mv.verdict
         mp = display_path(m.mountpoint)
-        labels = labels_text(("mountpoint", mp))
-        info.add_text(
-            labels_text(
-                ("device", display_path(m.device)),
-                ("durability", verdict.durability.value),
-                ("fstype", m.fstype),
-                ("mountpoint", mp),
-                ("reason", verdict.reason),
-            ),
-            1,
-        )
-        for d in _DURABILITIES:
-            durability.add_text(
-                labels_text(("durability", d.value), ("mountpoint", mp)), 1 if d is verdict.durability else 0
-            )
+        # One label set for the eight families labelled by mountpoint alone (catalog.MOUNTPOINT).
+        labels = size.labels_for((mp,))
+        info.add((mp, display_path(m.device), m.fstype, verdict.durability.value, verdict.reason), 1)
+        quoted = label_value(mp)
+        for d, template in by_class:
+            durability.add_text(template.format(quoted), 1 if d is verdict.durability else 0)
         if m.usage is not None:
             size.add_text(labels, m.usage.size_bytes)
             free.add_text(labels, m.usage.free_bytes)

@@ -1,9 +1,10 @@
 """The exposition writer: metric families as lines of the Prometheus text format (0.0.4), and a scrape's bytes.
 
-Every area of the exporter writes its families with :class:`Family`: a sample becomes its line of text when it is
-added (label names sorted, values escaped and numbers formatted as prometheus_client's ``generate_latest`` writes
-them), so a scrape of 20,000 series is a join of lines already written. ``Family.samples`` parses the lines back, so
-any other consumer (a test, prometheus_client's own writer) reads the samples as from any prometheus_client family.
+Every area of the exporter writes its families with :class:`Family`, each made from its entry in the metric catalog
+(:mod:`.catalog`): a sample becomes its line of text when it is added (label names sorted, values escaped and
+numbers formatted as prometheus_client's ``generate_latest`` writes them), so a scrape of a large node's series is a
+join of lines already written. ``Family.samples`` parses the lines back, so any other consumer (a test,
+prometheus_client's own writer) reads the samples as from any prometheus_client family.
 
 One rule for numbers, here and nowhere else: a sample's value is finite, or it is not written. The text format could
 carry ``NaN``, ``+Inf`` and ``-Inf``, but a NaN or infinity that reached a figure by accident (a tenant's event line
@@ -17,10 +18,10 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import cast
 
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import METRIC_TYPES, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
@@ -33,6 +34,8 @@ _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # prometheus_client's generate_latest renames these families and types for the text format.
 _TEXT_NAME_SUFFIX = {"counter": "_total", "info": "_info"}
 _TEXT_TYPE = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
+# The types prometheus_client's Metric takes.
+_TYPES = frozenset(METRIC_TYPES)
 # Samples generate_latest moves out of their family into a gauge family of their own, written after it.
 _LATE_SUFFIXES = ("_created", "_gsum", "_gcount")
 
@@ -80,13 +83,40 @@ def labels_text(*pairs: tuple[str, str]) -> str:
     return "{" + ",".join(f'{name}="{label_value(value)}"' for name, value in pairs) + "}"
 
 
-class Family(Metric):
+def labels_template(names: Sequence[str], fixed: Mapping[str, str] | None = None) -> str:
+    """A label set of these names as a ``str.format`` template, written sorted by name. ``fixed`` gives some of the
+    names their value, written into the template; ``{0}``, ``{1}``... stand for the others' values, in the order of
+    ``names``, already escaped (:func:`label_value`). For the families with a series or more per mount and
+    operation: a template is made once a render, and filled once a series."""
+    fixed = fixed or {}
+    for key in names:
+        if not _LABEL_NAME.fullmatch(key):
+            raise ValueError(f"label name {key!r} would need escaping, which render_text does not do")
+    if set(fixed) - set(names):
+        raise ValueError(f"fixed values for labels not among {tuple(names)}: {sorted(set(fixed) - set(names))}")
+    if not names:
+        return ""
+    slot = {name: i for i, name in enumerate(n for n in names if n not in fixed)}
+    pairs = []
+    for name in sorted(names):
+        value = fixed.get(name)
+        text = f"{{{slot[name]}}}" if value is None else label_value(value).replace("{", "{{").replace("}", "}}")
+        pairs.append(f'{name}="{text}"')
+    return "{{" + ",".join(pairs) + "}}"
+
+
+class Family:
     """One metric family, its samples written as text lines as they are added.
 
-    ``name`` is the name a scrape shows (counters end in ``_total``, as DESIGN.md names them); the prometheus_client
-    Metric it is keeps the name without that suffix, as prometheus_client does. ``labels`` are the label names
-    :meth:`add` takes values for, in the caller's order; lines are written with the names sorted. A value that is
-    not finite is not written (:func:`exportable`), but ``+Inf`` where ``allow_inf`` (the README says what it means).
+    The exporter's areas make theirs from the metric catalog (``catalog.SPEC.family()``); prometheus_client's
+    families come in through :meth:`from_metric`. ``name`` is the family's name as prometheus_client keeps it
+    (without a counter's ``_total``), ``sample_name`` the name a scrape shows (a counter's ends in ``_total``).
+    ``labels`` are the label names :meth:`add` takes values for, in the caller's order; lines are written with the
+    names sorted. A value that is not finite is not written (:func:`exportable`), but ``+Inf`` where ``allow_inf``
+    (the README says what it means).
+
+    A Family is not a prometheus_client ``Metric``: its samples are its lines, written by :meth:`add` and the other
+    writers here, and :attr:`samples` reads them back.
     """
 
     def __init__(
@@ -97,8 +127,13 @@ class Family(Metric):
         labels: Sequence[str] = (),
         allow_inf: bool = False,
     ) -> None:
+        if typ not in _TYPES:
+            raise ValueError(f"{name}: unknown metric type {typ!r}")
         suffix = _TEXT_NAME_SUFFIX.get(typ, "")
-        super().__init__(name.removesuffix(suffix) if suffix else name, documentation, typ)
+        self.name = name.removesuffix(suffix) if suffix else name
+        """The family's name as prometheus_client keeps it (a counter's without ``_total``)."""
+        self.documentation = documentation
+        self.type = typ
         self.sample_name = self.name + suffix
         """The name a scrape shows, on every sample line (a histogram's add ``_bucket``, ``_count`` and ``_sum``)."""
         self.lines: list[str] = []
@@ -106,10 +141,13 @@ class Family(Metric):
         for key in labels:
             if not _LABEL_NAME.fullmatch(key):
                 raise ValueError(f"label name {key!r} would need escaping, which render_text does not do")
-        self._label_names = tuple(labels)
+        self.label_names = tuple(labels)
         self._order = sorted(range(len(labels)), key=lambda i: labels[i])
         self.allow_inf = allow_inf
         """``+Inf`` is written: the README's row of this family says what it means."""
+
+    def __repr__(self) -> str:
+        return f"Family({self.sample_name!r}, {self.type}, {len(self.lines)} lines)"
 
     @property
     def samples(self) -> list[Sample]:
@@ -119,12 +157,6 @@ class Family(Metric):
         text = self.header() + "".join(self.lines)
         return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
-    @samples.setter
-    def samples(self, samples: list[Sample]) -> None:
-        # prometheus_client's Metric starts with an empty list; a Family's samples are its lines.
-        if samples:
-            raise TypeError("a Family's samples are its lines: write them with add, add_text or add_lines")
-
     def header(self) -> str:
         """The family's ``# HELP`` and ``# TYPE`` lines."""
         name = self.sample_name
@@ -133,8 +165,17 @@ class Family(Metric):
         doc = self.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         return f"# HELP {name} {doc}\n# TYPE {name} {_TEXT_TYPE.get(self.type, self.type)}\n"
 
+    def labels_template(self, fixed: Mapping[str, str] | None = None) -> str:
+        """The family's label set as a template (:func:`labels_template`) for :meth:`add_text`."""
+        return labels_template(self.label_names, fixed)
+
+    def labels_for(self, values: Sequence[str]) -> str:
+        """The label set of a sample with these values (in the order of ``labels``) as :meth:`add` writes it, for
+        :meth:`add_text`: written once, it serves every family with the same label names."""
+        return self._labels(values)
+
     def _labels(self, values: Sequence[str], extra: tuple[str, str] | None = None) -> str:
-        names = self._label_names
+        names = self.label_names
         if len(values) != len(names):
             raise ValueError(f"{self.name}: {len(names)} label values expected, got {len(values)}")
         pairs = [(names[i], values[i]) for i in self._order]
@@ -150,9 +191,9 @@ class Family(Metric):
             self.lines.append(f"{self.sample_name}{self._labels(values)} {value_text(value)}\n")
 
     def add_text(self, labels: str, value: float | None) -> None:
-        """One sample whose label set is already written (``labels_text``, or ``""`` for none); None writes nothing.
-        For the families with a series or more per mount, device or NFS procedure, nearly all of a large node's. As
-        :meth:`add`, a value that is not finite writes nothing."""
+        """One sample whose label set is already written (:meth:`labels_for`, or ``""`` for none); None writes
+        nothing. For the families with a series or more per mount, device or NFS procedure, nearly all of a large
+        node's. As :meth:`add`, a value that is not finite writes nothing."""
         if value is not None and exportable(value, self.allow_inf):
             self.lines.append(f"{self.sample_name}{labels} {value_text(value)}\n")
 
@@ -203,11 +244,10 @@ class Family(Metric):
         return [family, *(late[suffix] for suffix in sorted(late))]
 
 
-def render_text(families: Iterable[Metric]) -> bytes:
+def render_text(families: Iterable[Family | Metric]) -> bytes:
     """The text exposition format (0.0.4) of ``families``, byte for byte what prometheus_client's generate_latest
-    writes for them (tested). A Family's lines are already written; any other prometheus_client family is written
-    through :meth:`Family.from_metric`. A node with 64 busy NFS mounts exports about 20,000 series; generate_latest
-    spent about 100 ms a scrape on them."""
+    writes for them (tested). A Family's lines are already written; a prometheus_client family is written through
+    :meth:`Family.from_metric`."""
     out: list[str] = []
     append = out.append
     for metric in families:
