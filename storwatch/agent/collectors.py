@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec
-from storwatch.sources import FactsKey, Source
+from storwatch.sources import Configurable, CountsParseErrors, FactsKey, MayBeOff, Source
 from storwatch.vocabulary import CollectorStatus
 
 log = logging.getLogger(__name__)
@@ -186,8 +186,8 @@ class Collectors:
             st.collecting_since = None
         duration = time.monotonic() - started
         try:
-            off = getattr(src, "off_reason", None)
-            parse_errors = getattr(src, "parse_errors", None)
+            off = src.off_reason if isinstance(src, MayBeOff) else None
+            parse_errors = src.parse_errors if isinstance(src, CountsParseErrors) else None
         except Exception as err:
             off, parse_errors = None, None
             error = f"{error}; {describe(err)}" if error else describe(err)
@@ -276,9 +276,8 @@ class Collectors:
             if st.spec is None:
                 continue
             section = sections(st.spec)
-            configure = getattr(st.source, "configure", None)
-            if configure is not None:
-                configure(section)
+            if isinstance(st.source, Configurable):
+                st.source.configure(section)
             self._switch(st, st.spec.off_reason(section), section)
 
     def _switch(self, st: SourceState, off: str | None, section: Any) -> None:

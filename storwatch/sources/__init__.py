@@ -6,7 +6,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from storwatch.paths import HostPaths
 from storwatch.procfs import LineError
@@ -31,16 +31,10 @@ class FactsKey(Generic[F]):
 class Source(Protocol[F_co]):
     """What the agent runs on its own worker, every ``interval_seconds``.
 
-    How a source tells the agent about its health (each optional; the agent reads them with ``getattr``):
-
-    - ``collect()`` raising: the collection failed (``storwatch_collector_success`` 0, the exception as the error);
-      the facts of the last good collection are kept;
-    - a ``failure`` attribute of the facts that is not None: it answered, but failed (a stuck NVML call); the
-      facts are kept;
-    - ``parse_errors``: an int, the lines of its input it could not parse so far
-      (``storwatch_parse_errors_total``);
-    - ``off_reason``: a str while the source is off (no cluster to watch, nothing chosen to probe): then it is
-      reported as off (``storwatch_collector_enabled`` 0), never as a success or a failure.
+    ``collect()`` raising: the collection failed (``storwatch_collector_success`` 0, the exception as the error); the
+    facts of the last good collection are kept. Facts with a ``failure`` that is not None (a stuck NVML call): it
+    answered, but failed; the facts are kept. What else a source may offer is declared below, each on its own
+    (``Configurable``, ``MayBeOff``, ``CountsParseErrors``), and the agent asks for it by that declaration.
     """
 
     name: str
@@ -52,6 +46,31 @@ class Source(Protocol[F_co]):
 
     def close(self) -> None:
         """Release what the source holds (helper processes, library handles)."""
+
+
+@runtime_checkable
+class Configurable(Protocol):
+    """A source that takes its (reloaded) configuration section."""
+
+    def configure(self, section: Any) -> None: ...
+
+
+@runtime_checkable
+class MayBeOff(Protocol):
+    """A source that may have nothing to do on this node (no cluster to watch, nothing chosen to probe): while
+    ``off_reason`` is a str it is reported off (``storwatch_collector_enabled`` 0), never as a success or a
+    failure."""
+
+    @property
+    def off_reason(self) -> str | None: ...
+
+
+@runtime_checkable
+class CountsParseErrors(Protocol):
+    """A source that counts the lines of its input it could not parse (``storwatch_parse_errors_total``)."""
+
+    @property
+    def parse_errors(self) -> int: ...
 
 
 class Context(Protocol):
