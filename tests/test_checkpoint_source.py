@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from storwatch.registry import exporter_areas
 from storwatch.snapshot import Snapshot
 from storwatch.sources.checkpoints import EVENT_LOG, CheckpointSource, default_roots
 from storwatch.vocabulary import FsUsage, Mount, Platform
+from tests.builders import torch_like_zip
 
 
 class Clock:
@@ -30,14 +30,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def torch_like_zip(path: Path, payload: bytes = b"x" * 4096) -> None:
-    """A file with the layout torch.save writes (a stored ZIP with archive/data.pkl), built without torch."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
-        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
-        z.writestr("archive/data/0", payload)
-        z.writestr("archive/version", b"3\n")
 
 
 def set_mtime(path: Path, t: float) -> None:

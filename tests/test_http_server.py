@@ -27,7 +27,7 @@ from storwatch.config import Config
 from storwatch.paths import OWN_SOMAXCONN
 from storwatch.web import NOT_CACHED, ServerLimits, StatusHTTPServer, accepts_gzip, listen_backlog, parse_head
 from tests.agentproc import wait_until
-from tests.test_agent_tick import FixedMounts
+from tests.builders import FixedMounts
 
 
 @pytest.fixture

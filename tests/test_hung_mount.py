@@ -253,7 +253,7 @@ def test_twenty_hung_mounts_leave_every_healthy_mount_fresh(tmp_path: Path, real
 def test_checkpoint_scan_skips_a_hung_mount_under_its_root(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
     """A hung mount inside a checkpoint root: once statvfs marks it stuck the walk leaves it alone, the checkpoints
     beside it are still found, and SIGTERM still ends the agent in 5 s."""
-    from tests.test_checkpoint_source import torch_like_zip
+    from tests.builders import torch_like_zip
 
     root = tmp_path / "ckpt-root"
     run = root / "run"
@@ -316,7 +316,7 @@ def test_checkpoint_roots_whose_readdir_or_getattr_hangs_are_stuck_and_hold_no_a
 ) -> None:
     """Issue 12: a checkpoint root on a FUSE mount whose readdir or getattr hangs while statfs answers (as s3fs can)
     pinned an agent thread in the kernel, the collector said success, and the agent could not finish exiting."""
-    from tests.test_checkpoint_source import torch_like_zip
+    from tests.builders import torch_like_zip
 
     healthy = tmp_path / "healthy"
     run = healthy / "run"
@@ -387,7 +387,7 @@ def test_a_walk_still_out_is_waited_for_only_as_long_as_walks_bound_themselves( 
     """A collection waits max_seconds plus a margin for the walks, not the whole deadline: a hung unit delays the
     first answer that long, is not a failure while within its deadline, and is stuck once past it."""
     from storwatch.sources.checkpoints import WAIT_MARGIN_SECONDS, CheckpointSource
-    from tests.test_checkpoint_source import torch_like_zip
+    from tests.builders import torch_like_zip
 
     healthy = tmp_path / "healthy"
     healthy.mkdir()

@@ -14,7 +14,6 @@ import pytest
 
 from storwatch.classify import Classifier
 from storwatch.kubeclient import parse_time
-from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.sources.kube import KubeSource, pod_info
 from storwatch.sources.kubevolumes import (
     ClusterObjects,
@@ -28,8 +27,8 @@ from storwatch.sources.kubevolumes import (
     volume_evidence,
     volume_ref,
 )
-from storwatch.sources.mounts import mount_of
-from storwatch.vocabulary import GENERIC, Durability, EvidenceSource, Mount
+from storwatch.vocabulary import GENERIC, Durability, EvidenceSource
+from tests.builders import fixture_mounts
 from tests.kubeapi import (
     LOADER_UID,
     NODE,
@@ -45,12 +44,6 @@ from tests.kubeapi import (
 MOUNTINFO = Path(__file__).parent / "fixtures" / "k8s-node" / "proc" / "1" / "mountinfo"
 POD_DIR = f"/var/lib/kubelet/pods/{TRAINER_UID}/volumes"
 V, N, C = Durability.VOLATILE, Durability.NODE, Durability.CLUSTER
-
-
-def fixture_mounts() -> dict[str, Mount]:
-    infos, errors = parse_mountinfo(MOUNTINFO.read_bytes())
-    assert not errors
-    return {i.mountpoint: mount_of(i) for i in infos}
 
 
 def wait_for(what: Callable[[], bool], timeout: float) -> float:
