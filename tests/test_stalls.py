@@ -14,7 +14,9 @@ from storwatch.analysis.stalls import (
     GPUReading,
     Judged,
     LatencyReading,
+    Stall,
     StallParams,
+    StallState,
     StallTracker,
     Touches,
     WriteSpan,
@@ -371,13 +373,62 @@ SCENARIOS: list[Callable[[], World]] = [
 
 
 @pytest.fixture(scope="module")
-def scores() -> dict[str, Score]:
+def replays() -> dict[str, tuple[World, list[Stall], StallState]]:
     out = {}
     for make in SCENARIOS:
         world = make()
-        stalls, _ = world.replay()
-        out[world.name] = score(world, stalls)
+        stalls, state = world.replay()
+        out[world.name] = (world, stalls, state)
     return out
+
+
+@pytest.fixture(scope="module")
+def scores(replays: dict[str, tuple[World, list[Stall], StallState]]) -> dict[str, Score]:
+    return {name: score(world, stalls) for name, (world, stalls, _) in replays.items()}
+
+
+def test_the_scored_stalls_are_the_totals_the_agent_exports(
+    replays: dict[str, tuple[World, list[Stall], StallState]],
+) -> None:
+    """The replayer scores the stalls the feed settled; the View's totals (the exported counter) add up to them."""
+    for name, (_, stalls, state) in replays.items():
+        summed: dict[tuple[str, str, str], float] = {}
+        for st in stalls:
+            key = (st.gpu, st.mountpoint, st.cause)
+            summed[key] = summed.get(key, 0.0) + st.seconds
+        assert summed == pytest.approx(dict(state.totals)), name
+
+
+def _pod_and_host_runs() -> World:
+    """Two runs, each held up by its own save: one of two GPUs on their pod's volume, one of a lone GPU on local
+    disk (its writer named by the event log)."""
+    w = World("a pod's run and a host's run", 300, 31).mount("/nfs", 3, 8).mount("/nvme")
+    w.gpu("0", writes=("/nfs",)).gpu("1", writes=("/nfs",)).gpu("2", writes=("/nvme",))
+    _train(w, ("0", "1"), "pod-run", "/nfs", 100, 20, first=40)
+    return _train(w, ("2",), "host-run", "/nvme", 90, 12, first=50)
+
+
+def test_the_score_goes_through_the_feeds_joins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint's stall is found only when the feed ties the run to its GPUs (the pod whose volume holds it, or
+    the writer its event log names): without that join the same world scores nothing."""
+    import storwatch.analysis.stall_feed as stall_feed
+
+    world = _pod_and_host_runs()
+    stalls, state = world.replay()
+    assert score(world, stalls).recall >= 0.95
+    assert {gpu for gpu, _, _ in state.totals} == {"0", "1", "2"}
+    monkeypatch.setattr(stall_feed, "run_gpus", lambda *_: frozenset())
+    stalls, state = world.replay()
+    assert score(world, stalls).recall < 0.5 and not any(cause == "checkpoint_write" for _, _, cause in state.totals)
+
+
+def test_the_totals_do_not_depend_on_how_often_the_feed_is_settled() -> None:
+    """Settled every tick or every 30 (a View made on each scrape, or by nobody for half a minute), the same GPU
+    time is attributed to the same mounts and causes."""
+    for make in (checkpoint_then_data_stall, contention_from_another_tenant):
+        _, every_tick = make().replay()
+        _, every_30 = make().replay(settle_every=30)
+        assert every_tick.totals and dict(every_30.totals) == pytest.approx(dict(every_tick.totals)), make.__name__
 
 
 def test_there_are_at_least_twenty_scenarios() -> None:
