@@ -174,10 +174,11 @@ class World:
                     out[label] = out.get(label, 0.0) + (e - s)
         return out
 
-    def replay(self, params: StallParams | None = None, settle_every: int = 1) -> tuple[list[Stall], StallState]:
+    def replay(self, params: StallParams | None = None, settle_every: int = 10) -> tuple[list[Stall], StallState]:
         """Feed the observations to a StallFeed tick by tick, as the agent calls it, then settle everything; return
         the stalls settled and the feed's last state (the totals the exporter counts). ``settle_every``: ticks from
-        one settling to the next (the agent settles when a View is made: on a scrape, or a source's asking).
+        one settling to the next (the agent settles when a View is made, as for a scrape: by default every 10 ticks;
+        tests/test_stalls.py checks that the totals do not depend on it).
 
         Each tick, as agent.py's tick: ``observe`` with the GPU facts (one utilisation sample per GPU, for the time
         since the previous one) and the latency samples the windows were fed, then ``forget`` with the mount table.

@@ -423,10 +423,10 @@ def test_the_score_goes_through_the_feeds_joins(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_the_totals_do_not_depend_on_how_often_the_feed_is_settled() -> None:
-    """Settled every tick or every 30 (a View made on each scrape, or by nobody for half a minute), the same GPU
-    time is attributed to the same mounts and causes."""
+    """Settled every tick or every 30 (a View made each second, or by nobody for half a minute), the same GPU time is
+    attributed to the same mounts and causes."""
     for make in (checkpoint_then_data_stall, contention_from_another_tenant):
-        _, every_tick = make().replay()
+        _, every_tick = make().replay(settle_every=1)
         _, every_30 = make().replay(settle_every=30)
         assert every_tick.totals and dict(every_30.totals) == pytest.approx(dict(every_tick.totals)), make.__name__
 
