@@ -195,6 +195,7 @@ def test_head_sends_headers_and_no_body(default_agent: tuple[AgentProcess, str])
         conn.close()
 
 
+@pytest.mark.slow
 def test_metrics_rendered_once_per_tick(tmp_path: Path) -> None:
     config = tmp_path / "storwatch.yaml"
     write_config(config, "tick_seconds: 5\nmounts:\n  interval_seconds: 60\n")
@@ -265,6 +266,7 @@ def forty_agents(tmp_path: Path) -> Iterator[list[AgentProcess]]:
             agent.stop()
 
 
+@pytest.mark.slow
 def test_two_sigterms_close_together_stop_every_agent(forty_agents: list[AgentProcess]) -> None:
     """`timeout 5 storwatch agent` sends SIGTERM to the agent and to its group: two signals a moment apart. A handler
     that took a lock (logging, threading.Event) deadlocked about one agent in twenty on the second one (a deadlocked
@@ -286,6 +288,7 @@ def test_two_sigterms_close_together_stop_every_agent(forty_agents: list[AgentPr
     assert not failed, failed
 
 
+@pytest.mark.slow
 def test_two_sighups_close_together_reload_and_leave_every_agent_serving(
     forty_agents: list[AgentProcess],
 ) -> None:
@@ -491,6 +494,7 @@ def thread_count(pid: int) -> int:
         return int(next(line.split()[1] for line in f if line.startswith("Threads:")))
 
 
+@pytest.mark.slow
 def test_a_thousand_slow_clients_leave_fds_bounded_and_scrapes_answered(tmp_path: Path) -> None:
     """Slowloris: 1,000 clients that each send half a request head and wait, reconnecting when dropped, against an
     agent whose fd limit is 256. Its connections stay under the cap (a quarter of the limit), its threads do not
@@ -550,6 +554,7 @@ def test_a_thousand_slow_clients_leave_fds_bounded_and_scrapes_answered(tmp_path
                 s.close()
 
 
+@pytest.mark.slow
 def test_sighup_applies_checkpoint_roots(tmp_path: Path) -> None:
     """A root added by a reload is scanned, and one taken away is no longer (no restart)."""
     import zipfile

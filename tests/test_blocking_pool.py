@@ -80,6 +80,7 @@ def test_keys_that_answered_go_first_whatever_the_request_order(pool: BlockingCa
         assert all(out[k].values == (k,) for k in healthy)
 
 
+@pytest.mark.slow
 def test_a_hundred_hung_keys_with_the_default_limits(tmp_path: Path) -> None:
     """Issue 13's bar: 100 hung mounts, the default max_inflight (16) and max_stuck (128), healthy mounts listed among
     them: from the second round on every healthy key is answered each round, and the helper's threads stay bounded."""

@@ -142,6 +142,7 @@ def test_write_duration_from_the_event_log_and_from_watching(
     assert second.write_seconds == 30.0
 
 
+@pytest.mark.slow
 def test_deep_check_runs_at_a_low_rate_and_catches_a_flipped_byte(
     tmp_path: Path, make_source: Callable[..., CheckpointSource]
 ) -> None:
@@ -261,6 +262,7 @@ def test_a_check_that_raises_fails_only_its_own_checkpoint(tmp_path: Path, monke
     assert worker.error_reason(MemoryError()) == "memory_error" and worker.error_reason(KeyError()) == "other"
 
 
+@pytest.mark.slow
 def test_poison_files_beside_a_healthy_run_never_stop_its_tracking(
     tmp_path: Path, make_source: Callable[..., CheckpointSource]
 ) -> None:

@@ -99,6 +99,7 @@ def test_gadgets_run_when_unpickled_the_ordinary_way(tmp_path: Path, kind: str) 
 # ---- check() in this process ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_hostile_item_gets_its_verdict_and_nothing_runs(corpus: tuple[Path, Path, list[hostile.Item]]) -> None:
     _, marker, items = corpus
     assert len(items) > 40
@@ -304,6 +305,7 @@ def test_pickle_and_json_size_limits_are_unknown(tmp_path: Path) -> None:
     assert (result.verdict, result.limit) == ("unknown", "max_pickle_bytes")
 
 
+@pytest.mark.slow
 def test_the_agents_source_calls_every_code_payload_unsafe(corpus: tuple[Path, Path, list[hostile.Item]]) -> None:
     """The checkpoint source the agent runs (its helper process, the scan's own candidates): every item carrying a
     code payload is unsafe, counted apart from the damaged ones, and nothing else in the corpus is complete."""
