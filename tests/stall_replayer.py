@@ -194,6 +194,7 @@ class World:
         runs: list[RunView] = []
         t = 0.0
         state = StallState()
+        gpus: GPUFacts | None = None
         for i in range(n):
             t0, t = i * self.dt, (i + 1) * self.dt
             gpus = node.gpu_facts(t0, t)
@@ -203,9 +204,9 @@ class World:
                 runs = node.scan(t)
             if (i + 1) % settle_every == 0:
                 state = node.settle(feed, t, runs, gpus)
-        # the end: every write in the event log, and time enough for every reading to settle
+        # the end: every write in the event log, the GPUs as last seen, and time enough for every reading to settle
         end = t + 10 * feed.tracker.params.settle_seconds
-        state = node.settle(feed, end, node.scan(end), None)
+        state = node.settle(feed, end, node.scan(end), gpus)
         return recording.settled, state
 
 
