@@ -40,7 +40,7 @@ test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q -ra
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -ra -m 'not realpart'
+	$(BIN)/python -m pytest -q -ra -m 'not realpart and not slow'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

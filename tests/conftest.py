@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager as ContextManager
 from typing import TypeVar
@@ -42,3 +43,13 @@ def real_mounts() -> Generator[Callable[[ContextManager[T]], T], None, None]:
                 pytest.skip(str(err))
 
         yield enter
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The headless browser that renders the status page (tests/browser.py runs it); skip where it is missing."""
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path is not None:
+            return path
+    pytest.skip("chromium not found on PATH (Debian package 'chromium')")

@@ -169,6 +169,12 @@ class FakeKubeAPI:
         self._up_timer.daemon = True
         self._up_timer.start()
 
+    def come_back(self) -> None:
+        """Listen again now (after ``go_away``)."""
+        if self._up_timer is not None:
+            self._up_timer.cancel()
+        self.start()
+
     @property
     def up(self) -> bool:
         return self._server is not None

@@ -2,11 +2,13 @@
 
 A scenario is a small simulated node: GPUs that compute, checkpoint, wait on data or idle for their own reasons,
 mounts whose latency jitters around their own level and rises when something loads them. Each event writes two
-things: what the agent would observe (per-tick GPU utilisation and memory, per-tick mount latency, checkpoint write
-spans from the event log) and, separately, the truth (which GPU time was lost to which mount and cause). The
-observations are replayed through the agent's own StallTracker calls, tick by tick, and the tracker's settled
-stalls are scored against the truth in GPU-seconds: precision is the share of attributed seconds that are right
-(same GPU, mount and cause), recall the share of true stall seconds found.
+things: what the agent would observe (per-tick GPU utilisation and memory, per-tick mount latency, checkpoint runs
+as a scan finds them, the GPU processes' pods and open files) and, separately, the truth (which GPU time was lost to
+which mount and cause). The observations are replayed through the agent's own StallFeed, with the calls the agent
+makes, tick by tick on an injected clock (the feed joins runs to GPUs and mounts to the GPUs that touch them, and
+drives the StallTracker), and the stalls it settles, the ones behind the exported totals, are scored against the
+truth in GPU-seconds: precision is the share of attributed seconds that are right (same GPU, mount and cause),
+recall the share of true stall seconds found.
 
 The world is simulated because the ground truth of a real GPU's stalls is what nobody has; the storage side of the
 attribution is exercised for real in the end-to-end test (a torch loop on a FUSE-delayed loop mount).
@@ -16,19 +18,20 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from storwatch.analysis.stalls import (
-    Cause,
-    GPUReading,
-    LatencyReading,
-    Stall,
-    StallParams,
-    StallTracker,
-    Touches,
-    WriteSpan,
-)
+from storwatch.analysis.pods import ProcessPod
+from storwatch.analysis.stall_feed import StallFeed
+from storwatch.analysis.stalls import Cause, Stall, StallParams, StallState, StallTracker, WriteSpan
+from storwatch.analysis.view import MountView, RunView
+from storwatch.procfs.pidio import ProcessIO
+from storwatch.sources.access import AccessFacts, WorkloadAccess
+from storwatch.sources.checkpoints import Checkpoint, RunState
+from storwatch.sources.gpu.facts import GPUFacts, GPUProcess, GPUState
+from storwatch.vocabulary import Durability, Verdict
+from tests.builders import mount
+
+_VERDICT = Verdict(Durability.NODE, "a scenario's mount", ())
 
 Truth = tuple[str, str, Cause]  # (gpu, mountpoint, cause)
 
@@ -69,7 +72,6 @@ class World:
         self.mounts: dict[str, Mount] = {}
         self.spans: list[WriteSpan] = []
         self.jitter = 0.25  # lognormal sigma of per-tick latency noise
-        self.scan_seen: dict[tuple[str, float], float] = {}
 
     # -- building
 
@@ -172,45 +174,177 @@ class World:
                     out[label] = out.get(label, 0.0) + (e - s)
         return out
 
-    def replay(
-        self, params: StallParams | None = None, *, on_tick: Callable[[float], None] | None = None
-    ) -> tuple[list[Stall], StallTracker]:
-        """Feed the observations to a StallTracker tick by tick, as the agent does (spans arrive when they end, as
-        the event log shows them a scan later), then settle everything; return the stalls."""
-        tracker = StallTracker(params or StallParams(settle_seconds=30.0))
-        tracker.touches = {g.name: Touches(g.reads, g.writes) for g in self.gpus.values()}
-        stalls: list[Stall] = []
-        t = 0.0
+    def replay(self, params: StallParams | None = None, settle_every: int = 10) -> tuple[list[Stall], StallState]:
+        """Feed the observations to a StallFeed tick by tick, as the agent calls it, then settle everything; return
+        the stalls settled and the feed's last state (the totals the exporter counts). ``settle_every``: ticks from
+        one settling to the next (the agent settles when a View is made, as for a scrape: by default every 10 ticks;
+        tests/test_stalls.py checks that the totals do not depend on it).
+
+        Each tick, as agent.py's tick: ``observe`` with the GPU facts (one utilisation sample per GPU, for the time
+        since the previous one) and the latency samples the windows were fed, then ``forget`` with the mount table.
+        Every ``settle_every`` ticks, ``update`` with what a View holds (the checkpoint runs as the last scan saw
+        them, a scan every 10 s; the mounts; the GPU facts; the pods; the mounts each GPU process has files open
+        on), which settles (_Node.settle: the one place to change when settling moves out of update)."""
+        feed = StallFeed(params or StallParams(settle_seconds=30.0))
+        recording = _RecordingTracker(feed.tracker.params)
+        feed.tracker = recording  # the feed's own calls, recorded: settle() returns what the View's totals add up
+        node = _Node(self)
         n = int(self.seconds / self.dt)
+        every = round(10 / self.dt)
+        runs: list[RunView] = []
+        t = 0.0
+        state = StallState()
+        gpus: GPUFacts | None = None
         for i in range(n):
             t0, t = i * self.dt, (i + 1) * self.dt
-            readings = []
-            for g in self.gpus.values():
-                util, mem = self._util(g, t0, t)
-                readings.append(GPUReading(g.name, t0, t, util, mem))
-            tracker.add_gpu(readings)
-            tracker.add_latency(
-                LatencyReading(m.name, op, t0, t, self._latency(m, op, t0, t))  # type: ignore[arg-type]
-                for m in self.mounts.values()
-                for op in ("read", "write")
-            )
-            # a scan every 10 s: a write is seen in progress from the first scan during it (its start unknown
-            # till then), and its exact span from the first scan after it ends (the event log)
-            if (i + 1) % round(10 / self.dt) == 0:
-                tracker.add_spans(s for s in self.spans if s.end is not None and s.end <= t)
-                first_seen = self.scan_seen
-                tracker.writing(
-                    WriteSpan(s.run, s.mountpoint, first_seen.setdefault((s.run, s.start), t), None, s.gpus)
-                    for s in self.spans
-                    if s.start <= t < (s.end or math.inf)
+            gpus = node.gpu_facts(t0, t)
+            feed.observe(gpus, node.latency(t0, t))
+            feed.forget(t, self.mounts)
+            if (i + 1) % every == 0:
+                runs = node.scan(t)
+            if (i + 1) % settle_every == 0:
+                state = node.settle(feed, t, runs, gpus)
+        # the end: every write in the event log, the GPUs as last seen, and time enough for every reading to settle
+        end = t + 10 * feed.tracker.params.settle_seconds
+        state = node.settle(feed, end, node.scan(end), gpus)
+        return recording.settled, state
+
+
+class _RecordingTracker(StallTracker):
+    """The shipped tracker, keeping what each settle returned (the stalls behind the totals) for the score."""
+
+    def __init__(self, params: StallParams) -> None:
+        super().__init__(params)
+        self.settled: list[Stall] = []
+
+    def settle(self, now: float) -> list[Stall]:
+        stalls = super().settle(now)
+        self.settled.extend(stalls)
+        return stalls
+
+
+POD_VOLUMES = "/var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~csi/pvc-{run}/mount"
+"""Where a run written by several GPUs lives: the volume of the pod that holds those GPUs."""
+
+
+class _Node:
+    """What the agent's sources would report of a World: NVML's GPU facts, the latency windows' samples, the
+    checkpoint scan's runs, the pods of the GPU processes and the mounts each has files open on.
+
+    A run written by one GPU is found off Kubernetes: its event log names the writer's PID (and the temporary of a
+    save in progress carries it). A run written by several GPUs is on a volume of their pod, whose processes are its
+    writers. A GPU holding no memory has no process."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.pid = {name: 1000 + int(name) for name in world.gpus}
+        self.mount_views = {
+            name: MountView(mount(name, "ext4", "/dev/" + name.strip("/")), _VERDICT) for name in world.mounts
+        }
+        self.runs: dict[str, tuple[str, frozenset[str]]] = {}
+        for s in world.spans:
+            self.runs.setdefault(s.run, (s.mountpoint, s.gpus))
+            assert self.runs[s.run] == (s.mountpoint, s.gpus), f"run {s.run} changes its mount or GPUs"
+        self.pods: dict[int, ProcessPod] = {}
+        self.paths: dict[str, str] = {}
+        for k, (run, (mp, gpus)) in enumerate(self.runs.items()):
+            if len(gpus) == 1:
+                self.paths[run] = f"{mp}/{run}"
+                continue
+            uid = f"{k:08x}-0000-4000-8000-{k:012x}"
+            self.paths[run] = POD_VOLUMES.format(uid=uid, run=run) + "/" + run
+            for g in gpus:
+                assert self.pid[g] not in self.pods, f"GPU {g} in two pods"
+                self.pods[self.pid[g]] = ProcessPod(f"container-{g}", None, uid)
+        self.access = AccessFacts(
+            0.0,
+            {
+                self.pid[g.name]: WorkloadAccess(
+                    self.pid[g.name],
+                    1,
+                    ProcessIO(),
+                    mounts_read=tuple(sorted(g.reads)),
+                    mounts_written=tuple(sorted(g.writes)),
                 )
-            stalls.extend(tracker.settle(t))
-            if on_tick:
-                on_tick(t)
-        tracker.add_spans(self.spans)
-        tracker.writing(())
-        stalls.extend(tracker.settle(t + 10 * tracker.params.settle_seconds))
-        return stalls, tracker
+                for g in world.gpus.values()
+            },
+        )
+        self.first_seen: dict[tuple[str, float], float] = {}
+
+    def gpu_facts(self, t0: float, t: float) -> GPUFacts:
+        states = []
+        for g in self.world.gpus.values():
+            util, mem = self.world._util(g, t0, t)
+            states.append(
+                GPUState(
+                    int(g.name),
+                    f"GPU-{g.name}",
+                    "H100",
+                    True,
+                    utilization_ratio=util,
+                    utilization_samples=((t, util),),
+                    memory_used_bytes=(30 << 30) if mem else 0,
+                    memory_total_bytes=80 << 30,
+                    processes=(GPUProcess(self.pid[g.name], 30 << 30, None),) if mem else (),
+                )
+            )
+        return GPUFacts(t, True, "550", None, tuple(states))
+
+    def latency(self, t0: float, t: float) -> list[tuple[str, str, float, float, float, float]]:
+        """Each mount's reads and writes over the tick: (mountpoint, operation, start, end, operations, seconds)."""
+        ops = 20.0
+        return [
+            (m.name, op, t0, t, ops, ops * self.world._latency(m, op, t0, t))
+            for m in self.world.mounts.values()
+            for op in ("read", "write")
+        ]
+
+    def scan(self, t: float) -> list[RunView]:
+        """The runs a checkpoint scan at ``t`` finds: each finished write with its span from the event log, a write in
+        progress from the first scan that saw its temporary (when it began is not known till it ends)."""
+        out = []
+        for run, (mp, gpus) in self.runs.items():
+            writer = self.pid[next(iter(gpus))] if len(gpus) == 1 else None
+            mine = [s for s in self.world.spans if s.run == run]
+            done = [s for s in mine if s.end is not None and s.end <= t]
+            going = [s for s in mine if s.start <= t and (s.end is None or t < s.end)]
+            since = min((self.first_seen.setdefault((run, s.start), t) for s in going), default=None)
+            if not done and since is None:
+                continue
+            path = self.paths[run]
+            checkpoints = tuple(
+                Checkpoint(
+                    path=f"{path}/step-{k}",
+                    format="torch-zip",
+                    verdict="complete",
+                    reason="complete",
+                    size_bytes=1 << 30,
+                    mtime=s.end,
+                    deep_checked=False,
+                    first_seen=self.first_seen.get((run, s.start), s.end),
+                    write_seconds=s.end - s.start,
+                    write_bytes_per_second=(1 << 30) / (s.end - s.start),
+                    write_start=s.start,
+                    allocated_bytes=1 << 30,
+                    writer_pid=writer,
+                )
+                for k, s in enumerate(done)
+                if s.end is not None
+            )
+            state = RunState(
+                path,
+                mp,
+                checkpoints,
+                writing_since=since,
+                writing_pids=(writer,) if since is not None and writer is not None else (),
+            )
+            out.append(RunView(state, run, self.mount_views[mp]))
+        return out
+
+    def settle(self, feed: StallFeed, now: float, runs: list[RunView], gpus: GPUFacts | None) -> StallState:
+        """What the agent does when it settles stalls: today, when a View is made (analysis/build.py)."""
+        state, _ = feed.update(now, runs, self.mount_views.values(), gpus, self.pods, self.access)
+        return state
 
 
 @dataclass(frozen=True)

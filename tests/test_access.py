@@ -21,13 +21,12 @@ from storwatch.analysis.view import View
 from storwatch.exporter import ExportState, render_text
 from storwatch.exporter import access as access_area
 from storwatch.paths import HostPaths
-from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.procfs.pidio import access_mode, parse_children, parse_io
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
 from storwatch.sources.access import ACCESS, AccessConfig, AccessSource
-from storwatch.sources.mounts import mount_of
-from storwatch.vocabulary import Mount, Platform
+from storwatch.vocabulary import Platform
+from tests.builders import host_mounts
 from tests.realmounts import tmpfs_mount
 
 T = TypeVar("T")
@@ -61,11 +60,6 @@ TRAINER = textwrap.dedent(
             time.sleep(0.05)
     """
 )
-
-
-def host_mounts() -> tuple[Mount, ...]:
-    entries, _ = parse_mountinfo(Path("/proc/self/mountinfo").read_bytes())
-    return tuple(mount_of(e) for e in entries)
 
 
 @pytest.fixture

@@ -20,10 +20,10 @@ import pytest
 from storwatch.paths import HostPaths
 from storwatch.sources.access import AccessConfig, AccessSource
 from tests.agentproc import running_agent, wait_until
+from tests.builders import host_mounts
 from tests.fdtree import fd_tree
 from tests.nvml import FakeNVMLUnavailable, build_fake_nvml
 from tests.realmounts import tmpfs_mount
-from tests.test_access import host_mounts
 
 T = TypeVar("T")
 Enter = Callable[[ContextManager[T]], T]

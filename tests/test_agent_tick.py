@@ -15,23 +15,8 @@ import storwatch.agent.tick as agent_module
 from storwatch.agent import Agent
 from storwatch.analysis.view import View
 from storwatch.config import Config
-from storwatch.vocabulary import Mount
 from storwatch.web import StatusHTTPServer
-from tests.test_classify import mount
-
-
-class FixedMounts:
-    name = "mounts"
-    interval_seconds = 3600.0
-
-    def __init__(self) -> None:
-        self.mounts: tuple[Mount, ...] = (mount("/data", "ext4", "/dev/nvme0n1"),)
-
-    def collect(self) -> tuple[Mount, ...]:
-        return self.mounts
-
-    def close(self) -> None:
-        pass
+from tests.builders import FixedMounts, mount
 
 
 class Counts:

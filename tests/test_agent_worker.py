@@ -21,7 +21,7 @@ from storwatch.agent import GPU_OFF_REASON, KNOWN_COLLECTORS, Agent
 from storwatch.config import Config, GPUConfig, KubeConfig
 from storwatch.vocabulary import CollectorStatus, Mount
 from tests.agentproc import wait_until
-from tests.test_classify import mount
+from tests.builders import mount
 
 
 class Scripted:

@@ -224,6 +224,7 @@ def test_zip_central_directory_offset_out_of_range_is_corrupt(tmp_path: Path) ->
     assert result.verdict == "corrupt" and "central directory" in result.reason
 
 
+@pytest.mark.slow
 def test_zip64_archive_parses(tmp_path: Path) -> None:
     # More than 65535 entries forces the ZIP64 end records, as torch.save writes for very many tensors.
     path = tmp_path / "many.pt"

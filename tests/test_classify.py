@@ -25,29 +25,12 @@ from storwatch.vocabulary import (
     Override,
     Verdict,
 )
+from tests.builders import mount
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GPU_NODE_PROC = FIXTURES / "gpu-node" / "proc"
 
 V, N, C, R = Durability.VOLATILE, Durability.NODE, Durability.CLUSTER, Durability.REGION
-
-
-def mount(mountpoint: str, fstype: str, device: str, root: str = "/") -> Mount:
-    return Mount(
-        mount_id=100,
-        mountpoint=mountpoint,
-        device=device,
-        fstype=fstype,
-        root=root,
-        major=0,
-        minor=0,
-        readonly=False,
-        options=("rw",),
-        super_options=("rw",),
-        usage=None,
-        stuck=False,
-        stuck_seconds=0.0,
-    )
 
 
 def classify(platform: str, m: Mount, overrides: tuple[Override, ...] = ()) -> Verdict:

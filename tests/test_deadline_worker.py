@@ -23,24 +23,37 @@ def worker_threads(name: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == name]
 
 
+class CallerWaits(threading.Condition):
+    """The worker's condition, counting the waits made on it by the test's own thread (a caller of ``run``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.caller = threading.get_ident()
+        self.waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if threading.get_ident() == self.caller:
+            self.waits += 1
+        return super().wait(timeout)
+
+
 def test_worker_starts_no_second_job_while_one_is_stuck() -> None:
     worker = DeadlineWorker("test-worker-stuck")
+    cond = worker._cond = CallerWaits()
     release = threading.Event()
     started: list[str] = []
 
     def stuck() -> str:
         started.append("stuck")
-        release.wait(10)
+        release.wait(60)
         return "late"
 
     threads_before = threading.active_count()
-    t0 = time.monotonic()
-    assert worker.run(stuck, timeout=0.2) is None
-    assert 0.2 <= time.monotonic() - t0 < 1.0
-    assert worker.busy
-    t0 = time.monotonic()
+    assert worker.run(stuck, timeout=0.2) is None  # its deadline passed: given up on, not waited for
+    assert started == ["stuck"] and worker.busy and not release.is_set()  # still stuck when run() returned
+    waits = cond.waits
     assert worker.run(lambda: started.append("second"), timeout=0.2) is None  # busy: not started, no wait
-    assert time.monotonic() - t0 < 0.1
+    assert cond.waits == waits
     assert started == ["stuck"]
     assert threading.active_count() == threads_before + 1
     [thread] = worker_threads("test-worker-stuck")
@@ -68,10 +81,12 @@ def test_wait_idle_gives_up_within_its_timeout_when_the_job_in_flight_is_stuck()
     try:
         assert worker.run(lambda: release.wait(10), timeout=0.05) is None
         ran: list[bool] = []
-        t0 = time.monotonic()
+        # had it waited past its timeout for the stuck job (which returns within 10 s), it would have run the next
         assert worker.run(lambda: ran.append(True), timeout=0.3, wait_idle=True) is None
-        assert 0.3 <= time.monotonic() - t0 < 1.0
-        assert ran == []
+        assert ran == [] and worker.busy
+        release.set()
+        wait_for(lambda: not worker.busy, 5, "the stuck job to return")
+        assert ran == []  # given up on, it never runs later
     finally:
         release.set()
         worker.stop()

@@ -25,10 +25,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.agentproc import running_agent, wait_until
+from tests.browser import Elements, run_chromium
 from tests.nvml import FakeNVMLUnavailable, build_fake_nvml
 from tests.realmounts import fuse_mount, loop_ext4_mount
-from tests.test_status_page import chromium, run_chromium  # noqa: F401  (chromium is a fixture)
-from tests.test_status_timeline import Elements
 
 T = TypeVar("T")
 Enter = Callable[[ContextManager[T]], T]
@@ -88,7 +87,7 @@ def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
 def test_stall_seconds_match_the_loops_own_blocked_time(
     real_mounts: Enter[Any],
     tmp_path: Path,
-    chromium: str,  # noqa: F811
+    chromium: str,
 ) -> None:
     pytest.importorskip("torch", reason="torch==2.13.0 is installed by make test")
     try:

@@ -28,7 +28,7 @@ from storwatch.snapshot import Snapshot
 from storwatch.sources.mountstats_reader import MountStatsReader
 from storwatch.sources.nfs import NFSStats
 from storwatch.vocabulary import Platform
-from tests.test_golden import render_scrape
+from tests.golden_scrape import render_scrape
 
 MOUNTSTATS = Path(__file__).parent / "fixtures" / "mountstats"
 NFSV3, NFSV42 = MOUNTSTATS / "nfsv3", MOUNTSTATS / "nfsv4.2-nconnect"

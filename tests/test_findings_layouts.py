@@ -19,8 +19,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.agentproc import running_agent, wait_until
-from tests.test_checkpoint_source import torch_like_zip
-from tests.test_gguf import gguf_bytes
+from tests.builders import gguf_bytes, torch_like_zip
 
 POD = "5d0c2b0e-7f1a-4c55-8e2f-1a2b3c4d5e6f"
 PVC = f"/var/lib/kubelet/pods/{POD}/volumes/kubernetes.io~csi/pvc-8f3e/mount"

@@ -9,43 +9,7 @@ from pathlib import Path
 import pytest
 
 from storwatch.checkpoints.formats import check, identify
-
-
-def _s(text: str | bytes) -> bytes:
-    b = text.encode() if isinstance(text, str) else text
-    return struct.pack("<Q", len(b)) + b
-
-
-def gguf_bytes(alignment: int | None = None, vocab: int = 1000) -> bytes:
-    """A small GGUF v3 file: a few metadata entries (a string array as tokenizers have), an F32 and a Q8_0 tensor."""
-    kv = [
-        _s("general.architecture") + struct.pack("<I", 8) + _s("llama"),
-        _s("llama.context_length") + struct.pack("<I", 4) + struct.pack("<I", 4096),
-        _s("tokenizer.ggml.tokens")
-        + struct.pack("<I", 9)
-        + struct.pack("<IQ", 8, vocab)
-        + b"".join(_s(f"tok{i}") for i in range(vocab)),
-        _s("tokenizer.ggml.scores") + struct.pack("<I", 9) + struct.pack("<IQ", 6, vocab) + b"\0" * (4 * vocab),
-    ]
-    if alignment is not None:
-        kv.append(_s("general.alignment") + struct.pack("<I", 4) + struct.pack("<I", alignment))
-    align = alignment or 32
-    # tensor a: F32 [64, 3] = 768 bytes; tensor b: Q8_0 [256] = 8 blocks of 34 = 272 bytes
-    a_len, b_len = 64 * 3 * 4, 8 * 34
-    b_off = -(-a_len // align) * align
-    infos = (
-        _s("a")
-        + struct.pack("<I", 2)
-        + struct.pack("<QQ", 64, 3)
-        + struct.pack("<IQ", 0, 0)
-        + _s("b")
-        + struct.pack("<I", 1)
-        + struct.pack("<Q", 256)
-        + struct.pack("<IQ", 8, b_off)
-    )
-    head = b"GGUF" + struct.pack("<IQQ", 3, 2, len(kv)) + b"".join(kv) + infos
-    pad = -len(head) % align
-    return head + b"\0" * pad + b"\1" * a_len + b"\0" * (b_off - a_len) + b"\2" * b_len
+from tests.builders import gguf_bytes
 
 
 def write(tmp_path: Path, data: bytes, name: str = "model-q8_0.gguf") -> str:

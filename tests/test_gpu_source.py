@@ -359,16 +359,17 @@ def test_mig_errors_never_break_the_source(nvml: FakeNVML, run_source: Any) -> N
 
 
 @pytest.mark.realpart
-def test_hung_call_returns_within_the_deadline_and_starts_no_second_sampling(nvml: FakeNVML, run_source: Any) -> None:
+def test_hung_call_is_given_up_at_the_deadline_and_starts_no_second_sampling(nvml: FakeNVML, run_source: Any) -> None:
     nvml.write_script(EIGHT_GPUS)
     proc = run_source("--call-timeout", "0.5")
     first = proc.collect()
     assert all(g["up"] for g in facts(first)["gpus"])
     threads = first["threads"]
 
-    nvml.write_script(EIGHT_GPUS + "slow nvmlDeviceGetPowerUsage ms=2500 gpu=4 times=1\n")
+    # The call sleeps far longer than its deadline: collect() returns while it is still in the library.
+    nvml.write_script(EIGHT_GPUS + "slow nvmlDeviceGetPowerUsage ms=8000 gpu=4 times=1\n")
     stuck = proc.collect()
-    assert 0.45 <= stuck["wall"] < 1.0
+    assert (nvml.counts()["slow_entered"], nvml.counts()["slow_returned"]) == (1, 0)
     f = facts(stuck)
     assert f["stuck"] is True and f["nvml_up"] is False
     assert "nvmlDeviceGetPowerUsage on GPU 4 has not returned" in f["error"]
@@ -379,18 +380,18 @@ def test_hung_call_returns_within_the_deadline_and_starts_no_second_sampling(nvm
         assert g["uuid"] is not None  # known GPUs, unknown values
         assert g["utilization_ratio"] is None and g["power_watts"] is None
 
-    # Still stuck: the next collects return at once, start no sampling and no thread.
+    # Still stuck: the next collects return while the call is in the library, and start no sampling and no thread.
     for _ in range(3):
         again = proc.collect()
-        assert again["wall"] < 0.1
+        assert nvml.counts()["slow_returned"] == 0
         assert facts(again)["stuck"] is True
         assert facts(again)["stuck_seconds"] >= facts(stuck)["stuck_seconds"]
         assert again["threads"] == threads
     assert nvml.counts()["slow_entered"] == 1
 
     # Once the call returns, sampling resumes (the slow rule was for one time only).
-    wait_for(lambda: nvml.counts()["slow_returned"] == 1, 5, "the slow call to return")
-    answer = wait_for(lambda: (a := proc.collect()) and not facts(a)["stuck"] and a, 3, "sampling to resume")
+    wait_for(lambda: nvml.counts()["slow_returned"] == 1, 30, "the slow call to return")
+    answer = wait_for(lambda: (a := proc.collect()) and not facts(a)["stuck"] and a, 30, "sampling to resume")
     assert facts(answer)["nvml_up"] is True
     assert all(g["up"] for g in facts(answer)["gpus"])
     assert answer["threads"] == threads
@@ -399,15 +400,15 @@ def test_hung_call_returns_within_the_deadline_and_starts_no_second_sampling(nvm
 @pytest.mark.realpart
 def test_slow_nvml_init_is_not_stuck_until_its_own_timeout(nvml: FakeNVML, run_source: Any) -> None:
     # Without persistence mode nvmlInit wakes every GPU and can take seconds: that is not a hung call.
-    nvml.write_script(EIGHT_GPUS + "slow nvmlInitWithFlags ms=1200 times=1\n")
+    nvml.write_script(EIGHT_GPUS + "slow nvmlInitWithFlags ms=6000 times=1\n")
     proc = run_source("--call-timeout", "0.3")
     answer = proc.collect()
-    assert answer["wall"] < 0.6
+    assert nvml.counts()["slow_returned"] == 0  # answered while nvmlInit sleeps, far past the call timeout
     f = facts(answer)
     assert f["nvml_up"] is False and f["stuck"] is False
     assert "nvmlInit in progress" in f["error"]
     assert answer["failure"] == f["error"]  # no GPU seen yet: not a success, though not stuck either
-    answer = wait_for(lambda: (a := proc.collect()) and facts(a)["nvml_up"] and a, 5, "nvmlInit to finish")
+    answer = wait_for(lambda: (a := proc.collect()) and facts(a)["nvml_up"] and a, 30, "nvmlInit to finish")
     assert len(facts(answer)["gpus"]) == 8
     assert nvml.counts()["init"] == 1
 
@@ -428,11 +429,11 @@ def test_close_calls_nvml_shutdown(nvml: FakeNVML, run_source: Any) -> None:
 
 @pytest.mark.realpart
 def test_close_while_stuck_does_not_wait_or_shut_down_under_the_call(nvml: FakeNVML, run_source: Any) -> None:
-    nvml.write_script(EIGHT_GPUS + "slow nvmlDeviceGetUtilizationRates ms=3000 gpu=0\n")
+    nvml.write_script(EIGHT_GPUS + "slow nvmlDeviceGetUtilizationRates ms=8000 gpu=0\n")
     proc = run_source("--call-timeout", "0.3")
     assert facts(proc.collect())["stuck"] is True
-    closed = proc.close()
-    assert closed["wall"] < 0.3 + 0.2  # waits at most call_timeout for the call, then gives up
+    proc.close()
+    assert nvml.counts()["slow_returned"] == 0  # closed while the call is still in the library: not waited for
     assert nvml.counts()["shutdown"] == 0
     assert "not calling nvmlShutdown" in proc.stop()
 
@@ -440,49 +441,52 @@ def test_close_while_stuck_does_not_wait_or_shut_down_under_the_call(nvml: FakeN
 @pytest.mark.realpart
 def test_init_failure_retries_with_backoff_then_comes_up(nvml: FakeNVML, run_source: Any) -> None:
     nvml.write_script(EIGHT_GPUS + "init error=9\n")  # NVML_ERROR_DRIVER_NOT_LOADED
-    proc = run_source("--init-backoff", "0.25")
-    t0 = time.monotonic()
-    collects = 0
-    while time.monotonic() - t0 < 2.0:
-        answer = proc.collect()
-        collects += 1
+    # Collects never hurry a retry: with an hour's backoff, twenty collects make one attempt.
+    waiting = run_source("--init-backoff", "3600")
+    for _ in range(20):
+        answer = waiting.collect()
         f = facts(answer)
         assert f["nvml_up"] is False and "kernel driver is not loaded" in f["error"]
         assert answer["failure"] == f["error"]  # no driver: the collector fails, with the reason
-        time.sleep(0.02)
-    attempts = nvml.counts()["init_attempts"]
-    # Tries at 0, 0.25, 0.75, 1.75 s: four in two seconds, not one per collect.
-    assert 3 <= attempts <= 5 < collects
+    assert nvml.counts()["init_attempts"] == 1
+    waiting.stop()
 
+    # With a short backoff it tries again, and comes up once the driver is there.
+    proc = run_source("--init-backoff", "0.25")
+    assert facts(proc.collect())["nvml_up"] is False
     nvml.write_script(EIGHT_GPUS)
-    answer = wait_for(lambda: (a := proc.collect()) and facts(a)["nvml_up"] and a, 5, "NVML to come up")
+    answer = wait_for(lambda: (a := proc.collect()) and facts(a)["nvml_up"] and a, 30, "NVML to come up")
     assert len(facts(answer)["gpus"]) == 8
-    assert nvml.counts()["init"] == 1
+    counts = nvml.counts()
+    assert counts["init"] == 1 and counts["init_attempts"] >= 2
     assert proc.stop().count("NVML unavailable") == 1
 
 
 @pytest.mark.realpart
 def test_nvml_gone_mid_run_is_released_and_initialised_again(nvml: FakeNVML, run_source: Any) -> None:
+    # nvmlInit works but the next call fails: released, and initialised again after a backoff, not on every collect
+    # (with an hour's backoff, twenty collects initialise nothing more).
+    nvml.write_script(EIGHT_GPUS)
+    waiting = run_source("--init-backoff", "3600")
+    assert facts(waiting.collect())["nvml_up"] is True
+    nvml.write_script(EIGHT_GPUS + "error nvmlDeviceGetCount_v2 code=18\n")  # NVML_ERROR_LIB_RM_VERSION_MISMATCH
+    for _ in range(20):
+        f = facts(waiting.collect())
+        assert f["nvml_up"] is False and "nvmlDeviceGetCount_v2" in f["error"]
+    assert (nvml.counts()["init"], nvml.counts()["shutdown"]) == (1, 1)  # released, so a driver upgrade can unload
+    waiting.stop()
+
     nvml.write_script(EIGHT_GPUS)
     proc = run_source("--init-backoff", "0.25")
     assert facts(proc.collect())["nvml_up"] is True
-
-    nvml.write_script(EIGHT_GPUS + "error nvmlDeviceGetCount_v2 code=18\n")  # NVML_ERROR_LIB_RM_VERSION_MISMATCH
-    f = facts(proc.collect())
-    assert f["nvml_up"] is False and "nvmlDeviceGetCount_v2" in f["error"]
-    assert nvml.counts()["shutdown"] == 1  # released, so a driver upgrade can unload the module
-
-    # nvmlInit works but the next call fails: initialised again with backoff, not on every collect.
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 2.0:
-        assert facts(proc.collect())["nvml_up"] is False
-        time.sleep(0.02)
+    nvml.write_script(EIGHT_GPUS + "error nvmlDeviceGetCount_v2 code=18\n")
+    wait_for(lambda: not facts(proc.collect())["nvml_up"] and nvml.counts()["init"] >= 3, 30, "two more inits")
     counts = nvml.counts()
-    assert 2 <= counts["init"] - 1 <= 4  # again at 0.25, 0.75, 1.75 s
     assert counts["shutdown"] == counts["init"]  # each released
 
     nvml.write_script(EIGHT_GPUS)
-    answer = wait_for(lambda: (a := proc.collect()) and facts(a)["nvml_up"] and a, 5, "NVML to come back")
+    answer = wait_for(lambda: (a := proc.collect()) and facts(a)["nvml_up"] and a, 30, "NVML to come back")
     assert all(g["up"] for g in facts(answer)["gpus"])
-    assert nvml.counts()["init"] == counts["init"] + 1
+    counts = nvml.counts()
+    assert counts["shutdown"] == counts["init"] - 1  # every earlier one released, the live one kept
     assert proc.stop().count("NVML stopped answering") == 1

@@ -14,7 +14,6 @@ import re
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +26,7 @@ from storwatch.config import Config
 from storwatch.paths import OWN_SOMAXCONN
 from storwatch.web import NOT_CACHED, ServerLimits, StatusHTTPServer, accepts_gzip, listen_backlog, parse_head
 from tests.agentproc import wait_until
-from tests.test_agent_tick import FixedMounts
+from tests.builders import FixedMounts
 
 
 @pytest.fixture
@@ -79,6 +78,11 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
         rest += chunk
     assert len(rest) == length, f"{len(rest) - length} bytes more than Content-Length"
     return status, headers, rest
+
+
+CLOSE_WAIT_SECONDS = 30.0
+"""How long a test waits for the server to close a connection it must close: a bound against hanging, generous for a
+loaded machine (each such test sets the other deadlines far beyond it, so only the one under test can close)."""
 
 
 def closed_within(sock: socket.socket, seconds: float) -> bool:
@@ -222,14 +226,12 @@ def test_http10_gets_http10_and_the_connection_closes(agent: Agent) -> None:
 
 def test_a_request_line_without_version_is_answered_400_at_once(agent: Agent) -> None:
     """`GET /metrics` and a newline (HTTP/0.9): no headers will follow, so nothing is waited for."""
-    server = serve(agent, header_timeout_seconds=30.0)
+    server = serve(agent, header_timeout_seconds=3600.0)  # a server that waited for the headers would not answer
     with connect(server) as sock:
-        sent = time.monotonic()
         sock.sendall(b"GET /metrics\r\n")
         status, headers, body = read_response(sock)
         assert (status, headers["connection"], body) == (400, "close", b"not an HTTP/1.x request line\n")
-        assert closed_within(sock, 5.0)
-        assert time.monotonic() - sent < 5.0  # not the 30 s header deadline
+        assert closed_within(sock, CLOSE_WAIT_SECONDS)
 
 
 def test_other_methods_get_405_and_the_connection_closes(agent: Agent) -> None:
@@ -357,21 +359,20 @@ def test_before_the_first_tick(agent: Agent) -> None:
 
 
 def test_a_head_that_does_not_arrive_in_time_closes_the_connection(agent: Agent) -> None:
-    server = serve(agent, header_timeout_seconds=0.5, idle_timeout_seconds=30.0)
+    # Only the header deadline can close these: the idle timeout is an hour away.
+    server = serve(agent, header_timeout_seconds=0.5, idle_timeout_seconds=3600.0)
     with connect(server) as silent, connect(server) as slow:
         slow.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
-        started = time.monotonic()
-        assert closed_within(slow, 5.0)
-        assert closed_within(silent, 5.0)
-        assert time.monotonic() - started < 5.0
+        assert closed_within(slow, CLOSE_WAIT_SECONDS)
+        assert closed_within(silent, CLOSE_WAIT_SECONDS)
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(agent: Agent) -> None:
-    server = serve(agent, header_timeout_seconds=5.0, idle_timeout_seconds=0.5)
+    server = serve(agent, header_timeout_seconds=3600.0, idle_timeout_seconds=0.5)  # only the idle timeout can close
     with connect(server) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
         assert read_response(sock)[0] == 200
-        assert closed_within(sock, 5.0)
+        assert closed_within(sock, CLOSE_WAIT_SECONDS)
 
 
 def open_connections(server: StatusHTTPServer) -> int:

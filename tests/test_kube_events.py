@@ -8,8 +8,10 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import urllib3
 
 from storwatch.actions.kube_events import KubeEvents
 from storwatch.kubeclient import NO_CREDENTIALS, KubeClient, parse_time
@@ -103,12 +105,26 @@ def test_refused_is_failed_logged_and_not_remembered(
     assert [e["count"] for e in api.events.values()] == [2]
 
 
-def test_api_away_fails_within_the_client_timeouts(api: FakeKubeAPI, client: KubeClient) -> None:
+def test_api_away_fails_and_every_request_carries_the_client_timeouts(
+    api: FakeKubeAPI, client: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An API that is away makes the post fail, not wait: every request it made was bounded by the client's
+    (connect, read) timeouts, so none can wait longer on an API that accepts and never answers."""
+    timeouts: list[Any] = []
+    urlopen = urllib3.connectionpool.HTTPConnectionPool.urlopen
+
+    def recorded_urlopen(self: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        timeouts.append(kwargs.get("timeout"))
+        return urlopen(self, method, url, *args, **kwargs)
+
+    monkeypatch.setattr(urllib3.connectionpool.HTTPConnectionPool, "urlopen", recorded_urlopen)
     events = KubeEvents(client, clock=lambda: T0)
     api.go_away(30)
-    t0 = time.monotonic()
     assert events.post("CheckpointOnEphemeral", "m") == "failed"
-    assert time.monotonic() - t0 < sum(client.request_timeout)
+    connect, read = client.request_timeout
+    assert timeouts and all(
+        isinstance(t, urllib3.Timeout) and (t.connect_timeout, t.read_timeout) == (connect, read) for t in timeouts
+    ), timeouts
 
 
 def test_an_event_deleted_since_is_created_again(api: FakeKubeAPI, client: KubeClient) -> None:

@@ -19,6 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CYCLES = 10_000
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_rss_after_10000_mount_cycles_within_10_percent_of_after_100(tmp_path: Path) -> None:
     args = ["--root", str(tmp_path), "--cycles", str(CYCLES), "--at", "100", "--at", str(CYCLES)]

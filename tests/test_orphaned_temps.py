@@ -19,7 +19,7 @@ import pytest
 
 from storwatch import training
 from tests.agentproc import REPO_ROOT, running_agent, wait_until
-from tests.test_checkpoint_source import torch_like_zip
+from tests.builders import torch_like_zip
 
 pytestmark = pytest.mark.realpart
 

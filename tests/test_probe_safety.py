@@ -32,14 +32,13 @@ SCRATCH = ".storwatch-probe"
 VICTIM = b"root's secret, not to be overwritten\n" * 100
 
 
-def _probe_once(mountpoint: Path, timeout: float = 5.0) -> tuple[ProbeResult, float]:
+def _probe_once(mountpoint: Path, timeout: float = 60.0) -> ProbeResult:
     config = ProbesConfig(mountpoints=(str(mountpoint),), timeout_seconds=timeout)
     target = ProbeTarget(str(mountpoint), Durability.VOLATILE, False)
     source = ProbeSource(HostPaths(), config, lambda: [target], time.time, calls=BlockingCalls(max_inflight=2))
     try:
-        started = time.monotonic()
         (result,) = source.collect()
-        return result, time.monotonic() - started
+        return result
     finally:
         source.close()
 
@@ -86,9 +85,9 @@ def test_a_planted_file_is_refused_and_left_alone(
     scratch.mkdir(mode=0o700)
     name = probe_file_name(os.fsencode(str(mount)))
     plant(scratch, name, victim)
-    result, seconds = _probe_once(mount)
-    # Answered within its deadline: nothing was opened that could block (a FIFO opened for writing would wait here).
-    assert not result.stuck and seconds < 5.0 and result.seconds is None
+    result = _probe_once(mount)
+    # Answered, not stuck: nothing was opened that could block (a FIFO opened for writing would wait here for ever).
+    assert not result.stuck and result.seconds is None
     assert result.error is not None and what in result.error and "refused" in result.error, result.error
     assert victim.read_bytes() == VICTIM
     assert stat.S_IMODE(victim.stat().st_mode) == 0o600
@@ -102,18 +101,18 @@ def test_a_planted_scratch_directory_is_refused(tmp_path: Path, real_mounts: Cal
     elsewhere.mkdir()
     # A symlink where the directory should be: never followed.
     os.symlink(elsewhere, mount / SCRATCH)
-    result, _ = _probe_once(mount)
+    result = _probe_once(mount)
     assert result.error is not None and "not a real directory" in result.error, result.error
     assert os.listdir(elsewhere) == []
     os.unlink(mount / SCRATCH)
     # A directory someone else owns, or anyone may write to.
     (mount / SCRATCH).mkdir(mode=0o700)
     os.chown(mount / SCRATCH, 1234, 1234)
-    result, _ = _probe_once(mount)
+    result = _probe_once(mount)
     assert result.error is not None and "owned by uid 1234" in result.error and "refused" in result.error
     os.chown(mount / SCRATCH, os.geteuid(), os.getegid())
     os.chmod(mount / SCRATCH, 0o777)
-    result, _ = _probe_once(mount)
+    result = _probe_once(mount)
     assert result.error is not None and "mode 777" in result.error, result.error
     assert os.listdir(mount / SCRATCH) == []
     assert victim.read_bytes() == VICTIM
@@ -123,7 +122,7 @@ def test_the_probe_makes_its_directory_and_removes_its_own_stale_file(
     tmp_path: Path, real_mounts: Callable[..., object]
 ) -> None:
     mount = real_mounts(tmpfs_mount(tmp_path / "m")).mountpoint  # type: ignore[attr-defined]
-    result, _ = _probe_once(mount)
+    result = _probe_once(mount)
     assert result.error is None and result.seconds is not None, result.error
     st = (mount / SCRATCH).stat()
     assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
@@ -131,7 +130,7 @@ def test_the_probe_makes_its_directory_and_removes_its_own_stale_file(
     # A file of its own left by a probe that was killed (a regular file, ours, one link) is removed, then probed.
     name = probe_file_name(os.fsencode(str(mount)))
     (mount / SCRATCH / name).write_bytes(b"left by a killed probe")
-    result, _ = _probe_once(mount)
+    result = _probe_once(mount)
     assert result.error is None and result.seconds is not None
     assert os.listdir(mount / SCRATCH) == []
 

@@ -12,35 +12,9 @@ from storwatch.analysis.view import MountView, RunView, View
 from storwatch.exporter import ExportState, render_text
 from storwatch.exporter import checkpoints as checkpoints_area
 from storwatch.snapshot import Snapshot
-from storwatch.sources.checkpoints import Checkpoint, RunState
+from storwatch.sources.checkpoints import RunState
 from storwatch.vocabulary import Durability, Mount, Platform, Verdict
-
-NOW = 1_800_000_000.0
-
-
-def ckpt(age: float, verdict: str = "complete", write_seconds: float | None = None) -> Checkpoint:
-    return Checkpoint(
-        path=f"/ckpt/run/step-{age:g}",
-        format="torch-zip",
-        verdict=verdict,
-        reason=verdict,
-        size_bytes=1 << 30,
-        allocated_bytes=1 << 30,
-        mtime=NOW - age,
-        deep_checked=False,
-        first_seen=NOW - age,
-        write_seconds=write_seconds,
-        write_bytes_per_second=None if write_seconds is None else (1 << 30) / write_seconds,
-    )
-
-
-def on(durability: Durability, mountpoint: str = "/data") -> MountView:
-    mount = Mount(1, mountpoint, "dev", "ext4", "/", 8, 1, False, (), (), None, False, 0.0)
-    return MountView(mount, Verdict(durability, "test", ()))
-
-
-def run(label: str, where: MountView | None, *checkpoints: Checkpoint) -> RunView:
-    return RunView(RunState(f"/ckpt/{label}", "/ckpt", checkpoints), label, where)
+from tests.builders import NOW, ckpt, on, run
 
 
 def test_young_and_daly_against_figures_worked_by_hand() -> None:

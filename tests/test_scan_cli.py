@@ -210,6 +210,7 @@ def test_scan_does_not_promise_an_nvml_retry(tmp_path: Path) -> None:
     assert scan.stdout.splitlines()[-1].startswith("GPUs: 2"), scan.stdout
 
 
+@pytest.mark.slow
 def test_scan_maps_mounts_to_kubernetes_objects_and_leaves_kernel_interfaces_out(tmp_path: Path) -> None:
     from tests.kubeapi import NODE, PV_NFS, TRAINER_UID, fake_kube_api, k8s_node_objects
 
@@ -249,6 +250,7 @@ def test_scan_maps_mounts_to_kubernetes_objects_and_leaves_kernel_interfaces_out
     assert f"{len(mounts) - 1} mounts, " in table.stdout
 
 
+@pytest.mark.slow
 def test_scan_without_an_api_server_says_so_and_maps_from_the_kubelet_paths(tmp_path: Path) -> None:
     import socket
 

@@ -14,7 +14,9 @@ from storwatch.analysis.stalls import (
     GPUReading,
     Judged,
     LatencyReading,
+    Stall,
     StallParams,
+    StallState,
     StallTracker,
     Touches,
     WriteSpan,
@@ -25,10 +27,9 @@ from storwatch.exporter import ExportState, render_text
 from storwatch.exporter import gpu as gpu_area
 from storwatch.snapshot import Snapshot
 from storwatch.sources.checkpoints import RunState
-from storwatch.sources.gpu.facts import GPUFacts, GPUProcess, GPUState
 from storwatch.vocabulary import Durability, Platform
+from tests.builders import on, run, stall_gpus, stalled_feed
 from tests.stall_replayer import Score, World, score
-from tests.test_rpo import ckpt, on, run
 
 P = StallParams()
 
@@ -372,13 +373,62 @@ SCENARIOS: list[Callable[[], World]] = [
 
 
 @pytest.fixture(scope="module")
-def scores() -> dict[str, Score]:
+def replays() -> dict[str, tuple[World, list[Stall], StallState]]:
     out = {}
     for make in SCENARIOS:
         world = make()
-        stalls, _ = world.replay()
-        out[world.name] = score(world, stalls)
+        stalls, state = world.replay()
+        out[world.name] = (world, stalls, state)
     return out
+
+
+@pytest.fixture(scope="module")
+def scores(replays: dict[str, tuple[World, list[Stall], StallState]]) -> dict[str, Score]:
+    return {name: score(world, stalls) for name, (world, stalls, _) in replays.items()}
+
+
+def test_the_scored_stalls_are_the_totals_the_agent_exports(
+    replays: dict[str, tuple[World, list[Stall], StallState]],
+) -> None:
+    """The replayer scores the stalls the feed settled; the View's totals (the exported counter) add up to them."""
+    for name, (_, stalls, state) in replays.items():
+        summed: dict[tuple[str, str, str], float] = {}
+        for st in stalls:
+            key = (st.gpu, st.mountpoint, st.cause)
+            summed[key] = summed.get(key, 0.0) + st.seconds
+        assert summed == pytest.approx(dict(state.totals)), name
+
+
+def _pod_and_host_runs() -> World:
+    """Two runs, each held up by its own save: one of two GPUs on their pod's volume, one of a lone GPU on local
+    disk (its writer named by the event log)."""
+    w = World("a pod's run and a host's run", 300, 31).mount("/nfs", 3, 8).mount("/nvme")
+    w.gpu("0", writes=("/nfs",)).gpu("1", writes=("/nfs",)).gpu("2", writes=("/nvme",))
+    _train(w, ("0", "1"), "pod-run", "/nfs", 100, 20, first=40)
+    return _train(w, ("2",), "host-run", "/nvme", 90, 12, first=50)
+
+
+def test_the_score_goes_through_the_feeds_joins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint's stall is found only when the feed ties the run to its GPUs (the pod whose volume holds it, or
+    the writer its event log names): without that join the same world scores nothing."""
+    import storwatch.analysis.stall_feed as stall_feed
+
+    world = _pod_and_host_runs()
+    stalls, state = world.replay()
+    assert score(world, stalls).recall >= 0.95
+    assert {gpu for gpu, _, _ in state.totals} == {"0", "1", "2"}
+    monkeypatch.setattr(stall_feed, "run_gpus", lambda *_: frozenset())
+    stalls, state = world.replay()
+    assert score(world, stalls).recall < 0.5 and not any(cause == "checkpoint_write" for _, _, cause in state.totals)
+
+
+def test_the_totals_do_not_depend_on_how_often_the_feed_is_settled() -> None:
+    """Settled every tick or every 30 (a View made each second, or by nobody for half a minute), the same GPU time is
+    attributed to the same mounts and causes."""
+    for make in (checkpoint_then_data_stall, contention_from_another_tenant):
+        _, every_tick = make().replay(settle_every=1)
+        _, every_30 = make().replay(settle_every=30)
+        assert every_tick.totals and dict(every_30.totals) == pytest.approx(dict(every_tick.totals)), make.__name__
 
 
 def test_there_are_at_least_twenty_scenarios() -> None:
@@ -435,39 +485,12 @@ def test_the_score_can_fail() -> None:
 # -- the agent's feed: GPU facts, latency samples and run views in, the counter out
 
 
-def _gpus(t: float, util: float) -> GPUFacts:
-    states = (
-        GPUState(
-            0, "GPU-a", "H100", True, utilization_samples=((t, util),), processes=(GPUProcess(4242, 1 << 30, None),)
-        ),
-        GPUState(1, "GPU-b", "H100", True, utilization_samples=((t, 0.0),), processes=(GPUProcess(7, 1 << 30, None),)),
-    )
-    return GPUFacts(t, True, "550", None, states)
-
-
-def stalled_feed(t0: float, seconds: int, stalled: tuple[int, int], label: str = "r") -> tuple[StallFeed, RunView]:
-    """A feed that saw ``seconds`` of two GPUs: GPU 0's process (PID 4242) waits on its own checkpoint write (run
-    ``label`` on node storage /scratch) from ``stalled[0]`` to ``stalled[1]`` seconds in, GPU 1 idles throughout."""
-    feed = StallFeed(StallParams(settle_seconds=5.0))
-    lo, hi = stalled
-    c = dataclasses.replace(
-        ckpt(0.0), mtime=t0 + hi - 1, write_start=t0 + lo - 1.0, write_seconds=float(hi - lo), writer_pid=4242
-    )
-    rv = run(label, on(Durability.NODE, "/scratch"), c)
-    assert rv.mount is not None
-    feed.update(t0, [rv], [rv.mount], _gpus(t0, 0.95), {})  # a View: the run's mount is watched from now on
-    for i in range(seconds):
-        t = t0 + i
-        feed.observe(_gpus(t, 0.02 if lo <= i < hi else 0.95), [("/scratch", "write", t - 1, t, 3.0, 0.012)])
-    return feed, rv
-
-
 def test_the_feed_joins_the_writer_pid_to_its_gpu_and_exports_the_settled_seconds() -> None:
     t0 = 1_000.0
     feed, rv = stalled_feed(t0, 30, (10, 20))
     assert rv.mount is not None
     c = rv.run.checkpoints[-1]
-    state, picture = feed.update(t0 + 40, [rv], [rv.mount], _gpus(t0 + 29, 0.95), {})
+    state, picture = feed.update(t0 + 40, [rv], [rv.mount], stall_gpus(t0 + 29, 0.95), {})
     # GPU 0 waited on its writer's save for its readings (1009, 1010] .. (1018, 1019]; GPU 1 idles with no write of
     # its own and no mount it touches: no stall
     assert state.totals == {("0", "/scratch", "checkpoint_write"): pytest.approx(10.0)}
@@ -478,7 +501,7 @@ def test_the_feed_joins_the_writer_pid_to_its_gpu_and_exports_the_settled_second
     assert [(w.start, w.end, w.label) for w in g0.writes] == [(t0 + 9, t0 + 19, "r")]
     assert g0.latency_mount == "/scratch" and g0.latency and g1.latency_mount is None
     assert min(v for _, v in g0.utilization) < 0.5 < max(v for _, v in g0.utilization)
-    view = View(Snapshot(t0 + 40, gpus=_gpus(t0 + 29, 0.95)), Platform("generic", "test"), stalls=state)
+    view = View(Snapshot(t0 + 40, gpus=stall_gpus(t0 + 29, 0.95)), Platform("generic", "test"), stalls=state)
     text = render_text(list(gpu_area.families(view, ExportState()))).decode()
     assert (
         'storwatch_gpu_stall_seconds_total{cause="checkpoint_write",gpu="0",mountpoint="/scratch",uuid="GPU-a"} 10.0'
@@ -486,7 +509,7 @@ def test_the_feed_joins_the_writer_pid_to_its_gpu_and_exports_the_settled_second
     )
     # a writer PID that no GPU process has attributes nothing
     other = run("r", on(Durability.NODE, "/scratch"), dataclasses.replace(c, writer_pid=99))
-    assert StallFeed().update(t0 + 40, [other], [], _gpus(t0, 0.0), {})[0].totals == {}
+    assert StallFeed().update(t0 + 40, [other], [], stall_gpus(t0, 0.0), {})[0].totals == {}
 
 
 def test_the_feed_forgets_the_baselines_of_mounts_that_are_gone() -> None:
@@ -524,8 +547,8 @@ def test_a_first_save_in_progress_is_tied_to_its_gpu_by_the_pid_its_temporary_ca
         on(Durability.NODE, "/scratch"),
     )
     for i in range(10):
-        feed.observe(_gpus(t0 + i, 0.02 if i >= 3 else 0.95), [])
-    state, _ = feed.update(t0 + 60, [saving], [], _gpus(t0 + 9, 0.02), {})
+        feed.observe(stall_gpus(t0 + i, 0.02 if i >= 3 else 0.95), [])
+    state, _ = feed.update(t0 + 60, [saving], [], stall_gpus(t0 + 9, 0.02), {})
     assert state.totals == {}  # held: the save has not ended
     assert [(s.cause, s.run) for s in state.current][:1] == [("checkpoint_write", "r")]
     assert sum(s.seconds for s in state.current if s.gpu == "0") == pytest.approx(6.0)

@@ -24,9 +24,9 @@ from storwatch.sources.kubevolumes import ClusterObjects, KubeFacts, KubeVolumeE
 from storwatch.sources.mounts import PSEUDO_FSTYPES
 from storwatch.vocabulary import FsUsage, Platform
 from storwatch.web import render_status_page
+from tests.browser import TableParser
+from tests.builders import fixture_mounts
 from tests.kubeapi import PV_NFS, TRAINER_UID, k8s_node_objects
-from tests.test_kube import fixture_mounts
-from tests.test_status_page import TableParser
 
 T = 1_800_000_000.0
 NFS_PVC = f"/var/lib/kubelet/pods/{TRAINER_UID}/volumes/kubernetes.io~csi/{PV_NFS}/mount"

@@ -3,56 +3,8 @@ cause, checkpoint writes, the run mount's latency) and the findings panel."""
 
 from __future__ import annotations
 
-from html.parser import HTMLParser
-
-from storwatch.analysis.findings import find
-from storwatch.analysis.view import View
-from storwatch.report import view_to_dict
-from storwatch.snapshot import Snapshot
-from storwatch.vocabulary import Platform
-from storwatch.web.page import render_status_page
-from tests.test_stalls import _gpus, stalled_feed
-
-
-class Elements(HTMLParser):
-    """Every start tag with its attributes, and the text of each <title>."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tags: list[tuple[str, dict[str, str]]] = []
-        self.titles: list[str] = []
-        self._in_title = False
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, {k: v or "" for k, v in attrs}))
-        self._in_title = tag == "title"
-
-    def handle_data(self, data: str) -> None:
-        if self._in_title:
-            self.titles.append(data)
-            self._in_title = False
-
-    def having(self, tag: str, cls: str) -> list[dict[str, str]]:
-        return [a for t, a in self.tags if t == tag and cls in a.get("class", "").split()]
-
-
-def page_with_a_stalled_gpu() -> tuple[str, View]:
-    t0 = 1_000_000.0
-    feed, rv = stalled_feed(t0, 120, (40, 70), "llama")
-    assert rv.mount is not None
-    now = t0 + 130
-    state, picture = feed.update(now, [rv], [rv.mount], _gpus(t0 + 119, 0.95), {})
-    findings = find([rv], [rv.mount], now)
-    view = View(
-        Snapshot(now, gpus=_gpus(t0 + 119, 0.95)),
-        Platform("generic", "test"),
-        mounts=(rv.mount,),
-        checkpoints=(rv,),
-        findings=findings,
-        stalls=state,
-        timeline=picture,
-    )
-    return render_status_page(view_to_dict(view)), view
+from tests.browser import Elements
+from tests.builders import page_with_a_stalled_gpu
 
 
 def test_the_timeline_draws_utilisation_stalls_writes_and_latency() -> None:

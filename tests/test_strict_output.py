@@ -30,7 +30,8 @@ from storwatch.registry import exporter_areas
 from storwatch.report import NON_FINITE, finite_data, strict_json, view_to_dict
 from storwatch.web import StatusHTTPServer, render_status_page
 from storwatch.web.timeline import WIDTH, timelines
-from tests.test_status_timeline import Elements, page_with_a_stalled_gpu
+from tests.browser import Elements
+from tests.builders import page_with_a_stalled_gpu
 
 INF, NAN = float("inf"), float("nan")
 README = Path(__file__).resolve().parents[1] / "README.md"

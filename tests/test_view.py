@@ -9,7 +9,7 @@ from storwatch.classify import Classifier
 from storwatch.snapshot import Snapshot
 from storwatch.sources.kubevolumes import KubeFacts
 from storwatch.vocabulary import Mount, Platform, Verdict
-from tests.test_classify import mount
+from tests.builders import mount
 
 
 class CountingClassifier(Classifier):

@@ -1,0 +1,217 @@
+"""Builders that several test modules share: mount records, checkpoint runs and their states, GPU facts, files in
+the layouts the checkpoint formats recognise, and a stall feed that saw a GPU wait on its own save.
+
+Test modules import these from here and never from one another (tests/test_layout.py holds the suite to it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+import zipfile
+from pathlib import Path
+
+from storwatch.analysis.findings import find
+from storwatch.analysis.stall_feed import StallFeed
+from storwatch.analysis.stalls import StallParams
+from storwatch.analysis.view import MountView, RunView, View
+from storwatch.procfs.mountinfo import parse_mountinfo
+from storwatch.report import view_to_dict
+from storwatch.snapshot import Snapshot
+from storwatch.sources.checkpoints import Checkpoint, RunState
+from storwatch.sources.gpu.facts import GPUFacts, GPUProcess, GPUState
+from storwatch.sources.mounts import mount_of
+from storwatch.vocabulary import Durability, Mount, Platform, Verdict
+from storwatch.web.page import render_status_page
+
+FIXTURES = Path(__file__).parent / "fixtures"
+K8S_NODE_MOUNTINFO = FIXTURES / "k8s-node" / "proc" / "1" / "mountinfo"
+
+NOW = 1_800_000_000.0
+"""The wall-clock time ``ckpt`` measures checkpoint ages from."""
+
+
+# -- mounts
+
+
+def mount(mountpoint: str, fstype: str, device: str, root: str = "/") -> Mount:
+    """A mount table entry with nothing unusual about it."""
+    return Mount(
+        mount_id=100,
+        mountpoint=mountpoint,
+        device=device,
+        fstype=fstype,
+        root=root,
+        major=0,
+        minor=0,
+        readonly=False,
+        options=("rw",),
+        super_options=("rw",),
+        usage=None,
+        stuck=False,
+        stuck_seconds=0.0,
+    )
+
+
+def fixture_mounts() -> dict[str, Mount]:
+    """The k8s-node fixture's mount table, by mountpoint."""
+    infos, errors = parse_mountinfo(K8S_NODE_MOUNTINFO.read_bytes())
+    assert not errors
+    return {i.mountpoint: mount_of(i) for i in infos}
+
+
+class FixedMounts:
+    """A mounts source that reports one local disk until a test changes ``mounts``."""
+
+    name = "mounts"
+    interval_seconds = 3600.0
+
+    def __init__(self) -> None:
+        self.mounts: tuple[Mount, ...] = (mount("/data", "ext4", "/dev/nvme0n1"),)
+
+    def collect(self) -> tuple[Mount, ...]:
+        return self.mounts
+
+    def close(self) -> None:
+        pass
+
+
+def on(durability: Durability, mountpoint: str = "/data") -> MountView:
+    """A mount of the given durability, as the View holds it."""
+    m = Mount(1, mountpoint, "dev", "ext4", "/", 8, 1, False, (), (), None, False, 0.0)
+    return MountView(m, Verdict(durability, "test", ()))
+
+
+# -- checkpoint runs
+
+
+def ckpt(age: float, verdict: str = "complete", write_seconds: float | None = None) -> Checkpoint:
+    """A 1 GiB checkpoint last written ``age`` seconds before NOW."""
+    return Checkpoint(
+        path=f"/ckpt/run/step-{age:g}",
+        format="torch-zip",
+        verdict=verdict,
+        reason=verdict,
+        size_bytes=1 << 30,
+        allocated_bytes=1 << 30,
+        mtime=NOW - age,
+        deep_checked=False,
+        first_seen=NOW - age,
+        write_seconds=write_seconds,
+        write_bytes_per_second=None if write_seconds is None else (1 << 30) / write_seconds,
+    )
+
+
+def run(label: str, where: MountView | None, *checkpoints: Checkpoint) -> RunView:
+    """A checkpoint run under /ckpt on the given mount."""
+    return RunView(RunState(f"/ckpt/{label}", "/ckpt", checkpoints), label, where)
+
+
+# -- files in the checkpoint formats' layouts
+
+
+def torch_like_zip(path: Path, payload: bytes = b"x" * 4096) -> None:
+    """A file with the layout torch.save writes (a stored ZIP with archive/data.pkl), built without torch."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        z.writestr("archive/data/0", payload)
+        z.writestr("archive/version", b"3\n")
+
+
+def gguf_string(text: str | bytes) -> bytes:
+    """A GGUF string: its length as a little-endian u64, then its bytes."""
+    b = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_bytes(alignment: int | None = None, vocab: int = 1000) -> bytes:
+    """A small GGUF v3 file: a few metadata entries (a string array as tokenizers have), an F32 and a Q8_0 tensor."""
+    _s = gguf_string
+    kv = [
+        _s("general.architecture") + struct.pack("<I", 8) + _s("llama"),
+        _s("llama.context_length") + struct.pack("<I", 4) + struct.pack("<I", 4096),
+        _s("tokenizer.ggml.tokens")
+        + struct.pack("<I", 9)
+        + struct.pack("<IQ", 8, vocab)
+        + b"".join(_s(f"tok{i}") for i in range(vocab)),
+        _s("tokenizer.ggml.scores") + struct.pack("<I", 9) + struct.pack("<IQ", 6, vocab) + b"\0" * (4 * vocab),
+    ]
+    if alignment is not None:
+        kv.append(_s("general.alignment") + struct.pack("<I", 4) + struct.pack("<I", alignment))
+    align = alignment or 32
+    # tensor a: F32 [64, 3] = 768 bytes; tensor b: Q8_0 [256] = 8 blocks of 34 = 272 bytes
+    a_len, b_len = 64 * 3 * 4, 8 * 34
+    b_off = -(-a_len // align) * align
+    infos = (
+        _s("a")
+        + struct.pack("<I", 2)
+        + struct.pack("<QQ", 64, 3)
+        + struct.pack("<IQ", 0, 0)
+        + _s("b")
+        + struct.pack("<I", 1)
+        + struct.pack("<Q", 256)
+        + struct.pack("<IQ", 8, b_off)
+    )
+    head = b"GGUF" + struct.pack("<IQQ", 3, 2, len(kv)) + b"".join(kv) + infos
+    pad = -len(head) % align
+    return head + b"\0" * pad + b"\1" * a_len + b"\0" * (b_off - a_len) + b"\2" * b_len
+
+
+# -- GPUs and stalls
+
+
+def stall_gpus(t: float, util: float) -> GPUFacts:
+    """Two GPUs read at ``t``: GPU 0 (its process PID 4242) at ``util``, GPU 1 (PID 7) idle, both holding memory."""
+    states = (
+        GPUState(
+            0, "GPU-a", "H100", True, utilization_samples=((t, util),), processes=(GPUProcess(4242, 1 << 30, None),)
+        ),
+        GPUState(1, "GPU-b", "H100", True, utilization_samples=((t, 0.0),), processes=(GPUProcess(7, 1 << 30, None),)),
+    )
+    return GPUFacts(t, True, "550", None, states)
+
+
+def stalled_feed(t0: float, seconds: int, stalled: tuple[int, int], label: str = "r") -> tuple[StallFeed, RunView]:
+    """A feed that saw ``seconds`` of two GPUs: GPU 0's process (PID 4242) waits on its own checkpoint write (run
+    ``label`` on node storage /scratch) from ``stalled[0]`` to ``stalled[1]`` seconds in, GPU 1 idles throughout."""
+    feed = StallFeed(StallParams(settle_seconds=5.0))
+    lo, hi = stalled
+    c = dataclasses.replace(
+        ckpt(0.0), mtime=t0 + hi - 1, write_start=t0 + lo - 1.0, write_seconds=float(hi - lo), writer_pid=4242
+    )
+    rv = run(label, on(Durability.NODE, "/scratch"), c)
+    assert rv.mount is not None
+    feed.update(t0, [rv], [rv.mount], stall_gpus(t0, 0.95), {})  # a View: the run's mount is watched from now on
+    for i in range(seconds):
+        t = t0 + i
+        feed.observe(stall_gpus(t, 0.02 if lo <= i < hi else 0.95), [("/scratch", "write", t - 1, t, 3.0, 0.012)])
+    return feed, rv
+
+
+def page_with_a_stalled_gpu() -> tuple[str, View]:
+    """The /status page, and its View, of a node whose GPU 0 waited 30 s on its run's checkpoint write."""
+    t0 = 1_000_000.0
+    feed, rv = stalled_feed(t0, 120, (40, 70), "llama")
+    assert rv.mount is not None
+    now = t0 + 130
+    state, picture = feed.update(now, [rv], [rv.mount], stall_gpus(t0 + 119, 0.95), {})
+    findings = find([rv], [rv.mount], now)
+    view = View(
+        Snapshot(now, gpus=stall_gpus(t0 + 119, 0.95)),
+        Platform("generic", "test"),
+        mounts=(rv.mount,),
+        checkpoints=(rv,),
+        findings=findings,
+        stalls=state,
+        timeline=picture,
+    )
+    return render_status_page(view_to_dict(view)), view
+
+
+def host_mounts() -> tuple[Mount, ...]:
+    """This process's mount table as the mount source reads it."""
+    from storwatch.procfs.mountinfo import parse_mountinfo
+    from storwatch.sources.mounts import mount_of
+
+    entries, _ = parse_mountinfo(Path("/proc/self/mountinfo").read_bytes())
+    return tuple(mount_of(e) for e in entries)
