@@ -7,6 +7,7 @@ write as the bare words ``Infinity`` and ``NaN`` that browsers and strict parser
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -277,7 +278,8 @@ def _stalls_dict(view: View) -> dict[str, Any] | None:
 
 
 def _workloads_list(view: View) -> list[dict[str, Any]]:
-    """Each GPU workload's storage profile (sources/access.py)."""
+    """Each GPU process's storage profile (sources/access.py): its tree's I/O counters (``io``, /proc/<pid>/io's
+    fields, summed) and the mounts it has files open on. Per PID, as /metrics never is: rates are Prometheus's."""
     facts = view.snapshot.get(ACCESS)
     if facts is None:
         return []
@@ -285,11 +287,10 @@ def _workloads_list(view: View) -> list[dict[str, Any]]:
         {
             "pid": pid,
             "workload": workload_name(pid, view.pods, view.jobs),
+            "comm": w.comm,
+            "within": w.within,
             "processes": w.processes,
-            "read_bytes_per_second": w.read_bytes_per_second,
-            "write_bytes_per_second": w.write_bytes_per_second,
-            "read_size_bytes": w.read_size_bytes,
-            "write_size_bytes": w.write_size_bytes,
+            "io": dataclasses.asdict(w.io),
             "mounts_read": [display_path(m) for m in w.mounts_read],
             "mounts_written": [display_path(m) for m in w.mounts_written],
             "sampled": w.sampled,

@@ -1,6 +1,6 @@
 """Access patterns (sources/access.py): a real process tree (a "trainer" and its data-loader worker) reading one
-mount and writing another, read through the real /proc: rates, call sizes, the mounts by access mode, the workers
-counted; the /proc/<pid>/io parser on odd input; and the metrics."""
+mount and writing another, read through the real /proc: its counters (and the call sizes they give), the mounts by
+access mode, the workers counted; the /proc/<pid>/io parser on odd input; and the metrics."""
 
 from __future__ import annotations
 
@@ -95,27 +95,31 @@ def test_a_trainer_and_its_worker_read_one_mount_and_write_another(trainer: Any)
     clock = time.time
     source = AccessSource(HostPaths(), AccessConfig(), lambda: [proc.pid], host_mounts, clock)
     first = source.collect().workloads[proc.pid]
-    assert first.read_bytes_per_second is None and first.processes == 2, first  # the trainer and its worker
+    assert first.processes == 2, first  # the trainer and its worker
     time.sleep(1.0)
     facts = source.collect()
     w = facts.workloads[proc.pid]
     # (the interpreter may hold files of / open too)
     assert str(data) in w.mounts_read and str(data) not in w.mounts_written, w
     assert str(ckpt) in w.mounts_written and str(ckpt) not in w.mounts_read, w
-    # tmpfs reads come from memory (rchar, not read_bytes); the call sizes are the program's
-    assert w.read_size_bytes is not None and 60_000 <= w.read_size_bytes <= 65_536, w
-    assert w.write_size_bytes is not None and w.write_size_bytes == pytest.approx(1 << 20, rel=0.05), w
-    assert w.write_calls_per_second is not None and w.write_calls_per_second > 10, w
-    assert w.read_calls_per_second is not None and w.read_calls_per_second > 100, w
-    # the metrics, named by process where no pod or job is known
+    # Counters, not rates: what the two processes did between the reads is the difference, as rate() takes it.
+    # tmpfs reads come from memory (rchar, not read_bytes); the call sizes are the program's.
+    did = {f: getattr(w.io, f) - getattr(first.io, f) for f in ("rchar", "wchar", "syscr", "syscw")}
+    assert did["syscr"] > 100 and did["syscw"] > 10, did
+    assert 60_000 <= did["rchar"] / did["syscr"] <= 65_536, did
+    assert did["wchar"] / did["syscw"] == pytest.approx(1 << 20, rel=0.05), did
+    assert w.comm is not None and w.comm == Path(f"/proc/{proc.pid}/comm").read_text().strip(), w
+    # the metrics, named by the process's command where no pod or job is known: no PID anywhere
     view = View(Snapshot(clock(), facts={ACCESS.name: facts}), Platform("generic", "test"))
     text = render_text(list(access_area.families(view, ExportState()))).decode()
-    name = f'pid="{proc.pid}",workload="pid:{proc.pid}"'
+    assert "pid=" not in text, text
+    name = f'workload="process:{w.comm}"'
     assert f'storwatch_workload_mount{{mode="read",mountpoint="{data}",{name}}} 1.0' in text
     assert f'storwatch_workload_mount{{mode="write",mountpoint="{ckpt}",{name}}} 1.0' in text
-    assert f'storwatch_workload_io_size_bytes{{op="write",{name}}}' in text
+    assert f"storwatch_workload_write_calls_total{{{name}}} " in text
     (row,) = view_to_dict(view)["workloads"]
-    assert row["workload"] == f"pid:{proc.pid}" and str(data) in row["mounts_read"] and row["processes"] == 2
+    assert row["workload"] == f"pid:{proc.pid}" and row["pid"] == proc.pid and row["comm"] == w.comm, row
+    assert str(data) in row["mounts_read"] and row["processes"] == 2 and row["io"]["wchar"] == w.io.wchar, row
 
 
 def test_a_gpu_process_that_is_gone_is_left_out_and_no_gpu_process_is_off() -> None:

@@ -2,7 +2,8 @@
 with 200 children that each inherit 2,000 open files on a tmpfs mount. Every pass reads at most its budget of
 processes and open files, reads the GPU process first, says it sampled, and covers the whole tree over a few passes;
 in the running agent (a fake NVML naming the tree's parent as a GPU process) the access collector reports success
-with the sampling shown in /metrics and /api/status."""
+with the sampling shown in /metrics and /api/status, and the workload's counters are exported by name, without a
+PID."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_each_pass_keeps_to_its_budget_and_the_tree_is_covered_over_passes(
             # the GPU process is read in every pass, and the rest in turns: the processes read add up
             assert w.processes == min(CHILDREN + 1, n * (BUDGET["max_processes_per_pass"] - 1) + 1), (n, w)
         assert w.processes == CHILDREN + 1 and w.processes_known == CHILDREN + 1
-        assert w.read_calls_per_second is not None  # every process has a rate from two reads by now
+        assert w.io.syscr > 0 and w.within is None
         # a CPU budget too small for even one process: the GPU process's counters are still read
         tight_config = budget_config(0.001)
         tight = AccessSource(HostPaths(), tight_config, lambda: [gpu_pid], host_mounts, time.time)
@@ -115,3 +116,7 @@ def test_the_agent_reports_every_interval_with_the_sampling_shown(real_mounts: E
             assert float(values["storwatch_workload_scan_processes"]) <= BUDGET["max_processes_per_pass"]
             assert float(values["storwatch_workload_scan_fds"]) <= BUDGET["max_fds_per_pass"]
             assert values['storwatch_workload_scan_budget_reached{budget="processes"}'] == "1.0", values
+            # the workload's counters, named by the GPU process's command (it is in no pod or job), never by PID
+            assert 'pid="' not in text, text
+            comm = Path(f"/proc/{gpu_pid}/comm").read_text().strip()
+            assert f'storwatch_workload_read_calls_total{{workload="process:{comm}"}} ' in text, text

@@ -73,14 +73,6 @@ POD_UID = "81742e8f-be31-4219-bac3-e2ed48dd4123"
 TRAINER, LOADER, SLURM_JOB = 4242, 4343, 5151
 """GPU processes: one in a pod, one in no container and no job, one in a Slurm job."""
 
-KNOWN_PID_LABELS = {
-    "storwatch_workload_read_bytes_per_second",
-    "storwatch_workload_write_bytes_per_second",
-    "storwatch_workload_io_size_bytes",
-    "storwatch_workload_mount",
-}
-"""The access area's families, which carry a ``pid`` label today (to become ``_total`` counters by workload)."""
-
 
 # -- a View with facts for every area
 
@@ -210,11 +202,8 @@ def _access() -> AccessFacts:
         return WorkloadAccess(
             pid,
             3,
-            ProcessIO(),
-            read_bytes_per_second=1e6,
-            write_bytes_per_second=2e6,
-            read_size_bytes=65536.0,
-            write_size_bytes=float(1 << 20),
+            ProcessIO(read_bytes=1 << 20, write_bytes=2 << 20, rchar=3 << 20, wchar=4 << 20, syscr=10, syscw=20),
+            comm="python3",
             mounts_read=("/mnt/datasets",),
             mounts_written=("/scratch",),
         )
@@ -430,29 +419,11 @@ def pid_carriers(text: str) -> set[str]:
     return {declared_name(f) for f in text_string_to_metric_families(text) if any("pid" in s.labels for s in f.samples)}
 
 
-def test_no_family_but_the_known_access_ones_carries_a_pid_label(scrapes: dict[str, str]) -> None:
-    carriers = pid_carriers(scrapes["golden"]) | pid_carriers(scrapes["rich"])
-    assert carriers - KNOWN_PID_LABELS == set()
-    assert [s.name for s in CATALOG if "pid" in s.label_names and s.name not in KNOWN_PID_LABELS] == []
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known violation: storwatch_workload_{read,write}_bytes_per_second, storwatch_workload_io_size_bytes and "
-    "storwatch_workload_mount carry a pid label (exporter/access.py), until they become _total counters by workload",
-)
 def test_no_series_carries_a_pid_label(scrapes: dict[str, str]) -> None:
     assert pid_carriers(scrapes["rich"]) == set()
     assert [s.name for s in CATALOG if "pid" in s.label_names] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason='known violation: a GPU process in neither a pod nor a Slurm job is named workload="pid:<pid>" '
-    "(analysis.pods.workload_name) on the storwatch_workload_* families",
-)
 def test_no_label_value_names_a_pid(scrapes: dict[str, str]) -> None:
     named = [
         (s.name, key)

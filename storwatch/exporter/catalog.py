@@ -136,13 +136,9 @@ LUSTRE_FSNAME = Label("fsname", "one per Lustre filesystem the node mounts")
 LUSTRE_MOUNTPOINT = Label("mountpoint", "one per Lustre client mount; empty when it could not be joined to a mount")
 WORKLOAD = Label(
     "workload",
-    "one per GPU workload on the node: its pod (namespace/name, or pod:<uid>), Slurm job (job:<id>) or process "
-    "(pid:<pid>)",
-)
-PID = Label(
-    "pid",
-    "one per GPU process on the node, but a new value for every process that ever ran there: unbounded over time "
-    "(against the rule that no label carries a PID; it goes with the workload counters)",
+    "one per GPU workload on the node, at most access.max_workloads (the rest counted in "
+    "storwatch_workload_series_dropped): its pod (namespace/name, or pod:<uid>), Slurm job (job:<id>), or "
+    "process:<comm> for a process in neither (bare processes of one name share it), or other",
 )
 
 # -- agent: build and platform (the scrape opens with them)
@@ -771,40 +767,64 @@ POD_DELETION_SECONDS_LEFT = _gauge(
 
 # -- access: each GPU workload's storage profile
 
-WORKLOAD_READ_RATE = _gauge(
+_SUMMED = "summed over the workload's GPU processes and the processes below them (its data loader workers)"
+WORKLOAD_READ_BYTES = _counter(
     "access",
-    "storwatch_workload_read_bytes_per_second",
-    "Bytes a GPU workload (the GPU process and its workers) reads at the storage layer, per second over the last "
-    "interval (read_bytes, write_bytes of /proc/<pid>/io).",
+    "storwatch_workload_read_bytes_total",
+    f"Bytes a GPU workload had read from the storage layer (read_bytes of /proc/<pid>/io, {_SUMMED}); reads served "
+    "from the page cache are not in it.",
     WORKLOAD,
-    PID,
 )
-WORKLOAD_WRITE_RATE = _gauge(
+WORKLOAD_WRITTEN_BYTES = _counter(
     "access",
-    "storwatch_workload_write_bytes_per_second",
-    "Bytes a GPU workload (the GPU process and its workers) writes at the storage layer, per second over the last "
-    "interval (read_bytes, write_bytes of /proc/<pid>/io).",
+    "storwatch_workload_written_bytes_total",
+    f"Bytes a GPU workload sent toward the storage layer (write_bytes of /proc/<pid>/io, {_SUMMED}): counted as "
+    "pages are dirtied, before writeback.",
     WORKLOAD,
-    PID,
 )
-WORKLOAD_IO_SIZE = _gauge(
+WORKLOAD_READ_CALLS = _counter(
     "access",
-    "storwatch_workload_io_size_bytes",
-    "Average bytes per read or write call of a GPU workload over the last interval (rchar / syscr, wchar / syscw).",
+    "storwatch_workload_read_calls_total",
+    f"Read calls of a GPU workload, on files, pipes and sockets alike (syscr of /proc/<pid>/io, {_SUMMED}).",
     WORKLOAD,
-    PID,
-    Label("op", "the two directions", ("read", "write")),
+)
+WORKLOAD_WRITE_CALLS = _counter(
+    "access",
+    "storwatch_workload_write_calls_total",
+    f"Write calls of a GPU workload, on files, pipes and sockets alike (syscw of /proc/<pid>/io, {_SUMMED}).",
+    WORKLOAD,
+)
+WORKLOAD_READ_CALL_BYTES = _counter(
+    "access",
+    "storwatch_workload_read_call_bytes_total",
+    f"Bytes a GPU workload's read calls returned, page cache hits included (rchar of /proc/<pid>/io, {_SUMMED}); "
+    "its rate over that of read_calls_total is the average read size.",
+    WORKLOAD,
+)
+WORKLOAD_WRITE_CALL_BYTES = _counter(
+    "access",
+    "storwatch_workload_write_call_bytes_total",
+    f"Bytes a GPU workload passed to write calls (wchar of /proc/<pid>/io, {_SUMMED}); its rate over that of "
+    "write_calls_total is the average write size.",
+    WORKLOAD,
 )
 WORKLOAD_MOUNT = _gauge(
     "access",
     "storwatch_workload_mount",
-    "1 for each mount a GPU workload has files open on, by access mode (read or write).",
+    "1 for each mount a GPU workload has files open on, by access mode (read or write); at most "
+    "access.max_mounts_per_workload mounts per workload.",
     WORKLOAD,
-    PID,
-    Label("mountpoint", "one per mount the workload has files open on"),
+    Label("mountpoint", "the mounts the workload has files open on, at most access.max_mounts_per_workload"),
     Label("mode", "the access modes of its open files", ("read", "write")),
 )
-
+WORKLOAD_SERIES_DROPPED = _gauge(
+    "access",
+    "storwatch_workload_series_dropped",
+    'Label values the last render left out: label="workload", GPU workloads past access.max_workloads (none of '
+    'their storwatch_workload_* series is written); label="mountpoint", mounts past '
+    "access.max_mounts_per_workload, summed over the workloads written.",
+    Label("label", "the capped labels", ("workload", "mountpoint")),
+)
 WORKLOAD_SCAN_PROCESSES = _gauge(
     "access",
     "storwatch_workload_scan_processes",

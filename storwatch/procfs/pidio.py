@@ -9,7 +9,8 @@ is a LineError and the others still count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 
 from storwatch.procfs import LineError
 
@@ -19,13 +20,34 @@ _MAX_COUNTER = 1 << 64
 
 @dataclass(frozen=True)
 class ProcessIO:
+    """A process's I/O counters since it started, its reaped children's included (the kernel adds a child's counters
+    to its parent's when the parent waits for it; a child reaped by no one, as under ``SIGCHLD`` ignored, is lost)."""
+
     rchar: int = 0
+    """Bytes returned by read calls (read, pread, readv, sendfile...), page cache hits, pipes and sockets included."""
     wchar: int = 0
+    """Bytes passed to write calls, likewise."""
     syscr: int = 0
+    """Read calls."""
     syscw: int = 0
+    """Write calls."""
     read_bytes: int = 0
+    """Bytes this process caused to be fetched from the storage layer."""
     write_bytes: int = 0
+    """Bytes this process caused to be sent to the storage layer (counted as pages are dirtied)."""
     cancelled_write_bytes: int = 0
+    """Of write_bytes, those never written back (the file was truncated or deleted first)."""
+
+
+def summed(records: Iterable[ProcessIO]) -> ProcessIO:
+    """The counters of several processes together."""
+    rows = list(records)
+    return ProcessIO(*(sum(getattr(r, f.name) for r in rows) for f in fields(ProcessIO)))
+
+
+def field_max(a: ProcessIO, b: ProcessIO) -> ProcessIO:
+    """Each counter's larger value of the two."""
+    return ProcessIO(*(max(getattr(a, f.name), getattr(b, f.name)) for f in fields(ProcessIO)))
 
 
 def parse_io(data: bytes) -> tuple[ProcessIO | None, list[LineError]]:

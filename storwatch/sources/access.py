@@ -1,7 +1,6 @@
 """Access patterns of GPU workloads, the storage profile an operator would otherwise take with strace: for each GPU
-process and the processes below it (its data loader workers), the bytes read and written at the storage layer per
-second, the average size of a read and of a write call, and the mounts they have files open on, for reading or
-writing.
+process and the processes below it (its data loader workers), its I/O counters (bytes read and written at the storage
+layer, read and write calls and the bytes they passed) and the mounts they have files open on, for reading or writing.
 
 From ``<procfs>/<pid>/io`` (the counters), ``<procfs>/<pid>/task/<tid>/children`` (the workers), ``<procfs>/<pid>/fd``
 and ``fdinfo`` (the open files: access mode and ``mnt_id``) and the process's own ``mountinfo``: a container sees its
@@ -16,8 +15,8 @@ descendants' from where the last pass stopped (within half the CPU budget), then
 first, each process's from where its last read stopped; so past the budget the pass samples, the rest is read on
 later passes, and the facts say so (``sampled``). Nothing here touches the files
 themselves (a file on a hung mount would hang a stat): the links in ``fd`` and the ``fdinfo`` lines are the kernel's.
-A process that exits while it is read is skipped. A workload's rates are the sum of each of its processes' rates
-between that process's last two reads.
+A process that exits while it is read is skipped. A workload's counters are the sum of its processes' latest reads,
+not rates: Prometheus takes the rates (the exporter's ``_total`` counters), so no rate is kept from pass to pass.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field
 from storwatch.config import number
 from storwatch.paths import NOT_FILE_TARGETS, HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
-from storwatch.procfs.pidio import ProcessIO, access_mode, parse_children, parse_io
+from storwatch.procfs.pidio import ProcessIO, access_mode, parse_children, parse_io, summed
 from storwatch.sources import Context, FactsKey, OnceLog, read_bounded
 from storwatch.sources.gpu.facts import GPUFacts
 from storwatch.sources.mounts import MOUNTS
@@ -43,9 +42,11 @@ log = logging.getLogger(__name__)
 MAX_SMALL_FILE = 64 * 1024
 MAX_MOUNTINFO = 4 << 20
 PROCESS_CPU_SHARE = 0.5
+"""Share of a pass's CPU budget that counters and children may take; the open files get the rest."""
 FD_CPU_CHECK_EVERY = 64
 """Open files read between two looks at the pass's CPU time (one read of max_fds files may take tens of ms)."""
-"""Share of a pass's CPU budget that counters and children may take; the open files get the rest."""
+MAX_COMM = 64
+"""``<pid>/comm`` is at most 16 bytes with its newline (TASK_COMM_LEN); more is not a comm."""
 MOUNT_MEMORY_PASSES = 12
 """While a workload is sampled, a mount seen open is reported for this many passes after it was last seen (the open
 files are read a part at a time); a pass that read everything reports exactly what it saw."""
@@ -65,6 +66,11 @@ class AccessConfig:
     """Open files read in one pass, over every GPU workload."""
     max_cpu_seconds_per_pass: float = number(0.05, 0.001, 60)
     """CPU time one pass may take; the pass stops reading past it."""
+    max_workloads: int = number(64, 1, 100_000)
+    """Workloads exported, each with its own series of every storwatch_workload_* family; the rest are left out, and
+    counted (storwatch_workload_series_dropped)."""
+    max_mounts_per_workload: int = number(32, 1, 100_000)
+    """Mounts exported per workload (storwatch_workload_mount); the rest are left out, and counted."""
 
 
 @dataclass(frozen=True)
@@ -74,21 +80,24 @@ class WorkloadAccess:
     pid: int
     """The GPU process (as NVML names it)."""
     processes: int
+    """Its processes whose counters are in ``io`` (itself and the descendants read, in this pass or earlier)."""
     io: ProcessIO
-    """The counters summed over the processes read now."""
-    read_bytes_per_second: float | None = None
-    """Storage-layer reads (``read_bytes``) per second over the last interval; None on the first read."""
-    write_bytes_per_second: float | None = None
-    read_calls_per_second: float | None = None
-    write_calls_per_second: float | None = None
-    read_size_bytes: float | None = None
-    """Average bytes per read call over the last interval (``rchar`` / ``syscr``)."""
-    write_size_bytes: float | None = None
+    """Its processes' counters, each as last read, summed: it grows while they run. A worker that exits keeps its
+    share once its parent in the tree reaps it (the kernel then adds the child's counters to the parent's ``io``);
+    the sum drops when counters leave the tree: an exited process not yet seen in its parent's counters (between two
+    reads, or while the pass samples), a child reaped by no one in the tree (its parent ignores SIGCHLD, or it was
+    orphaned), a PID reused by a younger process."""
+    comm: str | None = None
+    """The GPU process's command name (``<pid>/comm``): set by the process itself, so a claim of at most 15 bytes;
+    None when it could not be read."""
+    within: int | None = None
+    """The GPU process whose tree holds this one (a GPU process started by another): its counters are in that one's
+    ``io`` too, so a sum over workloads counts them there only."""
     mounts_read: tuple[str, ...] = ()
     """Host mountpoints it has files open on for reading."""
     mounts_written: tuple[str, ...] = ()
     sampled: bool = False
-    """Not every process or open file of it was read in this pass (the pass's budget): rates and mounts come from
+    """Not every process or open file of it was read in this pass (the pass's budget): counters and mounts come from
     the parts read lately."""
     processes_known: int = 0
     """Its processes known (read in this pass or earlier, still alive), at most ``max_processes``."""
@@ -107,6 +116,11 @@ class AccessFacts:
     """CPU time of this pass (the collecting thread's)."""
     sampled: tuple[str, ...] = ()
     """The budgets this pass reached (``processes``, ``fds``, ``cpu``); empty when it read everything."""
+    max_workloads: int = AccessConfig.max_workloads
+    """The exporter's bound on workloads (``access.max_workloads``), carried with the facts so that a reload of the
+    section reaches the exporter with the next pass."""
+    max_mounts_per_workload: int = AccessConfig.max_mounts_per_workload
+    """Likewise ``access.max_mounts_per_workload``."""
 
 
 ACCESS: FactsKey[AccessFacts] = FactsKey("access")
@@ -118,19 +132,6 @@ def _read_small(path: str, limit: int = MAX_SMALL_FILE) -> bytes | None:
         return read_bounded(path, limit)
     except OSError:
         return None
-
-
-_IO_FIELDS = tuple(ProcessIO.__dataclass_fields__)
-
-
-def _summed(records: Iterable[ProcessIO]) -> ProcessIO:
-    rows = list(records)
-    return ProcessIO(*(sum(getattr(r, f) for r in rows) for f in _IO_FIELDS))
-
-
-def _delta(before: ProcessIO, after: ProcessIO) -> ProcessIO:
-    """What a process did between two reads (never negative: a counter that went back is a reused PID)."""
-    return ProcessIO(*(max(0, getattr(after, f) - getattr(before, f)) for f in _IO_FIELDS))
 
 
 class _PassBudget:
@@ -175,13 +176,10 @@ class _PassBudget:
 @dataclass
 class _ProcessRecord:
     counters: ProcessIO | None
-    """Its counters at its last read (None: known as a child, not read yet)."""
-    at: float
+    """Its counters at its last read (None: known as a child, not read yet). Kept because a pass that samples sums
+    the latest read of every process it did not read this time."""
     read_pass: int
-    rate: ProcessIO | None = None
-    """What it did between its last two reads (a gone process stays until its next read finds it gone)."""
-    seconds: float = 0.0
-    """The time between those two reads."""
+    """The pass that read it last."""
 
 
 @dataclass
@@ -217,35 +215,11 @@ class _Workload:
         start = order.index(self.fd_cursor) + 1 if self.fd_cursor in order else 0
         yield from order[start:] + order[:start]
 
-    def update(self, pid: int, io: ProcessIO, now: float, pass_: int) -> None:
-        rec = self.records.get(pid)
-        if rec is not None and rec.counters is not None and now > rec.at:
-            rec.rate = _delta(rec.counters, io)
-            rec.seconds = now - rec.at
-        elif rec is None or rec.counters is None:
-            rec = self.records[pid] = _ProcessRecord(None, now, pass_)
-        rec.counters, rec.at, rec.read_pass = io, now, pass_
+    def update(self, pid: int, io: ProcessIO, pass_: int) -> None:
+        self.records[pid] = _ProcessRecord(io, pass_)
 
     def unread(self, pass_: int) -> bool:
         return any(rec.read_pass != pass_ for rec in self.records.values())
-
-    def rates(self) -> dict[str, float | None]:
-        timed = [rec for rec in self.records.values() if rec.rate is not None and rec.seconds > 0]
-        if not timed:
-            return {}
-
-        def per_second(name: str) -> float:
-            return float(sum(getattr(rec.rate, name) / rec.seconds for rec in timed))
-
-        syscr, syscw = per_second("syscr"), per_second("syscw")
-        return {
-            "read_bytes_per_second": per_second("read_bytes"),
-            "write_bytes_per_second": per_second("write_bytes"),
-            "read_calls_per_second": syscr,
-            "write_calls_per_second": syscw,
-            "read_size_bytes": per_second("rchar") / syscr if syscr else None,
-            "write_size_bytes": per_second("wchar") / syscw if syscw else None,
-        }
 
 
 class HostMounts:
@@ -293,6 +267,8 @@ class AccessSource:
         self.max_processes_per_pass = config.max_processes_per_pass
         self.max_fds_per_pass = config.max_fds_per_pass
         self.max_cpu_seconds_per_pass = config.max_cpu_seconds_per_pass
+        self.max_workloads = config.max_workloads
+        self.max_mounts_per_workload = config.max_mounts_per_workload
 
     def _children(self, pid: int) -> list[int]:
         """The process's children, from every thread's ``children`` file (at most max_processes)."""
@@ -401,7 +377,7 @@ class AccessSource:
         # known every pass), then their descendants, a process of each workload in turn, each from where its last
         # pass stopped. Half the CPU budget at most: the open files get the rest.
         for root in roots:
-            self._read(root, root, now)
+            self._read(root, root)
             budget.processes += 1
         pending = {r: self._workloads[r].queue(r) for r in roots if r in self._workloads[r].records}
         while pending and budget.processes_left(PROCESS_CPU_SHARE):
@@ -411,7 +387,7 @@ class AccessSource:
                     del pending[root]
                     continue
                 self._workloads[root].cursor = pid
-                self._read(root, pid, now)
+                self._read(root, pid)
                 budget.processes += 1
                 if not budget.processes_left(PROCESS_CPU_SHARE):
                     break
@@ -456,8 +432,9 @@ class AccessSource:
             out[root] = WorkloadAccess(
                 root,
                 len(read),
-                _summed(read),
-                **work.rates(),
+                summed(read),
+                comm=self._comm(root),
+                within=next((r for r in roots if r != root and root in self._workloads[r].records), None),
                 mounts_read=tuple(sorted(reads)),
                 mounts_written=tuple(sorted(writes)),
                 sampled=sampled,
@@ -465,20 +442,36 @@ class AccessSource:
             )
         known = {p for w in self._workloads.values() for p in w.records}
         self._fd_cursor = {p: c for p, c in self._fd_cursor.items() if p in known}
-        return AccessFacts(now, out, budget.processes, budget.fds, budget.cpu_used(), budget.reached())
+        return AccessFacts(
+            now,
+            out,
+            budget.processes,
+            budget.fds,
+            budget.cpu_used(),
+            budget.reached(),
+            self.max_workloads,
+            self.max_mounts_per_workload,
+        )
 
-    def _read(self, root: int, pid: int, now: float) -> None:
-        """One process of a workload: its counters (a new rate from its last two reads) and its children (now known
-        to the workload); a process that is gone is forgotten."""
+    def _comm(self, pid: int) -> str | None:
+        data = _read_small(self.paths.proc(str(pid), "comm"), MAX_COMM)
+        name = (data or b"").removesuffix(b"\n")
+        if not name or len(name) >= 16:
+            return None
+        return name.decode("utf-8", "replace")
+
+    def _read(self, root: int, pid: int) -> None:
+        """One process of a workload: its counters and its children (now known to the workload); a process that is
+        gone is forgotten."""
         work = self._workloads[root]
         io = self._io(pid)
         if io is None:
             work.records.pop(pid, None)  # exited, or not ours to read
             return
-        work.update(pid, io, now, self._pass)
+        work.update(pid, io, self._pass)
         for child in self._children(pid):
             if child not in work.records and len(work.records) < self.max_processes:
-                work.records[child] = _ProcessRecord(None, 0.0, 0)
+                work.records[child] = _ProcessRecord(None, 0)
 
     def _files_of(
         self, root: int, pid: int, host: HostMounts, budget: _PassBudget, into: tuple[set[str], set[str], set[int]]
