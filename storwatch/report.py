@@ -133,6 +133,17 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
         "gpus": _gpus_dict(view),
         "checkpoints": _checkpoints_dict(view),
         "findings": _findings_list(view),
+        # The runs past the bound on runs: no row under checkpoints, their findings not listed, their bytes and
+        # GPU-seconds at risk here, so that findings' bytes plus these are the node's whole.
+        "left_out": {
+            "runs": view.left_out.runs,
+            "findings": view.left_out.findings,
+            "important_bytes": [
+                {"mountpoint": display_path(mp), "kind": kind, "bytes": size}
+                for (mp, kind), size in sorted(view.left_out.important_bytes.items())
+            ],
+            "gpu_seconds_at_risk": view.left_out.gpu_seconds_at_risk,
+        },
         "stalls": _stalls_dict(view),
         "timeline": _timeline_dict(view),
         "workloads": _workloads_list(view),

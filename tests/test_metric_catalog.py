@@ -551,7 +551,7 @@ def test_the_catalog_prints_as_markdown_rows() -> None:
     with contextlib.redirect_stdout(bounds):
         assert main(["--labels"]) == 0
     assert len(bounds.getvalue().splitlines()) == 2 + sum(len(s.labels) for s in CATALOG)
-    assert "| `storwatch_checkpoint_size_bytes` | run | one per checkpoint run exported: the newest 100" in (
+    assert "| `storwatch_checkpoint_size_bytes` | run | one per checkpoint run exported, at most 100" in (
         bounds.getvalue()
     )
     assert "| `storwatch_finding` | severity | how urgent: warning, critical |" in bounds.getvalue()

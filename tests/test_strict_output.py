@@ -261,7 +261,11 @@ def test_metrics_carry_inf_only_where_the_readme_says_and_never_nan(served: tupl
                 assert not math.isnan(sample.value), sample
                 non_finite.setdefault(sample.name, set()).add(sample.value)
     documented = readme_infinite_metrics()
-    assert documented == {"storwatch_recovery_point_seconds", "storwatch_gpu_seconds_at_risk"}
+    assert documented == {
+        "storwatch_recovery_point_seconds",
+        "storwatch_gpu_seconds_at_risk",
+        "storwatch_checkpoint_dropped_gpu_seconds_at_risk",
+    }
     # The documented +Inf is still written (a run with nothing that survives the node), and nothing else is infinite.
     assert non_finite == {"storwatch_recovery_point_seconds": {INF}, "storwatch_gpu_seconds_at_risk": {INF}}
     # The families that may write +Inf are exactly those the README documents it for.

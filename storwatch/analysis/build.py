@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storwatch.analysis.checkpoints import mount_locator, run_views
+from storwatch.analysis.checkpoints import keep_runs, mount_locator, run_views
 from storwatch.analysis.findings import find
 from storwatch.analysis.io import mount_io
 from storwatch.analysis.latency import LatencyWindows
@@ -63,23 +63,31 @@ def build_view(
         MountView(m, verdict, mount_io(m, snapshot, windows)) for m, verdict in zip(snapshot.mounts, found, strict=True)
     )
     paths = paths or HostPaths()
-    checkpoints = run_views(snapshot.checkpoints, mounts, paths)
+    runs = run_views(snapshot.checkpoints, mounts, paths)
     locate = mount_locator(mounts, paths)
     facts = snapshot.checkpoints
     pods = process_pods(snapshot.containers, snapshot.kube)
-    return View(
-        snapshot=snapshot,
-        platform=platform,
-        mounts=mounts,
-        checkpoints=checkpoints,
-        checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
-        ready=ready,
-        pods=pods,
-        findings=find(
-            checkpoints,
+    # Findings and recovery figures over every run; only then the bound on what gets series and rows of its own,
+    # so the sums (important bytes, GPU-seconds at risk) stay whole.
+    kept = keep_runs(
+        runs,
+        recoveries(runs, snapshot.timestamp, mtbf_seconds, snapshot.gpus, pods, snapshot.jobs),
+        find(
+            runs,
             mounts,
             snapshot.timestamp,
             [(d, locate(d.path), host_path(paths, d.path)) for d in (facts.datasets if facts is not None else ())],
         ),
-        recovery=recoveries(checkpoints, snapshot.timestamp, mtbf_seconds, snapshot.gpus, pods, snapshot.jobs),
+    )
+    return View(
+        snapshot=snapshot,
+        platform=platform,
+        mounts=mounts,
+        checkpoints=kept.runs,
+        checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
+        ready=ready,
+        pods=pods,
+        findings=kept.findings,
+        recovery=kept.recovery,
+        left_out=kept.left_out,
     )

@@ -1,18 +1,23 @@
-"""Join checkpoint runs with the mounts they are on: a run's durability is its mount's."""
+"""Join checkpoint runs with the mounts they are on (a run's durability is its mount's), and decide which runs get
+series and rows of their own when the node holds more than MAX_RUNS; what the rest add to the sums is kept."""
 
 from __future__ import annotations
 
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from storwatch.analysis.view import MountView, RunView
+from storwatch.analysis.recovery import RunRecovery
+from storwatch.analysis.view import LeftOut, MountView, RunView
 from storwatch.checkpoints.record import RunId
 from storwatch.paths import HostPaths
 from storwatch.sources.checkpoints import CheckpointFacts, RunState
+from storwatch.vocabulary import Finding
 
 MAX_RUNS = 100
-"""Runs exported and shown, newest first: the run label stays bounded whatever the node holds."""
+"""Runs with series and rows of their own (keep_runs): the run label stays bounded whatever the node holds. The sums
+(important bytes, GPU-seconds at risk, counts) are over every run all the same."""
 
 
 def run_label(path: str, root: str) -> str:
@@ -49,10 +54,63 @@ def mount_locator(mounts: tuple[MountView, ...], paths: HostPaths) -> Callable[[
 
 
 def run_views(facts: CheckpointFacts | None, mounts: tuple[MountView, ...], paths: HostPaths) -> tuple[RunView, ...]:
+    """Every run the scan holds with its mount, newest first (unbounded: keep_runs bounds what gets series)."""
     if facts is None or not facts.runs:
         return ()
     mount_of = mount_locator(mounts, paths)
 
     runs = sorted(facts.runs, key=lambda r: max((c.mtime for c in r.checkpoints), default=0.0), reverse=True)
     labels = run_labels(facts.runs)
-    return tuple(RunView(r, labels[r.id], mount_of(r.path)) for r in runs[:MAX_RUNS])
+    return tuple(RunView(r, labels[r.id], mount_of(r.path)) for r in runs)
+
+
+@dataclass(frozen=True)
+class KeptRuns:
+    """The runs that get series and rows of their own, their recovery figures and findings, and what the rest add."""
+
+    runs: tuple[RunView, ...]
+    recovery: tuple[RunRecovery, ...]
+    findings: tuple[Finding, ...]
+    left_out: LeftOut
+
+
+def keep_runs(
+    runs: tuple[RunView, ...],
+    recovery: tuple[RunRecovery, ...],
+    findings: tuple[Finding, ...],
+    limit: int = MAX_RUNS,
+) -> KeptRuns:
+    """At most ``limit`` of ``runs`` (newest first, as run_views gives them), with their recovery figures and
+    findings (``recovery`` and ``findings`` computed over every run). The runs an operator most needs to see come
+    first: those with GPU-seconds at risk, then those with a critical finding, then any finding, then the newest.
+    Dataset findings are kept (the scan bounds them). What the runs left out carry goes to ``left_out``, so each sum
+    stays whole."""
+    risk = {r.run: r.gpu_seconds_at_risk for r in recovery}
+    run_findings: dict[str, list[Finding]] = {}
+    for f in findings:
+        if f.kind != "dataset":
+            run_findings.setdefault(f.run, []).append(f)
+
+    def rank(item: tuple[int, RunView]) -> tuple[bool, bool, bool, int]:
+        i, rv = item
+        mine = run_findings.get(rv.label, ())
+        return (risk.get(rv.id) is None, not any(f.severity == "critical" for f in mine), not mine, i)
+
+    chosen = {i for i, _ in sorted(enumerate(runs), key=rank)[: max(0, limit)]}
+    kept = tuple(rv for i, rv in enumerate(runs) if i in chosen)
+    if len(kept) == len(runs):
+        return KeptRuns(runs, recovery, findings, LeftOut())
+    kept_ids = {rv.id for rv in kept}
+    kept_labels = {rv.label for rv in kept}
+    dropped_labels = {rv.label for rv in runs} - kept_labels
+    dropped_findings = [f for f in findings if f.kind != "dataset" and f.run in dropped_labels]
+    important: dict[tuple[str, str], int] = {}
+    for f in dropped_findings:
+        important[(f.mountpoint, f.kind)] = important.get((f.mountpoint, f.kind), 0) + f.bytes
+    at_risk = sum(r.gpu_seconds_at_risk or 0.0 for r in recovery if r.run is not None and r.run not in kept_ids)
+    return KeptRuns(
+        kept,
+        tuple(r for r in recovery if r.run is None or r.run in kept_ids),
+        tuple(f for f in findings if f.kind == "dataset" or f.run not in dropped_labels),
+        LeftOut(len(runs) - len(kept), len(dropped_findings), important, at_risk),
+    )

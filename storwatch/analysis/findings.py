@@ -3,7 +3,9 @@ can act on and the durable place the data should go.
 
 Today the important data is what the checkpoint scan finds: every run whose complete checkpoints are on a ``volatile``
 or ``node`` mount. A run made only of model weights (safetensors files, sharded or not, GGUF files, Hugging Face's
-``pytorch_model*.bin``) is of kind ``model``; any other is of kind ``checkpoint``. Directories of dataset shards
+``pytorch_model*.bin``) is of kind ``model``; any other is of kind ``checkpoint``, and so is a run whose safetensors
+files are named as its steps (``step-N``, ``model-step-N``, ``epoch_N``..., or several names that differ only in their
+last number): a run's checkpoints, not weights published to be downloaded. Directories of dataset shards
 (Parquet, Arrow, TFRecord, WebDataset tars...) of at least ``checkpoints.dataset_min_bytes`` are of kind ``dataset``,
 always warnings. A finding counts the run's bytes
 there, exact to the byte (the sizes the scan measured), and names where they should go: a ``cluster`` or ``region``
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -57,10 +60,38 @@ MODEL_FORMATS = frozenset({"safetensors", "safetensors-sharded", "gguf"})
 """Formats in which model weights are published and downloaded (not training state)."""
 
 
+# ASCII digits, few of them (as the scan's own step patterns): a tenant names these files.
+_STEP_WORD = re.compile(
+    r"(?:^|[-_.])(?:global_step|step|steps|iter|iteration|epoch|ckpt|checkpoint)[-_]?\d{1,18}(?:$|[-_.])",
+    re.ASCII | re.IGNORECASE,
+)
+_LAST_NUMBER = re.compile(r"^(.*?)(\d{1,18})(\D*)$", re.ASCII)
+_SHARD = re.compile(r"\d{1,18}-of-\d{1,18}", re.ASCII)
+
+
+def names_steps(names: Iterable[str]) -> bool:
+    """The files are named as steps of a run: one name says so (``step-100``, ``model-step-100``, ``epoch_3``,
+    ``iter_0000500``), or two or more names differ only in their last number (``run-1``, ``run-2``); shards of one
+    model (``model-00001-of-00003``) are not steps."""
+    stems = [os.path.splitext(n)[0] for n in names]
+    if any(_STEP_WORD.search(stem) for stem in stems):
+        return True
+    numbered: dict[tuple[str, str], set[str]] = {}
+    for stem in stems:
+        m = _LAST_NUMBER.match(stem)
+        if m is not None and not _SHARD.search(stem):
+            numbered.setdefault((m.group(1), m.group(3)), set()).add(m.group(2).lstrip("0") or "0")
+    return any(len(numbers) >= 2 for numbers in numbered.values())
+
+
 def kind_of(formats_and_names: Iterable[tuple[str | None, str]]) -> str:
-    """``model`` when every checkpoint is model weights, else ``checkpoint``."""
+    """``model`` when every checkpoint is model weights, else ``checkpoint``. Safetensors files named as steps of a
+    run (names_steps) are the run's checkpoints; GGUF files are always weights (an inference format: no trainer
+    saves its steps in it)."""
     items = list(formats_and_names)
     model = all(f in MODEL_FORMATS or (f == "torch-zip" and n.startswith("pytorch_model")) for f, n in items)
+    if model and names_steps(n for f, n in items if f != "gguf"):
+        return "checkpoint"
     return "model" if items and model else "checkpoint"
 
 

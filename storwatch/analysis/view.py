@@ -73,6 +73,22 @@ class RunView:
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """What the bound on runs (analysis/checkpoints.py MAX_RUNS) left without series and rows of their own. Findings
+    and recovery figures are computed over every run first; this keeps what the runs left out add to each sum, so
+    every total stays whole."""
+
+    runs: int = 0
+    """Runs without series or rows of their own."""
+    findings: int = 0
+    """Their findings (no ``storwatch_finding`` series, no line on /status)."""
+    important_bytes: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    """Their findings' bytes by (mountpoint, kind)."""
+    gpu_seconds_at_risk: float = 0.0
+    """Their GPU-seconds at risk, summed (``inf`` where one has no checkpoint that survives the node)."""
+
+
+@dataclass(frozen=True)
 class View:
     """One tick's Snapshot and what analysis made of it."""
 
@@ -81,7 +97,8 @@ class View:
     mounts: tuple[MountView, ...] = ()
     """Every mount with its verdict and I/O, in the mount table's order."""
     checkpoints: tuple[RunView, ...] = ()
-    """Checkpoint runs with their mounts, newest first, bounded (analysis/checkpoints.py)."""
+    """Checkpoint runs with their mounts, newest first, bounded: the runs that get series and rows of their own
+    (analysis/checkpoints.py keep_runs); ``left_out`` counts the rest."""
     checkpoint_roots: tuple[str, ...] | None = None
     """The host directories the checkpoint scan searches, as the host names them; None before it first reports."""
     ready: bool = True
@@ -89,7 +106,8 @@ class View:
     pods: Mapping[int, ProcessPod] = field(default_factory=dict)
     """GPU process PID -> its container and pod (joined once here for every consumer: analysis/pods.py)."""
     findings: tuple[Finding, ...] = ()
-    """Important data on storage that does not survive losing this node, most severe first (analysis/findings.py)."""
+    """Important data on storage that does not survive losing this node, most severe first (analysis/findings.py):
+    those of the runs in ``checkpoints`` and every dataset directory; ``left_out`` holds what the others add."""
     recovery: tuple[RunRecovery, ...] = ()
     """Each checkpoint run's recovery point, write cost and recommended interval, in the order of ``checkpoints``
     (analysis/rpo.py)."""
@@ -98,6 +116,16 @@ class View:
     (analysis/stalls.py); None where the agent does not track them (``storwatch scan``)."""
     timeline: TimelinePicture | None = None
     """Each GPU's last hour for /status: utilisation, memory, stalls, checkpoint writes, its run mount's latency."""
+    left_out: LeftOut = field(default_factory=LeftOut)
+    """What the bound on runs left without series or rows of their own, and what it adds to the sums."""
+
+    def important_bytes(self) -> dict[tuple[str, str], int]:
+        """Bytes of important data on ephemeral storage by (mountpoint, kind), over every run: the findings shown
+        plus those left out, exact to the byte."""
+        out = dict(self.left_out.important_bytes)
+        for f in self.findings:
+            out[(f.mountpoint, f.kind)] = out.get((f.mountpoint, f.kind), 0) + f.bytes
+        return out
 
     # -- the snapshot's facts, as consumers read them
 

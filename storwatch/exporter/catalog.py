@@ -118,8 +118,9 @@ GPU = Label("gpu", "one per GPU on the node (its NVML index)")
 UUID = Label("uuid", "one per GPU on the node (its UUID; empty where NVML gives none)")
 RUN = Label(
     "run",
-    f"one per checkpoint run exported: the newest {MAX_RUNS} (analysis/checkpoints.py MAX_RUNS), each named by its "
-    "path below its root (at most 160 characters)",
+    f"one per checkpoint run exported, at most {MAX_RUNS} (analysis/checkpoints.py MAX_RUNS: those with GPU-seconds "
+    "at risk, then with findings, then the newest; the rest counted in storwatch_checkpoint_series_dropped), each "
+    "named by its path below its root (at most 160 characters)",
 )
 ROOT = Label("root", "one per checkpoint root (checkpoints.roots, the kubelet's pod volumes) and mount below one")
 DURABILITIES = tuple(d.value for d in Durability)
@@ -675,6 +676,13 @@ GPU_SECONDS_AT_RISK = _gauge(
     RUN,
     allow_inf=True,
 )
+CHECKPOINT_DROPPED_GPU_SECONDS_AT_RISK = _gauge(
+    "checkpoints",
+    "storwatch_checkpoint_dropped_gpu_seconds_at_risk",
+    "GPU-seconds at risk of the runs past the bound on runs (no series of their own): with the sum of "
+    "storwatch_gpu_seconds_at_risk, the node's whole.",
+    allow_inf=True,
+)
 CHECKPOINT_HEADROOM = _gauge(
     "checkpoints",
     "storwatch_checkpoint_headroom_bytes",
@@ -697,7 +705,7 @@ EPHEMERAL_IMPORTANT = _gauge(
     "checkpoints",
     "storwatch_ephemeral_important_bytes",
     "Bytes of important data (checkpoints, model weights) on storage that does not survive losing this node, "
-    "by mount and kind.",
+    "by mount and kind, over every run (those without series of their own included).",
     Label("mountpoint", "one per volatile or node mount holding important data"),
     Label("kind", "what the data is (analysis/findings.py)", ("checkpoint", "model", "dataset")),
 )
@@ -711,6 +719,14 @@ FINDING = _gauge(
         f"{MAX_DATASET_DIRS}) on ephemeral storage; 16 hex digits",
     ),
     Label("severity", "how urgent", typing.get_args(Severity)),
+)
+CHECKPOINT_SERIES_DROPPED = _gauge(
+    "checkpoints",
+    "storwatch_checkpoint_series_dropped",
+    f'Label values the bound on runs left out: label="run", runs past the {MAX_RUNS} with series of their own; '
+    'label="finding", their findings (no storwatch_finding series). Their bytes stay in '
+    "storwatch_ephemeral_important_bytes.",
+    Label("label", "the capped labels", ("run", "finding")),
 )
 
 # -- checkpoints: the scan itself

@@ -1,6 +1,8 @@
 """The checkpoints area: each run's newest complete checkpoint with the durability of the mount it is on, its size,
 write time and interval, what the run keeps, and the scan's stuck roots and check errors (storwatch_checkpoint_*);
-its recovery point and recommended interval (storwatch_recovery_point_seconds, analysis/rpo.py)."""
+its recovery point and recommended interval (storwatch_recovery_point_seconds, analysis/rpo.py). Runs past the bound
+(analysis/checkpoints.py MAX_RUNS) have no series of their own: they are counted (storwatch_checkpoint_series_dropped)
+and still in every sum (storwatch_ephemeral_important_bytes, storwatch_checkpoint_dropped_gpu_seconds_at_risk)."""
 
 from __future__ import annotations
 
@@ -92,17 +94,23 @@ def _recovery(view: View) -> Iterator[Family]:
             overhead.add(label, r.overhead_ratio)
         if r.recommended_interval_seconds is not None:
             recommended.add(label, r.recommended_interval_seconds)
-    yield from (point, overhead, recommended, at_risk, headroom, by_tier)
+    dropped_risk = catalog.CHECKPOINT_DROPPED_GPU_SECONDS_AT_RISK.family()
+    dropped_risk.add((), view.left_out.gpu_seconds_at_risk)
+    yield from (point, overhead, recommended, at_risk, headroom, by_tier, dropped_risk)
 
 
 def _findings(view: View) -> Iterator[Family]:
     important = catalog.EPHEMERAL_IMPORTANT.family()
     finding = catalog.FINDING.family()
-    by_mount: dict[tuple[str, str], int] = {}
+    dropped = catalog.CHECKPOINT_SERIES_DROPPED.family()
     for f in view.findings:
-        key = (display_path(f.mountpoint), f.kind)
-        by_mount[key] = by_mount.get(key, 0) + f.bytes
         finding.add((f.id, f.severity), 1)
+    by_mount: dict[tuple[str, str], int] = {}
+    for (mountpoint, kind), size in view.important_bytes().items():  # over every run, those left out included
+        key = (display_path(mountpoint), kind)
+        by_mount[key] = by_mount.get(key, 0) + size
     for key, size in sorted(by_mount.items()):
         important.add(key, size)
-    yield from (important, finding)
+    dropped.add(("run",), view.left_out.runs)
+    dropped.add(("finding",), view.left_out.findings)
+    yield from (important, finding, dropped)

@@ -195,6 +195,7 @@ Used is counted as df counts it, used / (used + available): space reserved for r
 <tbody>
 {chr(10).join(ckpt_rows)}
 </tbody></table>
+{_left_out_line(data.get("left_out") or {})}
 <h2>Latency</h2>
 <p>Milliseconds, p50/p95/max of per-second averages, over the last minute and hour; probe: write/fsync/read of
 its last round.</p>
@@ -207,6 +208,18 @@ its last round.</p>
 <p><a href="/metrics">/metrics</a> · <a href="/api/status">/api/status</a></p>
 </body></html>
 """
+
+
+def _left_out_line(left: dict[str, Any]) -> str:
+    """The runs the bound on runs left out of the table and the findings: how many, and that every total holds them."""
+    if not left.get("runs"):
+        return ""
+    size = sum(b["bytes"] for b in left.get("important_bytes") or ())
+    return (
+        f"<p class='note' id='left-out'>{left['runs']} more runs are not listed ({left['findings']} findings, "
+        f"{human_bytes(size)} on ephemeral storage); every total counts them "
+        "(storwatch_checkpoint_series_dropped).</p>"
+    )
 
 
 def _ms(seconds: float | None) -> str:
