@@ -865,6 +865,13 @@ COLLECTOR_LAST_SUCCESS = _gauge(
     "Unix time of the collector's last successful run.",
     COLLECTOR,
 )
+COLLECTOR_FAILURES = _counter(
+    "agent",
+    "storwatch_collector_failures_total",
+    "Runs of the collector that failed (success 0) since the agent started; the log has the first of a failure "
+    "that goes on, then lines at a backoff up to 300 s.",
+    COLLECTOR,
+)
 PARSE_ERRORS = _counter(
     "agent",
     "storwatch_parse_errors_total",
