@@ -636,7 +636,8 @@ CHECKPOINT_UNSAFE = _gauge(
 CHECKPOINT_WRITE_IN_PROGRESS = _gauge(
     "checkpoints",
     "storwatch_checkpoint_write_in_progress",
-    "1 while the run's newest checkpoint is incomplete.",
+    "1 while a save of the run is in progress: an atomic_save temporary being written, or a newest checkpoint "
+    "incomplete and changed within checkpoints.settle_seconds (one unchanged for longer is abandoned, not written).",
     RUN,
 )
 CHECKPOINT_ORPHANED_TEMP_BYTES = _gauge(
