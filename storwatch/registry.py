@@ -43,6 +43,7 @@ from storwatch.sources.access import ACCESS, AccessConfig
 from storwatch.sources.checkpoints import CHECKPOINTS, CheckpointSource, default_roots
 from storwatch.sources.diskio import DISKIO, DiskIOSource
 from storwatch.sources.gpu import GPUS, GPUFacts, GPUSource
+from storwatch.sources.gpu import RETRYING as GPU_RETRYING
 from storwatch.sources.kube import KubeSource
 from storwatch.sources.kubevolumes import KUBE, KubeFacts
 from storwatch.sources.lustre import LUSTRE, LustreConfig
@@ -224,8 +225,8 @@ def _scan_gpu(ctx: SourceContext, section: GPUConfig) -> GPUFacts:
     finally:
         source.close()
         gpu_log.setLevel(level)
-    if facts.error and "; next try in " in facts.error:
-        facts = dataclasses.replace(facts, error=facts.error.split("; next try in ", 1)[0])
+    if facts.error and f"; {GPU_RETRYING}" in facts.error:
+        facts = dataclasses.replace(facts, error=facts.error.split(f"; {GPU_RETRYING}", 1)[0])
     return facts
 
 

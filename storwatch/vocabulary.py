@@ -128,6 +128,8 @@ class CollectorStatus:
     """Why the source is off (disabled in the config, nothing to watch on this node); None while it runs."""
     parse_errors: int | None = None
     """Lines of its input it could not parse since the agent started; None for a source that parses no lines."""
+    failures: int = 0
+    """Collections that failed since the agent started."""
 
     @property
     def enabled(self) -> bool:

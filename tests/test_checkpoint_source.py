@@ -21,9 +21,12 @@ from storwatch.config import CheckpointsConfig
 from storwatch.exporter import Exporter
 from storwatch.paths import HostPaths
 from storwatch.registry import exporter_areas
+from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
 from storwatch.sources.checkpoints import EVENT_LOG, CheckpointSource, default_roots
 from storwatch.vocabulary import FsUsage, Mount, Platform
+from storwatch.web import render_status_page
+from tests.browser import TableParser
 from tests.builders import torch_like_zip
 
 
@@ -146,6 +149,64 @@ def test_write_duration_from_the_event_log_and_from_watching(
     second = next(c for c in state.checkpoints if c.path == str(g))
     assert second.verdict == "complete"
     assert second.write_seconds == 30.0
+
+
+def test_an_incomplete_checkpoint_is_written_while_it_changes_and_abandoned_once_it_stops(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """ "writing" only while something writes: a newest checkpoint cut short is being written while its mtime is
+    within the settle window of the source's clock, abandoned once it has been unchanged for longer (the run that
+    read "writing; 1 incomplete" eight minutes after its file was cut short), and written again when it changes."""
+    run = tmp_path / "run"
+    run.mkdir()
+    good = run / "a.pt"
+    torch_like_zip(good)
+    set_mtime(good, 1000.0)
+    partial = run / "b.pt"
+    torch_like_zip(partial, b"y" * 65536)
+    data = partial.read_bytes()
+    partial.write_bytes(data[: len(data) // 2])  # cut off half-way: no central directory
+    set_mtime(partial, 2000.0)
+    clock = Clock(2010.0)
+    source = make_source([str(tmp_path)], clock=clock, deep_per_scan=0, settle_seconds=60.0)
+
+    def state_now() -> tuple[bool, bool, int, int, str]:
+        facts = source.collect()
+        (state,) = facts.runs
+        view = build_view(
+            Snapshot(timestamp=clock(), checkpoints=facts), Classifier("generic"), Platform("generic", "t")
+        )
+        page = render_status_page(view_to_dict(view))
+        parser = TableParser("checkpoints")
+        parser.feed(page)
+        parser.close()
+        (row,) = parser.body_rows
+        return state.write_in_progress, state.writing_incomplete, state.incomplete, state.abandoned, row[-1]
+
+    writing, by_file, incomplete, abandoned, shown = state_now()
+    assert (writing, by_file, incomplete, abandoned) == (True, True, 1, 0)
+    assert shown.startswith("writing") and "abandoned" not in shown
+
+    clock.now = 2000.0 + 8 * 60  # eight minutes on, the file unchanged: nothing writes it
+    writing, by_file, incomplete, abandoned, shown = state_now()
+    assert (writing, by_file, incomplete, abandoned) == (False, False, 1, 1)
+    assert "writing" not in shown and "1 incomplete, abandoned" in shown
+
+    partial.write_bytes(data[: len(data) * 3 // 4])  # the writer goes on
+    set_mtime(partial, clock.now - 5.0)
+    writing, by_file, incomplete, abandoned, _ = state_now()
+    assert (writing, by_file, incomplete, abandoned) == (True, True, 1, 0)
+
+    # A tenant's mtime a day ahead is no sign of a write going on: it would read "writing" for a day.
+    set_mtime(partial, clock.now + 86400.0)
+    writing, by_file, incomplete, abandoned, _ = state_now()
+    assert (writing, by_file, incomplete, abandoned) == (False, False, 1, 1)
+
+    # An incomplete checkpoint older than the newest complete one: nothing writes, one abandoned.
+    set_mtime(partial, 500.0)
+    writing, by_file, incomplete, abandoned, shown = state_now()
+    assert (writing, by_file, incomplete, abandoned) == (False, False, 1, 1)
+    assert "writing" not in shown
 
 
 @pytest.mark.slow

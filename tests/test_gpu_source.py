@@ -8,6 +8,8 @@ without the library (the deadline worker the source runs on: tests/test_deadline
 from __future__ import annotations
 
 import ctypes.util
+import itertools
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,8 +114,37 @@ def test_no_library_reports_nvml_down_and_does_not_raise(tmp_path: Path) -> None
         assert "libnvidia-ml.so.1 not found" in f["error"]
         # No library: the source has no GPU to report, and says so as its failure (collector_success 0).
         assert answer["failure"] == f["error"]
-    assert "next try in" in facts(again)["error"]
+    # The same words on every tick, so the collector sees one failure going on, not a new one each second.
+    assert facts(again)["error"] == facts(first)["error"] and "retried with backoff" in f["error"]
     assert log.count("NVML unavailable") == 1
+
+
+def test_no_library_through_the_collector_backs_off_and_logs_a_bounded_number_of_lines(tmp_path: Path) -> None:
+    """A node without GPUs, 40 minutes of 1-s collections on a manual clock, through the agent's collector worker:
+    nvmlInit is tried at growing intervals up to every 300 s, and the log has a line when the failure starts, then
+    at growing intervals, not one per collection."""
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has a real libnvidia-ml: cannot test its absence")
+    ticks = 2400
+    with GPUSourceProcess({"LD_LIBRARY_PATH": str(tmp_path)}, ["--manual-clock", "--interval", "1"]) as proc:
+        answer = proc.request(f"ticks {ticks} 1")
+        log = proc.stop()
+    attempts = answer["init_attempts"]
+    # The tick of each nvmlInit attempt (counted by the source, timed by the manual clock only).
+    tried_at = [i for i, n in enumerate(attempts) if n > (attempts[i - 1] if i else 0)]
+    gaps = [b - a for a, b in itertools.pairwise(tried_at)]
+    assert gaps[:9] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert gaps[9:] and set(gaps[9:]) == {300}
+    assert answer["failures"] == ticks  # every collection failed, and each is counted
+    assert "libnvidia-ml.so.1 not found" in answer["error"]
+
+    assert log.count("NVML unavailable") == 1
+    assert log.count("collector gpu failed") == 1
+    # Each later line says how many runs failed since the line before: 1 s doubling to 300 s, at 1 run a second.
+    since = [int(n) for n in re.findall(r"collector gpu still failing \((\d+) failed runs since", log)]
+    assert since[:9] == [1, 2, 4, 8, 16, 32, 64, 128, 256], log
+    assert since[9:] and set(since[9:]) == {300}
+    assert 1 + len(since) < ticks // 100
 
 
 def test_no_bindings_reports_nvml_down(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The collectors: each source on its own worker thread, on its own cadence, with its health recorded.
 
 A worker runs its source's ``collect()``, keeps the facts, records how it went (a status per collector, its changes
-logged once) and waits the source's interval, until the agent stops. Whatever a source or the worker loop raises
+logged once, a failure that goes on logged again with backoff, every failure counted) and waits the source's interval,
+until the agent stops. Whatever a source or the worker loop raises
 becomes that collector's failure and the loop goes on. A reload may switch a source off (closed, its facts dropped)
 or on again (made anew); a collection that ends after its source was switched off is dropped.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +27,11 @@ log = logging.getLogger(__name__)
 FALLBACK_INTERVAL_SECONDS = 10.0
 """How often a worker runs its source when the source's interval_seconds cannot be waited (NaN, infinite, not above
 0; the config refuses these, a source may still hold one), and after an error of the worker loop itself."""
+FAILURE_LOG_FIRST_SECONDS = 1.0
+FAILURE_LOG_MAX_SECONDS = 300.0
+"""A collector that keeps failing in the same way is logged when it starts, then again (with how many failures since)
+after FAILURE_LOG_FIRST_SECONDS, doubling up to FAILURE_LOG_MAX_SECONDS between lines: the backoff nvmlInit retries
+with, so a node without GPUs does not log its GPU collector every second."""
 STALLED_MIN_SECONDS = 300.0
 STALLED_INTERVALS = 10
 """A collect() in flight longer than the larger of STALLED_MIN_SECONDS and STALLED_INTERVALS intervals is reported
@@ -47,6 +54,15 @@ class SourceState:
     """time.monotonic() when the collect() in flight started; None between collections."""
     paused: bool = False
     """Switched off by a reload (gpu.enabled: false releases the NVIDIA driver); its worker idles."""
+    failures: int = 0
+    """Failed collections since the agent started (storwatch_collector_failures_total)."""
+    failing: int = 0
+    """Failed collections in a row, the last one included; 0 while it succeeds."""
+    failure_logged: int = 0
+    """``failing`` when the current failure was last logged."""
+    next_failure_log: float = 0.0
+    """When (the Collectors' clock) a failure that goes on is logged again."""
+    failure_log_wait: float = FAILURE_LOG_FIRST_SECONDS
 
 
 def given(source: Source[Any]) -> SourceState:
@@ -59,6 +75,17 @@ def given(source: Source[Any]) -> SourceState:
 def describe(err: BaseException) -> str:
     text = str(err)
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def same_failure(a: str | None, b: str | None) -> bool:
+    """Two errors that differ only in their numbers (a countdown, a byte count, seconds in flight) are one failure
+    going on, not a new one worth a line of its own."""
+    if a is None or b is None:
+        return a is b
+    return _NUMBER.sub("#", a) == _NUMBER.sub("#", b)
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def usable_interval(value: object) -> tuple[float, str | None]:
@@ -229,12 +256,14 @@ class Collectors:
             if off_reason != st.off_reason:
                 log.info("collector %s is off: %s", name, off_reason)
             error = None
+            st.failing = 0
         elif error is None:
             st.last_success = now
             if st.last_error is not None:
-                log.info("collector %s recovered", name)
-        elif error != st.last_error:
-            log.warning("collector %s failed: %s", name, error)
+                log.info("collector %s recovered after %d failed runs", name, st.failing)
+            st.failing = 0
+        else:
+            self._failed(st, name, error, now)
         with self.lock:
             if st.paused and off_reason is None:
                 return  # paused by a reload since: the off status it set stands
@@ -247,8 +276,30 @@ class Collectors:
                 error,
                 off_reason,
                 parse_errors,
+                st.failures,
             )
         self.reported()
+
+    def _failed(self, st: SourceState, name: str, error: str, now: float) -> None:
+        """Count a failure; log it when it is new, else when the backoff since its last line has passed."""
+        st.failures += 1
+        st.failing += 1
+        if st.failing == 1 or not same_failure(error, st.last_error):
+            log.warning("collector %s failed: %s", name, error)
+            st.failure_log_wait = FAILURE_LOG_FIRST_SECONDS
+        elif now >= st.next_failure_log:
+            log.warning(
+                "collector %s still failing (%d failed runs since the last line, %d in a row): %s",
+                name,
+                st.failing - st.failure_logged,
+                st.failing,
+                error,
+            )
+            st.failure_log_wait = min(st.failure_log_wait * 2.0, FAILURE_LOG_MAX_SECONDS)
+        else:
+            return
+        st.failure_logged = st.failing
+        st.next_failure_log = now + st.failure_log_wait
 
     def statuses(self) -> tuple[CollectorStatus, ...]:
         """Each running source's last report, a failure where its collect() has been in flight for too long."""
@@ -262,7 +313,8 @@ class Collectors:
                 if stalled > max(STALLED_MIN_SECONDS, STALLED_INTERVALS * interval):
                     error = f"collect() has not returned after {stalled:.0f} s"
                     last = status.last_success_timestamp if status is not None else None
-                    status = CollectorStatus(st.source.name, False, stalled, last, error)
+                    failures = status.failures if status is not None else st.failures
+                    status = CollectorStatus(st.source.name, False, stalled, last, error, failures=failures)
             if status is not None:
                 out.append(status)
         return tuple(out)
@@ -287,7 +339,7 @@ class Collectors:
         if off is not None and not st.paused:
             st.paused, st.off_reason, st.facts = True, off, None
             st.source.close()
-            st.status = CollectorStatus(st.source.name, False, 0.0, st.last_success, None, off)
+            st.status = CollectorStatus(st.source.name, False, 0.0, st.last_success, None, off, failures=st.failures)
             log.info("collector %s switched off: %s", st.source.name, off)
         elif off is None and st.paused:
             st.source = st.spec.make(self.context, section)

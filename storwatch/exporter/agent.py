@@ -50,6 +50,7 @@ def _collectors(view: View) -> Iterator[Family]:
     success = catalog.COLLECTOR_SUCCESS.family()
     duration = catalog.COLLECTOR_DURATION.family()
     last = catalog.COLLECTOR_LAST_SUCCESS.family()
+    failures = catalog.COLLECTOR_FAILURES.family()
     for c in view.collectors:
         name = (c.name,)
         enabled.add(name, 1 if c.enabled else 0)
@@ -59,4 +60,5 @@ def _collectors(view: View) -> Iterator[Family]:
         success.add(name, 1 if c.success else 0)
         duration.add(name, c.duration_seconds)
         last.add(name, c.last_success_timestamp)
-    yield from (enabled, success, duration, last, parse_errors)
+        failures.add(name, c.failures)
+    yield from (enabled, success, duration, last, failures, parse_errors)

@@ -637,7 +637,8 @@ CHECKPOINT_UNSAFE = _gauge(
 CHECKPOINT_WRITE_IN_PROGRESS = _gauge(
     "checkpoints",
     "storwatch_checkpoint_write_in_progress",
-    "1 while the run's newest checkpoint is incomplete.",
+    "1 while a save of the run is in progress: an atomic_save temporary being written, or a newest checkpoint "
+    "incomplete and changed within checkpoints.settle_seconds (one unchanged for longer is abandoned, not written).",
     RUN,
 )
 CHECKPOINT_ORPHANED_TEMP_BYTES = _gauge(
@@ -879,6 +880,13 @@ COLLECTOR_LAST_SUCCESS = _gauge(
     "agent",
     "storwatch_collector_last_success_timestamp_seconds",
     "Unix time of the collector's last successful run.",
+    COLLECTOR,
+)
+COLLECTOR_FAILURES = _counter(
+    "agent",
+    "storwatch_collector_failures_total",
+    "Runs of the collector that failed (success 0) since the agent started; the log has the first of a failure "
+    "that goes on, then lines at a backoff up to 300 s.",
     COLLECTOR,
 )
 PARSE_ERRORS = _counter(

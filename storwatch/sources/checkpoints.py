@@ -96,6 +96,12 @@ class RunState:
     writing_pids: tuple[int, ...] = ()
     """The writers of those temporaries, as their names carry them, where the kernel backs the claim (the process
     has a file open for writing under the run)."""
+    writing_incomplete: bool = False
+    """The newest checkpoint is incomplete and changed within the settle window (its mtime at most
+    ``settle_seconds`` from the scan's time, by this source's clock): being written, by whatever writes it."""
+    abandoned: int = 0
+    """Incomplete checkpoints unchanged for longer than the settle window (or dated implausibly far ahead): cut short,
+    and nothing writes them any more."""
 
     @property
     def id(self) -> RunId:
@@ -126,10 +132,8 @@ class RunState:
     @property
     def write_in_progress(self) -> bool:
         """A save is in progress: an atomic_save temporary whose writer is at it, or a newest checkpoint still
-        incomplete (being written, or abandoned mid-write)."""
-        return self.writing_since is not None or (
-            bool(self.checkpoints) and self.checkpoints[-1].verdict == "incomplete"
-        )
+        incomplete and changing (an incomplete one that stopped changing is ``abandoned``, not being written)."""
+        return self.writing_since is not None or self.writing_incomplete
 
     @property
     def interval_seconds(self) -> float | None:
@@ -375,6 +379,7 @@ class CheckpointSource:
             stuck.extend(deep_stuck)
             if checked:  # shown now; the helper's cache has them from its next scan on
                 runs = tuple(_with_deep(r, checked) for r in runs)
+        runs = tuple(_with_writing(r, now, settings.settle_seconds) for r in runs)
         unreadable = tuple(
             Unreadable(u, r.unreadable, r.unreadable_paths) for u, r in sorted(self._units.items()) if r.unreadable
         )
@@ -589,6 +594,24 @@ def _with_deep(run: RunState, checked: dict[str, Checkpoint]) -> RunState:
         for c in run.checkpoints
     )
     return dataclasses.replace(run, checkpoints=states)
+
+
+def _with_writing(run: RunState, now: float, settle: float) -> RunState:
+    """The run with its incomplete checkpoints told apart by their mtime (after the deep checks, which may have
+    found a checkpoint incomplete): the newest still changing within ``settle`` seconds is being written, one
+    unchanged for longer was cut short and is abandoned. A file's mtime is what a tenant's writer set, so one far
+    in the future does not count as changing: it would hold "writing" for ever."""
+
+    def changing(c: Checkpoint) -> bool:
+        return now - settle <= c.mtime <= now + settle
+
+    incomplete = [c for c in run.checkpoints if c.verdict == "incomplete"]
+    if not incomplete:
+        return run
+    newest = run.checkpoints[-1]
+    writing = newest.verdict == "incomplete" and changing(newest)
+    abandoned = sum(1 for c in incomplete if not changing(c))
+    return dataclasses.replace(run, writing_incomplete=writing, abandoned=abandoned)
 
 
 def _merged(a: RunState, b: RunState) -> RunState:

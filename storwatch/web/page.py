@@ -104,8 +104,14 @@ def render_status_page(data: dict[str, Any]) -> str:
     ckpt_rows = []
     for r in data["checkpoints"]:
         problems = []
-        if r["incomplete"]:
-            problems.append(f"{r['incomplete']} incomplete")
+        # An incomplete checkpoint still changing is the write in progress ("writing"); one that stopped changing
+        # long ago was cut short, and saying "writing" of it would send an operator to wait for nothing.
+        abandoned = r["abandoned"]
+        others = r["incomplete"] - abandoned - (1 if r["writing_incomplete"] else 0)
+        if abandoned:
+            problems.append(f"{abandoned} incomplete, abandoned: cut short, and nothing writes to it any more")
+        if others > 0:
+            problems.append(f"{others} incomplete")
         if r["corrupt"]:
             bad = next((c for c in r["checkpoints"] if c["verdict"] == "corrupt"), None)
             problems.append(f"{r['corrupt']} corrupt" + (f": {bad['reason']}" if bad else ""))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from storwatch.sources.gpu.facts import GPUS, GPUFacts, GPUProcess, GPUState, MIGDevice
 from storwatch.sources.gpu.nvml import INIT_BACKOFF_FIRST_SECONDS, INIT_BACKOFF_MAX_SECONDS, NA, NAType, next_backoff
-from storwatch.sources.gpu.sampler import BUFFERED_READ_SECONDS
+from storwatch.sources.gpu.sampler import BUFFERED_READ_SECONDS, RETRYING
 from storwatch.sources.gpu.source import INIT_TIMEOUT_SECONDS, GPUSettings, GPUSource
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "INIT_BACKOFF_MAX_SECONDS",
     "INIT_TIMEOUT_SECONDS",
     "NA",
+    "RETRYING",
     "GPUFacts",
     "GPUProcess",
     "GPUSettings",

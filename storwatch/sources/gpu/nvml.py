@@ -17,6 +17,7 @@ import ctypes
 import enum
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 from storwatch.sources import OnceLog
@@ -143,15 +144,23 @@ class NVML:
     """The bindings, imported at the first :meth:`init`; an NVML session from nvmlInit to nvmlShutdown, with the
     driver version and an event set for Xid events; the functions found missing in it."""
 
-    def __init__(self, init_backoff_seconds: float = INIT_BACKOFF_FIRST_SECONDS) -> None:
+    def __init__(
+        self,
+        init_backoff_seconds: float = INIT_BACKOFF_FIRST_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``monotonic``: the clock the nvmlInit backoff is timed by (injected by tests)."""
         self.nv: Any = None
         """The ``pynvml`` module, once imported."""
         self.initialised = False
         self.init_error: str | None = "not initialised yet"
         self.first_backoff = init_backoff_seconds
         self.backoff = init_backoff_seconds
+        self.monotonic = monotonic
         self.next_init = 0.0
-        """When (time.monotonic) nvmlInit may be tried again."""
+        """When (``monotonic``) nvmlInit may be tried again."""
+        self.init_attempts = 0
+        """nvmlInit calls made (a retry not yet due makes none)."""
         self.driver_version: str | None = None
         self.event_set: Any = None
         """The session's nvmlEventSet_t, or None where events are not supported."""
@@ -236,9 +245,10 @@ class NVML:
         """nvmlInit, unless a retry is not due yet; on failure, schedule the next try (doubling backoff)."""
         if self.initialised:
             return True
-        now = time.monotonic()
+        now = self.monotonic()
         if now < self.next_init:
             return False
+        self.init_attempts += 1
         error = self._try_init()
         if error is None:
             # The backoff is reset only by a whole tick sampled (:meth:`answered`): an NVML that initialises and
@@ -249,13 +259,13 @@ class NVML:
         if error != self.init_error:
             log.warning("NVML unavailable: %s; retrying with backoff up to %.0f s", error, INIT_BACKOFF_MAX_SECONDS)
         self.init_error = error
-        self.next_init = time.monotonic() + self.backoff
+        self.next_init = self.monotonic() + self.backoff
         self.backoff = next_backoff(self.backoff)
         return False
 
     def retry_in(self) -> float:
         """Seconds until nvmlInit may be tried again."""
-        return max(0.0, self.next_init - time.monotonic())
+        return max(0.0, self.next_init - self.monotonic())
 
     def _try_init(self) -> str | None:
         if self.nv is None:
@@ -299,7 +309,7 @@ class NVML:
         self.last_loss = error
         self.shutdown()
         self.init_error = error
-        self.next_init = time.monotonic() + self.backoff
+        self.next_init = self.monotonic() + self.backoff
         self.backoff = next_backoff(self.backoff)
 
     def shutdown(self) -> None:

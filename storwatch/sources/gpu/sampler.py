@@ -23,6 +23,7 @@ from storwatch.sources.gpu.nvml import (
     EVENT_TYPE_XID_CRITICAL_ERROR,
     GPU_UTILIZATION_SAMPLES,
     INIT_BACKOFF_FIRST_SECONDS,
+    INIT_BACKOFF_MAX_SECONDS,
     MEMORY_V2,
     NA,
     NVML,
@@ -46,6 +47,7 @@ BUFFERED_READ_SECONDS = 5.0
 costs milliseconds of CPU in the driver whatever it returns (BENCHMARKS.md, from scripts/gpu_node_check.py), far more
 than the polled readings, and the buffer holds about 14 s of samples (71 at 5 per second), so a read every 5 s loses
 none and costs a fifth."""
+RETRYING = f"nvmlInit retried with backoff (doubling up to {INIT_BACKOFF_MAX_SECONDS:.0f} s)"
 MIG_MODE_SECONDS = 60.0
 """How often MIG mode is read again (it changes only with a GPU reset, which new handles catch)."""
 
@@ -82,9 +84,10 @@ class Sampler:
         clock: Callable[[], float],
         init_backoff_seconds: float = INIT_BACKOFF_FIRST_SECONDS,
         buffered_read_seconds: float = BUFFERED_READ_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.clock = clock
-        self.nvml = NVML(init_backoff_seconds)
+        self.nvml = NVML(init_backoff_seconds, monotonic)
         self.devices: list[_Device] = []
         self.buffered_read_seconds = buffered_read_seconds
         self.registered: set[int] = set()
@@ -100,7 +103,9 @@ class Sampler:
             return GPUFacts(self.clock(), False, None, "source closed", ())
         fresh = not nvml.initialised
         if not nvml.init():
-            return GPUFacts(self.clock(), False, None, f"{nvml.init_error}; next try in {nvml.retry_in():.0f} s", ())
+            # The same words on every tick until nvmlInit fails otherwise: the collector logs a failure that goes
+            # on with backoff, and a countdown here would make each tick's failure look new.
+            return GPUFacts(self.clock(), False, None, f"{nvml.init_error}; {RETRYING}", ())
         if fresh:
             # A new NVML session: handles and event registrations of the last one are void.
             self._forget_devices()

@@ -52,13 +52,14 @@ class GPUSource:
         clock: Callable[[], float] = time.time,
         samples_interval_seconds: float = BUFFERED_READ_SECONDS,
         init_backoff_seconds: float = INIT_BACKOFF_FIRST_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """``init_backoff_seconds``: the wait before the first retry of a failed nvmlInit (it doubles up to
-        INIT_BACKOFF_MAX_SECONDS)."""
+        INIT_BACKOFF_MAX_SECONDS), timed by ``monotonic``."""
         self.interval_seconds = interval_seconds
         self.call_timeout_seconds = call_timeout_seconds
         self.clock = clock
-        self._sampler = Sampler(clock, init_backoff_seconds, samples_interval_seconds)
+        self._sampler = Sampler(clock, init_backoff_seconds, samples_interval_seconds, monotonic)
         self._worker = DeadlineWorker("gpu-nvml")
         self._closed = False
         self._stuck_logged = False
