@@ -34,7 +34,7 @@ from typing import Any
 
 from storwatch._blocking_worker import serve
 from storwatch.checkpoints.birth import StatxTimes, statx_times
-from storwatch.checkpoints.events import FileTimes, SaveRecord, parse_lines
+from storwatch.checkpoints.events import MAX_SAVE_SECONDS, FileTimes, SaveRecord, parse_lines
 from storwatch.checkpoints.formats import CheckResult, check, identify
 from storwatch.checkpoints.limits import TRANSIENT_LIMITS, DeepLimits
 from storwatch.checkpoints.record import Checkpoint, DeepAnswer, Run, Temp, UnitAnswer, to_wire
@@ -181,6 +181,15 @@ def _event_lines(unit: _Unit, run: str) -> list[bytes]:
     return lines
 
 
+def _birth(unit: _Unit, c: CheckpointCandidate) -> float | None:
+    """The candidate's birth time (a file's, or a checkpoint directory's), asked once per footprint."""
+    footprint = (c.size_bytes, c.newest_mtime)
+    known = unit.births.get(c.path)
+    if known is None or known[0] != footprint:
+        known = unit.births[c.path] = (footprint, statx_times(c.path))
+    return None if known[1] is None else known[1].birth
+
+
 def _event_log(
     unit: _Unit, run: str, files: dict[str, CheckpointCandidate], now: float, rejected: dict[str, int]
 ) -> dict[str, SaveRecord]:
@@ -214,9 +223,27 @@ def _event_log(
     return records
 
 
-def _checkpoint(c: CheckpointCandidate, result: CheckResult, event: SaveRecord | None) -> Checkpoint:
-    """The record of one candidate: what the walk found, what the check said, and its event line's timing."""
-    seconds = None if event is None else event.end - event.start
+def _checkpoint(
+    c: CheckpointCandidate, result: CheckResult, event: SaveRecord | None, birth: float | None
+) -> Checkpoint:
+    """The record of one candidate: what the walk found, what the check said, and its write's span, strongest
+    first: its event line; else, for a complete checkpoint, its birth (the file's, or the directory's: a save makes
+    it first) to its newest mtime, where the filesystem keeps a birth time."""
+    start: float | None = None
+    seconds: float | None = None
+    timed_by: str | None = None
+    untimed: str | None = None
+    if event is not None:
+        start, seconds, timed_by = event.start, event.end - event.start, "event_log"
+    elif result.verdict != "complete":
+        untimed = "not complete: its write has not ended"
+    elif birth is None:
+        untimed = "no event line, and this filesystem keeps no birth time: the write is not timed"
+    elif 0.0 <= c.newest_mtime - birth <= MAX_SAVE_SECONDS:
+        start, seconds, timed_by = birth, c.newest_mtime - birth, "birth_mtime"
+    else:
+        untimed = "its birth and newest mtime do not bound a save (changed long after it was made)"
+    size = event.bytes if event is not None else result.size_bytes
     return Checkpoint(
         path=c.path,
         format=result.format,
@@ -226,13 +253,15 @@ def _checkpoint(c: CheckpointCandidate, result: CheckResult, event: SaveRecord |
         mtime=result.mtime,
         deep_checked=result.deep,
         write_seconds=seconds,
-        write_bytes_per_second=None if event is None or not seconds else event.bytes / seconds,
-        write_start=None if event is None else event.start,
+        write_bytes_per_second=size / seconds if seconds else None,
+        write_start=start,
         allocated_bytes=c.allocated_bytes,
         kind=c.kind,
         files=c.files,
         notes=result.notes,
         claimed_pid=None if event is None else event.pid,
+        write_timed_by=timed_by,
+        write_untimed_reason=untimed,
     )
 
 
@@ -312,7 +341,9 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
                 else:
                     checked = guarded_check(c.path, False, now, settle, errors, c.size_bytes, c.newest_mtime, limits)
                 verdicts[c.path] = (footprint, checked)
-                made.append(_checkpoint(c, checked, events.get(c.path)))
+                event = events.get(c.path)
+                birth = None if event is not None or checked.verdict != "complete" else _birth(unit, c)
+                made.append(_checkpoint(c, checked, event, birth))
         if result.truncated:
             # What lay beyond the bound was not seen this time: keep its verdicts, bounded by the scan's own bound.
             for p, v in unit.verdicts.items():

@@ -408,6 +408,8 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                         "age_seconds": checkpoint_age_seconds(c, view.timestamp),
                         "deep_checked": c.deep_checked,
                         "write_seconds": c.write_seconds,
+                        "write_timed_by": c.write_timed_by,
+                        "write_untimed_reason": c.write_untimed_reason,
                         "write_bytes_per_second": c.write_bytes_per_second,
                     }
                     for c in run.checkpoints

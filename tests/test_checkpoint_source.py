@@ -108,7 +108,7 @@ def test_truncated_and_in_progress_checkpoints(tmp_path: Path, make_source: Call
     assert state.newest_complete is not None and state.newest_complete.path == str(good)
 
 
-def test_write_duration_from_the_event_log_and_from_watching(
+def test_write_spans_from_the_event_log_or_the_files_birth(
     tmp_path: Path, make_source: Callable[..., CheckpointSource]
 ) -> None:
     run = tmp_path / "run"
@@ -134,21 +134,33 @@ def test_write_duration_from_the_event_log_and_from_watching(
     assert ckpt.write_bytes_per_second == size / 8.5
     assert facts.claims_rejected["malformed"] == 1  # "not json", counted once however often the log is read
     assert source.collect().claims_rejected["malformed"] == 1
-    clock.now = 300.0
+    assert ckpt.write_timed_by == "event_log"
 
-    # Without an event log: first seen incomplete at 300, first seen complete at 330.
+    # Without an event log: the kernel's birth time of the file to its last write, where the filesystem keeps one
+    # (ext4 and tmpfs do); watching it go from incomplete to complete times nothing (a scan interval is no duration).
+    from storwatch.checkpoints.birth import birth_time
+
     g = run / "step-2.pt"
     torch_like_zip(g)
     whole = g.read_bytes()
     g.write_bytes(whole[:100])
     clock.now = born + 300.0
-    source.collect()
+    (state,) = source.collect().runs
+    first = next(c for c in state.checkpoints if c.path == str(g))
+    assert first.verdict == "incomplete" and first.write_seconds is None and first.write_untimed_reason
     g.write_bytes(whole)
+    written = g.stat().st_mtime + 2.5
+    os.utime(g, (written, written))  # the save went on 2.5 s after its file was made
     clock.now = born + 330.0
     (state,) = source.collect().runs
     second = next(c for c in state.checkpoints if c.path == str(g))
     assert second.verdict == "complete"
-    assert second.write_seconds == 30.0
+    birth = birth_time(str(g))
+    if birth is None:  # a filesystem without birth times: not timed, and says why
+        assert second.write_seconds is None and second.write_untimed_reason
+    else:
+        assert second.write_timed_by == "birth_mtime" and second.write_start == birth
+        assert second.write_seconds == pytest.approx(written - birth)
 
 
 def test_an_incomplete_checkpoint_is_written_while_it_changes_and_abandoned_once_it_stops(

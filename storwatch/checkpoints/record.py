@@ -82,6 +82,13 @@ class Checkpoint:
     claimed_pid: int | None = None
     """The PID the event log's line names, before the kernel is asked (the helper fills it; the source decides
     ``writer_pid``)."""
+    write_timed_by: str | None = None
+    """How ``write_start`` and ``write_seconds`` were measured: ``event_log`` (atomic_save's line, checked against
+    the file), ``birth_mtime`` (the kernel's birth time of the file, or of a checkpoint directory, to its newest
+    mtime); None when the write is not timed."""
+    write_untimed_reason: str | None = None
+    """Why the write is not timed (no event line, and no birth time on this filesystem): a duration known only to
+    within a scan interval is no duration, so none is made up."""
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ Each walk is bounded (entries, depth, seconds per unit; see checkpoints/scan.py)
 it is new or changed; one complete checkpoint per scan gets the deep check (every CRC, and torch.load where torch is
 installed), newest first, so a node's checkpoints are all read in full eventually at a low, steady rate. A check that
 raises makes only its own checkpoint ``corrupt`` (``unknown`` when it is no known format) and is counted by kind
-(``check_errors``). Write timings come from the training side's event log (storwatch.training.atomic_save) where there
-is one, else from when this source first saw the checkpoint incomplete and then complete. Temporaries of
+(``check_errors``). A write's span comes from the training side's event log (storwatch.training.atomic_save) where there
+is one, else from the kernel's birth time of the checkpoint to its newest mtime; where neither is known it is not
+timed (a span known only to within a scan interval is no duration). Temporaries of
 ``atomic_save`` whose writer is gone are reported per run (never removed: the next save does that).
 
 The records it files are those the helper made (checkpoints/record.py), with what only this source knows added:
@@ -189,12 +190,10 @@ CHECKPOINTS: FactsKey[CheckpointFacts] = FactsKey("checkpoints")
 
 @dataclass
 class _Seen:
-    """When this source first saw a checkpoint, and when it saw it incomplete and then complete."""
+    """When this source first saw a checkpoint."""
 
     footprint: tuple[int, float]
     first_seen: float
-    first_incomplete: float | None
-    completed_seen: float | None = None
 
 
 def default_roots(paths: HostPaths, configured: Sequence[str], kubelet: bool) -> list[str]:
@@ -421,14 +420,11 @@ class CheckpointSource:
         return dataclasses.asdict(self.limits)
 
     def _track(self, c: Checkpoint, now: float) -> None:
-        footprint = (c.size_bytes, c.mtime)
         seen = self._seen.get(c.path)
         if seen is None:
-            seen = self._seen[c.path] = _Seen(footprint, now, now if c.verdict == "incomplete" else None)
-        elif seen.footprint != footprint:
-            seen.footprint = footprint
-        if c.verdict == "complete" and seen.completed_seen is None:
-            seen.completed_seen = now
+            self._seen[c.path] = _Seen((c.size_bytes, c.mtime), now)
+        else:
+            seen.footprint = (c.size_bytes, c.mtime)
 
     def _deep_checks(
         self, now: float, runs: tuple[RunState, ...], unit_of: dict[str, str], stuck_units: set[str]
@@ -557,21 +553,13 @@ class CheckpointSource:
         return reason is None
 
     def _state(self, c: Checkpoint, run: str) -> Checkpoint:
-        """The helper's record with what this source knows: when it first saw it, the write's duration where only
-        watching timed it, and the writer PID where the kernel backs the claim."""
+        """The helper's record with what this source knows: when it first saw it, and the writer PID where the
+        kernel backs the claim."""
         seen = self._seen.get(c.path)
         first_seen = seen.first_seen if seen is not None else self.clock()
-        write_seconds, rate = c.write_seconds, c.write_bytes_per_second
-        watched = seen is not None and seen.first_incomplete is not None and seen.completed_seen is not None
-        if write_seconds is None and watched:
-            assert seen is not None and seen.completed_seen is not None and seen.first_incomplete is not None
-            write_seconds = seen.completed_seen - seen.first_incomplete
-            rate = c.size_bytes / write_seconds if write_seconds > 0 else None
         claimed = c.claimed_pid
-        pid = claimed if claimed is not None and write_seconds is not None and self._backed(claimed, run) else None
-        return dataclasses.replace(
-            c, first_seen=first_seen, write_seconds=write_seconds, write_bytes_per_second=rate, writer_pid=pid
-        )
+        pid = claimed if claimed is not None and c.write_seconds is not None and self._backed(claimed, run) else None
+        return dataclasses.replace(c, first_seen=first_seen, writer_pid=pid)
 
     def close(self) -> None:
         self.calls.close()
