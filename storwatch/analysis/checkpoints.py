@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from storwatch.analysis.view import MountView, RunView
 from storwatch.paths import HostPaths
-from storwatch.sources.checkpoints import CheckpointFacts
+
+if TYPE_CHECKING:
+    from storwatch.sources.checkpoints import CheckpointFacts
 
 MAX_RUNS = 100
 """Runs exported and shown, newest first: the run label stays bounded whatever the node holds."""
