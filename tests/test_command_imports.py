@@ -99,8 +99,9 @@ def test_verify_imports_the_checks_and_no_client(with_config: bool, tmp_path: Pa
     assert proc.stdout.startswith("COMPLETE") and str(checkpoint) in proc.stdout
     assert "storwatch.checkpoints.formats" in modules
     assert loaded(modules, *AGENT_ONLY, *CLIENTS, "storwatch.analysis") == []
-    # The registry, and with it every source's module, only to read a file's sections.
+    # The registry, and with it every source's module, only to read a file's sections; yaml only to read a file.
     assert ("storwatch.registry" in modules) is with_config
+    assert ("yaml" in modules) is with_config
 
 
 def scan_args(tmp_path: Path, config: str) -> tuple[str, ...]:
