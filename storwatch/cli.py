@@ -1,26 +1,27 @@
 """Command line: ``storwatch agent`` runs the node agent, ``storwatch scan`` prints a one-shot report of this node's
-mounts, and ``storwatch verify`` checks checkpoint files."""
+mounts, and ``storwatch verify`` checks checkpoint files.
+
+Each command imports what it uses, inside its own function; the parser needs only the vocabulary, so ``--help`` loads
+nothing else of storwatch (tests/test_command_imports.py holds each command to what it uses)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import json
-import logging
 import math
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from storwatch import __version__
-from storwatch.config import Config, ConfigError, parse_listen
-from storwatch.printable import PrintableFormatter, printable, printable_lines
-from storwatch.registry import load_config
-from storwatch.vocabulary import PLATFORMS, CollectorStatus
+from storwatch.vocabulary import PLATFORMS
+
+if TYPE_CHECKING:
+    import logging
+
+    from storwatch.config import Config
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_NOTHING_VERIFIED = 0, 1, 2, 3
 
@@ -162,13 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    import json
+
+    from storwatch.checkpoints.limits import DeepLimits
+    from storwatch.printable import printable
+
     missing = [p for p in args.paths if not os.path.lexists(p)]
     if missing:
         print(f"storwatch verify: no such file or directory: {', '.join(map(printable, missing))}", file=sys.stderr)
         return EXIT_USAGE
-    from storwatch.checkpoints.limits import DeepLimits
-
-    limits = DeepLimits.from_config(load_config(args.config).checkpoints)
+    limits = DeepLimits.from_config(_config_file(args.config).checkpoints)
     # Names from disk may hold bytes that are not UTF-8 (kept as surrogates): printed escaped (printable), and never
     # an exception should a line still hold one.
     for stream in (sys.stdout, sys.stderr):
@@ -206,6 +210,8 @@ def _verdict_lines(r: Any) -> str:
     """A check's lines: verdict, format and path, then the reason, then its notes. The path, the reason and the notes
     (which may quote an entry's or a class's name) come from the files checked: escaped, so a name cannot rewrite the
     lines around it."""
+    from storwatch.printable import printable
+
     return (
         f"{r.verdict.upper():<10}  {printable(r.format or 'unknown'):<19}  {printable(r.path)}\n            "
         + printable(r.reason)
@@ -215,6 +221,8 @@ def _verdict_lines(r: Any) -> str:
 
 def _orphaned_temps(paths: Sequence[str]) -> list[tuple[str, int]]:
     """atomic_save temporaries whose writer is gone: below each directory given, and beside each file given."""
+    import contextlib
+
     from storwatch.checkpoints.scan import CheckpointScanner
     from storwatch.training import is_temp_name, orphaned_temp
 
@@ -247,6 +255,7 @@ def _verify_path(path: str, deep: bool, limits: Any = None) -> list[Any]:
     every checkpoint found below it, oldest first, by the agent's own scanner and bounds."""
     from storwatch.checkpoints import check, identify
     from storwatch.checkpoints.scan import CheckpointScanner
+    from storwatch.printable import printable
 
     if not os.path.isdir(path) or os.path.islink(path) or identify(path) is not None:
         return [check(path, deep=deep, limits=limits)]
@@ -285,9 +294,21 @@ def apply_flags(args: argparse.Namespace) -> Any:
     return transform
 
 
+def _config_file(path: str | None) -> Config:
+    """The configuration in ``path``, or the defaults without one. Only a file needs the registry (it declares the
+    sections of the sources a file may configure, and importing it imports every source)."""
+    if path is None:
+        from storwatch.config import Config
+
+        return Config()
+    from storwatch.registry import load_config
+
+    return load_config(path)
+
+
 def _load(args: argparse.Namespace) -> tuple[Config, Any]:
     flags = apply_flags(args)
-    config = flags(load_config(args.config))
+    config = flags(_config_file(args.config))
     config.validate(args.config or "command line")
     return config, flags
 
@@ -295,6 +316,10 @@ def _load(args: argparse.Namespace) -> tuple[Config, Any]:
 def _setup_logging(level: str) -> None:
     # Log lines quote mountpoints, paths and errors that embed them: the formatter escapes what a terminal would act
     # on, and indents a record's further lines so that none can pass for a record of its own.
+    import logging
+
+    from storwatch.printable import PrintableFormatter
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(PrintableFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
@@ -302,6 +327,8 @@ def _setup_logging(level: str) -> None:
 
 def cmd_agent(args: argparse.Namespace) -> int:
     from storwatch.agent import Agent
+    from storwatch.config import parse_listen
+    from storwatch.printable import printable
     from storwatch.web import StatusHTTPServer
 
     config, flags = _load(args)
@@ -329,6 +356,8 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
     With ``sample_seconds`` > 0 the sampled sources (diskstats, NFS) are read twice that far apart, so the View has
     the latency of that one interval (view_to_dict labels it ``sample``, not as the agent's minute and hour windows).
     """
+    import logging
+
     from storwatch.analysis.build import build_view
     from storwatch.analysis.io import WindowFeeder
     from storwatch.analysis.latency import LatencyWindows
@@ -336,6 +365,7 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
     from storwatch.registry import SOURCES, SourceContext
     from storwatch.snapshot import Snapshot
     from storwatch.sources.kubevolumes import KubeVolumeEvidence
+    from storwatch.vocabulary import CollectorStatus
 
     log = logging.getLogger("storwatch")
     config = dataclasses.replace(config, mounts=dataclasses.replace(config.mounts, statvfs_timeout_seconds=timeout))
@@ -398,6 +428,7 @@ def _collect(source: Any, log: logging.Logger) -> None:
 
 
 def format_table(data: dict[str, Any], width: int) -> str:
+    from storwatch.printable import printable
     from storwatch.report import GPU_OFF, human_bytes, latency_cell, mount_state, no_gpus_line, usage_percent
 
     # Kernel interfaces under /proc and /sys are not storage: named under the table, in --json with "pseudo": true.
@@ -498,6 +529,7 @@ def _ratio_arg(text: str) -> float:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from storwatch.plan import as_dicts, format_plan, plan
+    from storwatch.printable import printable
     from storwatch.report import NON_FINITE, finite_data, strict_json
 
     config, _ = _load(args)
@@ -546,6 +578,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
+    import shutil
+
     from storwatch.report import strict_json, view_to_dict
 
     config, _ = _load(args)
@@ -563,6 +597,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from storwatch.config import ConfigError
+    from storwatch.printable import printable_lines
+
     try:
         if args.command == "agent":
             return cmd_agent(args)

@@ -11,6 +11,7 @@ A new int or float field gets its range the same way (tests/test_config.py fails
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -18,12 +19,13 @@ import types
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
-
-import yaml
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 from storwatch.paths import DEFAULT_PROCFS, DEFAULT_ROOTFS, DEFAULT_SYSFS, HostPaths
 from storwatch.vocabulary import PLATFORMS, Durability, Override
+
+if TYPE_CHECKING:
+    import yaml
 
 _GLOBAL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\.([A-Za-z_][A-Za-z0-9_]*|\*)")
 NEVER_ALLOWED_MODULES = frozenset(
@@ -340,6 +342,8 @@ def _build(
 ) -> Any:
     """Turn a YAML node into a value of type ``tp``, or raise ConfigError naming the line and field. ``sections``:
     the top level's sections beyond Config's fields (going to ``extra_sections``)."""
+    import yaml
+
     line = node.start_mark.line + 1
     lines[field_path] = line
 
@@ -422,26 +426,34 @@ def _build(
     raise fail(f"unsupported type {_type_name(tp)}")  # pragma: no cover - a bug in the schema above
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader's composer with bounds: nesting past MAX_DEPTH (which would exhaust the stack: the composer
-    recurses) or more than MAX_NODES nodes is a YAML error at the line where it happens."""
+@functools.cache
+def _bounded_loader() -> type[yaml.SafeLoader]:
+    """SafeLoader's composer with bounds, made on first use: yaml is imported only to read a file (the commands that
+    take the defaults never load it)."""
+    import yaml
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-        self._nodes = 0
+    class BoundedLoader(yaml.SafeLoader):
+        """SafeLoader's composer with bounds: nesting past MAX_DEPTH (which would exhaust the stack: the composer
+        recurses) or more than MAX_NODES nodes is a YAML error at the line where it happens."""
 
-    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
-        self._depth += 1
-        self._nodes += 1
-        try:
-            if self._depth > MAX_DEPTH or self._nodes > MAX_NODES:
-                what = f"nested deeper than {MAX_DEPTH} levels" if self._depth > MAX_DEPTH else "too many nodes"
-                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                raise yaml.composer.ComposerError(None, None, what, mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self._depth = 0
+            self._nodes = 0
+
+        def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+            self._depth += 1
+            self._nodes += 1
+            try:
+                if self._depth > MAX_DEPTH or self._nodes > MAX_NODES:
+                    what = f"nested deeper than {MAX_DEPTH} levels" if self._depth > MAX_DEPTH else "too many nodes"
+                    mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                    raise yaml.composer.ComposerError(None, None, what, mark)
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+    return BoundedLoader
 
 
 def parse_config(text: str, where: str = "config", sections: Mapping[str, type] | None = None) -> Config:
@@ -456,8 +468,10 @@ def parse_config(text: str, where: str = "config", sections: Mapping[str, type] 
 
 
 def _parse_config(text: str, where: str, sections: Mapping[str, type] | None) -> Config:
+    import yaml
+
     try:
-        node = yaml.compose(text, Loader=_BoundedLoader)
+        node = yaml.compose(text, Loader=_bounded_loader())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

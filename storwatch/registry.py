@@ -3,17 +3,19 @@ made, the facts it files in the Snapshot, and how `storwatch scan` collects it. 
 configuration loader are all built from ``SOURCES``; docs/architecture.md has the recipe for adding one.
 
 This module sits at the top of the layers (beside the agent): it is the one place that knows every source, so no
-source, and nothing below the agent, has to.
+source, and nothing below the agent, has to. What only the agent runs (the exporter areas, the checkpoint source, the
+Kubernetes watcher) is imported when it is made, so that `storwatch scan` and reading a configuration file do not.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
 from storwatch.config import (
     CheckpointsConfig,
@@ -27,24 +29,13 @@ from storwatch.config import (
 )
 from storwatch.config import load_config as _load_config
 from storwatch.config import parse_config as _parse_config
-from storwatch.exporter import Area
-from storwatch.exporter import access as access_area
-from storwatch.exporter import agent as agent_area
-from storwatch.exporter import checkpoints as checkpoints_area
-from storwatch.exporter import gpu as gpu_area
-from storwatch.exporter import io as io_area
-from storwatch.exporter import kube as kube_area
-from storwatch.exporter import lustre as lustre_area
-from storwatch.exporter import mounts as mounts_area
-from storwatch.exporter import nfs as nfs_area
 from storwatch.paths import HostPaths
 from storwatch.sources import FactsKey, Source, access, lustre
 from storwatch.sources.access import ACCESS, AccessConfig
-from storwatch.sources.checkpoints import CHECKPOINTS, CheckpointSource, default_roots
+from storwatch.sources.checkpoint_key import CHECKPOINTS
 from storwatch.sources.diskio import DISKIO, DiskIOSource
 from storwatch.sources.gpu import GPUS, GPUFacts, GPUSource
 from storwatch.sources.gpu import RETRYING as GPU_RETRYING
-from storwatch.sources.kube import KubeSource
 from storwatch.sources.kubevolumes import KUBE, KubeFacts
 from storwatch.sources.lustre import LUSTRE, LustreConfig
 from storwatch.sources.mounts import MOUNTS, MountFacts, MountSource
@@ -54,6 +45,9 @@ from storwatch.sources.processes import CONTAINERS, ProcessSource
 
 if TYPE_CHECKING:
     from storwatch.analysis.view import View
+    from storwatch.exporter import Area
+    from storwatch.sources.checkpoints import CheckpointSource
+    from storwatch.sources.kube import KubeSource
 
 C = TypeVar("C")
 F = TypeVar("F")
@@ -80,6 +74,20 @@ class SourceContext:
 
 
 @dataclass(frozen=True)
+class ExporterArea:
+    """An exporter area by name: the function ``function`` of ``storwatch/exporter/<module>.py``, a function
+    ``(view, state) -> families``. Named rather than imported so that reading the registry (``storwatch scan``, a
+    configuration file's sections) does not load the exporter and prometheus_client; the agent takes the functions
+    from ``exporter_areas()``."""
+
+    module: str
+    function: str = "families"
+
+    def resolve(self) -> Area:
+        return cast("Area", getattr(importlib.import_module(f"storwatch.exporter.{self.module}"), self.function))
+
+
+@dataclass(frozen=True)
 class SourceSpec(Generic[C, F]):
     """One source, declared once."""
 
@@ -100,7 +108,7 @@ class SourceSpec(Generic[C, F]):
     scan: ScanMode = "once"
     scan_once: Callable[[SourceContext, C], F] | None = None
     """How `storwatch scan` collects it once, when not simply make, collect, close."""
-    metrics: Area | None = None
+    metrics: ExporterArea | None = None
     """The exporter area that writes its facts as metric families (storwatch/exporter/), if any."""
 
     def off_reason(self, section: C) -> str | None:
@@ -169,6 +177,8 @@ def _stuck_mount_paths(ctx: SourceContext) -> list[str]:
 
 
 def _checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> CheckpointSource:
+    from storwatch.sources.checkpoints import CheckpointSource, default_roots
+
     return CheckpointSource(
         default_roots(ctx.paths, section.roots, section.kubelet),
         section,
@@ -181,11 +191,15 @@ def _checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> CheckpointSo
 
 
 def _kube(ctx: SourceContext, section: KubeConfig) -> KubeSource:
+    from storwatch.sources.kube import KubeSource
+
     return KubeSource(section.interval_seconds, clock=ctx.clock)
 
 
 def _scan_kube(ctx: SourceContext, section: KubeConfig) -> KubeFacts:
     """This node's pods and the storage objects behind them, listed once (waiting a little for the first lists)."""
+    from storwatch.sources.kube import KubeSource
+
     source = KubeSource(section.interval_seconds)
     if not source.enabled:
         return source.collect()
@@ -242,10 +256,12 @@ def _processes(ctx: SourceContext, section: GPUConfig) -> ProcessSource:
 
 
 SOURCES: tuple[SourceSpec[Any, Any], ...] = (
-    SourceSpec("mounts", "mounts", MountsConfig, MOUNTS, _mounts, metrics=mounts_area.families),
-    SourceSpec("diskstats", "diskio", DiskIOConfig, DISKIO, _diskio, scan="sampled", metrics=io_area.families),
-    SourceSpec("nfs", "nfs", NFSConfig, NFS, _nfs, scan="sampled", metrics=nfs_area.families),
-    SourceSpec("probe", "probes", ProbesConfig, PROBES, _probe, scan="never", metrics=io_area.probe_families),
+    SourceSpec("mounts", "mounts", MountsConfig, MOUNTS, _mounts, metrics=ExporterArea("mounts")),
+    SourceSpec("diskstats", "diskio", DiskIOConfig, DISKIO, _diskio, scan="sampled", metrics=ExporterArea("io")),
+    SourceSpec("nfs", "nfs", NFSConfig, NFS, _nfs, scan="sampled", metrics=ExporterArea("nfs")),
+    SourceSpec(
+        "probe", "probes", ProbesConfig, PROBES, _probe, scan="never", metrics=ExporterArea("io", "probe_families")
+    ),
     SourceSpec(
         "checkpoints",
         "checkpoints",
@@ -253,15 +269,17 @@ SOURCES: tuple[SourceSpec[Any, Any], ...] = (
         CHECKPOINTS,
         _checkpoints,
         scan="never",
-        metrics=checkpoints_area.families,
+        metrics=ExporterArea("checkpoints"),
     ),
-    SourceSpec("kube", "kube", KubeConfig, KUBE, _kube, "enabled", scan_once=_scan_kube, metrics=kube_area.families),
-    SourceSpec("gpu", "gpu", GPUConfig, GPUS, _gpu, "enabled", scan_once=_scan_gpu, metrics=gpu_area.families),
+    SourceSpec("kube", "kube", KubeConfig, KUBE, _kube, "enabled", scan_once=_scan_kube, metrics=ExporterArea("kube")),
+    SourceSpec("gpu", "gpu", GPUConfig, GPUS, _gpu, "enabled", scan_once=_scan_gpu, metrics=ExporterArea("gpu")),
     SourceSpec("processes", "gpu", GPUConfig, CONTAINERS, _processes, "enabled"),
     SourceSpec(
-        "lustre", "lustre", LustreConfig, LUSTRE, lustre.make, "enabled", "sampled", metrics=lustre_area.families
+        "lustre", "lustre", LustreConfig, LUSTRE, lustre.make, "enabled", "sampled", metrics=ExporterArea("lustre")
     ),
-    SourceSpec("access", "access", AccessConfig, ACCESS, access.make, "enabled", "never", metrics=access_area.families),
+    SourceSpec(
+        "access", "access", AccessConfig, ACCESS, access.make, "enabled", "never", metrics=ExporterArea("access")
+    ),
 )
 """Every source, in the order their collectors are reported (a source whose factory reads another's facts comes
 after it: processes after gpu)."""
@@ -280,8 +298,9 @@ def exporter_areas() -> tuple[Area, ...]:
     rest in the order of SOURCES), then the agent's health (collectors, reloads, its process)."""
     ordered = [BY_NAME[name] for name in SCRAPE_ORDER]
     ordered += [spec for spec in SOURCES if spec.name not in SCRAPE_ORDER]
-    areas = tuple(spec.metrics for spec in ordered if spec.metrics is not None)
-    return (agent_area.info_families, *areas, agent_area.health_families)
+    areas = [spec.metrics for spec in ordered if spec.metrics is not None]
+    named = (ExporterArea("agent", "info_families"), *areas, ExporterArea("agent", "health_families"))
+    return tuple(area.resolve() for area in named)
 
 
 def extra_sections() -> dict[str, type]:

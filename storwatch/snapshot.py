@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from storwatch.procfs.cgroup import ContainerRef, SlurmJob
 from storwatch.sources import FactsKey
-from storwatch.sources.checkpoints import CHECKPOINTS, CheckpointFacts
+from storwatch.sources.checkpoint_key import CHECKPOINTS
 from storwatch.sources.diskio import DISKIO, DiskIO
 from storwatch.sources.gpu import GPUS, GPUFacts
 from storwatch.sources.kubevolumes import KUBE, KubeFacts
@@ -23,6 +23,9 @@ from storwatch.sources.nfs import NFS, NFSStats
 from storwatch.sources.probe import PROBES, ProbeResult
 from storwatch.sources.processes import CONTAINERS
 from storwatch.vocabulary import CollectorStatus, Mount
+
+if TYPE_CHECKING:
+    from storwatch.sources.checkpoints import CheckpointFacts
 
 F = TypeVar("F")
 

@@ -7,13 +7,16 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from storwatch.analysis.recovery import RunRecovery
 from storwatch.analysis.view import LeftOut, MountView, RunView
 from storwatch.checkpoints.record import RunId
 from storwatch.paths import HostPaths
-from storwatch.sources.checkpoints import CheckpointFacts, RunState
 from storwatch.vocabulary import Finding
+
+if TYPE_CHECKING:
+    from storwatch.sources.checkpoints import CheckpointFacts, RunState
 
 MAX_RUNS = 100
 """Runs with series and rows of their own (keep_runs): the run label stays bounded whatever the node holds. The sums

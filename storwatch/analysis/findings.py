@@ -22,12 +22,15 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from storwatch.analysis.recovery import checkpoint_age_seconds
 from storwatch.analysis.view import MountView, RunView
-from storwatch.checkpoints.scan import DatasetDir
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 from storwatch.vocabulary import Finding, Severity
+
+if TYPE_CHECKING:
+    from storwatch.checkpoints.scan import DatasetDir
 
 CRITICAL_AGE_SECONDS = 3600.0
 """A run whose newest durable copy is older than this (or missing) while newer work sits on ephemeral storage is

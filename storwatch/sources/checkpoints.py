@@ -43,7 +43,7 @@ from storwatch.checkpoints.scan import MAX_DATASET_DIRS, DatasetDir
 from storwatch.config import CheckpointsConfig
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
-from storwatch.sources import FactsKey
+from storwatch.sources import FactsKey, checkpoint_key
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 from storwatch.sources.writers import GONE, WriterCheck
 from storwatch.sources.writers import REJECT_REASONS as WRITER_REJECT_REASONS
@@ -184,7 +184,7 @@ class CheckpointFacts:
     """Units whose last walk could not read some entries; the collection is then a failure naming them."""
 
 
-CHECKPOINTS: FactsKey[CheckpointFacts] = FactsKey("checkpoints")
+CHECKPOINTS: FactsKey[CheckpointFacts] = checkpoint_key.CHECKPOINTS
 """The checkpoint source's facts in a Snapshot."""
 
 
