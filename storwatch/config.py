@@ -245,6 +245,11 @@ class Config:
     platform: str = "auto"
     log_level: str = "info"
     tick_seconds: float = number(1.0, 0.1, 3600)
+    """How often the newest facts are taken, kept in History and fed to the latency windows and the stall tracker."""
+    view_seconds: float = number(1.0, 0.1, 3600)
+    """How often a View is made of them and published (/metrics, /status and /api/status serve the newest); at least
+    one tick apart. Each View costs the agent's CPU whether or not anyone reads it: a large node scraped every 15 s
+    or more can take 5 (BENCHMARKS.md)."""
     history_size: int = number(300, 1, 86_400, why="a day at one tick a second")
     paths: PathsConfig = field(default_factory=PathsConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)

@@ -236,3 +236,36 @@ def test_views_are_made_on_the_ticker_thread_only(tmp_path: Any) -> None:
         agent.stop()
         agent_module.build_view = original
     assert len(threads) >= 5 and set(threads) == {"ticker"}, threads
+
+
+def test_views_come_every_view_seconds_while_every_tick_is_observed() -> None:
+    """view_seconds sets the View's cadence apart from the tick's: many ticks observed, one View while the next is not
+    due (counts, no durations)."""
+    import threading
+    import time
+
+    observed: list[float] = []
+    made: list[str] = []
+    config = dataclasses.replace(
+        Config(), listen="127.0.0.1:0", platform="generic", tick_seconds=0.05, view_seconds=3600.0
+    )
+    agent = Agent(config, sources=[FixedMounts()], process_metrics=False)
+    real_observe, real_make = agent._views.observe, agent._views.make
+
+    def observe(*args: Any) -> None:
+        observed.append(time.monotonic())
+        real_observe(*args)
+
+    def make(*args: Any) -> View:
+        made.append(threading.current_thread().name)
+        return real_make(*args)
+
+    agent._views.observe, agent._views.make = observe, make  # type: ignore[method-assign]
+    try:
+        agent.start(serve=False)
+        deadline = time.monotonic() + 60
+        while len(observed) < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        agent.stop()
+    assert len(observed) >= 10 and made == ["ticker"]  # the first View at once, the next an hour away

@@ -89,6 +89,10 @@ class Agent:
         self._stop = threading.Event()
         self._dirty = threading.Event()
         """Set to tick now rather than at the next tick_seconds: start-up, reload, stop."""
+        self._view_now = threading.Event()
+        """Set to make a View at the next tick whenever it falls (a reload's new configuration shows at once)."""
+        self._last_view: float | None = None
+        """time.monotonic() of the last View made."""
         context = SourceContext(config.host_paths(), clock, self.latest, self.subscribe)
         states = Collectors.made(lambda spec: spec.section_of(config), context) if sources is None else []
         self._collectors = Collectors(
@@ -188,12 +192,21 @@ class Agent:
     # -- the tick
 
     def advance(self) -> View:
-        """One tick: one Snapshot, one View made of it (tick.py), published to every consumer."""
+        """One tick that makes its View: one Snapshot, observed, a View made of it (tick.py), published."""
+        view = self._tick(make_view=True)
+        assert view is not None
+        return view
+
+    def _tick(self, make_view: bool) -> View | None:
         snap, ready = self._snapshot()
+        self._views.observe(snap, time.monotonic())
+        if not make_view:
+            return None
         with self._collectors.lock:
             classifier, platform, config = self.classifier, self.platform, self.config
-        view = self._views.make(snap, ready, classifier, platform, config, time.monotonic())
+        view = self._views.make(snap, ready, classifier, platform, config)
         self._published.publish(view)
+        self._last_view = time.monotonic()
         return view
 
     def _run_ticker(self) -> None:
@@ -206,8 +219,11 @@ class Agent:
                 break
             if not self._collectors.all_reported() and time.monotonic() - started < STARTUP_GRACE_SECONDS:
                 continue  # a first View with every source in it, unless one of them is slow to start
+            # A View every view_seconds (the first at once, and after a reload or a stop request).
+            due = self._last_view is None or time.monotonic() - self._last_view >= self.config.view_seconds - 0.01
             try:
-                self.advance()
+                self._tick(make_view=due or self._view_now.is_set())
+                self._view_now.clear()
             except Exception:
                 log.exception("tick failed; serving the previous view")
             if not frozen:
@@ -275,6 +291,7 @@ class Agent:
                 log.exception("reload: putting the last good configuration back failed")
             return self._reload_failed(f"{path}: cannot apply: {type(err).__name__}: {err}")
         self.reloads.succeeded()
+        self._view_now.set()
         self._dirty.set()
         log.info("configuration reloaded from %s", path)
         return True
@@ -292,6 +309,7 @@ class Agent:
     def _reload_failed(self, message: str) -> bool:
         self.reloads.failed()
         log.error("reload failed, keeping the last good configuration:\n%s", Lines(message))  # one error a line
+        self._view_now.set()
         self._dirty.set()  # a tick, so the next scrape shows the count
         return False
 

@@ -1,9 +1,11 @@
 """The tick: on the agent's own cadence, one Snapshot of every source's newest facts becomes one View, published.
 
-Each tick keeps the Snapshot in History, feeds the latency windows and the stall tracker, makes the View (a pure
-function of what the tick saw: analysis/build.py), settles the GPU time a checkpoint scan can have explained, and
-publishes the View: to the scrape and page cache (``Publisher``), and to every subscriber (the probe source's
-targets, next the policy engine). Views are made here only, whoever reads them and however often.
+Each tick keeps the Snapshot in History and feeds the latency windows and the stall tracker. Every ``view_seconds``
+the tick also makes the View (a pure function of what it saw: analysis/build.py), settles the GPU time a checkpoint
+scan can have explained, and publishes the View: to the scrape and page cache (``Publisher``), and to every
+subscriber (the probe source's targets, next the policy engine). Views are made here only, whoever reads them and
+however often: a node nobody scrapes pays for one View every ``view_seconds``, a node scraped every second the
+same.
 """
 
 from __future__ import annotations
@@ -124,9 +126,8 @@ class ViewMaker:
         self.clock_watch = ClockWatch()
         self.history_keys = (*CORE_KEYS, *(spec.facts for spec in SOURCES if spec.facts not in CORE_KEYS))
 
-    def make(
-        self, snap: Snapshot, ready: bool, classifier: Classifier, platform: Platform, config: Config, monotonic: float
-    ) -> View:
+    def observe(self, snap: Snapshot, monotonic: float) -> None:
+        """Every tick: keep the Snapshot and feed what follows the node second by second."""
         self.clock_watch.check(snap.timestamp, monotonic)
         self.history.append(snap.for_history(self.history_keys))
         self.stalls.observe(snap.gpus, self.feeder.feed(snap))
@@ -135,6 +136,9 @@ class ViewMaker:
             self.stalls.forget(snap.timestamp, (m.mountpoint for m in snap.mounts))
         if snap.kube is not None:
             self.kube_evidence.update(snap.kube)
+
+    def make(self, snap: Snapshot, ready: bool, classifier: Classifier, platform: Platform, config: Config) -> View:
+        """The View of an observed Snapshot, with the GPU time settled up to it."""
         view = build_view(
             snap,
             classifier,
