@@ -279,7 +279,7 @@ def append_event(event: SaveEvent, event_log: str) -> None:
     Not fsynced: the checkpoint is already durable, and the line only times it. A flush here was a second trip to the
     disk in every save, time the training loop spent blocked outside the span the line records (on the end-to-end
     test's slow mount, 27 ms a save, 2 % of it). A crash loses at most the timing of the last saves."""
-    line = (json.dumps(asdict(event), separators=(",", ":")) + "\n").encode()
+    line = (json.dumps(asdict(event), separators=(",", ":"), allow_nan=False) + "\n").encode()
     fd = os.open(event_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, line)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager as ContextManager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
+
+from storwatch.config import CheckpointsConfig
+from storwatch.sources.checkpoints import CheckpointSource
 
 T = TypeVar("T")
 
@@ -53,3 +57,20 @@ def chromium() -> str:
         if path is not None:
             return path
     pytest.skip("chromium not found on PATH (Debian package 'chromium')")
+
+
+@pytest.fixture
+def make_source() -> Iterator[Callable[..., CheckpointSource]]:
+    """CheckpointSource(roots, **kwargs), closed (its helper process stopped) when the test ends; the keywords that
+    are fields of the checkpoints section go in its settings."""
+    made: list[CheckpointSource] = []
+
+    def make(*args: Any, **kwargs: Any) -> CheckpointSource:
+        fields = {f.name for f in dataclasses.fields(CheckpointsConfig)}
+        settings = CheckpointsConfig(**{k: kwargs.pop(k) for k in list(kwargs) if k in fields})
+        made.append(CheckpointSource(*args, settings, **kwargs))
+        return made[-1]
+
+    yield make
+    for source in made:
+        source.close()

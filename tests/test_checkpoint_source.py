@@ -4,11 +4,10 @@ checkpoint, and orphaned temporaries. Every source here runs its real helper pro
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import pytest
 from storwatch.analysis.build import build_view
 from storwatch.checkpoints.record import RunId
 from storwatch.classify import Classifier
-from storwatch.config import CheckpointsConfig
 from storwatch.exporter import Exporter
 from storwatch.paths import HostPaths
 from storwatch.registry import exporter_areas
@@ -40,23 +38,6 @@ class Clock:
 
 def set_mtime(path: Path, t: float) -> None:
     os.utime(path, (t, t))
-
-
-@pytest.fixture
-def make_source() -> Iterator[Callable[..., CheckpointSource]]:
-    """CheckpointSource(...), closed (its helper process stopped) when the test ends."""
-    made: list[CheckpointSource] = []
-
-    def make(*args: Any, **kwargs: Any) -> CheckpointSource:
-        # The section's fields go in the settings (declared once, in CheckpointsConfig); the rest are the source's.
-        fields = {f.name for f in dataclasses.fields(CheckpointsConfig)}
-        settings = CheckpointsConfig(**{k: kwargs.pop(k) for k in list(kwargs) if k in fields})
-        made.append(CheckpointSource(*args, settings, **kwargs))
-        return made[-1]
-
-    yield make
-    for source in made:
-        source.close()
 
 
 def test_runs_ages_and_intervals_are_exact(tmp_path: Path, make_source: Callable[..., CheckpointSource]) -> None:

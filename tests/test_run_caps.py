@@ -5,12 +5,11 @@ count the runs and findings left without series; /api/status and /status say the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from storwatch.analysis.checkpoints import MAX_RUNS, keep_runs
 from storwatch.analysis.findings import find, kind_of, names_steps
 from storwatch.analysis.recovery import RunRecovery
 from storwatch.classify import Classifier
-from storwatch.config import CheckpointsConfig
 from storwatch.exporter import Exporter
 from storwatch.paths import HostPaths
 from storwatch.registry import exporter_areas
@@ -42,22 +40,6 @@ def safetensors_file(path: Path, floats: int) -> int:
     header = json.dumps({"w": {"dtype": "F32", "shape": [floats], "data_offsets": [0, 4 * floats]}}).encode()
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * (4 * floats))
     return os.stat(path).st_size
-
-
-@pytest.fixture
-def make_source() -> Iterator[Callable[..., CheckpointSource]]:
-    """CheckpointSource(...), closed (its helper process stopped) when the test ends (as test_checkpoint_source)."""
-    made: list[CheckpointSource] = []
-
-    def make(*args: Any, **kwargs: Any) -> CheckpointSource:
-        fields = {f.name for f in dataclasses.fields(CheckpointsConfig)}
-        settings = CheckpointsConfig(**{k: kwargs.pop(k) for k in list(kwargs) if k in fields})
-        made.append(CheckpointSource(*args, settings, **kwargs))
-        return made[-1]
-
-    yield make
-    for source in made:
-        source.close()
 
 
 def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -42,7 +42,7 @@ CHILD = r"""
 import json, os, resource, sys
 path, cfg = sys.argv[1], json.loads(sys.argv[2])
 def report(**kw):
-    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.write(json.dumps(kw, allow_nan=False) + "\n")
     sys.stdout.flush()
 try:
     with open(cfg["oom_score_adj"], "w") as f:
@@ -121,7 +121,7 @@ def torch_load_in_child(
     wall = max(1.0, min(limits.torch_wall_seconds, deadline.end - time.monotonic()))
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", CHILD, path, json.dumps(cfg)],
+            [sys.executable, "-I", "-c", CHILD, path, json.dumps(cfg, allow_nan=False)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

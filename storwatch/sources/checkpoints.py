@@ -334,7 +334,7 @@ class CheckpointSource:
                 "round": self._round,
                 "limits": self._limits_param(),
             }
-            requests[unit] = (unit, json.dumps(params).encode().hex())
+            requests[unit] = (unit, json.dumps(params, allow_nan=False).encode().hex())
         wait = min(settings.timeout_seconds, settings.max_seconds + WAIT_MARGIN_SECONDS)
         outcomes = self.calls.call_many("ckpt_scan", requests, settings.timeout_seconds, wait=wait)
         fresh: set[str] = set()
@@ -457,7 +457,8 @@ class CheckpointSource:
             key: (
                 path,
                 json.dumps(
-                    {"now": now, "settle": settings.settle_seconds, "limits": self._limits_param(), "unit": unit}
+                    {"now": now, "settle": settings.settle_seconds, "limits": self._limits_param(), "unit": unit},
+                    allow_nan=False,
                 )
                 .encode()
                 .hex(),
