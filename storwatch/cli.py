@@ -387,6 +387,8 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
         section = spec.section_of(config)
         if spec.off_reason(section) is not None or spec.scan == "never" or (spec.scan == "sampled" and not sampled):
             continue
+        if spec.scan_off is not None and spec.scan_off(ctx, section) is not None:
+            continue
         started = time.monotonic()
         try:
             if spec.scan_once is not None:

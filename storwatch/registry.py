@@ -32,7 +32,7 @@ from storwatch.config import parse_config as _parse_config
 from storwatch.paths import HostPaths
 from storwatch.sources import FactsKey, Source, access, lustre
 from storwatch.sources.access import ACCESS, AccessConfig
-from storwatch.sources.checkpoint_key import CHECKPOINTS
+from storwatch.sources.checkpoint_key import CHECKPOINTS, default_roots
 from storwatch.sources.diskio import DISKIO, DiskIOSource
 from storwatch.sources.gpu import GPUS, GPUFacts, GPUSource
 from storwatch.sources.gpu import RETRYING as GPU_RETRYING
@@ -46,7 +46,7 @@ from storwatch.sources.processes import CONTAINERS, ProcessSource
 if TYPE_CHECKING:
     from storwatch.analysis.view import View
     from storwatch.exporter import Area
-    from storwatch.sources.checkpoints import CheckpointSource
+    from storwatch.sources.checkpoints import CheckpointFacts, CheckpointSource
     from storwatch.sources.kube import KubeSource
 
 C = TypeVar("C")
@@ -54,7 +54,7 @@ F = TypeVar("F")
 
 ScanMode = Literal["once", "sampled", "never"]
 """How `storwatch scan` collects a source: once; twice, ``--sample`` seconds apart (counters whose change is the
-point), and only with ``--sample``; or not at all (probes write to mounts, checkpoint scans take long)."""
+point), and only with ``--sample``; or not at all (probes write to mounts)."""
 
 KUBE_SCAN_WAIT_SECONDS = 5.0
 """How long `storwatch scan` waits for the Kubernetes API's first lists."""
@@ -108,6 +108,9 @@ class SourceSpec(Generic[C, F]):
     scan: ScanMode = "once"
     scan_once: Callable[[SourceContext, C], F] | None = None
     """How `storwatch scan` collects it once, when not simply make, collect, close."""
+    scan_off: Callable[[SourceContext, C], str | None] | None = None
+    """Why `storwatch scan` has nothing for it to do on this host, where its section alone cannot say (None: it
+    has)."""
     metrics: ExporterArea | None = None
     """The exporter area that writes its facts as metric families (storwatch/exporter/), if any."""
 
@@ -177,7 +180,7 @@ def _stuck_mount_paths(ctx: SourceContext) -> list[str]:
 
 
 def _checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> CheckpointSource:
-    from storwatch.sources.checkpoints import CheckpointSource, default_roots
+    from storwatch.sources.checkpoints import CheckpointSource
 
     return CheckpointSource(
         default_roots(ctx.paths, section.roots, section.kubelet),
@@ -194,6 +197,41 @@ def _kube(ctx: SourceContext, section: KubeConfig) -> KubeSource:
     from storwatch.sources.kube import KubeSource
 
     return KubeSource(section.interval_seconds, clock=ctx.clock)
+
+
+def _scan_checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> CheckpointFacts:
+    """The configured checkpoint roots walked once, with the agent's helper and limits (cheap checks only: a deep
+    check reads every byte), collecting until every walk has answered or is stuck; a progress line on a terminal."""
+    import sys
+
+    from storwatch.sources.checkpoints import CheckpointSource
+
+    source = CheckpointSource(
+        default_roots(ctx.paths, section.roots, section.kubelet),
+        dataclasses.replace(section, deep_per_scan=0),
+        clock=ctx.clock,
+    )
+    progress = sys.stderr.isatty()
+    try:
+        deadline = time.monotonic() + section.timeout_seconds
+        facts = source.collect()
+        while source.waiting and time.monotonic() < deadline:
+            if progress:
+                runs = len(facts.runs)
+                sys.stderr.write(f"\rwalking checkpoint roots: {len(source.waiting)} still walking, {runs} runs found ")
+                sys.stderr.flush()
+            facts = source.collect()
+        if progress:
+            sys.stderr.write("\r\033[K")
+        return facts
+    finally:
+        source.close()
+
+
+def _no_checkpoint_roots(ctx: SourceContext, section: CheckpointsConfig) -> str | None:
+    if default_roots(ctx.paths, section.roots, section.kubelet):
+        return None
+    return "no checkpoints.roots configured and no kubelet pod volumes on this node"
 
 
 def _scan_kube(ctx: SourceContext, section: KubeConfig) -> KubeFacts:
@@ -268,7 +306,8 @@ SOURCES: tuple[SourceSpec[Any, Any], ...] = (
         CheckpointsConfig,
         CHECKPOINTS,
         _checkpoints,
-        scan="never",
+        scan_once=_scan_checkpoints,
+        scan_off=_no_checkpoint_roots,
         metrics=ExporterArea("checkpoints"),
     ),
     SourceSpec("kube", "kube", KubeConfig, KUBE, _kube, "enabled", scan_once=_scan_kube, metrics=ExporterArea("kube")),

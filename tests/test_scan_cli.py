@@ -269,3 +269,39 @@ def test_scan_without_an_api_server_says_so_and_maps_from_the_kubelet_paths(tmp_
     mounts = {m["mountpoint"]: m for m in json.loads(scan.stdout)["mounts"]}
     dshm = mounts[f"/var/lib/kubelet/pods/{TRAINER_UID}/volumes/kubernetes.io~empty-dir/dshm"]
     assert (dshm["kube"]["pod_uid"], dshm["kube"]["pod"], dshm["kube"]["volume"]) == (TRAINER_UID, None, "dshm")
+
+
+def test_scan_with_a_config_lists_the_checkpoints_and_findings_the_agent_does(tmp_path: Path) -> None:
+    """`scan --json --config FILE` walks the configured checkpoint roots once (the agent's helper and limits) and
+    reports the runs and findings the running agent serves in /api/status for the same file."""
+    from storwatch.report import view_to_dict  # noqa: F401  (the shape both answers have)
+    from tests.agentproc import running_agent, wait_until
+    from tests.builders import torch_like_zip
+
+    root = tmp_path / "ckpt"
+    for run in ("a", "b/nested"):
+        (root / run).mkdir(parents=True)
+        torch_like_zip(root / run / "step-1.pt")
+        torch_like_zip(root / run / "step-2.pt")
+    config = tmp_path / "storwatch.yaml"
+    config.write_text(
+        f"kube: {{enabled: false}}\ngpu: {{enabled: false}}\ncheckpoints: {{roots: [{json.dumps(str(root))}], "
+        "kubelet: false, interval_seconds: 0.5}\n"
+    )
+    out = run_scan("--json", "--config", str(config))
+    assert out.returncode == 0, out.stderr
+    scanned = json.loads(out.stdout)
+    runs = {r["path"]: r["kept"] for r in scanned["checkpoints"]}
+    assert runs == {str(root / "a"): 2, str(root / "b" / "nested"): 2}
+    assert {c["name"]: c["success"] for c in scanned["collectors"]}["checkpoints"] is True
+
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", timeout=30) as agent:
+
+        def served() -> dict[str, Any] | None:
+            data = json.loads(agent.fetch("/api/status").text())
+            return data if len(data["checkpoints"]) == 2 else None
+
+        status = wait_until(served, 30, what="the agent's first checkpoint scan")
+    assert {r["path"]: r["kept"] for r in status["checkpoints"]} == runs
+    assert sorted(f["id"] for f in scanned["findings"]) == sorted(f["id"] for f in status["findings"])
+    assert scanned["findings"]  # checkpoints on the test's own disk: only on node storage

@@ -44,6 +44,7 @@ from storwatch.config import CheckpointsConfig
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.sources import FactsKey, checkpoint_key
+from storwatch.sources.checkpoint_key import KUBELET_PODS, default_roots
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 from storwatch.sources.writers import GONE, WriterCheck
 from storwatch.sources.writers import REJECT_REASONS as WRITER_REJECT_REASONS
@@ -64,7 +65,6 @@ __all__ = [
     "default_roots",
 ]
 
-KUBELET_PODS = "/var/lib/kubelet/pods"
 ORPHAN_PATHS_PER_RUN = 20
 """Paths of orphaned temporaries named per run (all of them are counted)."""
 WAIT_MARGIN_SECONDS = 2.0
@@ -196,15 +196,6 @@ class _Seen:
     first_seen: float
 
 
-def default_roots(paths: HostPaths, configured: Sequence[str], kubelet: bool) -> list[str]:
-    """Configured roots (host paths), plus the kubelet's pod volumes when this is a Kubernetes node."""
-    roots = [paths.root(r) for r in configured]
-    pods = paths.root(KUBELET_PODS)
-    if kubelet and os.path.isdir(pods) and pods not in roots:
-        roots.append(pods)
-    return roots
-
-
 class OwnMountpoints:
     """The mountpoints of this process's own mount table (where the paths it walks lead), parsed again only when the
     table changed. The kubelet's pod volumes are mounts below its root: each becomes a unit of its own."""
@@ -269,6 +260,8 @@ class CheckpointSource:
         """(PID, run, reason) of refused PID claims already counted."""
         self._backed_now: dict[tuple[int, str], bool] = {}
         """PID claims judged in this collection."""
+        self.waiting: tuple[str, ...] = ()
+        """Units planned at the last collection whose walk has not answered yet (and is not stuck)."""
 
     def configure(self, settings: CheckpointsConfig) -> None:
         """Take a reloaded ``checkpoints`` section whole, its roots included (units no longer planned are
@@ -359,6 +352,8 @@ class CheckpointSource:
                 problems.append(f"{unit}: {outcome.error}")
         planned = {u for u, _ in plan}
         self._units = {u: r for u, r in self._units.items() if u in planned}
+        stuck_now = {s.path for s in stuck}
+        self.waiting = tuple(sorted(u for u in planned if u not in self._units and u not in stuck_now))
         root_of = dict(plan)
         resolved = {root: self._units[root].root for root in self.roots if root in self._units}
 
