@@ -370,7 +370,7 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
             unreadable=result.unreadable,
             unreadable_paths=result.unreadable_paths,
         )
-    return json.dumps(to_wire(answer), separators=(",", ":"))
+    return json.dumps(to_wire(answer), separators=(",", ":"), allow_nan=False)
 
 
 def deep_check(path_bytes: bytes, params_hex: str) -> str:
@@ -404,7 +404,7 @@ def deep_check(path_bytes: bytes, params_hex: str) -> str:
         True,
         notes=checked.notes,
     )
-    return json.dumps(to_wire(DeepAnswer(record, errors)), separators=(",", ":"))
+    return json.dumps(to_wire(DeepAnswer(record, errors)), separators=(",", ":"), allow_nan=False)
 
 
 OPS = {"ckpt_scan": scan_unit, "ckpt_deep": deep_check}

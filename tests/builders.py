@@ -215,3 +215,24 @@ def host_mounts() -> tuple[Mount, ...]:
 
     entries, _ = parse_mountinfo(Path("/proc/self/mountinfo").read_bytes())
     return tuple(mount_of(e) for e in entries)
+
+
+def release_cgroup(group: Path, parent: Path) -> None:
+    """Move what is left in a test's cgroup back to ``parent`` and remove it (the kernel refuses while a process is
+    in it, so it is tried for up to 10 s)."""
+    import contextlib
+    import time
+
+    with contextlib.suppress(OSError):
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (parent / "cgroup.procs").write_text(pid)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            group.rmdir()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

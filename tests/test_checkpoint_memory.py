@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tests.agentproc import AgentProcess, running_agent, wait_until
+from tests.builders import release_cgroup
 from tests.wide_headers import wide_safetensors
 
 MIB = 1 << 20
@@ -67,19 +68,7 @@ def memory_cgroup(limit_bytes: int) -> Iterator[MemoryCgroup]:
             (group / "memory.swap.max").write_text("0")
         yield MemoryCgroup(group, v2)
     finally:
-        with contextlib.suppress(OSError):
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (parent / "cgroup.procs").write_text(pid)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        release_cgroup(group, parent)
 
 
 def _status(agent: AgentProcess) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import pytest
 from storwatch.checkpoints import DeepLimits, check
 from tests import hostile
 from tests.agentproc import REPO_ROOT, AgentProcess, running_agent, wait_until
+from tests.builders import release_cgroup
 
 try:
     import torch
@@ -541,19 +542,7 @@ def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
         (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
         yield group
     finally:
-        with contextlib.suppress(OSError):
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (CGROUP_MEMORY / "cgroup.procs").write_text(pid)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        release_cgroup(group, CGROUP_MEMORY)
 
 
 @pytest.mark.realpart

@@ -23,13 +23,8 @@ MAX_RUNS = 100
 (important bytes, GPU-seconds at risk, counts) are over every run all the same."""
 
 
-def run_label(path: str, root: str) -> str:
-    """A run's path below its root (the root's own name for the root itself), as text fit for a label."""
-    rel = os.path.relpath(path, root) if path != root else os.path.basename(path)
-    return _text(rel)
-
-
 def _text(name: str) -> str:
+    """A path as text fit for a label: bytes that are not UTF-8 escaped, at most its last 160 characters."""
     return os.fsencode(name).decode("utf-8", "backslashreplace")[-160:]
 
 
@@ -37,7 +32,7 @@ def run_labels(runs: Iterable[RunState]) -> dict[RunId, str]:
     """A label for each run, unique on the node: its path below its root, or, where runs below different roots
     share that path, its whole path."""
     runs = list(runs)
-    short = {r.id: run_label(r.path, r.root) for r in runs}
+    short = {r.id: _text(r.id.below_root) for r in runs}
     taken = Counter(short.values())
     return {rid: label if taken[label] == 1 else _text(rid.path) for rid, label in short.items()}
 
