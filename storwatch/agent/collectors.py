@@ -197,7 +197,6 @@ class Collectors:
                 self.record(st, st.source.name, None, 0.0, st.off_reason or "switched off by a reload", None)
             return 1.0
         src = st.source  # a reload may have replaced it
-        interval, interval_error = usable_interval(src.interval_seconds)
         started = time.monotonic()
         st.collecting_since = started
         error: str | None = None
@@ -212,6 +211,9 @@ class Collectors:
         finally:
             st.collecting_since = None
         duration = time.monotonic() - started
+        # Asked after the collection: a source may set its pace by what it saw (the access source looks again soon
+        # while a GPU workload is there).
+        interval, interval_error = usable_interval(src.interval_seconds)
         try:
             off = src.off_reason if isinstance(src, MayBeOff) else None
             parse_errors = src.parse_errors if isinstance(src, CountsParseErrors) else None

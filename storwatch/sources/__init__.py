@@ -39,7 +39,11 @@ class Source(Protocol[F_co]):
 
     name: str
     """The collector name in ``storwatch_collector_*{collector=...}``."""
-    interval_seconds: float
+
+    @property
+    def interval_seconds(self) -> float:
+        """Seconds from one collection's end to the next's start, asked after each collection (a source may pace
+        itself by what it saw)."""
 
     def collect(self) -> F_co:
         """Return this source's facts, or raise to mark the collection failed."""

@@ -21,10 +21,12 @@ not rates: Prometheus takes the rates (the exporter's ``_total`` counters), so n
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -50,6 +52,24 @@ MAX_COMM = 64
 MOUNT_MEMORY_PASSES = 12
 """While a workload is sampled, a mount seen open is reported for this many passes after it was last seen (the open
 files are read a part at a time); a pass that read everything reports exactly what it saw."""
+WATCH_SECONDS = 0.25
+"""Between passes, paced as the agent runs it, the source looks this often at two things: each open file a workload
+writes (its one fd link), so the moment it closes (a save's end) is known to within this whatever
+``interval_seconds`` is; and each GPU process's and known writer's write counter, so a save that begins between
+passes is seen open while it goes on."""
+WRITE_TRIGGER_BYTES = 1 << 20
+"""Bytes a process passed to write calls between two looks that make the next look read its open files."""
+MAX_TRIGGERED_PER_LOOK = 8
+"""Processes whose open files one look between passes may read."""
+MAX_WATCH_SECONDS = 900.0
+"""A file open for writing longer than this (a log, a stream) is no longer looked at between passes."""
+MAX_WRITTEN_FILES = 256
+"""Files remembered per workload as written (open for writing when a pass looked); past it the oldest closed ones go."""
+ENDED_KEEP_SECONDS = 3600.0
+"""How long the files an ended workload wrote are remembered (their saves' spans)."""
+MAX_ENDED_FILES = 1024
+MAX_WATCHED = 256
+"""Open files watched between passes, over every workload."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +91,31 @@ class AccessConfig:
     counted (storwatch_workload_series_dropped)."""
     max_mounts_per_workload: int = number(32, 1, 100_000)
     """Mounts exported per workload (storwatch_workload_mount); the rest are left out, and counted."""
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A regular file a workload's process was seen holding open for writing: the kernel's word that this process
+    writes it, and, looked at again every WATCH_SECONDS while it stays open, when it stopped."""
+
+    path: str
+    """Where the file is, as the host names it (the link in the writer's ``fd``, moved from the writer's mount of the
+    filesystem to the host's)."""
+    pid: int
+    """The process that held it open (the GPU process or one below it)."""
+    first_seen: float
+    """The first look that found it open."""
+    looked_before: float | None
+    """The look at that process's open files before ``first_seen`` (it was not open then, or not yet looked at): the
+    open came after this; None when no look came before."""
+    last_open: float
+    """The newest look that found it still open."""
+    closed_by: float | None = None
+    """The first look that found it closed (the close came after ``last_open``, by this); None while open."""
+
+    @property
+    def open(self) -> bool:
+        return self.closed_by is None
 
 
 @dataclass(frozen=True)
@@ -101,6 +146,9 @@ class WorkloadAccess:
     the parts read lately."""
     processes_known: int = 0
     """Its processes known (read in this pass or earlier, still alive), at most ``max_processes``."""
+    written: tuple[WrittenFile, ...] = ()
+    """The regular files its processes were seen writing while it lives (at most MAX_WRITTEN_FILES, the newest),
+    oldest first: which run directories this GPU work writes, and when each file was open."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +169,9 @@ class AccessFacts:
     section reaches the exporter with the next pass."""
     max_mounts_per_workload: int = AccessConfig.max_mounts_per_workload
     """Likewise ``access.max_mounts_per_workload``."""
+    ended: tuple[WrittenFile, ...] = ()
+    """The files written by workloads that have ended (the GPU process exited) within ENDED_KEEP_SECONDS, at most
+    MAX_ENDED_FILES, oldest first: when their saves were written is still known, though no GPU waits on them now."""
 
 
 ACCESS: FactsKey[AccessFacts] = FactsKey("access")
@@ -183,6 +234,22 @@ class _ProcessRecord:
 
 
 @dataclass
+class _Written:
+    path: str
+    pid: int
+    fd: str
+    link: str
+    """The fd's link when first seen: the file is still open while ``<pid>/fd/<fd>`` links to it."""
+    first_seen: float
+    looked_before: float | None
+    last_open: float
+    closed_by: float | None = None
+
+    def frozen(self) -> WrittenFile:
+        return WrittenFile(self.path, self.pid, self.first_seen, self.looked_before, self.last_open, self.closed_by)
+
+
+@dataclass
 class _Workload:
     """A GPU process and its descendants as known across passes."""
 
@@ -192,10 +259,14 @@ class _Workload:
     """The last descendant whose counters were read: the next pass goes on after it."""
     fd_cursor: int = 0
     """The last descendant whose open files were read: likewise."""
-    ns: dict[int, tuple[int, int, str]] = field(default_factory=dict)
+    ns: dict[int, tuple[int, int, str, str]] = field(default_factory=dict)
     seen_read: dict[str, int] = field(default_factory=dict)
     """Mountpoint -> the pass it was last seen open for reading."""
     seen_written: dict[str, int] = field(default_factory=dict)
+    written: dict[str, _Written] = field(default_factory=dict)
+    """Files seen open for writing, by host path."""
+    looked: dict[int, float] = field(default_factory=dict)
+    """Each process's last full look at its open files (when the pass read all of them)."""
 
     def queue(self, root: int) -> Iterator[int]:
         """Its descendants once each, starting after the one read last, then those found on the way."""
@@ -234,6 +305,19 @@ class HostMounts:
         return self.by_dev_root.get((major, minor, root))
 
 
+def host_file(link: str, ns_mountpoint: str, host_mountpoint: str) -> str | None:
+    """The host's path of a file a process's fd links to (``link``, in its own namespace), on its mount at
+    ``ns_mountpoint`` there that the host has at ``host_mountpoint`` (the same filesystem directory); None for a file
+    deleted since it was opened, or a link outside that mount."""
+    if link.endswith(" (deleted)"):
+        return None
+    if ns_mountpoint != "/":
+        if not link.startswith(ns_mountpoint + "/"):
+            return None
+        link = link[len(ns_mountpoint) :]
+    return host_mountpoint.rstrip("/") + link
+
+
 class AccessSource:
     name = "access"
 
@@ -244,8 +328,13 @@ class AccessSource:
         gpu_pids: Callable[[], Iterable[int]],
         mounts: Callable[[], Sequence[Mount] | None],
         clock: Callable[[], float],
+        paced: bool = False,
     ) -> None:
+        """``paced``: as the agent runs it, a call of collect before the configured interval is over (the worker
+        calls sooner while a written file is open) only looks at the open files being written; otherwise every call
+        is a whole pass."""
         self.paths = paths
+        self.paced = paced
         self.gpu_pids = gpu_pids
         self.mounts = mounts
         self.clock = clock
@@ -255,13 +344,20 @@ class AccessSource:
         self._fd_cursor: dict[int, int] = {}
         """Where the next read of a process's open files starts (its fd directory's order)."""
         self._pass = 0
+        self._facts: AccessFacts | None = None
+        """The last pass's facts, which a look at the watched files between passes brings up to date."""
+        self._next_pass = -float("inf")
+        self._ended: deque[tuple[float, WrittenFile]] = deque()
+        """What ended workloads wrote, with when each ended."""
+        self._wchar: dict[int, int] = {}
+        """Each watched process's write counter at the last look between passes."""
         self.parse_errors = 0
         self._bad = OnceLog(log)
         self.off_reason: str | None = None
         """Set while no GPU process is on this node: there is nothing to read, which is not a success."""
 
     def configure(self, config: AccessConfig) -> None:
-        self.interval_seconds = config.interval_seconds
+        self.pass_seconds = config.interval_seconds
         self.max_processes = config.max_processes
         self.max_fds = config.max_fds
         self.max_processes_per_pass = config.max_processes_per_pass
@@ -269,6 +365,12 @@ class AccessSource:
         self.max_cpu_seconds_per_pass = config.max_cpu_seconds_per_pass
         self.max_workloads = config.max_workloads
         self.max_mounts_per_workload = config.max_mounts_per_workload
+
+    @property
+    def interval_seconds(self) -> float:
+        """The configured interval between passes, or, paced, WATCH_SECONDS while there is a GPU workload (the looks
+        between passes)."""
+        return min(self.pass_seconds, WATCH_SECONDS) if self.paced and self._workloads else self.pass_seconds
 
     def _children(self, pid: int) -> list[int]:
         """The process's children, from every thread's ``children`` file (at most max_processes)."""
@@ -293,26 +395,28 @@ class AccessSource:
             self._bad.warning(str(err), "%s: skipping malformed %s", path, err)
         return counters
 
-    def _namespace(self, pid: int) -> dict[int, tuple[int, int, str]]:
-        """mnt_id -> (major, minor, root) in the process's own mount namespace."""
+    def _namespace(self, pid: int) -> dict[int, tuple[int, int, str, str]]:
+        """mnt_id -> (major, minor, root, mountpoint) in the process's own mount namespace."""
         data = _read_small(self.paths.proc(str(pid), "mountinfo"), MAX_MOUNTINFO)
         if not data:
             return {}
         entries, _ = parse_mountinfo(data)
-        return {e.mount_id: (e.major, e.minor, e.root) for e in entries}
+        return {e.mount_id: (e.major, e.minor, e.root, e.mountpoint) for e in entries}
 
     def _open_files(
-        self, pid: int, ns: dict[int, tuple[int, int, str]], host: HostMounts, budget: _PassBudget
-    ) -> tuple[set[str], set[str], bool]:
+        self, pid: int, ns: dict[int, tuple[int, int, str, str]], host: HostMounts, budget: _PassBudget
+    ) -> tuple[set[str], set[str], bool, list[tuple[str, str, str]]]:
         """The host mountpoints of the process's open files read in this pass (at most max_fds and what is left of
-        the pass's fd budget, from where its last read stopped), and whether all of them were read."""
+        the pass's fd budget, from where its last read stopped), whether all of them were read, and the files open
+        for writing among them: (host path, fd, link)."""
         reads: set[str] = set()
         writes: set[str] = set()
+        files: list[tuple[str, str, str]] = []
         fd_dir = self.paths.proc(str(pid), "fd")
         start = self._fd_cursor.get(pid, 0)
         want = min(self.max_fds, budget.fds_left())
         if want <= 0:
-            return reads, writes, False
+            return reads, writes, False, files
         # scandir, not listdir: a process with 19,500 open files is listed only as far as this read goes.
         names: list[str] = []
         complete = True
@@ -324,7 +428,7 @@ class AccessSource:
                         break
                     names.append(entry.name)
         except OSError:
-            return reads, writes, True
+            return reads, writes, True, files
         listed_all = complete
         for done, name in enumerate(names):
             if done and not done % FD_CPU_CHECK_EVERY and budget.cpu_used() >= budget.max_cpu:
@@ -355,23 +459,41 @@ class AccessSource:
                 continue
             # The mount's root is the directory of the filesystem it shows: the container's bind of a volume and
             # the host's volume mount show the same one.
-            mountpoint = host.host_mountpoint(*where)
+            mountpoint = host.host_mountpoint(*where[:3])
             if mountpoint is None:
                 continue
             if "r" in mode:
                 reads.add(mountpoint)
             if "w" in mode:
                 writes.add(mountpoint)
+                path = host_file(target, where[3], mountpoint)
+                if path is not None:
+                    files.append((path, name, target))
         self._fd_cursor[pid] = 0 if listed_all else start + len(names)
-        return reads, writes, listed_all and not start
+        return reads, writes, listed_all and not start, files
 
     def collect(self) -> AccessFacts:
         now = self.clock()
+        if self.paced and self._facts is not None and now < self._next_pass:
+            # Between passes: only the open files being written, and the write counters, are looked at again.
+            self._watch()
+            self._triggered()
+            return dataclasses.replace(
+                self._facts,
+                timestamp=now,
+                workloads={
+                    pid: dataclasses.replace(w, written=self._written(pid)) for pid, w in self._facts.workloads.items()
+                },
+            )
+        self._next_pass = now + self.pass_seconds
+        self._watch()
         budget = _PassBudget(self.max_processes_per_pass, self.max_fds_per_pass, self.max_cpu_seconds_per_pass)
         host = HostMounts(self.mounts() or ())
         roots = sorted(set(self.gpu_pids()))
         self.off_reason = None if roots else "no GPU process on this node (NVML names none)"
         self._pass += 1
+        for gone in set(self._workloads) - set(roots):
+            self._end(self._workloads[gone], now)
         self._workloads = {r: self._workloads.get(r) or _Workload() for r in roots}
         # First the counters and children: the GPU processes always (a few small reads each, so every workload is
         # known every pass), then their descendants, a process of each workload in turn, each from where its last
@@ -379,6 +501,8 @@ class AccessSource:
         for root in roots:
             self._read(root, root)
             budget.processes += 1
+            if root not in self._workloads[root].records:
+                self._end(self._workloads[root], now)  # exited, though the driver still names it
         pending = {r: self._workloads[r].queue(r) for r in roots if r in self._workloads[r].records}
         while pending and budget.processes_left(PROCESS_CPU_SHARE):
             for root in list(pending):
@@ -439,10 +563,18 @@ class AccessSource:
                 mounts_written=tuple(sorted(writes)),
                 sampled=sampled,
                 processes_known=len(work.records),
+                written=self._written(root),
             )
         known = {p for w in self._workloads.values() for p in w.records}
         self._fd_cursor = {p: c for p, c in self._fd_cursor.items() if p in known}
-        return AccessFacts(
+        # the write counters as this pass read them: the looks until the next pass compare with these
+        self._wchar = {
+            p: rec.counters.wchar
+            for w in self._workloads.values()
+            for p, rec in w.records.items()
+            if rec.counters is not None and rec.read_pass == self._pass
+        }
+        self._facts = AccessFacts(
             now,
             out,
             budget.processes,
@@ -451,7 +583,23 @@ class AccessSource:
             budget.reached(),
             self.max_workloads,
             self.max_mounts_per_workload,
+            tuple(w for _, w in self._ended),
         )
+        return self._facts
+
+    def _end(self, work: _Workload, now: float) -> None:
+        """Keep what an ended workload wrote (a file open at its end was closed by then)."""
+        for w in work.written.values():
+            if w.closed_by is None:
+                w.closed_by = now
+            self._ended.append((now, w.frozen()))
+        work.written.clear()
+        while self._ended and (len(self._ended) > MAX_ENDED_FILES or self._ended[0][0] < now - ENDED_KEEP_SECONDS):
+            self._ended.popleft()
+
+    def _written(self, root: int) -> tuple[WrittenFile, ...]:
+        work = self._workloads.get(root)
+        return tuple(w.frozen() for w in work.written.values()) if work is not None else ()
 
     def _comm(self, pid: int) -> str | None:
         data = _read_small(self.paths.proc(str(pid), "comm"), MAX_COMM)
@@ -476,11 +624,70 @@ class AccessSource:
     def _files_of(
         self, root: int, pid: int, host: HostMounts, budget: _PassBudget, into: tuple[set[str], set[str], set[int]]
     ) -> None:
-        reads, writes, complete = self._open_files(pid, self._workloads[root].ns, host, budget)
+        work = self._workloads[root]
+        reads, writes, complete, files = self._open_files(pid, work.ns, host, budget)
         into[0].update(reads)
         into[1].update(writes)
+        now = self.clock()
+        for path, fd, link in files:
+            seen = work.written.get(path)
+            if seen is not None and seen.closed_by is None and seen.pid == pid:
+                seen.last_open = now
+                continue
+            work.written.pop(path, None)  # opened again (the next save to the same name): a new write
+            work.written[path] = _Written(path, pid, fd, link, now, work.looked.get(pid), now)
         if complete:
             into[2].add(pid)
+            work.looked[pid] = now
+        if len(work.written) > MAX_WRITTEN_FILES:
+            closed = [p for p, w in work.written.items() if w.closed_by is not None]
+            for p in (closed + list(work.written))[: len(work.written) - MAX_WRITTEN_FILES]:
+                work.written.pop(p, None)
+
+    def _watch(self) -> None:
+        """Look again at each open file a workload writes (its one fd link): still linked to it, still open."""
+        now = self.clock()
+        watched = 0
+        for work in self._workloads.values():
+            for w in work.written.values():
+                if w.closed_by is not None or now - w.first_seen > MAX_WATCH_SECONDS or watched >= MAX_WATCHED:
+                    continue
+                watched += 1
+                try:
+                    still = os.readlink(self.paths.proc(str(w.pid), "fd", w.fd)) == w.link
+                except OSError:
+                    still = False
+                if still:
+                    w.last_open = now
+                else:
+                    w.closed_by = now
+
+    def _triggered(self) -> None:
+        """Read the open files of the GPU processes and known writers that wrote WRITE_TRIGGER_BYTES since the last
+        look (a save begun between passes), at most MAX_TRIGGERED_PER_LOOK of them, each within one pass's budget."""
+        host: HostMounts | None = None
+        read = 0
+        for root, work in self._workloads.items():
+            if root not in work.records:
+                continue
+            for pid in sorted({root} | {w.pid for w in work.written.values()}):
+                data = _read_small(self.paths.proc(str(pid), "io"))
+                counters = parse_io(data)[0] if data is not None else None
+                if counters is None:
+                    self._wchar.pop(pid, None)
+                    continue
+                before = self._wchar.get(pid)
+                self._wchar[pid] = counters.wchar
+                if before is None or counters.wchar - before < WRITE_TRIGGER_BYTES or read >= MAX_TRIGGERED_PER_LOOK:
+                    continue
+                read += 1
+                if host is None:
+                    host = HostMounts(self.mounts() or ())
+                if not work.ns:
+                    work.ns = self._namespace(root)
+                budget = _PassBudget(1, self.max_fds, self.max_cpu_seconds_per_pass)
+                self._fd_cursor.pop(pid, None)  # from its first open file: the new one is likely the last
+                self._files_of(root, pid, host, budget, (set(), set(), set()))
 
     def close(self) -> None:
         pass
@@ -495,4 +702,4 @@ def _gpu_pids(ctx: Context) -> list[int]:
 
 def make(ctx: Context, section: AccessConfig) -> AccessSource:
     """The source as the registry makes it: the GPU source's processes, joined against the newest mount table."""
-    return AccessSource(ctx.paths, section, lambda: _gpu_pids(ctx), lambda: ctx.latest(MOUNTS), ctx.clock)
+    return AccessSource(ctx.paths, section, lambda: _gpu_pids(ctx), lambda: ctx.latest(MOUNTS), ctx.clock, paced=True)
