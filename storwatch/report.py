@@ -386,13 +386,20 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "write_cost_seconds": None if rec is None else rec.write_cost_seconds,
                 "recommended_interval_seconds": None if rec is None else rec.recommended_interval_seconds,
                 "workload": None if rec is None else rec.workload,
+                "gpus": 0 if rec is None else rec.gpus,
+                # null without a GPU here, or while the recovery point is unbounded (+Inf in
+                # storwatch_gpu_seconds_at_risk; with "gpus" above 0)
+                "gpu_seconds_at_risk": None
+                if rec is None or rec.gpu_seconds_at_risk is None or math.isinf(rec.gpu_seconds_at_risk)
+                else rec.gpu_seconds_at_risk,
                 "write_seconds_by_tier": {} if rec is None else dict(rec.tier_write_seconds),
                 "kept": len(run.complete),
                 "incomplete": run.incomplete,
                 "abandoned": run.abandoned,
                 "corrupt": run.corrupt,
                 "unsafe": run.unsafe,
-                "write_in_progress": run.write_in_progress,
+                "write_in_progress": rv.writing,
+                "writers": list(rv.writers),
                 "writing_incomplete": run.writing_incomplete,
                 "orphaned_temps": run.orphaned_temps,
                 "orphaned_temp_bytes": run.orphaned_temp_bytes,

@@ -1,9 +1,15 @@
-"""A CPU torch training loop for the end-to-end test: it trains a small model, checkpoints with
-storwatch.training.atomic_save, and plays the GPU's part through the fake NVML library's script: while it computes,
-its "GPU" is busy; while it is blocked in a save, idle, with its memory still held. It measures the time it spends
-blocked in saves itself and writes that, with each save's span, to a JSON file at the end.
+"""A CPU torch training loop for the end-to-end tests: it trains a small model, checkpoints, and plays the GPU's part
+through the fake NVML library's script: while it computes, its "GPU" is busy; while it is blocked in a save, idle,
+with its memory still held. It measures the time it spends blocked in saves itself and writes that, with each save's
+span, to a JSON file at the end.
+
+How it saves (``--writer``): ``atomic`` with storwatch.training.atomic_save; the others as jobs that never import
+storwatch do: ``plain`` torch.save into ``step-N.pt`` then fsync; ``trainer`` a Hugging Face Trainer's
+``checkpoint-N/`` directory (model.safetensors, optimizer.pt, trainer_state.json, config.json), each file fsynced;
+``dcp`` torch.distributed.checkpoint.save into ``step-N/`` (which fsyncs its files).
 
 Usage: python -m tests.training_loop RUN_DIR NVML_SCRIPT RESULT_JSON [--saves N] [--compute S] [--mib M]
+       [--writer atomic|plain|trainer|dcp]
 """
 
 from __future__ import annotations
@@ -11,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import threading
 import time
 from collections import deque
+from typing import Any
 
 import torch
-
-from storwatch.training import atomic_save
 
 MEM_USED = 30 << 30
 MEM_TOTAL = 80 << 30
@@ -66,6 +72,50 @@ class FakeGPU:
         os.replace(tmp, self.script)  # a new inode: the library reads it again
 
 
+def _fsynced(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save(writer: str, run_dir: str, i: int, step: int, state: dict[str, Any]) -> tuple[float, float, str]:
+    """One checkpoint as ``writer`` makes it: (start, end, path), the span by this process's clock."""
+    start = time.time()
+    if writer == "atomic":
+        from storwatch.training import atomic_save  # the only writer that imports storwatch
+
+        event = atomic_save(state, os.path.join(run_dir, f"step-{i:04d}.pt"), step=step)
+        return event.start, event.end, event.path
+    if writer == "plain":
+        path = os.path.join(run_dir, f"step-{i:04d}.pt")
+        with open(path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+    elif writer == "trainer":
+        from safetensors.torch import save as safetensors_bytes
+
+        path = os.path.join(run_dir, f"checkpoint-{step}")
+        os.mkdir(path)
+        weights = {k: v.contiguous() for k, v in state["model"].items()} | {"ballast": state["ballast"]}
+        _fsynced(os.path.join(path, "model.safetensors"), safetensors_bytes(weights))
+        with open(os.path.join(path, "optimizer.pt"), "wb") as f:
+            torch.save(state["opt"], f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsynced(os.path.join(path, "trainer_state.json"), json.dumps({"global_step": step}).encode())
+        _fsynced(os.path.join(path, "config.json"), json.dumps({"model_type": "mlp"}).encode())
+    elif writer == "dcp":
+        import torch.distributed.checkpoint as dcp
+
+        path = os.path.join(run_dir, f"step-{i:04d}")
+        dcp.save({"model": state["model"], "ballast": state["ballast"]}, checkpoint_id=path)
+    else:
+        raise SystemExit(f"unknown writer {writer!r}")
+    return start, time.time(), path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
@@ -74,6 +124,7 @@ def main() -> None:
     ap.add_argument("--saves", type=int, default=5)
     ap.add_argument("--compute", type=float, default=1.5)
     ap.add_argument("--mib", type=int, default=16)
+    ap.add_argument("--writer", choices=("atomic", "plain", "trainer", "dcp"), default="atomic")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -95,20 +146,20 @@ def main() -> None:
             step += 1
         gpu.phase(2)
         started = time.perf_counter()
-        event = atomic_save(
-            {"model": model.state_dict(), "opt": opt.state_dict(), "ballast": ballast, "step": step},
-            os.path.join(args.run_dir, f"step-{i:04d}.pt"),
-            step=step,
-        )
+        state = {"model": model.state_dict(), "opt": opt.state_dict(), "ballast": ballast, "step": step}
+        start, end, path = save(args.writer, args.run_dir, i, step, state)
         blocked += time.perf_counter() - started
         gpu.phase(97)
-        saves.append({"start": event.start, "end": event.end, "bytes": event.bytes})
+        saves.append({"start": start, "end": end, "path": path})
     # computing on for a moment, then the job ends (its "GPU" keeps no process)
     time.sleep(args.compute)
     gpu.stop.set()
     gpu.thread.join()
     with open(args.result, "w") as f:
-        json.dump({"pid": os.getpid(), "blocked_seconds": blocked, "saves": saves, "steps": step}, f)
+        imported = sorted(m for m in sys.modules if m == "storwatch" or m.startswith("storwatch."))
+        json.dump(
+            {"pid": os.getpid(), "blocked_seconds": blocked, "saves": saves, "steps": step, "imported": imported}, f
+        )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from storwatch.analysis.view import MountView, View
 from storwatch.classify import Classifier
 from storwatch.paths import HostPaths
 from storwatch.snapshot import Snapshot
+from storwatch.sources.access import ACCESS
 from storwatch.vocabulary import Mount, Platform, Verdict
 
 
@@ -63,7 +64,7 @@ def build_view(
         MountView(m, verdict, mount_io(m, snapshot, windows)) for m, verdict in zip(snapshot.mounts, found, strict=True)
     )
     paths = paths or HostPaths()
-    runs = run_views(snapshot.checkpoints, mounts, paths)
+    runs = run_views(snapshot.checkpoints, mounts, paths, snapshot.get(ACCESS))
     locate = mount_locator(mounts, paths)
     facts = snapshot.checkpoints
     pods = process_pods(snapshot.containers, snapshot.kube)

@@ -3,6 +3,7 @@ series and rows of their own when the node holds more than MAX_RUNS; what the re
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -11,11 +12,13 @@ from typing import TYPE_CHECKING
 
 from storwatch.analysis.recovery import RunRecovery
 from storwatch.analysis.view import LeftOut, MountView, RunView
+from storwatch.analysis.writes import run_writes, timed_by_open_files
 from storwatch.checkpoints.record import RunId
 from storwatch.paths import HostPaths
 from storwatch.vocabulary import Finding
 
 if TYPE_CHECKING:
+    from storwatch.sources.access import AccessFacts
     from storwatch.sources.checkpoints import CheckpointFacts, RunState
 
 MAX_RUNS = 100
@@ -51,15 +54,31 @@ def mount_locator(mounts: tuple[MountView, ...], paths: HostPaths) -> Callable[[
     return mount_of
 
 
-def run_views(facts: CheckpointFacts | None, mounts: tuple[MountView, ...], paths: HostPaths) -> tuple[RunView, ...]:
-    """Every run the scan holds with its mount, newest first (unbounded: keep_runs bounds what gets series)."""
+def run_views(
+    facts: CheckpointFacts | None,
+    mounts: tuple[MountView, ...],
+    paths: HostPaths,
+    access: AccessFacts | None = None,
+) -> tuple[RunView, ...]:
+    """Every run the scan holds with its mount, newest first (unbounded: keep_runs bounds what gets series), with
+    what the GPU processes' open files say of its writes (analysis/writes.py)."""
     if facts is None or not facts.runs:
         return ()
     mount_of = mount_locator(mounts, paths)
 
     runs = sorted(facts.runs, key=lambda r: max((c.mtime for c in r.checkpoints), default=0.0), reverse=True)
     labels = run_labels(facts.runs)
-    return tuple(RunView(r, labels[r.id], mount_of(r.path)) for r in runs)
+    writes = run_writes(access, (r.id for r in runs), paths)
+    out = []
+    for r in runs:
+        w = writes.get(r.id)
+        if w is not None:
+            timed = tuple(timed_by_open_files(c, w.files) for c in r.checkpoints)
+            run = dataclasses.replace(r, checkpoints=timed)
+            out.append(RunView(run, labels[r.id], mount_of(r.path), w.writers, w.open_since))
+        else:
+            out.append(RunView(r, labels[r.id], mount_of(r.path)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

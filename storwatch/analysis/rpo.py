@@ -72,11 +72,13 @@ def run_gpus(rv: RunView, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod])
     """The GPUs (by NVML index) whose work writes the run: those with a process of the pod whose volume holds the run
     (on Kubernetes: the run's path is under that pod's kubelet volume directory), or, for a run outside any pod's
     volume, those with the process its event log names as the writer, or the writer of a save in progress (its
-    temporary's name carries it; off Kubernetes PIDs are the host's)."""
+    temporary's name carries it; off Kubernetes PIDs are the host's), or seen with its checkpoint files open for
+    writing (analysis/writes.py)."""
     if gpus is None:
         return frozenset()
     where = parse_kubelet_volume_path(rv.run.path)
-    writers = {c.writer_pid for c in rv.run.checkpoints if c.writer_pid is not None} | set(rv.run.writing_pids)
+    writers = {c.writer_pid for c in rv.run.checkpoints if c.writer_pid is not None}
+    writers |= set(rv.run.writing_pids) | set(rv.writers)
     held = set()
     for g in gpus.gpus:
         for p in g.processes:
@@ -98,6 +100,8 @@ def run_workload(rv: RunView, pods: Mapping[int, ProcessPod], jobs: Mapping[int,
         named = next((p for p in pods.values() if p.pod_uid == where.pod_uid and p.namespace and p.name), None)
         return f"{named.namespace}/{named.name}" if named is not None else f"pod:{where.pod_uid}"
     writer = next((c.writer_pid for c in reversed(rv.run.checkpoints) if c.writer_pid is not None), None)
+    if writer is None and rv.writers:
+        writer = rv.writers[0]
     return workload_name(writer, pods, jobs) if writer is not None else None
 
 

@@ -63,7 +63,12 @@ def write_spans(rv: RunView, gpus: frozenset[str], since: float) -> tuple[list[W
         if c.write_start is not None and c.write_seconds is not None and c.write_start + c.write_seconds >= since
     ]
     writing = []
-    if rv.run.writing_since is not None:  # an atomic_save temporary being written
+    if rv.open_writes_since is not None:  # its checkpoint files open for writing (analysis/writes.py)
+        start = rv.open_writes_since
+        if rv.run.writing_since is not None:
+            start = min(start, rv.run.writing_since)
+        writing.append(WriteSpan(rv.label, mp, start, None, gpus))
+    elif rv.run.writing_since is not None:  # an atomic_save temporary being written
         writing.append(WriteSpan(rv.label, mp, rv.run.writing_since, None, gpus))
     elif rv.run.write_in_progress:  # a checkpoint directory still incomplete
         writing.append(WriteSpan(rv.label, mp, rv.run.checkpoints[-1].first_seen, None, gpus))

@@ -66,10 +66,20 @@ class RunView:
     by ``id``."""
     mount: MountView | None
     """The mount holding the run's directory (its durability is the checkpoints')."""
+    writers: tuple[int, ...] = ()
+    """The GPU processes seen writing its checkpoints (their files open for writing: analysis/writes.py)."""
+    open_writes_since: float | None = None
+    """When its checkpoint files open for writing now were first seen open; None when none is."""
 
     @property
     def id(self) -> RunId:
         return self.run.id
+
+    @property
+    def writing(self) -> bool:
+        """A save is in progress: a checkpoint file open for writing, an atomic_save temporary being written, or a
+        newest checkpoint still incomplete and changing."""
+        return self.open_writes_since is not None or self.run.write_in_progress
 
 
 @dataclass(frozen=True)

@@ -84,8 +84,9 @@ class Checkpoint:
     ``writer_pid``)."""
     write_timed_by: str | None = None
     """How ``write_start`` and ``write_seconds`` were measured: ``event_log`` (atomic_save's line, checked against
-    the file), ``birth_mtime`` (the kernel's birth time of the file, or of a checkpoint directory, to its newest
-    mtime); None when the write is not timed."""
+    the file), ``open_files`` (its files seen open for writing by a GPU process, from their birth, or first seen
+    open, to seen closed: analysis/writes.py), ``birth_mtime`` (the kernel's birth time of the file, or of a
+    checkpoint directory, to its newest mtime); None when the write is not timed."""
     write_untimed_reason: str | None = None
     """Why the write is not timed (no event line, and no birth time on this filesystem): a duration known only to
     within a scan interval is no duration, so none is made up."""

@@ -287,6 +287,20 @@ class _Stop(Exception):
     """A bound was hit: unwind the walk."""
 
 
+def checkpoint_member(below_run: str) -> bool:
+    """Whether a file at this path below a run's directory is part of a checkpoint as the scan knows them (a file
+    with a checkpoint's suffix, a marker of a checkpoint directory, anything in a directory named as checkpoints are,
+    a save's temporary), not a log or an event file written beside them."""
+    parts = below_run.split("/")
+    name = parts[-1]
+    return (
+        name.endswith(_ANY_SUFFIXES)
+        or name in DIR_MARKERS
+        or is_temp_name(name)
+        or any(_CANDIDATE_DIR_NAME.fullmatch(d) for d in parts[:-1])
+    )
+
+
 def _safe_name(name: str) -> bool:
     return name not in (".", "..") and "/" not in name and "\0" not in name
 

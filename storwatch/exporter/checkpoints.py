@@ -47,7 +47,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
         incomplete.add(label, run.incomplete)
         corrupt.add(label, run.corrupt)
         unsafe.add(label, run.unsafe)
-        in_progress.add(label, 1 if run.write_in_progress else 0)
+        in_progress.add(label, 1 if rv.writing else 0)
         orphaned.add(label, run.orphaned_temp_bytes)
     yield from (last, size, write_duration, write_rate, interval, kept, incomplete, corrupt, unsafe, in_progress)
     yield orphaned

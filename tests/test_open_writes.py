@@ -1,0 +1,176 @@
+"""Writes seen through the writer's open files (sources/access.py, analysis/writes.py): a real process holds a file
+open for writing while the access source looks, as the agent paces it (a look at the open files and the write
+counters between passes); and the spans and links the View makes of what it saw."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from storwatch.analysis.writes import SPAN_TOLERANCE, run_writes, timed_by_open_files
+from storwatch.checkpoints.record import Checkpoint, RunId
+from storwatch.paths import HostPaths
+from storwatch.sources.access import AccessConfig, AccessFacts, AccessSource, WorkloadAccess, WrittenFile
+from tests.builders import host_mounts
+
+WRITER = """
+import os, sys
+f = None
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "open":
+        f = open(arg, "wb")
+    elif cmd == "write":
+        f.write(b"x" * int(arg)); f.flush()
+    elif cmd == "close":
+        f.close(); f = None
+    print("ok", flush=True)
+"""
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def do(self, line: str) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok"
+
+
+@pytest.fixture
+def writer() -> Iterator[Writer]:
+    w = Writer()
+    try:
+        yield w
+    finally:
+        w.proc.kill()
+        w.proc.wait()
+
+
+def test_a_save_begun_between_passes_is_seen_open_and_its_close_is_timed(writer: Writer, tmp_path: Path) -> None:
+    """Paced as the agent runs it, with passes an hour apart: the save that starts after the first pass is found by
+    its write counter and watched until it closes."""
+    now = [1000.0]
+    pid = writer.proc.pid
+    source = AccessSource(
+        HostPaths(), AccessConfig(interval_seconds=3600), lambda: [pid], host_mounts, lambda: now[0], paced=True
+    )
+    first = source.collect().workloads[pid]
+    assert first.written == ()
+    assert source.interval_seconds < 1.0  # a GPU workload: looked at between passes
+    path = tmp_path / "step-1.pt"
+    writer.do(f"open {path}")
+    writer.do(f"write {2 << 20}")
+    now[0] += 0.25
+    source.collect()  # a look between passes: the counter rose, so its open files are read
+    now[0] += 0.25
+    (seen,) = source.collect().workloads[pid].written
+    assert seen.path == str(path) and seen.pid == pid and seen.open, seen
+    assert seen.first_seen == 1000.25 and seen.looked_before == 1000.0 and seen.last_open == 1000.5, seen
+    writer.do("close")
+    now[0] += 0.25
+    (closed,) = source.collect().workloads[pid].written
+    assert closed.closed_by == 1000.75 and closed.last_open == 1000.5 and not closed.open, closed
+
+
+def test_an_unpaced_source_reads_every_time_and_a_file_only_read_is_not_written(writer: Writer, tmp_path: Path) -> None:
+    pid = writer.proc.pid
+    source = AccessSource(HostPaths(), AccessConfig(), lambda: [pid], host_mounts, time.time)
+    assert source.interval_seconds == AccessConfig().interval_seconds
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    writer.do(f"open {tmp_path / 'step-2.pt'}")
+    (seen,) = source.collect().workloads[pid].written
+    assert seen.path == str(tmp_path / "step-2.pt")
+    writer.do("close")
+    (closed,) = source.collect().workloads[pid].written  # a whole pass looks again too
+    assert closed.closed_by is not None
+
+
+def test_what_an_ended_workload_wrote_is_kept_and_ties_it_to_no_gpu(writer: Writer, tmp_path: Path) -> None:
+    pid = writer.proc.pid
+    pids = [pid]
+    source = AccessSource(HostPaths(), AccessConfig(), lambda: pids, host_mounts, time.time)
+    writer.do(f"open {tmp_path / 'step-3.pt'}")
+    source.collect()
+    writer.proc.kill()
+    writer.proc.wait()
+    facts = source.collect()  # the driver still names it; the process is gone
+    assert pid not in facts.workloads
+    (ended,) = facts.ended
+    assert ended.path == str(tmp_path / "step-3.pt") and ended.closed_by is not None
+    rid = RunId(str(tmp_path.parent), str(tmp_path))
+    (w,) = run_writes(facts, [rid], HostPaths()).values()
+    assert w.writers == () and w.open_since is None and len(w.files) == 1
+
+
+def _file(path: str, first: float, last: float, closed: float | None, before: float | None = None) -> WrittenFile:
+    return WrittenFile(path, 7, first, before, last, closed)
+
+
+def _ckpt(path: str, mtime: float, **kw: object) -> Checkpoint:
+    return dataclasses.replace(Checkpoint(path, "torch", "complete", "ok", 1000, mtime), **kw)  # type: ignore[arg-type]
+
+
+def test_a_span_from_birth_to_seen_closed_and_the_cases_that_are_no_duration() -> None:
+    born = _ckpt("/r/step-1.pt", 101.0, write_start=100.0, write_seconds=1.0, write_timed_by="birth_mtime")
+    # open from its birth (100) past its last write (101, then an fsync) until seen closed between 104.0 and 104.2
+    timed = timed_by_open_files(born, [_file("/r/step-1.pt", 100.1, 104.0, 104.2, before=99.9)])
+    assert timed.write_timed_by == "open_files" and timed.write_start == 100.0
+    assert timed.write_seconds == pytest.approx(4.1) and timed.write_bytes_per_second == pytest.approx(1000 / 4.1)
+    # an event log's span is exact: kept
+    logged = dataclasses.replace(born, write_timed_by="event_log")
+    assert timed_by_open_files(logged, [_file("/r/step-1.pt", 100.1, 104.0, 104.2)]) is logged
+    # still open: the save goes on, nothing changes
+    assert timed_by_open_files(born, [_file("/r/step-1.pt", 100.1, 104.0, None)]) is born
+    # the same name written again later (first looked at after this checkpoint's last change): another save
+    assert timed_by_open_files(born, [_file("/r/step-1.pt", 200.0, 201.0, 201.2, before=199.0)]) is born
+    # no birth time: first seen open 5 s after the look before, on a 2 s write: no duration, and the reason
+    plain = _ckpt("/r/step-2.pt", 101.0, write_untimed_reason="no birth time")
+    vague = timed_by_open_files(plain, [_file("/r/step-2.pt", 100.0, 101.8, 102.0, before=95.0)])
+    assert vague.write_seconds is None and vague.write_timed_by is None
+    assert vague.write_untimed_reason is not None and "within 5.1" in vague.write_untimed_reason
+    # first seen with no look before it: the start is unknown
+    unknown = timed_by_open_files(plain, [_file("/r/step-2.pt", 100.0, 101.8, 102.0)])
+    assert unknown.write_seconds is None and "only once the write had begun" in str(unknown.write_untimed_reason)
+    # looks close enough together: a duration
+    close = timed_by_open_files(plain, [_file("/r/step-2.pt", 100.0, 101.8, 102.0, before=99.8)])
+    assert close.write_timed_by == "open_files" and close.write_seconds == pytest.approx(1.9)
+    assert SPAN_TOLERANCE >= 0.3 / 1.9
+
+
+def test_a_directory_checkpoint_spans_its_files_and_logs_beside_it_are_not_checkpoints() -> None:
+    run = RunId("/data", "/data/job")
+    files = (
+        _file("/data/job/checkpoint-10/model.safetensors", 50.0, 52.0, 52.2, before=49.9),
+        _file("/data/job/checkpoint-10/optimizer.pt", 52.5, 53.0, 53.2, before=52.4),
+        _file("/data/job/runs/events.out.tfevents.1", 1.0, 60.0, None, before=0.5),  # a log, open for hours
+    )
+    facts = AccessFacts(60.0, {7: WorkloadAccess(7, 1, _io(), written=files)})
+    (w,) = run_writes(facts, [run], HostPaths()).values()
+    assert w.writers == (7,) and w.open_since is None and len(w.files) == 2, w
+    d = _ckpt("/data/job/checkpoint-10", 53.0, kind="dir", files=4)
+    timed = timed_by_open_files(d, w.files)
+    assert timed.write_timed_by == "open_files" and timed.write_start == 50.0
+    assert timed.write_seconds == pytest.approx(3.1) and math.isfinite(timed.write_bytes_per_second or math.nan)
+    # a file of the next save open now: the run is being written
+    more = (*files, _file("/data/job/checkpoint-20/model.safetensors", 59.0, 60.0, None, before=58.0))
+    facts = AccessFacts(60.0, {7: WorkloadAccess(7, 1, _io(), written=more)})
+    (w,) = run_writes(facts, [run], HostPaths()).values()
+    assert w.open_since == 59.0
+
+
+def _io() -> object:
+    from storwatch.procfs.pidio import ProcessIO
+
+    return ProcessIO()
