@@ -349,12 +349,17 @@ def _findings_list(view: View) -> list[dict[str, Any]]:
             "durability": f.durability,
             "pod_uid": f.pod_uid,
             "run": f.run,
+            "path": display_path(f.path),
             "count": f.count,
             "bytes": f.bytes,
             "newest_age_seconds": f.newest_age_seconds,
             "durable_age_seconds": f.durable_age_seconds,
             "move_to": None if f.move_to is None else display_path(f.move_to),
             "sentence": f.sentence,
+            # training only this node's storage holds (a lower bound where exposed_at_least), and why the severity
+            "exposed_seconds": f.exposed_seconds,
+            "exposed_at_least": f.exposed_at_least,
+            "severity_reason": f.severity_reason,
         }
         for f in view.findings
     ]
@@ -371,6 +376,7 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
             {
                 "run": rv.label,
                 "path": display_path(run.path),
+                "directory": display_path(rv.directory),  # as the host names it (path: under --path.rootfs)
                 "mountpoint": display_path(rv.mount.mount.mountpoint) if rv.mount else None,
                 "durability": rv.mount.verdict.durability.value if rv.mount else None,
                 "newest_complete": None if newest is None else display_path(newest.path),

@@ -37,6 +37,14 @@ def run_labels(runs: Iterable[RunState]) -> dict[RunId, str]:
     return {rid: label if taken[label] == 1 else _text(rid.path) for rid, label in short.items()}
 
 
+def host_path(paths: HostPaths, local: str) -> str:
+    """A path as this process reaches it (under ``--path.rootfs``) as the host names it."""
+    rootfs = paths.rootfs.rstrip("/")
+    if rootfs and (local == rootfs or local.startswith(rootfs + "/")):
+        return local[len(rootfs) :] or "/"
+    return local
+
+
 def mount_locator(mounts: tuple[MountView, ...], paths: HostPaths) -> Callable[[str], MountView | None]:
     """The mount a path (as this process reaches it, under the host root) is on: the longest mountpoint that is a
     prefix of it."""
@@ -59,7 +67,7 @@ def run_views(facts: CheckpointFacts | None, mounts: tuple[MountView, ...], path
 
     runs = sorted(facts.runs, key=lambda r: max((c.mtime for c in r.checkpoints), default=0.0), reverse=True)
     labels = run_labels(facts.runs)
-    return tuple(RunView(r, labels[r.id], mount_of(r.path)) for r in runs)
+    return tuple(RunView(r, labels[r.id], mount_of(r.path), host_path(paths, r.path)) for r in runs)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from storwatch.report import (
     no_gpus_line,
     usage_percent,
 )
-from storwatch.web.timeline import findings_panel, timelines
+from storwatch.web.timeline import findings_panel, shown, timelines
 
 
 def render_status_page(data: dict[str, Any]) -> str:
@@ -124,18 +124,19 @@ def render_status_page(data: dict[str, Any]) -> str:
                 "saves; the run's next atomic_save removes them"
             )
         ckpt_rows.append(
-            "<tr class='{cls}'><td class='mountpoint'>{run}</td>"
+            "<tr class='{cls}'><td class='mountpoint'>{run}</td><td class='mountpoint path'>{path}</td>"
             "<td class='durability'><span class='d-{dur}'>{dur}</span></td><td class='num'>{age}</td>"
             "<td class='num'>{size}</td><td class='num'>{interval}</td>"
             "<td class='num'>{kept}</td><td>{state}</td></tr>".format(
                 cls="stuck" if r["corrupt"] or r.get("unsafe") else "",
-                run=e(r["run"]),
+                run=shown(r["run"]),
+                path=shown(r.get("directory") or r["path"]),
                 dur=e(r["durability"] or "unknown"),
                 age=human_seconds(r["newest_complete_age_seconds"]),
                 size=human_bytes(r["newest_complete_size_bytes"]),
                 interval=human_seconds(r["interval_seconds"]),
                 kept=r["kept"],
-                state=e("writing; " if r["write_in_progress"] else "") + e("; ".join(problems) or "ok"),
+                state=e("writing; " if r["write_in_progress"] else "") + shown("; ".join(problems) or "ok"),
             )
         )
     if not io_rows:
@@ -144,7 +145,7 @@ def render_status_page(data: dict[str, Any]) -> str:
     if not gpu_rows:
         gpu_rows.append(f"<tr><td colspan='8' class='empty'>{e(no_gpus_line(data))}</td></tr>")
     if not ckpt_rows:
-        ckpt_rows.append(f"<tr><td colspan='7' class='empty'>{e(no_checkpoints_line(data))}</td></tr>")
+        ckpt_rows.append(f"<tr><td colspan='8' class='empty'>{shown(no_checkpoints_line(data))}</td></tr>")
     gpu_note = _gpu_note(data)
     collectors = ", ".join(_collector_text(c) for c in data["collectors"])
     plat = data["platform"]
@@ -196,8 +197,8 @@ Used is counted as df counts it, used / (used + available): space reserved for r
 </tbody></table>
 {timelines(data)}
 <h2>Checkpoints</h2>
-<table id="checkpoints"><thead><tr><th>Run</th><th>Durability</th><th>Newest complete, age</th><th>Size</th>
-<th>Interval</th><th>Kept</th><th>State</th></tr></thead>
+<table id="checkpoints"><thead><tr><th>Run</th><th>Path</th><th>Durability</th><th>Newest complete, age</th>
+<th>Size</th><th>Interval</th><th>Kept</th><th>State</th></tr></thead>
 <tbody>
 {chr(10).join(ckpt_rows)}
 </tbody></table>

@@ -16,6 +16,7 @@ import html
 import math
 from typing import Any
 
+from storwatch.printable import printable
 from storwatch.report import human_seconds
 
 WIDTH, PLOT_HEIGHT, LATENCY_HEIGHT, MARGIN = 900, 90, 40, 48
@@ -39,12 +40,22 @@ def findings_panel(findings: list[dict[str, Any]]) -> str:
             "<section id='findings' class='none'><h2>At risk</h2><p>Nothing important found on storage that is "
             "lost with this node.</p></section>"
         )
+    # One line a finding, in the report's order (most severe, then largest, first): its sentence names the run and
+    # its directory, the bytes, the age and where the data should go; then why it is as severe as it is.
     items = "\n".join(
         f"<li class='finding {e(f['severity'])}' data-id='{e(f['id'])}'><b>{e(f['severity'])}</b> "
-        f"{e(f['sentence'])}</li>"
+        f"<span class='sentence'>{shown(f['sentence'])}</span>"
+        + (f" <span class='why'>({shown(f['severity_reason'])})</span>" if f.get("severity_reason") else "")
+        + "</li>"
         for f in findings
     )
     return f"<section id='findings'><h2>At risk</h2><ul>\n{items}\n</ul></section>"
+
+
+def shown(text: str) -> str:
+    """Text from data (a tenant's file and directory names, and sentences quoting them) for the page: made printable
+    (no control, bidirectional or line-separator character acts on what follows it), then escaped for HTML."""
+    return html.escape(printable(text))
 
 
 def _x(t: float, start: float, end: float) -> float:
