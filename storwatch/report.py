@@ -311,7 +311,8 @@ def _workloads_list(view: View) -> list[dict[str, Any]]:
 
 
 def _timeline_dict(view: View) -> dict[str, Any] | None:
-    """Each GPU's last hour (10 s buckets), for the picture on /status."""
+    """Each GPU's last hour (10 s buckets: utilisation's mean and its lowest and highest sample), for the picture on
+    /status."""
     t = view.timeline
     if t is None:
         return None
@@ -326,6 +327,10 @@ def _timeline_dict(view: View) -> dict[str, Any] | None:
             {
                 "gpu": g.gpu,
                 "utilization": points(g.utilization),
+                # [start, lowest, highest] of each bucket: the swings the mean smooths away
+                "utilization_range": [
+                    [start, round(low, 6), round(high, 6)] for start, low, high in g.utilization_range
+                ],
                 "memory": points(g.memory),
                 "stalls": [
                     {"start": s.start, "end": s.end, "cause": s.label, "mountpoint": s.detail} for s in g.stalls

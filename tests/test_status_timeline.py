@@ -3,6 +3,15 @@ cause, checkpoint writes, the run mount's latency) and the findings panel."""
 
 from __future__ import annotations
 
+import pytest
+
+from storwatch.analysis.stall_feed import StallFeed
+from storwatch.analysis.view import View
+from storwatch.report import view_to_dict
+from storwatch.snapshot import Snapshot
+from storwatch.sources.gpu.facts import GPUFacts, GPUState
+from storwatch.vocabulary import Platform
+from storwatch.web import render_status_page
 from tests.browser import Elements
 from tests.builders import page_with_a_stalled_gpu
 
@@ -36,3 +45,44 @@ def test_the_findings_panel_says_what_is_at_risk_first() -> None:
     assert view.findings[0].severity in item["class"] and item["data-id"] == view.findings[0].id
     assert page.index("id='findings'") < page.index('id="mounts"')  # at the top
     assert view.findings[0].sentence.split(";")[0] in page
+
+
+def sawtooth_view(seconds: int = 120) -> View:
+    """A GPU that computes at 95% for 2 s and waits idle for 2 s, over and over, read as the agent reads the driver:
+    five buffered samples at a time."""
+    t0 = 1_000_000.0
+    feed = StallFeed()
+    feed.update(t0, [], [], None, {})
+    for read in range(0, seconds, 5):
+        samples = tuple((t0 + i, 0.95 if i % 4 < 2 else 0.0) for i in range(read + 1, read + 6))
+        state = GPUState(0, "GPU-a", "H100", True, utilization_samples=samples)
+        feed.observe(GPUFacts(t0 + read + 5, True, "550", None, (state,)), [])
+    now = t0 + seconds + 5
+    _, picture = feed.update(now, [], [], None, {})
+    return View(Snapshot(now), Platform("generic", "test"), timeline=picture)
+
+
+def test_a_sawtooth_keeps_its_peaks_and_troughs() -> None:
+    """Each 10 s bucket keeps its lowest and highest sample: a 95%/0% sawtooth draws as a band from 0 to 95% around
+    its mean, not as a flat line at the mean."""
+    view = sawtooth_view()
+    (g,) = view_to_dict(view)["timeline"]["gpus"]
+    full = [row for row in g["utilization_range"] if row[0] % 10 == 0][1:-1]  # the whole buckets
+    assert len(full) >= 10 and all((low, high) == (0.0, 0.95) for _, low, high in full), g["utilization_range"]
+    means = {t: v for t, v in g["utilization"]}
+    assert all(0.3 < means[t] < 0.65 for t, _, _ in full)  # the mean alone would say "about half, steadily"
+
+    page = render_status_page(view_to_dict(view))
+    p = Elements()
+    p.feed(page)
+    (band,) = p.having("polygon", "util-range")
+    ys = [float(xy.split(",")[1]) for xy in band["points"].split()]
+    (frame,) = [a for a in p.having("rect", "frame") if float(a["y"]) < 30]
+    top, height = float(frame["y"]), float(frame["height"])
+    # the band reaches 95% and 0% of the plot's height; the mean's line stays in between
+    assert min(ys) == pytest.approx(top + 0.05 * height, abs=0.1)
+    assert max(ys) == pytest.approx(top + height, abs=0.1)
+    (util,) = p.having("polyline", "util")
+    mean_ys = [float(xy.split(",")[1]) for xy in util["points"].split()]
+    assert top + 0.3 * height < min(mean_ys[1:-1]) and max(mean_ys[1:-1]) < top + 0.7 * height
+    assert any("lowest to highest sample in each 10 s" in t for t in p.titles)

@@ -1,9 +1,12 @@
 """The pictures on /status, drawn on the server as inline SVG (no script, no outside asset): per GPU the last hour of
-utilisation and memory, stall spans coloured by cause, checkpoint writes as bars, and the latency of the mount its
-run writes to; and the findings panel, one sentence each, most severe first.
+utilisation (each 10 s bucket's mean as a line, its lowest to highest sample as a band) and memory, stall spans
+coloured by cause, checkpoint writes as bars, and the latency of the mount its run writes to (or, where nothing
+measures that mount's latency, a line saying so and how to get it); and the findings panel, one line a finding, most
+severe first.
 
-Every drawn element carries a class (``util``, ``memory``, ``stall <cause>``, ``write``, ``latency``) and a
-``<title>`` a browser shows on hover, so the test can read the picture from the DOM as a person reads it on screen.
+Every drawn element carries a class (``util``, ``util-range``, ``memory``, ``stall <cause>``, ``write``,
+``latency``) and a ``<title>`` a browser shows on hover, so the test can read the picture from the DOM as a person
+reads it on screen.
 
 Every coordinate is a finite number inside the picture: a time or value that is not a finite number (null in the
 report), a span that ends before it starts, ends in the future or lasts longer than any stall or write can, is not
@@ -74,6 +77,35 @@ def _drawable_points(points: list[list[Any]], start: float, end: float) -> list[
     return [(t, v) for t, v in points if _finite(t, v) and start - BUCKET_SECONDS <= t <= end + BUCKET_SECONDS]
 
 
+def _drawable_ranges(rows: list[list[Any]], start: float, end: float) -> list[tuple[float, float, float]]:
+    """The (time, lowest, highest) rows with finite numbers, the lowest no higher than the highest, at a time inside
+    the picture's hour (a bucket either side)."""
+    return [
+        (t, lo, hi)
+        for t, lo, hi in rows
+        if _finite(t, lo, hi) and lo <= hi and start - BUCKET_SECONDS <= t <= end + BUCKET_SECONDS
+    ]
+
+
+def _band(rows: list[tuple[float, float, float]], start: float, end: float, top: float, height: float) -> str:
+    """Utilisation's lowest to highest sample in each bucket, as one shaded band under the mean's line."""
+    if not rows:
+        return ""
+
+    def y(v: float) -> float:
+        return top + height - min(1.0, max(0.0, v)) * height
+
+    xs = [_x(t + BUCKET_SECONDS / 2, start, end) for t, _, _ in rows]
+    upper = [f"{x:.1f},{y(hi):.1f}" for x, (_, _, hi) in zip(xs, rows, strict=True)]
+    lower = [f"{x:.1f},{y(lo):.1f}" for x, (_, lo, _) in zip(reversed(xs), reversed(rows), strict=True)]
+    # A stroke as well as the fill: a band of one bucket (a young agent) is a vertical line, which a fill leaves out.
+    return (
+        f"<polygon class='util-range' points='{' '.join(upper + lower)}' fill='#2e7d32' fill-opacity='0.2' "
+        "stroke='#2e7d32' stroke-opacity='0.3' stroke-width='1'>"
+        f"<title>utilisation, lowest to highest sample in each {BUCKET_SECONDS:.0f} s</title></polygon>"
+    )
+
+
 def _drawable_span(span: dict[str, Any], start: float, end: float) -> bool:
     """A span with finite times, in order, that ends no later than a bucket after the picture's end and began less
     than MAX_SPAN_SECONDS before its start. One wholly before the hour is not drawn either, but is no fault."""
@@ -114,9 +146,16 @@ def gpu_timeline(g: dict[str, Any], start: float, end: float) -> str:
     stalls = [s for s in g["stalls"] if _drawable_span(s, start, end)]
     writes = [w for w in g["writes"] if _drawable_span(w, start, end)]
     utilization = _drawable_points(g["utilization"], start, end)
+    util_range = _drawable_ranges(g.get("utilization_range") or [], start, end)
     memory = _drawable_points(g["memory"], start, end)
     latency = _drawable_points(g["latency"], start, end) if g["latency_mountpoint"] else []
-    drawn = [(g["stalls"], stalls), (g["writes"], writes), (g["utilization"], utilization), (g["memory"], memory)]
+    drawn = [
+        (g["stalls"], stalls),
+        (g["writes"], writes),
+        (g["utilization"], utilization),
+        (g.get("utilization_range") or [], util_range),
+        (g["memory"], memory),
+    ]
     if g["latency_mountpoint"]:
         drawn.append((g["latency"], latency))
     left_out = sum(len(given) - len(kept) for given, kept in drawn)
@@ -142,6 +181,7 @@ def gpu_timeline(g: dict[str, Any], start: float, end: float) -> str:
             f"<rect class='write' x='{x0:.1f}' y='2' width='{max(1.0, x1 - x0):.1f}' height='12' fill='#1565c0'>"
             f"<title>checkpoint of {e(w['run'])}: {w['end'] - w['start']:.1f} s</title></rect>"
         )
+    parts.append(_band(util_range, start, end, top, h))
     parts.append(_polyline(utilization, start, end, top, h, 1.0, "util", "utilisation (10 s means)"))
     parts.append(_polyline(memory, start, end, top, h, 1.0, "memory", "memory used / total"))
     height = top + h + 6
@@ -200,6 +240,7 @@ def timelines(data: dict[str, Any]) -> str:
     )
     body = "\n".join(gpu_timeline(g, t["start"], t["end"]) for g in t["gpus"])
     return (
-        "<h2>GPUs, the last hour</h2><p class='note' id='timeline-legend'>Green: utilisation; grey: memory used; "
+        "<h2>GPUs, the last hour</h2><p class='note' id='timeline-legend'>Green: utilisation, its mean over each "
+        f"{BUCKET_SECONDS:.0f} s as a line and its lowest to highest sample as a band; grey: memory used; "
         f"blue bars: checkpoint writes; shaded: GPU time lost to storage, {legend}.</p>\n{body}"
     )
