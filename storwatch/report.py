@@ -27,6 +27,11 @@ from storwatch.vocabulary import FsUsage, Mount
 GPU_OFF = "GPU source off"
 """The NVML error of a View without GPU facts (gpu.enabled: false)."""
 
+PROBE_KEY = "probes.mountpoints"
+"""The configuration key that gives a mount a latency source where nothing else measures it (a FUSE mount, say)."""
+NO_LATENCY_SOURCE = f"no latency source \N{EM DASH} enable probes: {PROBE_KEY}"
+"""What a mount with no latency source says instead of a figure, and how to get one."""
+
 NON_FINITE = "non_finite_values"
 """The key of the list of the numbers of a report that were not finite and are null in it (:func:`finite_data`)."""
 
@@ -320,6 +325,8 @@ def _timeline_dict(view: View) -> dict[str, Any] | None:
     def points(rows: tuple[tuple[float, float], ...]) -> list[list[float]]:
         return [[start, round(value, 6)] for start, value in rows]
 
+    mounts = {mv.mount.mountpoint: mv for mv in view.mounts}
+
     return {
         "start": t.start,
         "end": t.end,
@@ -336,7 +343,9 @@ def _timeline_dict(view: View) -> dict[str, Any] | None:
                     {"start": s.start, "end": s.end, "cause": s.label, "mountpoint": s.detail} for s in g.stalls
                 ],
                 "writes": [{"start": w.start, "end": w.end, "run": w.label} for w in g.writes],
-                "latency_mountpoint": g.latency_mount,
+                "latency_mountpoint": display_path(g.latency_mount) if g.latency_mount is not None else None,
+                # what measures that mount's latency (latency_sources): none, and "latency" is unknown, not empty
+                "latency_sources": latency_sources(mounts[g.latency_mount]) if g.latency_mount in mounts else None,
                 "latency": points(g.latency),
             }
             for g in t.gpus
@@ -468,6 +477,7 @@ def _io_dict(mv: MountView, sample_seconds: float | None) -> dict[str, Any]:
         latency = {op: {"1m": _window(s.minute), "1h": _window(s.hour)} for op, s in sorted(io.latency.items())}
     return {
         "device": io.device,
+        "latency_sources": latency_sources(mv),
         "physical_devices": list(block.physical) if block else [],
         "backing_file": display_path(block.backing_file) if block and block.backing_file else None,
         "nfs": io.nfs is not None,
@@ -481,6 +491,18 @@ def _io_dict(mv: MountView, sample_seconds: float | None) -> dict[str, Any]:
             "error": probe.error,
         },
     }
+
+
+def latency_sources(mv: MountView) -> list[str]:
+    """What measures the mount's I/O latency: ``diskstats`` (the block device under it), ``nfs`` (its mountstats),
+    ``probe`` (an active probe chosen by the configuration). Empty where nothing does (a FUSE or overlay mount with
+    no probe): its latency is unknown, never zero."""
+    io = mv.io
+    return [
+        name
+        for name, present in (("diskstats", io.device is not None), ("nfs", io.nfs is not None), ("probe", io.probe))
+        if present
+    ]
 
 
 def latency_cell(mount: dict[str, Any], op: str, window: str = "1m") -> str:

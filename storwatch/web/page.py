@@ -8,6 +8,7 @@ from typing import Any
 
 from storwatch.classify import KERNEL_INTERFACE_DIRS
 from storwatch.report import (
+    NO_LATENCY_SOURCE,
     human_bytes,
     human_seconds,
     kube_cell,
@@ -57,6 +58,11 @@ def render_status_page(data: dict[str, Any]) -> str:
         else ""
     )
     io_rows = []
+    # The mounts an operator looks for here: those holding checkpoint runs and those whose latency a GPU's picture
+    # would draw. One of them with nothing to measure its latency (a FUSE mount, no probe) gets a row saying so.
+    wanted = {r["mountpoint"] for r in data["checkpoints"]} | {
+        g["latency_mountpoint"] for g in ((data.get("timeline") or {}).get("gpus") or [])
+    }
     for m in storage:
         cells = [latency_cell(m, op, win) for op in ("read", "write", "fsync") for win in ("1m", "1h")]
         probe = m["io"]["probe"]
@@ -69,6 +75,11 @@ def render_status_page(data: dict[str, Any]) -> str:
         else:
             probe_cell = "/".join(_ms(probe["seconds"].get(k)) for k in ("write", "fsync", "read"))
         if all(c == "-" for c in cells) and probe_cell == "-":
+            if m["io"].get("latency_sources") == [] and m["mountpoint"] in wanted:
+                io_rows.append(
+                    f"<tr class='no-latency-source'><td class='mountpoint'>{shown(m['mountpoint'])}</td><td>-</td>"
+                    f"<td colspan='7' class='empty'>{e(NO_LATENCY_SOURCE)}</td></tr>"
+                )
             continue
         io_rows.append(
             "<tr><td class='mountpoint'>{}</td><td>{}</td>{}<td class='num'>{}</td></tr>".format(

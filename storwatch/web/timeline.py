@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from storwatch.printable import printable
-from storwatch.report import human_seconds
+from storwatch.report import NO_LATENCY_SOURCE, human_seconds
 
 WIDTH, PLOT_HEIGHT, LATENCY_HEIGHT, MARGIN = 900, 90, 40, 48
 BUCKET_SECONDS = 10.0
@@ -172,34 +172,44 @@ def gpu_timeline(g: dict[str, Any], start: float, end: float) -> str:
         parts.append(
             f"<rect class='stall {e(s['cause'])}' x='{x0:.1f}' y='{top}' width='{max(1.0, x1 - x0):.1f}' "
             f"height='{h}' fill='{CAUSE_COLOURS.get(s['cause'], '#999')}' fill-opacity='0.35'>"
-            f"<title>{e(CAUSE_WORDS.get(s['cause'], s['cause']))} on {e(s['mountpoint'])}: {seconds:.1f} s"
+            f"<title>{e(CAUSE_WORDS.get(s['cause'], s['cause']))} on {shown(s['mountpoint'])}: {seconds:.1f} s"
             "</title></rect>"
         )
     for w in writes:
         x0, x1 = _x(max(w["start"], start), start, end), _x(w["end"], start, end)
         parts.append(
             f"<rect class='write' x='{x0:.1f}' y='2' width='{max(1.0, x1 - x0):.1f}' height='12' fill='#1565c0'>"
-            f"<title>checkpoint of {e(w['run'])}: {w['end'] - w['start']:.1f} s</title></rect>"
+            f"<title>checkpoint of {shown(w['run'])}: {w['end'] - w['start']:.1f} s</title></rect>"
         )
     parts.append(_band(util_range, start, end, top, h))
     parts.append(_polyline(utilization, start, end, top, h, 1.0, "util", "utilisation (10 s means)"))
     parts.append(_polyline(memory, start, end, top, h, 1.0, "memory", "memory used / total"))
     height = top + h + 6
-    if g["latency_mountpoint"]:
-        lat = latency
-        peak = max((v for _, v in lat), default=0.0)
-        peak = peak if peak > 0 else 0.001
+    mp = g["latency_mountpoint"]
+    sources = g.get("latency_sources")
+    if mp and not latency:
+        # Nothing measured: no chart (an empty one read "peak 1.0 ms", a figure nobody measured). A mount nothing
+        # measures says so and how to get a measure; one that is measured did no write in the hour.
+        ltop = height + 12
+        why = NO_LATENCY_SOURCE if sources == [] else "no write measured in the last hour"
+        parts.append(
+            f"<text class='latency-unknown' x='{MARGIN}' y='{ltop}' font-size='11'>write latency of {shown(mp)}: "
+            f"{e(why)}</text>"
+        )
+        height = ltop + 4
+    elif mp:
+        peak = max(v for _, v in latency)
         ltop = height + 12
         parts.append(
-            f"<text x='{MARGIN}' y='{ltop - 2}' font-size='11'>write latency of {e(g['latency_mountpoint'])} "
+            f"<text x='{MARGIN}' y='{ltop - 2}' font-size='11'>write latency of {shown(mp)} "
             f"(peak {peak * 1000:.1f} ms)</text>"
             f"<rect class='frame' x='{MARGIN}' y='{ltop}' width='{WIDTH - 2 * MARGIN}' height='{LATENCY_HEIGHT}' "
             "fill='#fafafa' stroke='#ccc'/>"
         )
+        # Every write took no measurable time: drawn along the bottom (any scale does), the peak said as measured.
+        scale = peak if peak > 0 else 1.0
         parts.append(
-            _polyline(
-                lat, start, end, ltop, LATENCY_HEIGHT, peak, "latency", f"{g['latency_mountpoint']} write latency"
-            )
+            _polyline(latency, start, end, ltop, LATENCY_HEIGHT, scale, "latency", f"{printable(mp)} write latency")
         )
         height = ltop + LATENCY_HEIGHT + 4
     lost = sum(min(s["end"], end) - max(s["start"], start) for s in stalls)
