@@ -191,6 +191,7 @@ def test_severity_ranks_by_the_budget_and_the_drain_most_severe_then_largest_fir
         pytest.param(None, False, ("warning", "how much training only this node holds is unknown"), id="unknown"),
         pytest.param(3600.0, False, ("warning", "60 min of training only on this node, within"), id="at-budget"),
         pytest.param(3601.0, True, ("critical", "at least 60 min of training only on this node, past"), id="past"),
+        pytest.param(0.0, True, ("warning", "no span of training is known to be only on this node"), id="one-time"),
     ],
 )
 def test_severity_of_a_span(exposed: float | None, at_least: bool, expected: tuple[str, str]) -> None:

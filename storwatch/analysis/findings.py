@@ -70,6 +70,11 @@ def severity(
         return "critical", "the node is draining, and its storage goes with it"
     if exposed_seconds is None:
         return "warning", f"how much training only this node holds is unknown (a date in the future); {words}"
+    if at_least and exposed_seconds < 1:
+        return "warning", (
+            "no span of training is known to be only on this node (no durable copy, and its checkpoints here were "
+            f"written at one time: how long it trained before them is unknown); within {words}"
+        )
     held = ("at least " if at_least else "") + _span(exposed_seconds)
     if exposed_seconds > budget:
         return "critical", f"{held} of training only on this node, past {words}"
