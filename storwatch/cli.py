@@ -419,7 +419,15 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
     classifier = Classifier(platform.name, config.overrides())
     if snap.kube is not None:
         classifier.add_provider(KubeVolumeEvidence(snap.kube))
-    return build_view(snap, classifier, platform, windows=windows, paths=paths)
+    return build_view(
+        snap,
+        classifier,
+        platform,
+        windows=windows,
+        paths=paths,
+        mtbf_seconds=config.checkpoints.mtbf_seconds,
+        findings=config.findings,
+    )
 
 
 def _collect(source: Any, log: logging.Logger) -> None:

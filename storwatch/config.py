@@ -232,6 +232,19 @@ class CheckpointsConfig:
 
 
 @dataclass(frozen=True)
+class FindingsConfig:
+    """How urgent a finding (important data only on storage lost with this node) is."""
+
+    rpo_budget_seconds: float = number(3600.0, 0.0, 2_592_000)
+    """The recovery-point budget: a run whose checkpoints on storage lost with the node hold more training than this
+    (its newest there less its newest durable copy; without a durable copy, at least the span of its checkpoints
+    there) is critical; within it, a warning."""
+    critical_while_draining: bool = True
+    """Every checkpoint or model finding is critical while the node drains (Kubernetes: cordoned with a removal
+    taint, or announced for removal), whatever the budget."""
+
+
+@dataclass(frozen=True)
 class KubeConfig:
     enabled: bool = True
     """Watch the Kubernetes API (in-cluster config or a kubeconfig); off by itself where there is neither."""
@@ -259,6 +272,7 @@ class Config:
     probes: ProbesConfig = field(default_factory=ProbesConfig)
     gpu: GPUConfig = field(default_factory=GPUConfig)
     checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
+    findings: FindingsConfig = field(default_factory=FindingsConfig)
     kube: KubeConfig = field(default_factory=KubeConfig)
     extra_sections: Mapping[str, Any] = field(default_factory=dict)
     """The sections of sources that declare their own section type (storwatch/registry.py), by name: the loader

@@ -27,6 +27,11 @@ from storwatch.vocabulary import FsUsage, Mount
 GPU_OFF = "GPU source off"
 """The NVML error of a View without GPU facts (gpu.enabled: false)."""
 
+PROBE_KEY = "probes.mountpoints"
+"""The configuration key that gives a mount a latency source where nothing else measures it (a FUSE mount, say)."""
+NO_LATENCY_SOURCE = f"no latency source \N{EM DASH} enable probes: {PROBE_KEY}"
+"""What a mount with no latency source says instead of a figure, and how to get one."""
+
 NON_FINITE = "non_finite_values"
 """The key of the list of the numbers of a report that were not finite and are null in it (:func:`finite_data`)."""
 
@@ -311,13 +316,16 @@ def _workloads_list(view: View) -> list[dict[str, Any]]:
 
 
 def _timeline_dict(view: View) -> dict[str, Any] | None:
-    """Each GPU's last hour (10 s buckets), for the picture on /status."""
+    """Each GPU's last hour (10 s buckets: utilisation's mean and its lowest and highest sample), for the picture on
+    /status."""
     t = view.timeline
     if t is None:
         return None
 
     def points(rows: tuple[tuple[float, float], ...]) -> list[list[float]]:
         return [[start, round(value, 6)] for start, value in rows]
+
+    mounts = {mv.mount.mountpoint: mv for mv in view.mounts}
 
     return {
         "start": t.start,
@@ -326,12 +334,18 @@ def _timeline_dict(view: View) -> dict[str, Any] | None:
             {
                 "gpu": g.gpu,
                 "utilization": points(g.utilization),
+                # [start, lowest, highest] of each bucket: the swings the mean smooths away
+                "utilization_range": [
+                    [start, round(low, 6), round(high, 6)] for start, low, high in g.utilization_range
+                ],
                 "memory": points(g.memory),
                 "stalls": [
                     {"start": s.start, "end": s.end, "cause": s.label, "mountpoint": s.detail} for s in g.stalls
                 ],
                 "writes": [{"start": w.start, "end": w.end, "run": w.label} for w in g.writes],
-                "latency_mountpoint": g.latency_mount,
+                "latency_mountpoint": display_path(g.latency_mount) if g.latency_mount is not None else None,
+                # what measures that mount's latency (latency_sources): none, and "latency" is unknown, not empty
+                "latency_sources": latency_sources(mounts[g.latency_mount]) if g.latency_mount in mounts else None,
                 "latency": points(g.latency),
             }
             for g in t.gpus
@@ -349,12 +363,17 @@ def _findings_list(view: View) -> list[dict[str, Any]]:
             "durability": f.durability,
             "pod_uid": f.pod_uid,
             "run": f.run,
+            "path": display_path(f.path),
             "count": f.count,
             "bytes": f.bytes,
             "newest_age_seconds": f.newest_age_seconds,
             "durable_age_seconds": f.durable_age_seconds,
             "move_to": None if f.move_to is None else display_path(f.move_to),
             "sentence": f.sentence,
+            # training only this node's storage holds (a lower bound where exposed_at_least), and why the severity
+            "exposed_seconds": f.exposed_seconds,
+            "exposed_at_least": f.exposed_at_least,
+            "severity_reason": f.severity_reason,
         }
         for f in view.findings
     ]
@@ -371,6 +390,7 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
             {
                 "run": rv.label,
                 "path": display_path(run.path),
+                "directory": display_path(rv.directory),  # as the host names it (path: under --path.rootfs)
                 "mountpoint": display_path(rv.mount.mount.mountpoint) if rv.mount else None,
                 "durability": rv.mount.verdict.durability.value if rv.mount else None,
                 "newest_complete": None if newest is None else display_path(newest.path),
@@ -464,6 +484,7 @@ def _io_dict(mv: MountView, sample_seconds: float | None) -> dict[str, Any]:
         latency = {op: {"1m": _window(s.minute), "1h": _window(s.hour)} for op, s in sorted(io.latency.items())}
     return {
         "device": io.device,
+        "latency_sources": latency_sources(mv),
         "physical_devices": list(block.physical) if block else [],
         "backing_file": display_path(block.backing_file) if block and block.backing_file else None,
         "nfs": io.nfs is not None,
@@ -477,6 +498,18 @@ def _io_dict(mv: MountView, sample_seconds: float | None) -> dict[str, Any]:
             "error": probe.error,
         },
     }
+
+
+def latency_sources(mv: MountView) -> list[str]:
+    """What measures the mount's I/O latency: ``diskstats`` (the block device under it), ``nfs`` (its mountstats),
+    ``probe`` (an active probe chosen by the configuration). Empty where nothing does (a FUSE or overlay mount with
+    no probe): its latency is unknown, never zero."""
+    io = mv.io
+    return [
+        name
+        for name, present in (("diskstats", io.device is not None), ("nfs", io.nfs is not None), ("probe", io.probe))
+        if present
+    ]
 
 
 def latency_cell(mount: dict[str, Any], op: str, window: str = "1m") -> str:

@@ -182,6 +182,9 @@ class Finding:
     pod_uid: str | None
     """The pod whose volume holds the data, on Kubernetes."""
     run: str
+    """The run's label (unique on the node), or a dataset directory's name as the host calls it."""
+    path: str
+    """The run's (or dataset's) directory as the host names it: two runs on one mount are two findings."""
     count: int
     """Complete checkpoints of the run on this mount."""
     bytes: int
@@ -193,3 +196,11 @@ class Finding:
     move_to: str | None
     """A cluster or region mount to put it on: the same pod's first, else any on the node; None when there is none."""
     sentence: str
+    exposed_seconds: float | None = None
+    """Training held only by storage lost with the node: its newest checkpoint there less its newest durable copy;
+    without a durable copy, the span of its checkpoints there (``exposed_at_least``: the run's work before its oldest
+    kept checkpoint is unknown). None for datasets, or where a date is in the future."""
+    exposed_at_least: bool = False
+    severity_reason: str = ""
+    """Why the finding has its severity, in words that follow it ("critical: the node is draining"): the budget it is
+    past or within, or the node draining."""

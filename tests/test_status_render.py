@@ -17,7 +17,7 @@ from storwatch.classify import Classifier
 from storwatch.paths import HostPaths
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
-from storwatch.sources.checkpoints import CheckpointFacts
+from storwatch.sources.checkpoints import CheckpointFacts, RunState
 from storwatch.sources.gpu import GPUFacts
 from storwatch.sources.kube import pod_info, pv_info, pvc_info, storage_class_info
 from storwatch.sources.kubevolumes import ClusterObjects, KubeFacts, KubeVolumeEvidence
@@ -25,7 +25,7 @@ from storwatch.sources.mounts import PSEUDO_FSTYPES
 from storwatch.vocabulary import FsUsage, Platform
 from storwatch.web import render_status_page
 from tests.browser import TableParser
-from tests.builders import fixture_mounts
+from tests.builders import ckpt, fixture_mounts
 from tests.kubeapi import PV_NFS, TRAINER_UID, k8s_node_objects
 
 T = 1_800_000_000.0
@@ -146,3 +146,27 @@ def test_an_empty_checkpoint_table_says_where_it_looked(roots: tuple[str, ...] |
 def test_an_empty_latency_table_says_why() -> None:
     _, rows = table(render_status_page(view_to_dict(fixture_view())), "latency")
     assert rows == [["no latency: no mount did I/O in the last hour, and no probe ran"]]
+
+
+def test_each_finding_and_checkpoint_row_names_its_run_and_path_escaped() -> None:
+    """Two runs on one mount are two lines, each with its run and directory; a directory name holding a newline and
+    a right-to-left override (a tenant's) is shown escaped, in the findings and in the checkpoint table."""
+    root = "/mnt/local-nvme/ckpt"
+    names = ("plain", "trainer/plain", "evil\n\u202etp.exe")
+    runs = tuple(
+        RunState(f"{root}/{name}", root, (dataclasses.replace(ckpt(60.0 * (i + 1)), path=f"{root}/{name}/s.pt"),))
+        for i, name in enumerate(names)
+    )
+    facts = CheckpointFacts(T, runs, False, None, 0.1, (root,))
+    page = render_status_page(view_to_dict(fixture_view(checkpoints=facts)))
+    panel = page.split("<section id='findings'>", 1)[1].split("</section>", 1)[0]
+    lines = [li.split("</li>", 1)[0] for li in panel.split("<li ")[1:]]
+    assert len(lines) == 3 and len(set(lines)) == 3
+    escaped = "evil\\x0a\\u202etp.exe"
+    for name in ("plain", "trainer/plain", escaped):
+        (line,) = [line for line in lines if f"<span class='sentence'>{name} ({root}/{name}): " in line]
+        assert "1 checkpoint, 1.0 GiB, newest " in line and "copy them to /fsx" in line, line
+    assert "\n\u202e" not in page and "\u202e" not in page
+    header, rows = table(page, "checkpoints")
+    paths = column(header, rows, "Path")
+    assert paths == {"plain": f"{root}/plain", "trainer/plain": f"{root}/trainer/plain", escaped: f"{root}/{escaped}"}

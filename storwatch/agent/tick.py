@@ -148,6 +148,7 @@ class ViewMaker:
             paths=config.host_paths(),
             verdicts=self.verdicts,
             mtbf_seconds=config.checkpoints.mtbf_seconds,
+            findings=config.findings,
         )
         stalls, timeline = self.stalls.update(
             snap.timestamp, view.checkpoints, view.mounts, snap.gpus, view.pods, snap.get(ACCESS)

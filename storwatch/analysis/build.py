@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storwatch.analysis.checkpoints import keep_runs, mount_locator, run_views
+from storwatch.analysis.checkpoints import host_path, keep_runs, mount_locator, run_views
 from storwatch.analysis.findings import find
 from storwatch.analysis.io import mount_io
 from storwatch.analysis.latency import LatencyWindows
@@ -10,18 +10,11 @@ from storwatch.analysis.pods import process_pods
 from storwatch.analysis.rpo import DEFAULT_MTBF_SECONDS, recoveries
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import Classifier
+from storwatch.config import FindingsConfig
 from storwatch.paths import HostPaths
 from storwatch.snapshot import Snapshot
 from storwatch.sources.access import ACCESS
 from storwatch.vocabulary import Mount, Platform, Verdict
-
-
-def host_path(paths: HostPaths, local: str) -> str:
-    """A path as this process reaches it (under ``--path.rootfs``) as the host names it."""
-    rootfs = paths.rootfs.rstrip("/")
-    if rootfs and (local == rootfs or local.startswith(rootfs + "/")):
-        return local[len(rootfs) :] or "/"
-    return local
 
 
 class VerdictCache:
@@ -56,9 +49,12 @@ def build_view(
     paths: HostPaths | None = None,
     verdicts: VerdictCache | None = None,
     mtbf_seconds: float = DEFAULT_MTBF_SECONDS,
+    findings: FindingsConfig | None = None,
 ) -> View:
     """The View of one Snapshot: a function of its arguments (``verdicts`` only saves classifying again what did not
-    change). The stall state and the last hour's picture are the agent's to add, from its stall tracker."""
+    change). The stall state and the last hour's picture are the agent's to add, from its stall tracker.
+    ``findings``: how severe a finding is (the defaults where None); the node drains when the Kubernetes facts say
+    so (off Kubernetes nothing tells a drain yet)."""
     found = (verdicts or VerdictCache()).verdicts(classifier, snapshot)
     mounts = tuple(
         MountView(m, verdict, mount_io(m, snapshot, windows)) for m, verdict in zip(snapshot.mounts, found, strict=True)
@@ -78,6 +74,8 @@ def build_view(
             mounts,
             snapshot.timestamp,
             [(d, locate(d.path), host_path(paths, d.path)) for d in (facts.datasets if facts is not None else ())],
+            findings,
+            snapshot.kube is not None and snapshot.kube.draining,
         ),
     )
     return View(

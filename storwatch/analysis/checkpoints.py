@@ -40,6 +40,14 @@ def run_labels(runs: Iterable[RunState]) -> dict[RunId, str]:
     return {rid: label if taken[label] == 1 else _text(rid.path) for rid, label in short.items()}
 
 
+def host_path(paths: HostPaths, local: str) -> str:
+    """A path as this process reaches it (under ``--path.rootfs``) as the host names it."""
+    rootfs = paths.rootfs.rstrip("/")
+    if rootfs and (local == rootfs or local.startswith(rootfs + "/")):
+        return local[len(rootfs) :] or "/"
+    return local
+
+
 def mount_locator(mounts: tuple[MountView, ...], paths: HostPaths) -> Callable[[str], MountView | None]:
     """The mount a path (as this process reaches it, under the host root) is on: the longest mountpoint that is a
     prefix of it."""
@@ -75,9 +83,9 @@ def run_views(
         if w is not None:
             timed = tuple(timed_by_open_files(c, w.files) for c in r.checkpoints)
             run = dataclasses.replace(r, checkpoints=timed)
-            out.append(RunView(run, labels[r.id], mount_of(r.path), w.writers, w.open_since))
+            out.append(RunView(run, labels[r.id], mount_of(r.path), host_path(paths, r.path), w.writers, w.open_since))
         else:
-            out.append(RunView(r, labels[r.id], mount_of(r.path)))
+            out.append(RunView(r, labels[r.id], mount_of(r.path), host_path(paths, r.path)))
     return tuple(out)
 
 

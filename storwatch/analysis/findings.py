@@ -10,9 +10,14 @@ last number): a run's checkpoints, not weights published to be downloaded. Direc
 always warnings. A finding counts the run's bytes
 there, exact to the byte (the sizes the scan measured), and names where they should go: a ``cluster`` or ``region``
 mount of the same pod (a PVC beside its scratch volume), else the node's own such mount, else a pod's durable volume
-on the node, else says there is none. Data already on ``cluster`` or ``region`` storage is never a finding. The id
+on the node, else says none is known. Data already on ``cluster`` or ``region`` storage is never a finding. The id
 is stable (a hash of what the finding is about), so an alert or an Event about it is not repeated as its figures
 change.
+
+Severity ranks (:func:`severity`): a run is critical when the training only this node's storage holds (its newest
+checkpoint there less its newest durable copy; without one, at least the span of its checkpoints there) is past the
+recovery-point budget (``findings.rpo_budget_seconds``), or while the node drains; a warning otherwise. Datasets are
+always warnings. Findings come most severe first, then largest first.
 """
 
 from __future__ import annotations
@@ -26,28 +31,54 @@ from typing import TYPE_CHECKING
 
 from storwatch.analysis.recovery import checkpoint_age_seconds
 from storwatch.analysis.view import MountView, RunView
+from storwatch.config import FindingsConfig
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 from storwatch.vocabulary import Finding, Severity
 
 if TYPE_CHECKING:
     from storwatch.checkpoints.scan import DatasetDir
 
-CRITICAL_AGE_SECONDS = 3600.0
-"""A run whose newest durable copy is older than this (or missing) while newer work sits on ephemeral storage is
-critical: losing the node loses more than an hour of training."""
+
+def _span(seconds: float) -> str:
+    """A length of time in words."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
 
 
 def _age(seconds: float | None) -> str:
     """An age in words, with "old"; a time in the future is said to be so (its age is unknown)."""
     if seconds is None:
         return "dated in the future (age unknown)"
-    if seconds < 90:
-        return f"{seconds:.0f} s old"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min old"
-    if seconds < 172_800:
-        return f"{seconds / 3600:.0f} h old"
-    return f"{seconds / 86400:.0f} d old"
+    return f"{_span(seconds)} old"
+
+
+def severity(
+    exposed_seconds: float | None, at_least: bool, draining: bool, rules: FindingsConfig
+) -> tuple[Severity, str]:
+    """A checkpoint or model finding's severity and why: critical while the node drains (where
+    ``rules.critical_while_draining``), or when the training only this node holds (``exposed_seconds``; a lower
+    bound where ``at_least``) is past ``rules.rpo_budget_seconds``; a warning otherwise, an unknown span included
+    (a date in the future is past no budget). ``draining``: whatever the caller knows of the node being drained."""
+    budget = rules.rpo_budget_seconds
+    words = f"the {_span(budget)} recovery-point budget (findings.rpo_budget_seconds)"
+    if draining and rules.critical_while_draining:
+        return "critical", "the node is draining, and its storage goes with it"
+    if exposed_seconds is None:
+        return "warning", f"how much training only this node holds is unknown (a date in the future); {words}"
+    if at_least and exposed_seconds < 1:
+        return "warning", (
+            "no span of training is known to be only on this node (no durable copy, and its checkpoints here were "
+            f"written at one time: how long it trained before them is unknown); within {words}"
+        )
+    held = ("at least " if at_least else "") + _span(exposed_seconds)
+    if exposed_seconds > budget:
+        return "critical", f"{held} of training only on this node, past {words}"
+    return "warning", f"{held} of training only on this node, within {words}"
 
 
 @dataclass(frozen=True)
@@ -132,7 +163,11 @@ def dataset_findings(
         sentence = (
             f"{d.files} dataset shard{'s' if d.files != 1 else ''}, {_gib(d.bytes)}, in {where_label}, only on "
             f"{mv.verdict.durability.value} storage {where}"
-            + (f"; keep the source copy on {move_to}" if move_to else "; this node has no cluster or region storage")
+            + (
+                f"; keep the source copy on {move_to}"
+                if move_to
+                else "; no durable destination known: this node has no cluster or region storage"
+            )
         )
         out.append(
             Finding(
@@ -143,12 +178,14 @@ def dataset_findings(
                 durability=mv.verdict.durability.value,
                 pod_uid=_pod_of(d.path),
                 run=where_label,
+                path=where_label,
                 count=d.files,
                 bytes=d.bytes,
                 newest_age_seconds=checkpoint_age_seconds(_Dated(d.newest_mtime), now),
                 durable_age_seconds=None,
                 move_to=move_to,
                 sentence=sentence,
+                severity_reason="a dataset can often be fetched again, but this copy is lost with the node",
             )
         )
     return out
@@ -159,9 +196,12 @@ def find(
     mounts: Iterable[MountView],
     now: float,
     datasets: Iterable[tuple[DatasetDir, MountView | None, str]] = (),
+    rules: FindingsConfig | None = None,
+    draining: bool = False,
 ) -> tuple[Finding, ...]:
     """The findings of the View's checkpoint runs and dataset directories at ``now``, most severe first, then by
-    bytes."""
+    bytes. ``rules``: the severity settings (the defaults where None); ``draining``: the node is being drained."""
+    rules = rules or FindingsConfig()
     runs, mounts = tuple(runs), tuple(mounts)
     durable_newest: dict[str, _Dated] = {}
     for rv in runs:
@@ -183,36 +223,50 @@ def find(
         durable_age = None if durable is None else checkpoint_age_seconds(durable, now)
         pod_uid = _pod_of(rv.run.path)
         move_to = _durable_place(pod_uid, mounts)
-        # A copy dated in the future has an unknown age: it counts neither as fresh nor as stale.
-        at_risk = durable is None or (
-            durable_age is not None and newest_age is not None and durable_age - newest_age > CRITICAL_AGE_SECONDS
-        )
-        severity: Severity = "critical" if at_risk else "warning"
+        # The training only this node holds. A date in the future (newest here, or the copy) makes it unknown: it
+        # counts neither as fresh nor as stale. Without a durable copy the run's work before its oldest checkpoint
+        # here is unknown, so the span of those here is a lower bound.
+        exposed: float | None
+        if newest_age is None or (durable is not None and durable_age is None):
+            exposed = None
+        elif durable is not None:
+            exposed = max(0.0, newest.mtime - durable.mtime)
+        else:
+            exposed = max(0.0, newest.mtime - min(c.mtime for c in complete))
+        level, why = severity(exposed, durable is None, draining, rules)
         where = mv.mount.mountpoint
         kind = kind_of((c.format, os.path.basename(c.path)) for c in complete)
         noun = "model file" if kind == "model" else "checkpoint"
         sentence = (
-            f"{len(complete)} {noun}{'s' if len(complete) != 1 else ''}, {_gib(size)}, newest "
-            f"{_age(newest_age)}, only on {mv.verdict.durability.value} storage {where}; "
+            f"{rv.label} ({rv.directory}): {len(complete)} {noun}{'s' if len(complete) != 1 else ''}, "
+            f"{_gib(size)}, newest {_age(newest_age)}, only on {mv.verdict.durability.value} storage {where}; "
             + ("no durable copy" if durable is None else f"newest durable copy {_age(durable_age)}")
-            + ("; copy them to " + move_to if move_to else "; this node has no cluster or region storage to copy to")
+            + (
+                "; copy them to " + move_to
+                if move_to
+                else "; no durable destination known: this node has no cluster or region storage to copy to"
+            )
         )
         key = f"checkpoint\0{where}\0{rv.run.path}".encode()  # the id stays what it was before kinds
         out.append(
             Finding(
                 id=hashlib.sha256(key).hexdigest()[:16],
                 kind=kind,
-                severity=severity,
+                severity=level,
                 mountpoint=where,
                 durability=mv.verdict.durability.value,
                 pod_uid=pod_uid,
                 run=rv.label,
+                path=rv.directory,
                 count=len(complete),
                 bytes=size,
                 newest_age_seconds=newest_age,
                 durable_age_seconds=durable_age,
                 move_to=move_to,
                 sentence=sentence,
+                exposed_seconds=exposed,
+                exposed_at_least=durable is None,
+                severity_reason=why,
             )
         )
     out.extend(dataset_findings(datasets, mounts, now))

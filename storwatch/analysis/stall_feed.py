@@ -114,11 +114,14 @@ class StallFeed:
                 if r.op == "write":
                     self.timeline.add_latency(r.mountpoint, r.end, r.seconds)
             if gpus is not None and gpu_readings:
+                # Every sample to the timeline, not their mean: a read of the driver's buffer holds seconds of them,
+                # and a GPU busy then idle then busy averaged in one value draws as neither.
+                for x in gpu_readings:
+                    self.timeline.add_gpu(x.gpu, x.end, x.utilization, None)
                 for g in gpus.gpus:
-                    mine = [x.utilization for x in gpu_readings if x.gpu == str(g.index)]
                     used, total = g.memory_used_bytes, g.memory_total_bytes
                     memory = used / total if used is not None and total else None
-                    self.timeline.add_gpu(str(g.index), gpus.timestamp, sum(mine) / len(mine) if mine else None, memory)
+                    self.timeline.add_gpu(str(g.index), gpus.timestamp, None, memory)
 
     def forget(self, now: float, mountpoints: Iterable[str]) -> None:
         """At most every FORGET_EVERY_SECONDS: drop the latency baselines of mounts gone from the table (pod volumes

@@ -1,5 +1,7 @@
 """The last hour per GPU (or what the agent has seen of it), for the picture on /status: utilisation and memory in
-10 s buckets, stall spans by cause, checkpoint writes, and the latency of the mount its run writes to.
+10 s buckets, stall spans by cause, checkpoint writes, and the latency of the mount its run writes to. Each
+utilisation bucket keeps its lowest and highest sample beside its mean, so a GPU that alternates between busy and
+idle (computing, then waiting on a save) draws as the swing it is, not as a flat line at the mean.
 
 Fed by the stall feed (analysis/stall_feed.py) with what it already sees each tick; bounded whatever the uptime: at
 most ``BUCKETS`` buckets per GPU and per mount, ``MAX_SPANS`` stalls and writes, and the mounts of the current table.
@@ -43,6 +45,8 @@ class GPUTimeline:
     latency_mount: str | None
     latency: tuple[tuple[float, float], ...]
     """(bucket start, mean latency seconds) of ``latency_mount``."""
+    utilization_range: tuple[tuple[float, float, float], ...] = ()
+    """(bucket start, lowest, highest utilisation sample in it): the peaks and troughs the mean smooths away."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class TimelinePicture:
 
 
 class _Buckets:
-    """(start, sum, count) per BUCKET_SECONDS, the last BUCKETS of them."""
+    """(start, sum, count, lowest, highest) per BUCKET_SECONDS, the last BUCKETS of them."""
 
     def __init__(self) -> None:
         self.rows: deque[list[float]] = deque(maxlen=BUCKETS)
@@ -61,13 +65,21 @@ class _Buckets:
     def add(self, t: float, value: float) -> None:
         start = math.floor(t / BUCKET_SECONDS) * BUCKET_SECONDS
         if self.rows and self.rows[-1][0] == start:
-            self.rows[-1][1] += value
-            self.rows[-1][2] += 1
+            row = self.rows[-1]
+            row[1] += value
+            row[2] += 1
+            row[3] = min(row[3], value)
+            row[4] = max(row[4], value)
         elif not self.rows or start > self.rows[-1][0]:
-            self.rows.append([start, value, 1.0])
+            self.rows.append([start, value, 1.0, value, value])
 
     def points(self, since: float) -> tuple[tuple[float, float], ...]:
+        """(start, mean) of each bucket from ``since``."""
         return tuple((r[0], r[1] / r[2]) for r in self.rows if r[0] >= since)
+
+    def ranges(self, since: float) -> tuple[tuple[float, float, float], ...]:
+        """(start, lowest, highest) of each bucket from ``since``."""
+        return tuple((r[0], r[3], r[4]) for r in self.rows if r[0] >= since)
 
 
 def _append(out: MutableSequence[Stall], s: Stall) -> None:
@@ -101,6 +113,8 @@ class Timeline:
         self._writes: dict[tuple[str, float], WriteSpan] = {}
 
     def add_gpu(self, gpu: str, t: float, utilization: float | None, memory_ratio: float | None) -> None:
+        """A GPU's utilisation sample (each of the driver's, not a mean of several: the bucket keeps their lowest
+        and highest) and its memory ratio at ``t``; None where there is none."""
         if utilization is not None:
             self._util.setdefault(gpu, _Buckets()).add(t, utilization)
         if memory_ratio is not None:
@@ -152,6 +166,7 @@ class Timeline:
                     tuple(Span(w.start, w.end or now, w.run) for w in writes if gpu in w.gpus),
                     mp,
                     self._latency[mp].points(since) if mp in self._latency else (),
+                    self._util[gpu].ranges(since) if gpu in self._util else (),
                 )
             )
         # A younger agent draws the time it has seen, not an empty hour with its data squeezed to the right edge.

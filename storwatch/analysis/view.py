@@ -66,10 +66,18 @@ class RunView:
     by ``id``."""
     mount: MountView | None
     """The mount holding the run's directory (its durability is the checkpoints')."""
+    host_path: str | None = None
+    """The run's directory as the host names it (``run.path`` is where this process reaches it, under
+    ``--path.rootfs``); None: the same as ``run.path``."""
     writers: tuple[int, ...] = ()
     """The GPU processes seen writing its checkpoints (their files open for writing: analysis/writes.py)."""
     open_writes_since: float | None = None
     """When its checkpoint files open for writing now were first seen open; None when none is."""
+
+    @property
+    def directory(self) -> str:
+        """The run's directory as the host names it."""
+        return self.run.path if self.host_path is None else self.host_path
 
     @property
     def id(self) -> RunId:

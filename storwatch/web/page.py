@@ -8,6 +8,7 @@ from typing import Any
 
 from storwatch.classify import KERNEL_INTERFACE_DIRS
 from storwatch.report import (
+    NO_LATENCY_SOURCE,
     human_bytes,
     human_seconds,
     kube_cell,
@@ -17,7 +18,7 @@ from storwatch.report import (
     no_gpus_line,
     usage_percent,
 )
-from storwatch.web.timeline import findings_panel, timelines
+from storwatch.web.timeline import findings_panel, shown, timelines
 
 
 def render_status_page(data: dict[str, Any]) -> str:
@@ -57,6 +58,11 @@ def render_status_page(data: dict[str, Any]) -> str:
         else ""
     )
     io_rows = []
+    # The mounts an operator looks for here: those holding checkpoint runs and those whose latency a GPU's picture
+    # would draw. One of them with nothing to measure its latency (a FUSE mount, no probe) gets a row saying so.
+    wanted = {r["mountpoint"] for r in data["checkpoints"]} | {
+        g["latency_mountpoint"] for g in ((data.get("timeline") or {}).get("gpus") or [])
+    }
     for m in storage:
         cells = [latency_cell(m, op, win) for op in ("read", "write", "fsync") for win in ("1m", "1h")]
         probe = m["io"]["probe"]
@@ -69,6 +75,11 @@ def render_status_page(data: dict[str, Any]) -> str:
         else:
             probe_cell = "/".join(_ms(probe["seconds"].get(k)) for k in ("write", "fsync", "read"))
         if all(c == "-" for c in cells) and probe_cell == "-":
+            if m["io"].get("latency_sources") == [] and m["mountpoint"] in wanted:
+                io_rows.append(
+                    f"<tr class='no-latency-source'><td class='mountpoint'>{shown(m['mountpoint'])}</td><td>-</td>"
+                    f"<td colspan='7' class='empty'>{e(NO_LATENCY_SOURCE)}</td></tr>"
+                )
             continue
         io_rows.append(
             "<tr><td class='mountpoint'>{}</td><td>{}</td>{}<td class='num'>{}</td></tr>".format(
@@ -124,18 +135,19 @@ def render_status_page(data: dict[str, Any]) -> str:
                 "saves; the run's next atomic_save removes them"
             )
         ckpt_rows.append(
-            "<tr class='{cls}'><td class='mountpoint'>{run}</td>"
+            "<tr class='{cls}'><td class='mountpoint'>{run}</td><td class='mountpoint path'>{path}</td>"
             "<td class='durability'><span class='d-{dur}'>{dur}</span></td><td class='num'>{age}</td>"
             "<td class='num'>{size}</td><td class='num'>{interval}</td>"
             "<td class='num'>{kept}</td><td>{state}</td></tr>".format(
                 cls="stuck" if r["corrupt"] or r.get("unsafe") else "",
-                run=e(r["run"]),
+                run=shown(r["run"]),
+                path=shown(r.get("directory") or r["path"]),
                 dur=e(r["durability"] or "unknown"),
                 age=human_seconds(r["newest_complete_age_seconds"]),
                 size=human_bytes(r["newest_complete_size_bytes"]),
                 interval=human_seconds(r["interval_seconds"]),
                 kept=r["kept"],
-                state=e("writing; " if r["write_in_progress"] else "") + e("; ".join(problems) or "ok"),
+                state=e("writing; " if r["write_in_progress"] else "") + shown("; ".join(problems) or "ok"),
             )
         )
     if not io_rows:
@@ -144,7 +156,7 @@ def render_status_page(data: dict[str, Any]) -> str:
     if not gpu_rows:
         gpu_rows.append(f"<tr><td colspan='8' class='empty'>{e(no_gpus_line(data))}</td></tr>")
     if not ckpt_rows:
-        ckpt_rows.append(f"<tr><td colspan='7' class='empty'>{e(no_checkpoints_line(data))}</td></tr>")
+        ckpt_rows.append(f"<tr><td colspan='8' class='empty'>{shown(no_checkpoints_line(data))}</td></tr>")
     gpu_note = _gpu_note(data)
     collectors = ", ".join(_collector_text(c) for c in data["collectors"])
     plat = data["platform"]
@@ -196,8 +208,8 @@ Used is counted as df counts it, used / (used + available): space reserved for r
 </tbody></table>
 {timelines(data)}
 <h2>Checkpoints</h2>
-<table id="checkpoints"><thead><tr><th>Run</th><th>Durability</th><th>Newest complete, age</th><th>Size</th>
-<th>Interval</th><th>Kept</th><th>State</th></tr></thead>
+<table id="checkpoints"><thead><tr><th>Run</th><th>Path</th><th>Durability</th><th>Newest complete, age</th>
+<th>Size</th><th>Interval</th><th>Kept</th><th>State</th></tr></thead>
 <tbody>
 {chr(10).join(ckpt_rows)}
 </tbody></table>

@@ -1,9 +1,12 @@
 """The pictures on /status, drawn on the server as inline SVG (no script, no outside asset): per GPU the last hour of
-utilisation and memory, stall spans coloured by cause, checkpoint writes as bars, and the latency of the mount its
-run writes to; and the findings panel, one sentence each, most severe first.
+utilisation (each 10 s bucket's mean as a line, its lowest to highest sample as a band) and memory, stall spans
+coloured by cause, checkpoint writes as bars, and the latency of the mount its run writes to (or, where nothing
+measures that mount's latency, a line saying so and how to get it); and the findings panel, one line a finding, most
+severe first.
 
-Every drawn element carries a class (``util``, ``memory``, ``stall <cause>``, ``write``, ``latency``) and a
-``<title>`` a browser shows on hover, so the test can read the picture from the DOM as a person reads it on screen.
+Every drawn element carries a class (``util``, ``util-range``, ``memory``, ``stall <cause>``, ``write``,
+``latency``) and a ``<title>`` a browser shows on hover, so the test can read the picture from the DOM as a person
+reads it on screen.
 
 Every coordinate is a finite number inside the picture: a time or value that is not a finite number (null in the
 report), a span that ends before it starts, ends in the future or lasts longer than any stall or write can, is not
@@ -16,7 +19,8 @@ import html
 import math
 from typing import Any
 
-from storwatch.report import human_seconds
+from storwatch.printable import printable
+from storwatch.report import NO_LATENCY_SOURCE, human_seconds
 
 WIDTH, PLOT_HEIGHT, LATENCY_HEIGHT, MARGIN = 900, 90, 40, 48
 BUCKET_SECONDS = 10.0
@@ -39,12 +43,22 @@ def findings_panel(findings: list[dict[str, Any]]) -> str:
             "<section id='findings' class='none'><h2>At risk</h2><p>Nothing important found on storage that is "
             "lost with this node.</p></section>"
         )
+    # One line a finding, in the report's order (most severe, then largest, first): its sentence names the run and
+    # its directory, the bytes, the age and where the data should go; then why it is as severe as it is.
     items = "\n".join(
         f"<li class='finding {e(f['severity'])}' data-id='{e(f['id'])}'><b>{e(f['severity'])}</b> "
-        f"{e(f['sentence'])}</li>"
+        f"<span class='sentence'>{shown(f['sentence'])}</span>"
+        + (f" <span class='why'>({shown(f['severity_reason'])})</span>" if f.get("severity_reason") else "")
+        + "</li>"
         for f in findings
     )
     return f"<section id='findings'><h2>At risk</h2><ul>\n{items}\n</ul></section>"
+
+
+def shown(text: str) -> str:
+    """Text from data (a tenant's file and directory names, and sentences quoting them) for the page: made printable
+    (no control, bidirectional or line-separator character acts on what follows it), then escaped for HTML."""
+    return html.escape(printable(text))
 
 
 def _x(t: float, start: float, end: float) -> float:
@@ -61,6 +75,35 @@ def _finite(*values: Any) -> bool:
 def _drawable_points(points: list[list[Any]], start: float, end: float) -> list[tuple[float, float]]:
     """The points with a finite time inside the picture's hour (a bucket either side) and a finite value."""
     return [(t, v) for t, v in points if _finite(t, v) and start - BUCKET_SECONDS <= t <= end + BUCKET_SECONDS]
+
+
+def _drawable_ranges(rows: list[list[Any]], start: float, end: float) -> list[tuple[float, float, float]]:
+    """The (time, lowest, highest) rows with finite numbers, the lowest no higher than the highest, at a time inside
+    the picture's hour (a bucket either side)."""
+    return [
+        (t, lo, hi)
+        for t, lo, hi in rows
+        if _finite(t, lo, hi) and lo <= hi and start - BUCKET_SECONDS <= t <= end + BUCKET_SECONDS
+    ]
+
+
+def _band(rows: list[tuple[float, float, float]], start: float, end: float, top: float, height: float) -> str:
+    """Utilisation's lowest to highest sample in each bucket, as one shaded band under the mean's line."""
+    if not rows:
+        return ""
+
+    def y(v: float) -> float:
+        return top + height - min(1.0, max(0.0, v)) * height
+
+    xs = [_x(t + BUCKET_SECONDS / 2, start, end) for t, _, _ in rows]
+    upper = [f"{x:.1f},{y(hi):.1f}" for x, (_, _, hi) in zip(xs, rows, strict=True)]
+    lower = [f"{x:.1f},{y(lo):.1f}" for x, (_, lo, _) in zip(reversed(xs), reversed(rows), strict=True)]
+    # A stroke as well as the fill: a band of one bucket (a young agent) is a vertical line, which a fill leaves out.
+    return (
+        f"<polygon class='util-range' points='{' '.join(upper + lower)}' fill='#2e7d32' fill-opacity='0.2' "
+        "stroke='#2e7d32' stroke-opacity='0.3' stroke-width='1'>"
+        f"<title>utilisation, lowest to highest sample in each {BUCKET_SECONDS:.0f} s</title></polygon>"
+    )
 
 
 def _drawable_span(span: dict[str, Any], start: float, end: float) -> bool:
@@ -103,9 +146,16 @@ def gpu_timeline(g: dict[str, Any], start: float, end: float) -> str:
     stalls = [s for s in g["stalls"] if _drawable_span(s, start, end)]
     writes = [w for w in g["writes"] if _drawable_span(w, start, end)]
     utilization = _drawable_points(g["utilization"], start, end)
+    util_range = _drawable_ranges(g.get("utilization_range") or [], start, end)
     memory = _drawable_points(g["memory"], start, end)
     latency = _drawable_points(g["latency"], start, end) if g["latency_mountpoint"] else []
-    drawn = [(g["stalls"], stalls), (g["writes"], writes), (g["utilization"], utilization), (g["memory"], memory)]
+    drawn = [
+        (g["stalls"], stalls),
+        (g["writes"], writes),
+        (g["utilization"], utilization),
+        (g.get("utilization_range") or [], util_range),
+        (g["memory"], memory),
+    ]
     if g["latency_mountpoint"]:
         drawn.append((g["latency"], latency))
     left_out = sum(len(given) - len(kept) for given, kept in drawn)
@@ -122,33 +172,44 @@ def gpu_timeline(g: dict[str, Any], start: float, end: float) -> str:
         parts.append(
             f"<rect class='stall {e(s['cause'])}' x='{x0:.1f}' y='{top}' width='{max(1.0, x1 - x0):.1f}' "
             f"height='{h}' fill='{CAUSE_COLOURS.get(s['cause'], '#999')}' fill-opacity='0.35'>"
-            f"<title>{e(CAUSE_WORDS.get(s['cause'], s['cause']))} on {e(s['mountpoint'])}: {seconds:.1f} s"
+            f"<title>{e(CAUSE_WORDS.get(s['cause'], s['cause']))} on {shown(s['mountpoint'])}: {seconds:.1f} s"
             "</title></rect>"
         )
     for w in writes:
         x0, x1 = _x(max(w["start"], start), start, end), _x(w["end"], start, end)
         parts.append(
             f"<rect class='write' x='{x0:.1f}' y='2' width='{max(1.0, x1 - x0):.1f}' height='12' fill='#1565c0'>"
-            f"<title>checkpoint of {e(w['run'])}: {w['end'] - w['start']:.1f} s</title></rect>"
+            f"<title>checkpoint of {shown(w['run'])}: {w['end'] - w['start']:.1f} s</title></rect>"
         )
+    parts.append(_band(util_range, start, end, top, h))
     parts.append(_polyline(utilization, start, end, top, h, 1.0, "util", "utilisation (10 s means)"))
     parts.append(_polyline(memory, start, end, top, h, 1.0, "memory", "memory used / total"))
     height = top + h + 6
-    if g["latency_mountpoint"]:
-        lat = latency
-        peak = max((v for _, v in lat), default=0.0)
-        peak = peak if peak > 0 else 0.001
+    mp = g["latency_mountpoint"]
+    sources = g.get("latency_sources")
+    if mp and not latency:
+        # Nothing measured: no chart (an empty one read "peak 1.0 ms", a figure nobody measured). A mount nothing
+        # measures says so and how to get a measure; one that is measured did no write in the hour.
+        ltop = height + 12
+        why = NO_LATENCY_SOURCE if sources == [] else "no write measured in the last hour"
+        parts.append(
+            f"<text class='latency-unknown' x='{MARGIN}' y='{ltop}' font-size='11'>write latency of {shown(mp)}: "
+            f"{e(why)}</text>"
+        )
+        height = ltop + 4
+    elif mp:
+        peak = max(v for _, v in latency)
         ltop = height + 12
         parts.append(
-            f"<text x='{MARGIN}' y='{ltop - 2}' font-size='11'>write latency of {e(g['latency_mountpoint'])} "
+            f"<text x='{MARGIN}' y='{ltop - 2}' font-size='11'>write latency of {shown(mp)} "
             f"(peak {peak * 1000:.1f} ms)</text>"
             f"<rect class='frame' x='{MARGIN}' y='{ltop}' width='{WIDTH - 2 * MARGIN}' height='{LATENCY_HEIGHT}' "
             "fill='#fafafa' stroke='#ccc'/>"
         )
+        # Every write took no measurable time: drawn along the bottom (any scale does), the peak said as measured.
+        scale = peak if peak > 0 else 1.0
         parts.append(
-            _polyline(
-                lat, start, end, ltop, LATENCY_HEIGHT, peak, "latency", f"{g['latency_mountpoint']} write latency"
-            )
+            _polyline(latency, start, end, ltop, LATENCY_HEIGHT, scale, "latency", f"{printable(mp)} write latency")
         )
         height = ltop + LATENCY_HEIGHT + 4
     lost = sum(min(s["end"], end) - max(s["start"], start) for s in stalls)
@@ -189,6 +250,7 @@ def timelines(data: dict[str, Any]) -> str:
     )
     body = "\n".join(gpu_timeline(g, t["start"], t["end"]) for g in t["gpus"])
     return (
-        "<h2>GPUs, the last hour</h2><p class='note' id='timeline-legend'>Green: utilisation; grey: memory used; "
+        "<h2>GPUs, the last hour</h2><p class='note' id='timeline-legend'>Green: utilisation, its mean over each "
+        f"{BUCKET_SECONDS:.0f} s as a line and its lowest to highest sample as a band; grey: memory used; "
         f"blue bars: checkpoint writes; shaded: GPU time lost to storage, {legend}.</p>\n{body}"
     )
