@@ -62,12 +62,12 @@ def test_a_job_that_never_imports_storwatch_is_timed_and_charged(
     script = tmp_path / "nvml-script.txt"
     script.write_text("gpu 0 uuid=GPU-e2e-0000 name=Fake_Trainer util=0 mem_used=0 mem_total=85899345920\n")
     cfg = tmp_path / "storwatch.yaml"
-    # The access source at its default pace: the save's end is seen by its watch of the open files, not by a pass.
+    # The access source at its defaults (a whole pass every 5 s): a save is found by the writer's write counter
+    # between passes, and its end by the look at its open file.
     cfg.write_text(
         "tick_seconds: 0.1\nplatform: generic\n"
         "mounts: {interval_seconds: 1}\nkube: {enabled: false}\n"
         "gpu: {interval_seconds: 0.1, samples_interval_seconds: 0}\n"
-        "access: {interval_seconds: 1}\n"
         f"checkpoints: {{roots: [{json.dumps(str(disk.mountpoint))}], interval_seconds: 0.5, kubelet: false, "
         "deep_per_scan: 0, settle_seconds: 0}\n"
     )
