@@ -1,0 +1,95 @@
+"""What the policy engine and the actions share: the entity a rule is about, the request to act on it, an action's
+outcome, and the alert an Alertmanager posts to the agent. Plain, typed data: the policy engine (``storwatch.policy``)
+makes requests, the actions (this package) carry them out on the policy's worker, and neither reaches into the
+other's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+EntityKind = Literal["mount", "run", "gpu", "workload", "finding", "node", "alert"]
+ENTITY_KINDS: tuple[EntityKind, ...] = ("mount", "run", "gpu", "workload", "finding", "node", "alert")
+Severity = Literal["info", "warning", "critical"]
+SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
+Outcome = Literal["ok", "dry_run", "skipped", "rate_limited", "failed"]
+OUTCOMES: tuple[Outcome, ...] = ("ok", "dry_run", "skipped", "rate_limited", "failed")
+
+FieldValue = None | bool | int | float | str | tuple["FieldValue", ...] | Mapping[str, "FieldValue"]
+"""What an entity's field holds: the values a CEL expression reads (null, bool, int, double, string, list, map)."""
+
+
+@dataclass(frozen=True)
+class Entity:
+    """One thing a rule can be about, as of one View: a mount, a checkpoint run, a GPU, a GPU workload, a finding,
+    the node itself, or an alert Alertmanager posted."""
+
+    kind: EntityKind
+    key: str
+    """Unique among this node's entities of its kind, stable from one View to the next (a mountpoint, a run's
+    label, a GPU's UUID, a finding's id, an alert's fingerprint): a rule's state is kept per (rule, kind, key)."""
+    fields: Mapping[str, FieldValue]
+    """Its fields, by the names the policy schema declares (storwatch.policy.schema)."""
+    run_dir: str | None = None
+    """For a run: its directory as this process reaches it (where request_checkpoint writes), else None."""
+    writer_pids: tuple[int, ...] = ()
+    """For a run: the processes the kernel showed writing it (files open for writing under it), the only ones a
+    signal may be sent to."""
+
+
+@dataclass(frozen=True)
+class ActionRequest:
+    """A rule asks an action to act on an entity: when the rule starts firing (``transition`` ``firing``), again
+    while it fires past the rule's cooldown (``repeat``), and when it resolves (``resolved``)."""
+
+    rule: str
+    action: str
+    params: Mapping[str, object]
+    entity: Entity
+    severity: Severity
+    message: str
+    """The rule's message, its templates filled from the entity's fields (printable text)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    transition: Literal["firing", "repeat", "resolved"] = "firing"
+    dry_run: bool = False
+    at: float = 0.0
+    """When the engine decided (the View's time)."""
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    outcome: Outcome
+    detail: str = ""
+    """What happened, for the log and /status (an HTTP status, the Event's name, the error)."""
+
+
+class Action(Protocol):
+    """One kind of action (``log``, ``event``, ``webhook``, ``request_checkpoint``...)."""
+
+    name: str
+
+    def check(self, params: Mapping[str, object]) -> list[str]:
+        """The problems with a rule's params for this action, each naming the field (empty: fine). Called when the
+        policy is loaded, so a bad rule is refused before it ever fires."""
+        ...
+
+    def run(self, request: ActionRequest, timeout: float) -> ActionResult:
+        """Carry the request out within ``timeout`` seconds; never raise (a failure is an outcome)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert of an Alertmanager webhook payload (version 4), as the receiver accepted it."""
+
+    fingerprint: str
+    status: Literal["firing", "resolved"]
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    starts_at: float
+    """Seconds since the epoch."""
+    ends_at: float | None
+    """None where Alertmanager sent its zero time (still firing)."""
+    received_at: float
