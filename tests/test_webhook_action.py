@@ -15,6 +15,7 @@ import pytest
 
 from storwatch.actions.base import ActionRequest, Entity
 from storwatch.actions.webhook import SIGNATURE_HEADER, WebhookAction
+from storwatch.actions.webhook import read_params as webhook_params
 from tests.pki import have_openssl, make_ca, server_for_loopback
 from tests.webhook_receiver import Receiver, receiver
 
@@ -205,3 +206,5 @@ def test_params_checked_with_the_field_named(params: dict[str, object], error: s
 
 def test_good_params_pass() -> None:
     assert WebhookAction().check({"url": "http://127.0.0.1:9/x", "hmac_key_file": "/k", "retries": 0}) == []
+    read, errors = webhook_params({"url": "https://[::1]/hook"})
+    assert errors == [] and read is not None and (read.host, read.port, read.target) == ("::1", 443, "/hook")

@@ -62,7 +62,7 @@ class WebhookParams:
     url: str
     https: bool
     host: str
-    port: int | None
+    port: int
     target: str
     """The path and query sent in the request line."""
     timeout: float
@@ -73,7 +73,7 @@ class WebhookParams:
     ca_file: str | None
 
 
-def _read(params: Mapping[str, object]) -> tuple[WebhookParams | None, list[str]]:
+def read_params(params: Mapping[str, object]) -> tuple[WebhookParams | None, list[str]]:
     p = Params(params, ("url", "timeout", "retries", "backoff", "bearer_token_file", "hmac_key_file", "ca_file"))
     url = p.string("url", required=True)
     timeout = p.number("timeout", 5.0, 0.05, 60.0)
@@ -86,7 +86,7 @@ def _read(params: Mapping[str, object]) -> tuple[WebhookParams | None, list[str]
     if url is not None:
         try:
             parsed = urllib.parse.urlsplit(url)
-            port = parsed.port
+            _ = parsed.port  # raises for a port out of range
         except ValueError as err:
             p.problem("url", f"not a URL: {err}")
             parsed = None
@@ -110,6 +110,8 @@ def _read(params: Mapping[str, object]) -> tuple[WebhookParams | None, list[str]
     target = parsed.path or "/"
     if parsed.query:
         target += "?" + parsed.query
+    # The port always given: http.client would read the last group of an IPv6 literal as one.
+    port = parsed.port or (443 if https else 80)
     return (
         WebhookParams(
             url, https, parsed.hostname or "", port, target, timeout, retries, backoff, token_file, key_file, ca_file
@@ -208,11 +210,11 @@ class WebhookAction:
         self._sleep = sleep
 
     def check(self, params: Mapping[str, object]) -> list[str]:
-        return _read(params)[1]
+        return read_params(params)[1]
 
     def run(self, request: ActionRequest, timeout: float) -> ActionResult:
         deadline = time.monotonic() + timeout
-        params, errors = _read(request.params)
+        params, errors = read_params(request.params)
         if params is None:
             return ActionResult("failed", "; ".join(errors))
         body = payload(request, self.node_name)
