@@ -142,9 +142,10 @@ def test_a_receiver_that_never_answers_is_cut_off(https: Receiver, certs: Certs)
     """Each attempt ends at its timeout and the retries stop at the run's own time: the run returns, failed, having
     tried no more often than its params allow, while the receiver is still holding every request."""
     https.script = ["hang"] * 10
-    result = WebhookAction().run(request(https.url, ca_file=str(certs.ca), timeout=0.2, retries=1, backoff=0.01), 5)
-    assert result.outcome == "failed" and result.detail.startswith("timed out"), result.detail
-    assert len(https.received) == 2
+    result = WebhookAction().run(request(https.url, ca_file=str(certs.ca), timeout=1, retries=1, backoff=0.01), 10)
+    assert result.outcome == "failed" and result.detail == "timed out (attempt 2 of 2)", result.detail
+    # (On a loaded machine an attempt may time out in its TLS handshake, before the receiver has the request.)
+    assert len(https.received) <= 2
     assert not https.release.is_set()
     # The run's own time cuts an attempt whose per-attempt timeout is longer.
     result = WebhookAction().run(request(https.url, ca_file=str(certs.ca), timeout=30, retries=0), 0.3)
