@@ -1,7 +1,10 @@
 """Actions: everything storwatch does that changes the world rather than observes it.
 
-Today: posting Kubernetes Events about findings (:mod:`.kube_events`). To come here too: emergency checkpoint requests
-to a training process, verified copies of the newest checkpoint from ephemeral to durable storage, webhooks.
+What a policy rule can do (:mod:`.registry` names them, :mod:`.base` holds the types they share with the policy
+engine): ``log`` (:mod:`.log`), ``event`` (:mod:`.event`, over the Events writer :mod:`.kube_events`), ``webhook``
+(:mod:`.webhook`), ``request_checkpoint`` (:mod:`.checkpoint_request`, with :mod:`.request_file` in its helper process
+:mod:`._request_worker`); :mod:`.runner` runs them, each on its own lane. To come: verified copies of the newest
+checkpoint from ephemeral to durable storage (sync).
 
 Sources stay read-only; an action is called by the policy engine (``storwatch.policy``) on its own worker, never from
 a source or a scrape. Each action bounds its own rate and time, and a failed action is reported, never raised into

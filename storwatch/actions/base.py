@@ -37,6 +37,10 @@ class Entity:
     writer_pids: tuple[int, ...] = ()
     """For a run: the processes the kernel showed writing it (files open for writing under it), the only ones a
     signal may be sent to."""
+    run_root: str | None = None
+    """For a run: the scan root it was found under, as this process reaches it (the operator's, trusted). Every
+    directory from there down to ``run_dir`` is opened without following a symbolic link, so a link a tenant plants
+    in the run's path cannot lead an action elsewhere; None: only ``run_dir``'s own last component is held so."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class ActionRequest:
     dry_run: bool = False
     at: float = 0.0
     """When the engine decided (the View's time)."""
+    cooldown: float = 0.0
+    """The rule's cooldown in seconds: the runner runs a request at most once per (rule, action, entity, transition)
+    within it, however often the same request is submitted."""
 
 
 @dataclass(frozen=True)

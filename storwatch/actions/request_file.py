@@ -1,0 +1,139 @@
+"""The checkpoint request file (``storwatch.training.REQUEST_NAME``) placed in a run's directory, safely in a
+directory a tenant writes: every directory from the trusted scan root down is opened relative to the one above it
+without following a symbolic link, and the file is made with ``O_CREAT|O_EXCL|O_NOFOLLOW`` relative to the run's
+directory descriptor, so it is never made through a link nor over anything already there.
+
+An entry already at the name is renewed (its text rewritten, its mtime made now: the training loop answers a request
+newer than its last save) only when it is what an earlier request left: a regular file with one link, owned by this
+process's user. That is checked on the entry (never followed) and again on the very file opened, before it is
+written; the open itself never creates, follows a link, waits on a FIFO or takes a terminal. Anything else there (a
+symbolic link, a FIFO, a device, a directory, a file with other links, someone else's file) is left exactly as it
+is, and the request fails, saying what was found. One gap is named, not closed: between the look at the entry and the
+open, a process able to make device nodes in the run's directory could swap a device in, which is then opened
+(write-only, non-blocking) and refused without a byte written.
+
+Standard library only: it runs in the helper process (``_request_worker.py``), where a hung mount strands a thread.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from storwatch.training import REQUEST_NAME
+
+MAX_TEXT_BYTES = 4096
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_FLAGS = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+class Refused(Exception):
+    """The request was not placed; the message says what was found and that it was left as it was."""
+
+
+def _what(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device node"
+    return "a regular file" if stat.S_ISREG(mode) else "something that is not a regular file"
+
+
+def _open_dir(dir_fd: int | None, name: str, shown: str) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as err:
+        # O_NOFOLLOW on a link gives ELOOP, O_DIRECTORY on anything else ENOTDIR: say which was found.
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            raise Refused(f"cannot open the directory {shown}: {err.strerror or err}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise Refused(f"{shown} is {_what(st.st_mode)}, not a directory: not followed") from None
+        raise Refused(f"cannot open the directory {shown}: {err.strerror or err}") from None
+
+
+def open_run_dir(run_dir: str, root: str | None) -> int:
+    """A descriptor of ``run_dir``: each directory below ``root`` (trusted, followed as given) opened without
+    following a link; without ``root``, ``run_dir``'s last component alone is held so."""
+    run_dir = os.path.normpath(run_dir)
+    if not os.path.isabs(run_dir):
+        raise Refused(f"the run directory {run_dir} is not an absolute path")
+    if root is None:
+        return _open_dir(None, run_dir, run_dir)
+    root = os.path.normpath(root)
+    rel = os.path.relpath(run_dir, root)
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
+        raise Refused(f"the run directory {run_dir} is not under its scan root {root}")
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        raise Refused(f"cannot open the scan root {root}: {err.strerror or err}") from None
+    shown = root
+    try:
+        for part in [] if rel == os.curdir else rel.split(os.sep):
+            shown = os.path.join(shown, part)
+            below = _open_dir(fd, part, shown)
+            os.close(fd)
+            fd = below
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _renew(dir_fd: int, text: bytes, shown: str) -> None:
+    st = os.stat(REQUEST_NAME, dir_fd=dir_fd, follow_symlinks=False)
+    uid = os.geteuid()
+
+    def refuse_unless_ours(st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{_what(st.st_mode)} is at {shown}: not followed, not replaced, left as it is")
+        if st.st_nlink != 1:
+            raise Refused(f"a file with {st.st_nlink} links is at {shown}: not one we made, left as it is")
+        if st.st_uid != uid:
+            raise Refused(f"a file owned by uid {st.st_uid} (not {uid}) is at {shown}: not one we made, left as it is")
+
+    refuse_unless_ours(st)
+    try:
+        fd = os.open(REQUEST_NAME, _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError as err:
+        raise Refused(f"cannot open {shown} to renew it: {err.strerror or err}") from None
+    try:
+        opened = os.fstat(fd)
+        refuse_unless_ours(opened)
+        if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
+            raise Refused(f"{shown} changed while it was looked at: left as it is")
+        os.ftruncate(fd, 0)
+        os.write(fd, text)
+        os.utime(fd)  # now, whatever the write did: the loop compares it with its last save's start
+    finally:
+        os.close(fd)
+
+
+def place_request(run_dir: str, root: str | None, text: str) -> str:
+    """Create (``"created"``) or renew (``"renewed"``) the request file in ``run_dir``; :class:`Refused` or OSError
+    when not done."""
+    data = text.encode("utf-8", "replace")[:MAX_TEXT_BYTES]
+    dir_fd = open_run_dir(run_dir, root)
+    shown = os.path.join(os.path.normpath(run_dir), REQUEST_NAME)
+    try:
+        try:
+            fd = os.open(REQUEST_NAME, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
+        except FileExistsError:
+            _renew(dir_fd, data, shown)
+            return "renewed"
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return "created"
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,217 @@
+"""The action runner: idempotent within a rule's cooldown, rate-limited per action, dry runs logged and counted with
+nothing done, a hung action never blocking a submission nor another action, and the counts and last results the
+policy's metrics and /status read."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+
+import pytest
+
+from storwatch.actions.base import ActionRequest, ActionResult, Entity
+from storwatch.actions.log import LogAction
+from storwatch.actions.registry import ACTION_NAMES, checks, registry
+from storwatch.actions.runner import ActionRunner, Limits
+
+T0 = 1_800_000_000.0
+
+
+class Recorder:
+    """An action that records what it was asked, and blocks while ``gate`` is closed."""
+
+    def __init__(self, name: str = "record") -> None:
+        self.name = name
+        self.runs: list[ActionRequest] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.answer = ActionResult("ok", "done")
+
+    def check(self, params: Mapping[str, object]) -> list[str]:
+        return []
+
+    def run(self, request: ActionRequest, timeout: float) -> ActionResult:
+        self.runs.append(request)
+        self.entered.set()
+        self.gate.wait(30)
+        return self.answer
+
+
+def req(rule: str = "r1", key: str = "/mnt/a", **kw: object) -> ActionRequest:
+    fields: dict[str, object] = {"action": "record", "cooldown": 300.0, "at": T0}
+    fields.update(kw)
+    return ActionRequest(
+        rule=rule,
+        action=str(fields.pop("action")),
+        params=fields.pop("params", {}),  # type: ignore[arg-type]
+        entity=Entity("mount", key, {}),
+        severity="warning",
+        message="m",
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def clock() -> list[float]:
+    return [T0]
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def runner(recorder: Recorder, clock: list[float]) -> Iterator[ActionRunner]:
+    made = ActionRunner(
+        {"record": recorder, "log": LogAction()},
+        clock=lambda: clock[0],
+        limits={"record": Limits(timeout=0.3, burst=100, per_second=0.0)},
+    )
+    yield made
+    recorder.gate.set()
+    made.close()
+
+
+def test_the_same_request_runs_once_within_the_cooldown(
+    runner: ActionRunner, recorder: Recorder, clock: list[float]
+) -> None:
+    assert runner.submit(req()) is None
+    assert runner.submit(req()) == "skipped"
+    clock[0] += 100
+    assert runner.submit(req()) == "skipped"
+    # Another transition, entity, rule or params is another request.
+    assert runner.submit(req(transition="resolved")) is None
+    assert runner.submit(req(key="/mnt/b")) is None
+    assert runner.submit(req(rule="r2")) is None
+    assert runner.submit(req(params={"url": "x"})) is None
+    assert runner.wait_idle(10)
+    assert len(recorder.runs) == 5
+    # Past the cooldown it runs again; with no cooldown every submission runs.
+    clock[0] += 201
+    assert runner.submit(req()) is None
+    assert runner.submit(req(rule="r3", cooldown=0.0)) is None
+    assert runner.submit(req(rule="r3", cooldown=0.0)) is None
+    assert runner.wait_idle(10)
+    assert len(recorder.runs) == 8
+    assert runner.counts()[("r1", "record", "skipped")] == 2
+    assert runner.counts()[("r1", "record", "ok")] == 5
+    skipped = [r for r in runner.recent() if r.outcome == "skipped"]
+    assert skipped[0].detail == "the same request was taken 0 s ago, within the rule's cooldown of 300 s"
+
+
+def test_a_failed_request_is_tried_again(runner: ActionRunner, recorder: Recorder) -> None:
+    recorder.answer = ActionResult("failed", "receiver away")
+    assert runner.submit(req()) is None
+    assert runner.wait_idle(10)
+    recorder.answer = ActionResult("ok")
+    assert runner.submit(req()) is None
+    assert runner.wait_idle(10)
+    assert len(recorder.runs) == 2
+    assert runner.counts() == {("r1", "record", "failed"): 1, ("r1", "record", "ok"): 1}
+
+
+def test_rate_limited_per_action(recorder: Recorder, clock: list[float]) -> None:
+    other = Recorder("other")
+    runner = ActionRunner(
+        {"record": recorder, "other": other},
+        clock=lambda: clock[0],
+        limits={"record": Limits(5, burst=2, per_second=0.1), "other": Limits(5, burst=2, per_second=0.1)},
+    )
+    try:
+        outcomes = [runner.submit(req(key=f"/m{i}")) for i in range(4)]
+        assert outcomes == [None, None, "rate_limited", "rate_limited"]
+        # Another action has its own bucket.
+        assert runner.submit(req(action="other")) is None
+        clock[0] += 10  # one token back
+        assert [runner.submit(req(key=f"/n{i}")) for i in range(2)] == [None, "rate_limited"]
+        assert runner.wait_idle(10)
+        assert len(recorder.runs) == 3 and len(other.runs) == 1
+        assert runner.counts()[("r1", "record", "rate_limited")] == 3
+    finally:
+        runner.close()
+
+
+def test_dry_run_is_logged_counted_and_does_nothing(
+    runner: ActionRunner, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="storwatch.actions.runner")
+    assert runner.submit(req(dry_run=True, key="/mnt/\x1b[31mred")) is None
+    assert runner.wait_idle(10)
+    assert recorder.runs == []
+    assert runner.counts() == {("r1", "record", "dry_run"): 1}
+    [record] = [r for r in caplog.records if "dry run" in r.getMessage()]
+    assert "rule r1 firing: mount /mnt/\\x1b[31mred: m" in record.getMessage()
+    assert "\x1b" not in record.getMessage()
+
+
+def test_a_hung_action_blocks_neither_submissions_nor_other_actions(
+    runner: ActionRunner, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="storwatch.policy.actions")
+    recorder.gate.clear()
+    assert runner.submit(req(key="/hung")) is None
+    assert recorder.entered.wait(10)
+    # The action is still blocked (its gate closed) while each of these returns.
+    assert runner.submit(req(key="/second")) is None
+    assert runner.submit(req(action="log", key="/logged")) is None
+    assert not recorder.gate.is_set()
+    assert runner.wait_idle(20)
+    assert not recorder.gate.is_set()  # every result came while the action was still hung
+    results = {r.entity_key: r for r in runner.recent()}
+    assert results["/logged"].outcome == "ok"
+    assert results["/hung"].outcome == "failed" and "did not finish within 0.3 s" in results["/hung"].detail
+    assert results["/second"].outcome == "failed" and "has not returned" in results["/second"].detail
+    assert any("/logged" in r.getMessage() for r in caplog.records)
+    assert [r.entity.key for r in recorder.runs] == ["/hung"]
+    # Once it returns, the lane runs again (the first tries may still find it returning).
+    recorder.gate.set()
+    for attempt in range(100):
+        assert runner.submit(req(key=f"/after-{attempt}")) is None
+        assert runner.wait_idle(10)
+        if runner.recent()[-1].outcome == "ok":
+            break
+        time.sleep(0.05)
+    assert runner.recent()[-1].outcome == "ok"
+
+
+def test_a_full_queue_drops_and_counts(recorder: Recorder, clock: list[float]) -> None:
+    runner = ActionRunner(
+        {"record": recorder}, clock=lambda: clock[0], limits={"record": Limits(5, 100, 0.0)}, queue_size=2
+    )
+    try:
+        recorder.gate.clear()
+        assert runner.submit(req(key="/0")) is None
+        assert recorder.entered.wait(10)
+        assert [runner.submit(req(key=f"/{i}")) for i in range(1, 4)] == [None, None, "skipped"]
+        assert runner.recent()[-1].detail == "2 record requests waiting"
+        recorder.gate.set()
+        assert runner.wait_idle(20)
+        assert len(recorder.runs) == 3
+    finally:
+        runner.close()
+
+
+def test_unknown_action_and_history_bound(clock: list[float]) -> None:
+    runner = ActionRunner({}, clock=lambda: clock[0], history=3)
+    for i in range(5):
+        assert runner.submit(req(key=f"/{i}")) == "failed"
+    assert [r.entity_key for r in runner.recent()] == ["/2", "/3", "/4"]
+    assert runner.recent()[-1].detail == "no action named record"
+    runner.close()
+    assert runner.submit(req(action="x")) == "failed"
+
+
+def test_the_registry_names_every_action_and_its_check() -> None:
+    actions = registry()
+    assert tuple(actions) == ACTION_NAMES
+    assert all(actions[name].name == name for name in actions)
+    found = checks()
+    assert set(found) == set(ACTION_NAMES)
+    assert found["log"]({}) == [] and found["log"]({"x": 1}) == ["params.x: unknown field (this action takes: none)"]
+    assert found["webhook"]({}) == ["params.url: required"]
+    assert found["event"]({"reason": "not camel"})[0].startswith("params.reason: must be UpperCamelCase")
+    assert found["request_checkpoint"]({"signal": True}) == []
