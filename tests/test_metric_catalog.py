@@ -262,10 +262,26 @@ def rich_view() -> View:
     return dataclasses.replace(view, stalls=stalls)
 
 
+def policy_scrape() -> str:
+    """storwatch_policy_*: the shipped default policy over the rich View's entities an hour on, an action counted."""
+    from storwatch.exporter import policy as policy_area
+    from storwatch.policy.engine import Engine
+    from storwatch.policy.load import load_policy
+    from storwatch.policy.schema import entities
+
+    view = rich_view()
+    engine = Engine(load_policy([str(REPO_ROOT / "policies" / "default.yaml")]), budget_seconds=float("inf"))
+    for minute in range(61):
+        engine.evaluate(entities(view), view.timestamp + 60 * minute)
+    actions = {("mount-stuck", "log", "ok"): 2, ("mount-stuck", "event", "failed"): 1}
+    return render_text(policy_area.families(engine.status().metrics(actions))).decode("utf-8")
+
+
 def rich_scrape() -> str:
-    """Every area of a scrape of :func:`rich_view`, with the reload record and this process's metrics."""
+    """Every area of a scrape of :func:`rich_view`, with the reload record and this process's metrics, and the
+    policy's families (the agent writes them once it runs the policy engine)."""
     exporter = Exporter(exporter_areas(), process_metrics=True, reloads=ConfigReloads())
-    return exporter.render(rich_view()).decode("utf-8")
+    return exporter.render(rich_view()).decode("utf-8") + policy_scrape()
 
 
 # -- reading a scrape against the catalog
