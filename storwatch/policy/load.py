@@ -707,15 +707,19 @@ class _Loader:
         for draft in self.drafts.values():
             spec = SCHEMA[draft.on]
             names = spec.names | set(self.lists)
+            source = draft.when
             try:
                 source = expand(draft.when, self.macros)
                 expression = compile_expression(source, names, self.bounds, what=f"a field of {draft.on} or a list")
             except CelError as err:
                 line = draft.when_line
+                text = str(err)
                 if draft.when_offset_line is not None and err.column and source == draft.when:
-                    line = draft.when_offset_line + draft.when[: err.column - 1].count("\n")
+                    before = draft.when[: err.column - 1]
+                    line = draft.when_offset_line + before.count("\n")
+                    text = f"{err.message} (column {len(before) - before.rfind(chr(10))})"
                 expanded = "" if source == draft.when else " (macros expanded)"
-                self.errors.add(draft.where, None, f"{draft.path}.when", f"CEL{expanded}: {err}", line=line)
+                self.errors.add(draft.where, None, f"{draft.path}.when", f"CEL{expanded}: {text}", line=line)
                 continue
             rules.append(
                 Rule(
