@@ -40,6 +40,7 @@ NAMES = {"stuck", "fstype", "workloads", "labels", "path", "bytes", "ratio", "ma
         pytest.param(
             "fstype in [" + ", ".join(["'x'"] * 65) + "]", "a list literal of 65 items, more than 64", id="list"
         ),
+        pytest.param("workloads.exists(w, w + w == path)", "'+' inside a comprehension", id="concat-in-loop"),
         pytest.param("path.matches(fstype)", ".matches() takes a string literal", id="tenant-regex"),
         pytest.param("path.split('/')", "function .split() is not allowed", id="method"),
         pytest.param("exec('x')", "function exec() is not allowed", id="function"),

@@ -448,6 +448,10 @@ def analyse(
                 raise CelError(
                     f"a {node.kind} literal of {items} items, more than {bounds.max_list_items}", node.pos + 1
                 )
+        if node.kind == "binary" and node.name == "+" and comprehensions:
+            # Concatenation copies its operands: once per item it grows with the list (strings of 4 KiB, built
+            # longer on every step), the one cost the node and list bounds do not hold.
+            raise CelError("'+' inside a comprehension (it would copy strings or lists once per item)", node.pos + 1)
         if node.kind == "call":
             if node.name not in GLOBAL_FUNCTIONS:
                 raise CelError(f"function {node.name}() is not allowed here", node.pos + 1)

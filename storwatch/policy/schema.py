@@ -813,7 +813,7 @@ def markdown() -> str:
         f"- at most {b.max_chars} characters, macros expanded, and {b.max_nodes} nodes;",
         f"- nested at most {b.max_depth} levels (brackets, calls and chains of operators alike);",
         f"- comprehensions (`all`, `exists`, `exists_one`, `map`, `filter`) at most {b.max_comprehension_nesting} "
-        "deep: never one inside another;",
+        "deep: never one inside another, and no `+` inside one (it would copy strings or lists once per item);",
         f"- list and map literals of at most {b.max_list_items} items; every list field holds at most "
         f"{MAX_LIST_ITEMS}, and a list of `lists` at most {b.max_list_items};",
         f"- functions: {', '.join(sorted(GLOBAL_FUNCTIONS))}, and as methods "
