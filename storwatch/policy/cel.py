@@ -557,7 +557,11 @@ class Expression:
         that has no such operator, a missing key)."""
         try:
             value = self.program.execute(dict(variables))
-        except Exception as err:  # the library raises RuntimeError, ValueError, KeyError, ZeroDivisionError...
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:
+            # The library raises RuntimeError, ValueError, KeyError, ZeroDivisionError... for a condition that fails,
+            # and a panic of its Rust code arrives as pyo3's PanicException, which is no Exception.
             raise EvalError(_first_line(err)) from None
         if not isinstance(value, bool):
             raise EvalError(f"the condition gave {type(value).__name__} {_short(value)}, not a bool")
