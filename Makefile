@@ -49,6 +49,8 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 bench: $(STAMP) system-deps
+	# cel-python only to compare with the CEL library the policy uses (bench/policy_eval.py); not a dependency.
+	$(BIN)/pip install --quiet cel-python==0.5.0
 	$(BIN)/python bench/run_all.py
 
 clean:

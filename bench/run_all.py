@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         ("gpu_sampling", "gpu_sampling.py", ["--ticks", "20"]),
         ("checkpoint_scan", "checkpoint_scan.py", []),
         ("http_load", "http_load.py", []),
+        ("policy_eval", "policy_eval.py", []),
     ):
         rc, others[name] = run_one(script, extra, out, name)
         if rc != 0:

@@ -1,5 +1,5 @@
 """Command line: ``storwatch agent`` runs the node agent, ``storwatch scan`` prints a one-shot report of this node's
-mounts, and ``storwatch verify`` checks checkpoint files.
+mounts, ``storwatch verify`` checks checkpoint files, and ``storwatch policy`` checks, tests and documents policies.
 
 Each command imports what it uses, inside its own function; the parser needs only the vocabulary, so ``--help`` loads
 nothing else of storwatch (tests/test_command_imports.py holds each command to what it uses)."""
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="storwatch",
         description="A node agent for GPU clusters: mount durability, storage latency, GPUs and checkpoints. "
-        "Commands: agent, scan, verify, plan (storwatch COMMAND --help describes each).",
+        "Commands: agent, scan, verify, plan, policy (storwatch COMMAND --help describes each).",
     )
     parser.add_argument("--version", action="version", version=f"storwatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -159,7 +159,60 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--config", metavar="FILE", help="YAML configuration whose checkpoints section sets the limits and allow-list"
     )
+    policy = sub.add_parser(
+        "policy",
+        help="check policy files, run their test cases, or show the fields rules can read",
+        description="Policies are YAML files of rules over what the agent sees (docs/policy.md).",
+    )
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    check = policy_sub.add_parser(
+        "check", help="load policy files in order and print every problem as FILE:LINE: FIELD: message (exit 1)"
+    )
+    check.add_argument("files", nargs="+", metavar="FILE", help="policy file, loaded in the order given")
+    test = policy_sub.add_parser(
+        "test", help="run the test cases of test files against the policy files they name (exit 1 on a failure)"
+    )
+    test.add_argument("files", nargs="+", metavar="FILE", help="policy test file (see docs/policy.md)")
+    policy_sub.add_parser("show", help="print the policy language and every entity's fields (docs/policy.md)")
     return parser
+
+
+def cmd_policy(args: argparse.Namespace) -> int:
+    from storwatch.policy.load import PolicyError, load_policy
+    from storwatch.printable import printable
+
+    if args.policy_command == "show":
+        from storwatch.policy.schema import markdown
+
+        sys.stdout.write(markdown())
+        return EXIT_OK
+    if args.policy_command == "check":
+        try:
+            policy = load_policy(args.files)
+        except PolicyError as err:
+            for line in err.errors:
+                print(printable(line), file=sys.stderr)
+            return EXIT_FINDINGS
+        files = " ".join(map(printable, args.files))
+        print(f"{files}: {len(policy.rules)} rules, {len(policy.lists)} lists: ok")
+        return EXIT_OK
+    from storwatch.policy.testing import run_test_file
+
+    failed = False
+    for path in args.files:
+        try:
+            result = run_test_file(path)
+        except PolicyError as err:
+            for line in err.errors:
+                print(printable(line), file=sys.stderr)
+            failed = True
+            continue
+        for line in result.failures:
+            print(printable(line), file=sys.stderr)
+        state = "FAILED" if result.failures else "passed"
+        print(f"{printable(path)}: {result.cases} cases, {len(result.failures)} failures: {state}")
+        failed = failed or bool(result.failures)
+    return EXIT_FINDINGS if failed else EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -617,6 +670,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_verify(args)
         if args.command == "plan":
             return cmd_plan(args)
+        if args.command == "policy":
+            return cmd_policy(args)
         return cmd_scan(args)
     except ConfigError as err:
         print(f"storwatch: configuration error:\n{printable_lines(str(err), indent='')}", file=sys.stderr)

@@ -26,7 +26,7 @@ from storwatch.sources.probe import PROBE_OPS
 from storwatch.vocabulary import PLATFORMS, Durability, Severity
 
 MetricType = Literal["gauge", "counter", "histogram"]
-AreaName = Literal["agent", "mounts", "io", "nfs", "lustre", "gpu", "checkpoints", "kube", "access"]
+AreaName = Literal["agent", "mounts", "io", "nfs", "lustre", "gpu", "checkpoints", "kube", "access", "policy"]
 WrittenBy = Literal["storwatch", "prometheus_client"]
 
 
@@ -857,6 +857,53 @@ WORKLOAD_SCAN_BUDGET_REACHED = _gauge(
     "1 when the last access pass reached this budget of access.max_*_per_pass (processes, fds, cpu) and so read a "
     "sample: the rest is read on the next passes.",
     Label("budget", "the budgets of a pass", ("processes", "fds", "cpu")),
+)
+
+# -- policy: the rules in force, what fires, the actions run (storwatch/policy, storwatch/actions)
+
+POLICY_SEVERITIES = ("info", "warning", "critical")
+"""A rule's severities (storwatch.actions.base.SEVERITIES; the exporter sits below the actions, a test holds them
+equal)."""
+ACTION_OUTCOMES = ("ok", "dry_run", "skipped", "rate_limited", "failed")
+"""An action's outcomes (storwatch.actions.base.OUTCOMES; likewise)."""
+MAX_POLICY_RULES = 256
+"""storwatch.policy.load.MAX_RULES (held equal by a test)."""
+RULE = Label(
+    "rule",
+    f"one per rule of the policy in force, at most {MAX_POLICY_RULES} (storwatch/policy/load.py MAX_RULES), each "
+    "name at most 64 letters, digits and _.:- (checked when the policy is loaded)",
+)
+POLICY_RULE_FIRING = _gauge(
+    "policy",
+    "storwatch_policy_rule_firing",
+    "Entities for which the rule fires now (its condition held for its for, or within its keep_firing_for).",
+    RULE,
+    Label("severity", "the severities a rule can have", POLICY_SEVERITIES),
+)
+POLICY_RULE_ERRORS = _counter(
+    "policy",
+    "storwatch_policy_rule_errors_total",
+    "Evaluations of the rule that gave no bool (a null compared, a missing key, a type with no such operator).",
+    RULE,
+)
+POLICY_RULE_DISABLED = _gauge(
+    "policy",
+    "storwatch_policy_rule_disabled",
+    "1 when the engine stopped evaluating the rule: its evaluations over one View took longer than its time budget.",
+    RULE,
+)
+POLICY_LAST_RELOAD_SUCCESS = _gauge(
+    "policy",
+    "storwatch_policy_last_reload_success",
+    "1 when the last policy load succeeded, 0 when it failed (the policy in force before stays).",
+)
+POLICY_ACTIONS = _counter(
+    "policy",
+    "storwatch_policy_actions_total",
+    "Actions the rules asked for, by rule, action and result.",
+    RULE,
+    Label("action", "one per action the agent has (log, event, webhook, request_checkpoint; storwatch/actions)"),
+    Label("result", "the outcomes of an action", ACTION_OUTCOMES),
 )
 
 # -- agent: its collectors, reloads and process (the scrape closes with them)

@@ -1,0 +1,271 @@
+"""The policy engine (storwatch/policy/engine.py): for, keep_firing_for and cooldown as Prometheus's alerting rules
+have them, per (rule, kind, key); a rule over its time budget disabled with its reason; state kept across a reload
+for unchanged rules; the status and metrics it gives. Time is the View's, given to each evaluation; the timer that
+measures evaluations is injected where the budget is what is tested."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from storwatch.actions.base import Entity, EntityKind
+from storwatch.exporter.policy import families
+from storwatch.exporter.text import render_text
+from storwatch.policy.engine import Engine
+from storwatch.policy.load import Policy, parse_policy
+
+T0 = 1_800_000_000.0
+
+
+def policy(rules: str, lists: str = "") -> Policy:
+    return parse_policy([("p.yaml", f"{lists}rules:\n{rules}")])
+
+
+def mount(key: str, stuck: bool, **more: object) -> Entity:
+    return Entity("mount", key, {"mountpoint": key, "stuck": stuck, "stuck_seconds": 5.0, "fstype": "nfs4", **more})
+
+
+def of(*ents: Entity) -> dict[EntityKind, list[Entity]]:
+    out: dict[EntityKind, list[Entity]] = {}
+    for e in ents:
+        out.setdefault(e.kind, []).append(e)
+    return out
+
+
+def run(engine: Engine, steps: list[tuple[float, dict[EntityKind, list[Entity]]]]) -> list[tuple[float, str, str]]:
+    """(time offset, entity key, transition) of every request, in order."""
+    out = []
+    for t, ents in steps:
+        out += [(t, r.entity.key, r.transition) for r in engine.evaluate(ents, T0 + t)]
+    return out
+
+
+STUCK = """\
+  - name: stuck
+    on: mount
+    when: stuck
+    for: 2m
+    keep_firing_for: 3m
+    severity: critical
+    labels: {team: storage}
+    message: "{mountpoint} stuck for {stuck_seconds} s"
+    actions: [{action: log}, {action: event, params: {reason: Stuck}}]
+"""
+
+
+def test_for_holds_firing_back_until_the_condition_held_that_long() -> None:
+    engine = Engine(policy(STUCK))
+    a = mount("/a", True)
+    assert run(engine, [(0, of(a)), (60, of(a))]) == []
+    (active,) = engine.status().active
+    assert (active.state, active.since, active.announced) == ("pending", T0, False)
+    requests = engine.evaluate(of(a), T0 + 120)
+    assert [(r.action, r.transition, r.severity, dict(r.labels), r.message, r.at) for r in requests] == [
+        ("log", "firing", "critical", {"team": "storage"}, "/a stuck for 5 s", T0 + 120),
+        ("event", "firing", "critical", {"team": "storage"}, "/a stuck for 5 s", T0 + 120),
+    ]
+    assert requests[1].params == {"reason": "Stuck"} and requests[0].entity is a
+    (active,) = engine.status().active
+    assert (active.state, active.since, active.announced) == ("firing", T0 + 120, True)
+
+
+def test_pending_that_stops_holding_is_forgotten_without_a_word() -> None:
+    engine = Engine(policy(STUCK))
+    a = mount("/a", True)
+    assert run(engine, [(0, of(a)), (60, of(mount("/a", False))), (120, of(a)), (180, of(a))]) == []
+    (active,) = engine.status().active
+    assert (active.state, active.since) == ("pending", T0 + 120)  # the for counts again from when it held again
+    assert run(engine, [(240, of(a))]) == [(240, "/a", "firing")] * 2
+
+
+def test_keep_firing_for_holds_a_firing_entity_after_it_stops_then_resolves() -> None:
+    engine = Engine(policy(STUCK))
+    a, fine = mount("/a", True), mount("/a", False)
+    events = run(
+        engine,
+        [(0, of(a)), (120, of(a)), (180, of(fine)), (300, of(fine)), (340, of(a)), (400, of(fine)), (580, of(fine))],
+    )
+    # fires at 120; stops holding at 180, still firing at 300 (120 s < 180 s kept); holds again at 340 (the count
+    # starts over); stops at 400, resolved at 580 (180 s after 400)
+    assert events == [(120, "/a", "firing")] * 2 + [(580, "/a", "resolved")] * 2
+    assert engine.status().active == ()
+
+
+def test_an_entity_that_is_gone_counts_as_not_holding() -> None:
+    engine = Engine(policy(STUCK))
+    a = mount("/a", True)
+    events = run(engine, [(0, of(a)), (120, of(a)), (200, of()), (379, of()), (380, of())])
+    assert events == [(120, "/a", "firing")] * 2 + [(380, "/a", "resolved")] * 2
+    (resolved,) = [r for r in engine.evaluate(of(a), T0 + 400)] or [None]  # pending again, nothing sent
+    assert resolved is None
+
+
+COOLDOWN = """\
+  - name: stuck
+    on: mount
+    when: stuck
+    cooldown: 10m
+    actions: [{action: log}]
+"""
+
+
+def test_cooldown_repeats_while_firing_and_holds_back_a_new_firing_within_it() -> None:
+    engine = Engine(policy(COOLDOWN))
+    a, fine = mount("/a", True), mount("/a", False)
+    steps = [(t, of(a)) for t in range(0, 1260, 60)]
+    events = run(engine, steps)
+    assert events == [(0, "/a", "firing"), (600, "/a", "repeat"), (1200, "/a", "repeat")]
+    # resolves at 1260; fires again at 1320, within 10 min of the last run (1200): held back until 1800
+    events = run(engine, [(1260, of(fine)), *[(t, of(a)) for t in range(1320, 1860, 60)]])
+    assert events == [(1260, "/a", "resolved"), (1800, "/a", "firing")]
+    assert [(x.state, x.since) for x in engine.status().active] == [("firing", T0 + 1320)]
+
+
+def test_without_a_cooldown_actions_run_on_firing_and_resolving_only() -> None:
+    engine = Engine(policy(COOLDOWN.replace("    cooldown: 10m\n", "")))
+    a, fine = mount("/a", True), mount("/a", False)
+    events = run(engine, [(t, of(a)) for t in range(0, 7200, 60)] + [(7200, of(fine)), (7260, of(a))])
+    assert events == [(0, "/a", "firing"), (7200, "/a", "resolved"), (7260, "/a", "firing")]
+
+
+def test_state_is_per_entity() -> None:
+    engine = Engine(policy(STUCK))
+    a, b = mount("/a", True), mount("/b", True)
+    events = run(engine, [(0, of(a)), (60, of(a, b)), (120, of(a, b)), (180, of(a, b))])
+    assert events == [(120, "/a", "firing")] * 2 + [(180, "/b", "firing")] * 2
+    assert engine.status().rules[0].firing == 2
+
+
+def test_dry_run_and_a_disabled_rule() -> None:
+    engine = Engine(
+        policy(
+            COOLDOWN + "    dry_run: true\n" + COOLDOWN.replace("name: stuck", "name: quiet") + "    enabled: false\n"
+        )
+    )
+    (request,) = engine.evaluate(of(mount("/a", True)), T0)
+    assert (request.rule, request.dry_run) == ("stuck", True)
+    off = engine.status().rules[1]
+    assert (off.name, off.enabled, off.evaluations_total) == ("quiet", False, 0)
+
+
+def test_an_evaluation_error_is_counted_and_the_entity_does_not_match() -> None:
+    engine = Engine(policy("  - name: late\n    on: run\n    when: recovery_point_seconds > 3600.0\n"))
+    ents = of(
+        Entity("run", "r", {"recovery_point_seconds": None}), Entity("run", "s", {"recovery_point_seconds": 7200.0})
+    )
+    engine.evaluate(ents, T0)
+    engine.evaluate(ents, T0 + 60)
+    (rule,) = engine.status().rules
+    assert (rule.errors_total, rule.firing, rule.evaluations_total) == (2, 1, 4)
+    assert rule.last_error is not None and rule.last_error.startswith("run r: ")
+
+
+class Ticks:
+    """A timer that advances a fixed step each time it is read: an evaluation takes ``step / 2`` seconds."""
+
+    def __init__(self, step: float) -> None:
+        self.now = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step / 2
+        return self.now
+
+
+def test_a_rule_over_its_budget_is_disabled_with_the_reason() -> None:
+    node = "  - name: other\n    on: node\n    when: ready\n    actions: [{action: log}]\n"
+    engine = Engine(policy(STUCK.replace("for: 2m", "for: 0s") + node), budget_seconds=0.025, timer=Ticks(0.02))
+    mounts = [mount(f"/m{i}", True) for i in range(5)]
+    requests = engine.evaluate(of(*mounts, Entity("node", "node", {"ready": True})), T0)  # 10 ms an evaluation
+    slow = engine.status().rules[0]
+    assert slow.disabled_reason == (
+        "its evaluations over one View took 30.0 ms after 3 of 5 mount entities, over its budget of 25 ms: disabled "
+        "until the policy is reloaded"
+    )
+    assert slow.firing == 0 and slow.evaluations_total == 3
+    assert {r.rule for r in requests} == {"other"}  # the rules after it are evaluated as before, each its own budget
+    assert engine.status().rules[1].disabled_reason is None
+    assert engine.evaluate(of(*mounts, Entity("node", "node", {"ready": True})), T0 + 60) == []
+    metrics = engine.status().metrics()
+    assert metrics.rules["stuck"].disabled
+
+
+def test_a_real_slow_rule_is_disabled() -> None:
+    """A comprehension over the longest list at the bounds, over many entities, against a budget below what it
+    takes on any machine."""
+    text = "  - name: slow\n    on: gpu\n    when: workloads.exists(w, w.startsWith('ns/') && w.endsWith('x'))\n"
+    engine = Engine(policy(text), budget_seconds=1e-9)
+    gpus = [Entity("gpu", str(i), {"workloads": tuple(f"ns/pod-{j}" for j in range(64))}) for i in range(50)]
+    engine.evaluate(of(*gpus), T0)
+    (rule,) = engine.status().rules
+    assert rule.disabled_reason is not None and "after 1 of 50 gpu entities" in rule.disabled_reason
+
+
+def test_a_reload_keeps_the_state_of_unchanged_rules_only() -> None:
+    other = STUCK.replace("name: stuck", "name: also")
+    engine = Engine(policy(STUCK + other))
+    a = mount("/a", True)
+    run(engine, [(0, of(a)), (60, of(a))])
+    # reloaded with 'stuck' unchanged and 'also' changed (a longer for): 'stuck' fires at 120 as it would have;
+    # 'also' starts afresh, pending from 120
+    engine.load(policy(STUCK + other.replace("for: 2m", "for: 3m")))
+    assert run(engine, [(120, of(a))]) == [(120, "/a", "firing")] * 2
+    assert {(x.rule, x.state, x.since) for x in engine.status().active} == {
+        ("stuck", "firing", T0 + 120),
+        ("also", "pending", T0 + 120),
+    }
+    engine.load(policy(other))  # 'stuck' gone with its state
+    assert [r.name for r in engine.status().rules] == ["also"]
+    assert engine.status().active == ()
+
+
+def test_a_failed_reload_is_kept_for_status_and_metrics() -> None:
+    engine = Engine(policy(STUCK))
+    engine.load_failed(["p.yaml:3: rules[0].on: 'disk' is not one of mount"])
+    status = engine.status()
+    assert (status.last_reload_success, status.reloads_failed_total) == (False, 1)
+    assert [r.name for r in status.rules] == ["stuck"]  # the policy in force stays
+    engine.load(policy(STUCK))
+    assert engine.status().last_reload_success
+
+
+def lines(text: str) -> Iterator[str]:
+    return (line for line in text.splitlines() if not line.startswith("#"))
+
+
+def test_the_metrics_of_a_status() -> None:
+    engine = Engine(policy(STUCK.replace("for: 2m", "for: 0s")))
+    engine.evaluate(of(mount("/a", True), mount("/b", True)), T0)
+    engine.load_failed(["bad"])
+    text = render_text(families(engine.status().metrics({("stuck", "log", "ok"): 2, ("stuck", "event", "failed"): 1})))
+    assert list(lines(text.decode())) == [
+        'storwatch_policy_rule_firing{rule="stuck",severity="critical"} 2.0',
+        'storwatch_policy_rule_errors_total{rule="stuck"} 0.0',
+        'storwatch_policy_rule_disabled{rule="stuck"} 0.0',
+        "storwatch_policy_last_reload_success 0.0",
+        'storwatch_policy_actions_total{action="event",result="failed",rule="stuck"} 1.0',
+        'storwatch_policy_actions_total{action="log",result="ok",rule="stuck"} 2.0',
+    ]
+
+
+@pytest.mark.parametrize("kind", ["mount", "run", "gpu", "workload", "finding", "node", "alert"])
+def test_a_default_message_names_the_entity(kind: EntityKind) -> None:
+    from storwatch.policy.schema import SCHEMA
+
+    fields = {f.name: None for f in SCHEMA[kind].fields}
+    p = policy(f"  - name: any\n    on: {kind}\n    when: 'true'\n    actions: [{{action: log}}]\n")
+    (request,) = Engine(p).evaluate({kind: [Entity(kind, "k", fields)]}, T0)
+    assert request.message == f"any: {kind} k"
+
+
+def test_the_catalogs_policy_values_are_the_policys() -> None:
+    """The exporter sits below the policy and the actions, so the catalog spells their sets out: held equal here."""
+    from storwatch.actions.base import OUTCOMES, SEVERITIES
+    from storwatch.exporter import catalog
+    from storwatch.policy.load import MAX_RULES, RULE_NAME
+
+    assert catalog.POLICY_SEVERITIES == SEVERITIES
+    assert catalog.ACTION_OUTCOMES == OUTCOMES
+    assert catalog.MAX_POLICY_RULES == MAX_RULES
+    assert RULE_NAME.pattern.endswith("{0,63}")  # "each name at most 64 letters...", as the label's bound says

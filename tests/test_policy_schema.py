@@ -1,0 +1,80 @@
+"""The entity schema (storwatch/policy/schema.py): docs/policy.md is generated from it and kept current; the entities
+of a View with facts for every area hold exactly the declared fields with their types; unknown is null; a GPU's stall
+share over ten minutes comes from the settled totals of the Views seen, and is null until ten minutes are covered."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from storwatch.analysis.stalls import StallState
+from storwatch.policy.schema import SCHEMA, StallShares, entities, markdown, problems
+from tests.rich_view import NOW, rich_view
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "policy.md"
+
+
+def test_docs_policy_md_is_generated_from_the_schema() -> None:
+    assert DOC.read_text(encoding="utf-8") == markdown(), "run: storwatch policy show > docs/policy.md"
+
+
+def test_every_field_is_documented_once() -> None:
+    for spec in SCHEMA.values():
+        names = [f.name for f in spec.fields]
+        assert len(set(names)) == len(names), spec.kind
+        assert all(f.doc.endswith(".") and "\n" not in f.doc for f in spec.fields), spec.kind
+        for f in spec.fields:
+            assert f"| `{f.name}` |" in markdown()
+
+
+def test_the_entities_of_a_rich_view_match_the_schema() -> None:
+    ents = entities(rich_view())
+    assert {kind: len(es) for kind, es in ents.items()} == {
+        "mount": 6,
+        "run": 3,
+        "gpu": 3,
+        "workload": 3,
+        "finding": 3,
+        "node": 1,
+        "alert": 0,
+    }
+    assert [(e.kind, e.key, p) for es in ents.values() for e in es for p in problems(e.kind, e.fields)] == []
+
+
+def test_what_the_view_does_not_know_is_null() -> None:
+    ents = entities(rich_view())
+    home = next(e for e in ents["mount"] if e.key == "/home")  # stuck: statvfs never answered
+    assert (home.fields["stuck"], home.fields["size_bytes"], home.fields["used_ratio"]) == (True, None, None)
+    lost = next(e for e in ents["gpu"] if e.fields["index"] == 2)  # NVML lost it
+    assert (lost.fields["up"], lost.fields["utilization_ratio"], lost.fields["memory_used_bytes"]) == (
+        False,
+        None,
+        None,
+    )
+    llama = next(e for e in ents["run"] if e.key == "llama")  # only on node-local storage
+    assert llama.fields["recovery_point_seconds"] == math.inf and llama.fields["durable_checkpoint"] is False
+    assert llama.fields["node_draining"] is True
+    node = ents["node"][0].fields
+    assert (node["draining"], node["stuck_mounts"], node["terminating_pods"]) == (True, 1, 1)
+
+
+def test_the_stall_share_covers_ten_minutes_of_views() -> None:
+    base = rich_view()
+    shares = StallShares()
+
+    def at(t: float, seconds: float) -> dict[str, float | None]:
+        totals = {("0", "/scratch", "checkpoint_write"): seconds}
+        view = dataclasses.replace(base, snapshot=dataclasses.replace(base.snapshot, timestamp=NOW + t))
+        return shares.observe(dataclasses.replace(view, stalls=StallState(totals=totals)))
+
+    assert at(0, 100.0)["0"] is None
+    assert at(300, 160.0)["0"] is None  # five minutes seen: not yet ten
+    assert at(600, 250.0)["0"] == 150.0 / 600  # 150 s settled as stalled in the ten minutes
+    assert at(900, 280.0)["0"] == 120.0 / 600  # since the View at 300
+    assert at(960, 10.0)["0"] is None  # a total that dropped: the window starts again
+    one = entities(dataclasses.replace(base, stalls=StallState(totals={})), shares={"0": 0.25})
+    assert [e.fields["stall_share_10m"] for e in one["gpu"]] == [0.25, None, None]
+    untracked = entities(dataclasses.replace(base, stalls=None), shares={"0": 0.25})
+    assert {e.fields["stall_share_10m"] for e in untracked["gpu"]} == {None}
+    assert {e.fields["stalling"] for e in untracked["gpu"]} == {None}
