@@ -188,7 +188,9 @@ def cmd_policy(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.policy_command == "check":
         try:
-            policy = load_policy(args.files)
+            from storwatch.actions.registry import checks
+
+            policy = load_policy(args.files, checks())
         except PolicyError as err:
             for line in err.errors:
                 print(printable(line), file=sys.stderr)

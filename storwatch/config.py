@@ -245,6 +245,20 @@ class FindingsConfig:
 
 
 @dataclass(frozen=True)
+class PolicyConfig:
+    """The rules that turn what the agent sees into actions (README "Policy")."""
+
+    enabled: bool = True
+    default_set: bool = True
+    """Load the shipped default set (policies/default.yaml) before ``files``."""
+    files: tuple[str, ...] = ()
+    """More policy files, loaded in order after the default set (a later file may override an earlier rule)."""
+    budget_seconds: float = number(0.02, 0.001, 10.0)
+    """The time one rule's evaluations over one View may take; a rule past it is disabled, with the reason, until
+    the policy is loaded again."""
+
+
+@dataclass(frozen=True)
 class KubeConfig:
     enabled: bool = True
     """Watch the Kubernetes API (in-cluster config or a kubeconfig); off by itself where there is neither."""
@@ -273,6 +287,7 @@ class Config:
     gpu: GPUConfig = field(default_factory=GPUConfig)
     checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
     findings: FindingsConfig = field(default_factory=FindingsConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
     kube: KubeConfig = field(default_factory=KubeConfig)
     extra_sections: Mapping[str, Any] = field(default_factory=dict)
     """The sections of sources that declare their own section type (storwatch/registry.py), by name: the loader

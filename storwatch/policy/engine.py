@@ -292,6 +292,7 @@ class Engine:
                 transition=transition,
                 dry_run=rule.dry_run,
                 at=now,
+                cooldown=rule.cooldown_seconds,
             )
             for a in rule.actions
         ]

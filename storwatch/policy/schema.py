@@ -552,7 +552,7 @@ def _run_entities(view: View) -> list[Entity]:
             "node_draining": draining,
         }
         pids = tuple(dict.fromkeys((*rv.writers, *run.writing_pids)))
-        out.append(Entity("run", rv.label, fields, run_dir=run.path, writer_pids=pids))
+        out.append(Entity("run", rv.label, fields, run_dir=run.path, writer_pids=pids, run_root=run.root))
     return out
 
 

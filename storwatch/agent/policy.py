@@ -1,0 +1,183 @@
+"""The policy worker: the policy engine (storwatch.policy) and the action runner (storwatch.actions) on a thread of
+their own. The ticker hands it each View it publishes (``offer``: a reference swap, nothing more); the worker builds
+the View's entities (with the alerts Alertmanager posted), evaluates the rules over them and submits the actions
+they ask for to the runner, which runs each off this thread too. A View that comes while an evaluation runs replaces
+the one waiting: the worker always judges the newest, and never slows the tick or a scrape.
+
+The policy is the shipped default set (``policies/default.yaml``, unless ``policy.default_set`` is false) followed by
+``policy.files`` in order. A policy that cannot be loaded at start leaves the agent running with no rules, the errors
+logged and ``storwatch_policy_last_reload_success`` 0; on a reload the last good policy stays in force.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from storwatch.actions.alertbook import AlertBook
+from storwatch.actions.base import Action
+from storwatch.actions.runner import ActionRunner
+from storwatch.analysis.view import View
+from storwatch.config import PolicyConfig
+from storwatch.exporter.policy import PolicyMetrics
+from storwatch.policy.engine import Engine
+from storwatch.policy.load import PolicyError, load_policy
+from storwatch.policy.schema import EntityBuilder
+from storwatch.printable import Lines, printable
+
+log = logging.getLogger(__name__)
+
+SHIPPED_DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "policies", "default.yaml")
+"""The default set as the source tree and the container image hold it (beside the package)."""
+
+
+def policy_files(config: PolicyConfig) -> list[str]:
+    """The files of the policy in force, in the order they load."""
+    return ([SHIPPED_DEFAULT] if config.default_set else []) + list(config.files)
+
+
+class PolicyWorker:
+    """Evaluates the policy over the newest View on its own thread and hands the actions to the runner."""
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        actions: Mapping[str, Action],
+        alerts: AlertBook,
+        clock: Callable[[], float],
+        stop: threading.Event,
+    ) -> None:
+        self.alerts = alerts
+        self.stop = stop
+        self.checks = {name: action.check for name, action in actions.items()}
+        self.engine = Engine(None, budget_seconds=config.budget_seconds)
+        self.builder = EntityBuilder()
+        self.runner = ActionRunner(actions, clock=clock)
+        self.enabled = config.enabled
+        self._lock = threading.Lock()
+        """Held while the engine evaluates, loads or reports (the worker, a reload, an HTTP thread)."""
+        self._latest: View | None = None
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.evaluations = 0
+
+    def load(self, config: PolicyConfig) -> bool:
+        """Load the policy ``config`` names; on a problem keep the last good one (none at start), log every error
+        as FILE:LINE: FIELD: message, and count it. True when the new policy is in force."""
+        files = policy_files(config)
+        try:
+            policy = load_policy(files, self.checks) if config.enabled else None
+        except PolicyError as err:
+            with self._lock:
+                self.engine.load_failed(err.errors)
+            log.error("policy not loaded, keeping the last good one:\n%s", Lines("\n".join(err.errors)))
+            return False
+        with self._lock:
+            self.enabled = config.enabled
+            self.engine.budget_seconds = config.budget_seconds
+            if policy is not None:
+                self.engine.load(policy)
+        if policy is None:
+            log.info("policy: off (policy.enabled is false)")
+        else:
+            log.info("policy: %d rules from %s", len(policy.rules), ", ".join(map(printable, files)))
+        return True
+
+    def offer(self, view: View) -> None:
+        """The ticker's newest View (called on the ticker thread: it only keeps it and wakes the worker)."""
+        self._latest = view
+        self._wake.set()
+
+    def start(self) -> threading.Thread:
+        self._thread = threading.Thread(target=self._run, name="policy", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            view, self._latest = self._latest, None
+            if view is None or self.stop.is_set():
+                continue
+            try:
+                self.evaluate(view)
+            except Exception:  # a bug in a rule's fields must not end the worker: the next View is judged again
+                log.exception("policy evaluation failed")
+
+    def evaluate(self, view: View) -> int:
+        """Judge one View; the number of action requests submitted."""
+        with self._lock:
+            if not self.enabled:
+                return 0
+            requests = self.engine.evaluate(self.builder.build(view, self.alerts.current()), view.timestamp)
+            self.evaluations += 1
+        for request in requests:
+            self.runner.submit(request)
+        return len(requests)
+
+    def metrics(self) -> PolicyMetrics:
+        with self._lock:
+            status = self.engine.status()
+        return status.metrics(self.runner.counts())
+
+    def status(self) -> dict[str, Any]:
+        """What /api/status and /status show: the rules, what is firing or pending since when, the last actions."""
+        with self._lock:
+            st = self.engine.status()
+        return {
+            "enabled": self.enabled,
+            "files": [printable(f) for f in st.files],
+            "last_evaluation": st.last_evaluation,
+            "last_reload_success": st.last_reload_success,
+            "reload_errors": [printable(e) for e in st.reload_errors],
+            "rules": [
+                {
+                    "name": r.name,
+                    "on": r.on,
+                    "severity": r.severity,
+                    "where": printable(r.where),
+                    "enabled": r.enabled,
+                    "dry_run": r.dry_run,
+                    "disabled_reason": r.disabled_reason,
+                    "firing": r.firing,
+                    "pending": r.pending,
+                    "errors_total": r.errors_total,
+                    "last_error": None if r.last_error is None else printable(r.last_error),
+                }
+                for r in st.rules
+            ],
+            "active": [
+                {
+                    "rule": a.rule,
+                    "kind": a.kind,
+                    "key": printable(a.key),
+                    "state": a.state,
+                    "since": a.since,
+                    "severity": a.severity,
+                    "message": printable(a.message),
+                }
+                for a in st.active
+            ],
+            "actions": [
+                {
+                    "at": r.at,
+                    "rule": r.rule,
+                    "action": r.action,
+                    "kind": r.entity_kind,
+                    "key": printable(r.entity_key),
+                    "outcome": r.outcome,
+                    "detail": printable(r.detail),
+                }
+                for r in reversed(self.runner.recent())
+            ],
+        }
+
+    def close(self) -> None:
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+        self.runner.close()
