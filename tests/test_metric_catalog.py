@@ -29,7 +29,7 @@ from storwatch.analysis.stalls import StallState
 from storwatch.analysis.view import View
 from storwatch.checkpoints.scan import DatasetDir
 from storwatch.classify import Classifier
-from storwatch.exporter import ConfigReloads, Exporter, ExportState, Family
+from storwatch.exporter import AlertmanagerCounts, ConfigReloads, Exporter, ExportState, Family
 from storwatch.exporter import gpu as gpu_area
 from storwatch.exporter.catalog import BY_NAME, CATALOG, MetricSpec, main
 from storwatch.exporter.text import labels_template, render_text
@@ -263,8 +263,12 @@ def rich_view() -> View:
 
 
 def rich_scrape() -> str:
-    """Every area of a scrape of :func:`rich_view`, with the reload record and this process's metrics."""
-    exporter = Exporter(exporter_areas(), process_metrics=True, reloads=ConfigReloads())
+    """Every area of a scrape of :func:`rich_view`, with the reload record, the Alertmanager receiver's counts and this
+    process's metrics."""
+    counts = AlertmanagerCounts()
+    counts.request("accepted")
+    counts.alerts("stored", 2)
+    exporter = Exporter(exporter_areas(), process_metrics=True, reloads=ConfigReloads(), alertmanager=counts)
     return exporter.render(rich_view()).decode("utf-8")
 
 
