@@ -70,10 +70,22 @@ def test_one_alert_per_fingerprint_the_latest_firing_wins() -> None:
     book.add([alert("a", starts_at=T0 - 600, status="resolved", ends_at=T0 - 300, received_at=T0 - 300)])
     # The same alert fired again: a later startsAt is a new alert under the same fingerprint.
     assert book.add([alert("a", starts_at=T0 - 60)]) == AddResult(stored=1)
-    # A late retry of the first firing changes nothing.
-    assert book.add([alert("a", starts_at=T0 - 600, status="firing")]) == AddResult(stale=1)
+    # A late post of the first firing, which ended before this one began, changes nothing.
+    late = alert("a", starts_at=T0 - 600, status="resolved", ends_at=T0 - 300, received_at=T0 + 1)
+    assert book.add([late]) == AddResult(stale=1)
     (only,) = book.current()
     assert (only.starts_at, only.status) == (T0 - 60, "firing")
+
+
+def test_a_start_moved_back_while_the_alert_is_active_is_the_same_alert() -> None:
+    """Alertmanager keeps the earliest start of an alert re-sent while active: a client that re-sends it with its
+    start rounded to the millisecond (its API writes milliseconds) moves it back a little."""
+    book = AlertBook(clock=Clock())
+    book.add([alert("a", starts_at=T0 - 60.000123)])
+    resolved = alert("a", starts_at=T0 - 60.001, status="resolved", ends_at=T0, received_at=T0 + 1)
+    assert book.add([resolved]) == AddResult(updated=1)
+    (only,) = book.current()
+    assert (only.starts_at, only.status, only.ends_at) == (T0 - 60.001, "resolved", T0)
 
 
 def test_a_resolved_alert_stays_for_a_while_then_goes() -> None:

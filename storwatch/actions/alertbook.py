@@ -2,6 +2,11 @@
 a repeat post of the same alert (same fingerprint and ``startsAt``) updating it, a resolved one kept a short while so
 rules see the resolution, and at most ``max_alerts`` of them.
 
+An alert that fires again after it resolved keeps its fingerprint and gets a later ``startsAt``: it replaces the one
+held. An earlier ``startsAt`` is either Alertmanager merging a re-sent alert into the active one (it keeps the
+earliest start: a client that re-sends with its start rounded moves it back) or a late post of an earlier firing
+that ended before the held one began; only the latter is dropped.
+
 The receiver (``storwatch.web.alertmanager``) adds on the HTTP server's workers; the policy engine reads
 :meth:`AlertBook.current` on its own worker. Both go through one lock, held only for dictionary work.
 """
@@ -28,9 +33,10 @@ class AddResult:
     stored: int = 0
     """Alerts the book did not hold (a new fingerprint, or a fingerprint that fired again with a later startsAt)."""
     updated: int = 0
-    """Repeat posts of an alert it holds (same fingerprint and startsAt): its status, endsAt and annotations taken."""
+    """Repeat posts of an alert it holds (same fingerprint and startsAt, or an earlier startsAt while they overlap):
+    its status, endsAt, annotations and startsAt taken."""
     stale: int = 0
-    """Posts of an alert older (an earlier startsAt) than the one the book holds for that fingerprint: dropped."""
+    """Posts of an earlier firing of an alert the book holds, which ended before the held one started: dropped."""
     evicted: int = 0
     """Alerts dropped to stay within max_alerts (resolved ones first, then the one posted least recently)."""
 
@@ -76,24 +82,25 @@ class AlertBook:
             self._expire(now)
             for alert in alerts:
                 held = self._alerts.get(alert.fingerprint)
-                if held is not None and alert.starts_at < held.starts_at:
-                    stale += 1  # a late retry of an earlier firing of this alert: the book holds a newer one
+                if held is None or alert.starts_at > held.starts_at:
+                    if held is None:
+                        evicted += self._evict(len(self._alerts) + 1 - self.max_alerts)
+                    stored += 1
+                elif alert.starts_at < held.starts_at and alert.ends_at is not None and alert.ends_at <= held.starts_at:
+                    stale += 1  # a late post of an earlier firing of this alert: the book holds a newer one
                     continue
-                if held is not None and alert.starts_at == held.starts_at:
-                    # The same alert again: what can change is its status, its end and its annotations (a template
-                    # over a value); the labels are what the fingerprint is made of.
+                else:
+                    # The same alert again: what can change is its status, its end, its annotations (a template over
+                    # a value) and its start (moved back only); the labels are what the fingerprint is made of.
                     alert = dataclasses.replace(
                         held,
                         status=alert.status,
+                        starts_at=alert.starts_at,
                         ends_at=alert.ends_at,
                         annotations=alert.annotations,
                         received_at=alert.received_at,
                     )
                     updated += 1
-                else:
-                    if held is None:
-                        evicted += self._evict(len(self._alerts) + 1 - self.max_alerts)
-                    stored += 1
                 self._alerts[alert.fingerprint] = alert
                 self._alerts.move_to_end(alert.fingerprint)
         return AddResult(stored, updated, stale, evicted)

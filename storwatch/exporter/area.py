@@ -38,9 +38,9 @@ ALERTMANAGER_REQUEST_RESULTS = ("accepted", "unauthorized", "bad_request", "too_
 webhook payload we take, each alert checked (400, 405, 411); a body past alertmanager.max_body_bytes (413); every
 slot for a request body in use (503, which Alertmanager retries); the receiver is off (404)."""
 ALERTMANAGER_ALERT_RESULTS = ("stored", "updated", "stale", "ignored", "evicted")
-"""What became of an alert in an accepted request: a new alert held; a repeat post of one held (same fingerprint
-and startsAt); an earlier firing of one held (dropped); another node's, or one without the node label (dropped);
-held ones dropped to stay within alertmanager.max_alerts."""
+"""What became of an alert in an accepted request: a new alert held (or one firing again, with a later startsAt); a
+repeat post of one held; a late post of an earlier firing, ended before the held one began (dropped); another
+node's, or one without the node label (dropped); held ones dropped to stay within alertmanager.max_alerts."""
 
 
 class AlertmanagerCounts:

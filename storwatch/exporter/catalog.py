@@ -938,9 +938,10 @@ ALERTMANAGER_REQUESTS = _counter(
 ALERTMANAGER_ALERTS = _counter(
     "agent",
     "storwatch_alertmanager_alerts_total",
-    "Alerts in accepted requests by what became of them: stored (new), updated (a repeat post: same fingerprint "
-    "and startsAt), stale (an earlier firing of one held), ignored (another node's, or without the node label), "
-    "evicted (held ones dropped to stay within alertmanager.max_alerts).",
+    "Alerts in accepted requests by what became of them: stored (new, or firing again with a later startsAt), "
+    "updated (a repeat post of one held), stale (a late post of an earlier firing, ended before the held one "
+    "began), ignored (another node's, or without the node label), evicted (held ones dropped to stay within "
+    "alertmanager.max_alerts).",
     Label("result", "what can become of an alert", ALERTMANAGER_ALERT_RESULTS),
 )
 
