@@ -226,6 +226,7 @@ def test_a_real_alertmanager_posts_this_nodes_alert_to_the_agent(tmp_path: Path)
             urllib.request.urlopen(request, timeout=10)
         assert info.value.code == 401
         assert info.value.headers["WWW-Authenticate"] == 'Bearer realm="storwatch"'
+        agent.wait_for_stderr(r"alertmanager: refused a request with 401: a bearer token is required")
         assert metric(agent, "storwatch_alertmanager_requests_total", "unauthorized") == 1
         assert metric(agent, "storwatch_alertmanager_requests_total", "accepted") >= 2
         assert metric(agent, "storwatch_alertmanager_requests_total", "bad_request") == 0

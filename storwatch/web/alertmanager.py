@@ -16,7 +16,9 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +45,8 @@ MAX_ALERT_CHARS = 65_536
 """Every label and annotation name and value of one alert together: with alertmanager.max_alerts (512) about 32 MiB
 held at most."""
 MAX_FINGERPRINT_CHARS = 64
+REFUSAL_LOG_SECONDS = 60.0
+"""A refused request is logged at most this often for each kind of refusal (each is counted)."""
 _FINGERPRINT = re.compile(r"[0-9A-Za-z]+")
 _RFC3339 = re.compile(
     r"(\d{4})-(\d\d)-(\d\d)[Tt](\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(?:([Zz])|([+-])(\d\d):(\d\d))", re.ASCII
@@ -131,6 +135,8 @@ class AlertmanagerReceiver:
         self.counts = counts
         self.settings = settings
         self.clock = clock
+        self._logged: dict[int, float] = {}
+        self._log_lock = threading.Lock()
 
     def configure(self, settings: ReceiverSettings) -> None:
         self.settings = settings
@@ -157,7 +163,7 @@ class AlertmanagerReceiver:
         s = self.settings
         if not s.enabled:
             self.counts.request("off")
-            return _error(404, "the Alertmanager receiver is off (alertmanager.enabled: false)")
+            return self._refused(404, "the Alertmanager receiver is off (alertmanager.enabled: false)")
         if s.token is not None:
             given = _bearer(headers.get("authorization", ""))
             if given is None:
@@ -168,7 +174,7 @@ class AlertmanagerReceiver:
             return self._unauthorized("the receiver has no credential to check", "")
         if length > s.max_body_bytes:
             self.counts.request("too_large")
-            return _error(413, f"body: {length} bytes, over alertmanager.max_body_bytes ({s.max_body_bytes})")
+            return self._refused(413, f"body: {length} bytes, over alertmanager.max_body_bytes ({s.max_body_bytes})")
         return None
 
     def handle(self, headers: Mapping[str, str], body: bytes) -> Reply:
@@ -177,7 +183,7 @@ class AlertmanagerReceiver:
             alerts = parse_payload(body, self.clock())
         except BadPayload as err:
             self.counts.request("bad_request")
-            return _error(400, str(err))
+            return self._refused(400, str(err))
         mine = [a for a in alerts if self._is_mine(a, s)]
         result = self.book.add(mine)
         ignored = len(alerts) - len(mine)
@@ -215,7 +221,20 @@ class AlertmanagerReceiver:
     def _unauthorized(self, message: str, error: str) -> Reply:
         self.counts.request("unauthorized")
         challenge = ("WWW-Authenticate", f'Bearer realm="storwatch"{error}')
-        return _error(401, message, (challenge,))
+        return self._refused(401, message, (challenge,))
+
+    def _refused(self, status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
+        """The refusal, logged (at most every REFUSAL_LOG_SECONDS for each status): Alertmanager does not retry a
+        4xx, so this line and its own log are where a misconfigured sender shows."""
+        now = time.monotonic()
+        with self._log_lock:
+            last = self._logged.get(status)
+            due = last is None or now - last >= REFUSAL_LOG_SECONDS
+            if due:
+                self._logged[status] = now
+        if due:
+            log.warning("alertmanager: refused a request with %d: %s (logged once a minute at most)", status, message)
+        return _error(status, message, headers)
 
 
 def alert_to_dict(alert: Alert) -> dict[str, object]:
@@ -300,8 +319,8 @@ def _alert(raw: Any, where: str, received_at: float) -> Alert:
     return Alert(
         fingerprint,
         "firing" if status == "firing" else "resolved",
-        labels,
-        annotations,
+        types.MappingProxyType(labels),
+        types.MappingProxyType(annotations),
         starts_at,
         ends_at,
         received_at,

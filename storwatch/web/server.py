@@ -728,7 +728,11 @@ class StatusHTTPServer:
         elif length is None:
             refusal = _Answer(411, b"a request body with a Content-Length (not chunked) is required\n", close=True)
         else:
-            reply = handler.admit(req.headers, length)
+            try:
+                reply = handler.admit(req.headers, length)
+            except Exception:  # a bug in a handler must not end the loop that serves every connection
+                log.exception("http: admitting %s %s", req.method, req.path)
+                reply = Reply(500, b"internal error\n", _TEXT)
             if reply is not None:
                 refusal = _reply_answer(reply, close=True)  # its body unread: the connection cannot go on
             elif self._bodies >= self.limits.max_bodies:
