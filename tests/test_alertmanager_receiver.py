@@ -10,6 +10,8 @@ import dataclasses
 import http.client
 import json
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -20,7 +22,7 @@ import pytest
 from storwatch.agent import Agent
 from storwatch.config import AlertmanagerConfig, Config, ConfigError, TLSConfig
 from storwatch.web.alertmanager import PATH, BadPayload, parse_payload, read_token, settings_from
-from tests.agentproc import wait_until
+from tests.agentproc import REPO_ROOT, wait_until
 from tests.builders import FixedMounts
 
 TOKEN = "s3cr3t-t0ken_for.tests"
@@ -486,3 +488,20 @@ def read_all(sock: socket.socket) -> bytes:
         if not chunk:
             return out
         out += chunk
+
+
+def test_the_agent_does_not_start_without_its_token_file(tmp_path: Path) -> None:
+    config = tmp_path / "storwatch.yaml"
+    config.write_text(f"alertmanager: {{enabled: true, token_file: {tmp_path / 'gone'}}}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "storwatch", "agent", "--listen", "127.0.0.1:0", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        f"storwatch: {config}: alertmanager.token_file: cannot read {tmp_path / 'gone'}: No such file or directory\n",
+    )

@@ -84,7 +84,11 @@ class Agent:
         self.alerts = AlertBook(am.max_alerts, am.resolved_keep_seconds, am.firing_ttl_seconds, clock=clock)
         """The alerts Alertmanager posted for this node (POST /api/v1/alertmanager): what ``on: alert`` rules read."""
         counts = AlertmanagerCounts()
-        self.alertmanager = AlertmanagerReceiver(self.alerts, counts, settings_from(config), clock=clock)
+        try:
+            receiver = settings_from(config)  # reads the token file: one that cannot be read stops the start
+        except ConfigError as err:
+            raise ConfigError(f"{config_path}: {err}" if config_path else str(err)) from None
+        self.alertmanager = AlertmanagerReceiver(self.alerts, counts, receiver, clock=clock)
         self.exporter = Exporter(
             exporter_areas(),
             process_metrics=process_metrics,
