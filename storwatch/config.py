@@ -266,6 +266,35 @@ class KubeConfig:
     """How often the latest watched state is taken into the View (the watches themselves are continuous)."""
 
 
+MAX_ALERTMANAGER_BODY_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class AlertmanagerConfig:
+    """The Alertmanager webhook receiver, ``POST /api/v1/alertmanager``. Off unless enabled, and then only with a
+    credential to check: a bearer token (``token_file``) and/or a client certificate (``tls.client_ca_file``)."""
+
+    enabled: bool = False
+    token_file: str = ""
+    """A file holding the bearer token Alertmanager sends (its ``http_config.authorization.credentials_file``); read
+    when the agent starts and on SIGHUP. With tls.client_ca_file set too, a request needs both."""
+    node_label: str = "node"
+    """The alert label that names the node an alert is about; alerts naming another node are ignored."""
+    node_name: str = ""
+    """This node's name as that label gives it; empty: the NODE_NAME environment variable (the DaemonSet sets it from
+    spec.nodeName), else the host name."""
+    accept_without_node_label: bool = False
+    """Take alerts that carry no node label (cluster-wide alerts) as this node's too; by default they are ignored."""
+    max_body_bytes: int = number(1 << 20, 1024, MAX_ALERTMANAGER_BODY_BYTES)
+    """A larger request is refused (413) before its body is read."""
+    max_alerts: int = number(512, 1, 100_000)
+    """Alerts held at once; past it the resolved ones go first, then the ones posted least recently (counted)."""
+    resolved_keep_seconds: float = number(300.0, 0.0, 86400)
+    """How long a resolved alert stays after it was posted resolved, so rules on alerts see it resolve."""
+    firing_ttl_seconds: float = number(0.0, 0.0, 30 * 86400)
+    """A firing alert not posted again for this long goes (0: never); set it above the route's repeat_interval."""
+
+
 @dataclass(frozen=True)
 class Config:
     listen: str = DEFAULT_LISTEN
@@ -289,6 +318,7 @@ class Config:
     findings: FindingsConfig = field(default_factory=FindingsConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     kube: KubeConfig = field(default_factory=KubeConfig)
+    alertmanager: AlertmanagerConfig = field(default_factory=AlertmanagerConfig)
     extra_sections: Mapping[str, Any] = field(default_factory=dict)
     """The sections of sources that declare their own section type (storwatch/registry.py), by name: the loader
     accepts them only when told their types (``parse_config(..., sections=...)``). Not a key of the file itself."""
@@ -326,6 +356,7 @@ class Config:
             problems.append("tls: cert_file and key_file go together")
         if self.tls.client_ca_file and not self.tls.cert_file:
             problems.append("tls.client_ca_file: needs tls.cert_file and tls.key_file")
+        problems.extend(_alertmanager_problems(self))
         try:
             parse_listen(self.listen)
         except ValueError as err:
@@ -337,6 +368,20 @@ class Config:
                 return f"{where}:{line}: {problem}" if line else f"{where}: {problem}"
 
             raise ConfigError("\n".join(located(p) for p in problems))
+
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def _alertmanager_problems(config: Config) -> Iterator[str]:
+    section = config.alertmanager
+    if section.enabled and not section.token_file and not config.tls.client_ca_file:
+        yield (
+            "alertmanager.enabled: needs alertmanager.token_file or tls.client_ca_file (or both): the receiver never "
+            "takes alerts from an unauthenticated client"
+        )
+    if not _LABEL_NAME.fullmatch(section.node_label):
+        yield f"alertmanager.node_label: {section.node_label!r} is not a Prometheus label name"
 
 
 def _range_problems(section: Any, prefix: str = "") -> Iterator[str]:

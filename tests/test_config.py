@@ -184,6 +184,12 @@ ERRORS = [
                  "given twice (first on line 1)", id="section-twice"),
     pytest.param("mounts:\n  interval_seconds: 5\n  interval_seconds: 6\n", 3, "mounts.interval_seconds",
                  "given twice (first on line 2)", id="field-twice"),
+    pytest.param("alertmanager:\n  enabled: true\n", 2, "alertmanager.enabled",
+                 "needs alertmanager.token_file or tls.client_ca_file", id="alertmanager-unauthenticated"),
+    pytest.param("alertmanager:\n  node_label: kubernetes.io/hostname\n", 2, "alertmanager.node_label",
+                 "'kubernetes.io/hostname' is not a Prometheus label name", id="alertmanager-node-label"),
+    pytest.param("alertmanager:\n  max_body_bytes: 1073741824\n", 2, "alertmanager.max_body_bytes",
+                 "must be 1024 to 16777216", id="alertmanager-body-bound"),
 ]  # fmt: skip
 
 
@@ -480,3 +486,11 @@ def test_agent_reload_that_fails_to_apply_puts_the_last_good_config_back(
         assert reload_metrics(agent) == (1.0, 0.0)
     finally:
         agent.stop()
+
+
+def test_the_alertmanager_receiver_is_on_only_with_a_credential(tmp_path: Path) -> None:
+    assert load_config(None).alertmanager.enabled is False
+    token = load_config(write(tmp_path, "alertmanager: {enabled: true, token_file: /run/secrets/am-token}\n"))
+    assert token.alertmanager.enabled and token.alertmanager.token_file == "/run/secrets/am-token"
+    mtls = "tls: {cert_file: /t.crt, key_file: /t.key, client_ca_file: /ca.crt}\nalertmanager: {enabled: true}\n"
+    assert load_config(write(tmp_path, mtls)).alertmanager.enabled

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from storwatch.exporter import ConfigReloads, Exporter, ExportState, Family
+from storwatch.exporter import AlertmanagerCounts, ConfigReloads, Exporter, ExportState, Family
 from storwatch.exporter import gpu as gpu_area
 from storwatch.exporter.catalog import BY_NAME, CATALOG, MetricSpec, main
 from storwatch.exporter.text import labels_template, render_text
@@ -50,9 +50,12 @@ def policy_scrape() -> str:
 
 
 def rich_scrape() -> str:
-    """Every area of a scrape of :func:`rich_view`, with the reload record and this process's metrics, and the
-    policy's families (the agent writes them once it runs the policy engine)."""
-    exporter = Exporter(exporter_areas(), process_metrics=True, reloads=ConfigReloads())
+    """Every area of a scrape of :func:`rich_view`, with the reload record, the Alertmanager receiver's counts and this
+    process's metrics, and the policy's families."""
+    counts = AlertmanagerCounts()
+    counts.request("accepted")
+    counts.alerts("stored", 2)
+    exporter = Exporter(exporter_areas(), process_metrics=True, reloads=ConfigReloads(), alertmanager=counts)
     return exporter.render(rich_view()).decode("utf-8") + policy_scrape()
 
 

@@ -7,10 +7,12 @@ that CA; without ``client_ca_file`` any TLS client is served.
 from __future__ import annotations
 
 import http.client
+import json
 import shutil
 import ssl
 import subprocess
 import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,13 +97,13 @@ def client_context(pki: Pki, cert: Path | None = None, key: Path | None = None) 
     return ctx
 
 
-def tls_agent(tmp_path: Path, pki: Pki, client_ca: bool) -> Iterator[AgentProcess]:
+def tls_agent(tmp_path: Path, pki: Pki, client_ca: bool, more: str = "") -> Iterator[AgentProcess]:
     config = tmp_path / "storwatch.yaml"
     lines = ["tls:", f"  cert_file: {pki.server_cert}", f"  key_file: {pki.server_key}"]
     if client_ca:
         lines.append(f"  client_ca_file: {pki.ca_cert}")
-    config.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with running_agent("--listen", "127.0.0.1:0", "--config", str(config)) as agent:
+    config.write_text("\n".join(lines) + "\n" + more, encoding="utf-8")
+    with running_agent("--listen", "127.0.0.1:0", "--config", str(config), env={"NODE_NAME": "node-a"}) as agent:
         yield agent
 
 
@@ -164,3 +166,70 @@ def test_without_client_ca_a_client_without_certificate_is_served(server_tls_age
     # A client certificate is not asked for, and not refused when offered.
     resp = https_metrics(server_tls_agent, client_context(pki, pki.rogue_client_cert, pki.rogue_client_key))
     assert resp.status == 200
+
+
+# -- the Alertmanager receiver behind client certificates
+
+AM_TOKEN = "token-for-the-receiver"
+AM_PAYLOAD = json.dumps(
+    {
+        "version": "4",
+        "status": "firing",
+        "alerts": [
+            {
+                "status": "firing",
+                "labels": {"alertname": "X", "node": "node-a"},
+                "annotations": {},
+                "startsAt": "2026-11-22T10:00:00Z",
+                "endsAt": "0001-01-01T00:00:00Z",
+                "fingerprint": "0123456789abcdef",
+            }
+        ],
+    }
+).encode()
+
+
+@pytest.fixture(scope="module")
+def am_cert_agent(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+    """The receiver on with the client certificate alone as its credential."""
+    yield from tls_agent(tmp_path_factory.mktemp("am-cert"), pki, True, "alertmanager: {enabled: true}\n")
+
+
+@pytest.fixture(scope="module")
+def am_both_agent(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+    """The receiver on with a client certificate and a bearer token: a request needs both."""
+    d = tmp_path_factory.mktemp("am-both")
+    (d / "token").write_text(AM_TOKEN + "\n", encoding="utf-8")
+    yield from tls_agent(d, pki, True, f"alertmanager: {{enabled: true, token_file: {d / 'token'}}}\n")
+
+
+def post_alerts(agent: AgentProcess, ctx: ssl.SSLContext, token: str | None) -> Response:
+    request = urllib.request.Request(agent.url("/api/v1/alertmanager", scheme="https"), data=AM_PAYLOAD, method="POST")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10.0, context=ctx) as resp:
+            return Response(resp.status, resp.headers, resp.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            return Response(err.code, err.headers, err.read())
+
+
+def test_the_receiver_takes_a_client_certificate_as_its_credential(am_cert_agent: AgentProcess, pki: Pki) -> None:
+    trusted = client_context(pki, pki.client_cert, pki.client_key)
+    full_scrape(am_cert_agent, trusted)
+    resp = post_alerts(am_cert_agent, trusted, token=None)
+    assert (resp.status, json.loads(resp.body)["accepted"]) == (200, 1)
+    for refused in (client_context(pki), client_context(pki, pki.rogue_client_cert, pki.rogue_client_key)):
+        with pytest.raises(REFUSED):
+            post_alerts(am_cert_agent, refused, token=None)
+
+
+def test_with_a_token_too_the_receiver_needs_both(am_both_agent: AgentProcess, pki: Pki) -> None:
+    trusted = client_context(pki, pki.client_cert, pki.client_key)
+    full_scrape(am_both_agent, trusted)
+    assert post_alerts(am_both_agent, trusted, token=None).status == 401
+    assert post_alerts(am_both_agent, trusted, token="not-it").status == 401
+    assert post_alerts(am_both_agent, trusted, token=AM_TOKEN).status == 200
+    with pytest.raises(REFUSED):
+        post_alerts(am_both_agent, client_context(pki), token=AM_TOKEN)

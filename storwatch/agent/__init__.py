@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from storwatch.actions.alertbook import AlertBook
 from storwatch.agent.collectors import Collectors, given
 from storwatch.agent.reload import ReloadError, read_new
 from storwatch.agent.signals import SignalInbox
@@ -27,8 +28,8 @@ from storwatch.analysis.stall_feed import StallFeed, settle_seconds_for
 from storwatch.analysis.stalls import StallParams
 from storwatch.analysis.view import View
 from storwatch.classify import Classifier, resolve_platform
-from storwatch.config import Config, GPUConfig
-from storwatch.exporter import ConfigReloads, Exporter
+from storwatch.config import Config, ConfigError, GPUConfig
+from storwatch.exporter import AlertmanagerCounts, ConfigReloads, Exporter
 from storwatch.history import History
 from storwatch.printable import Lines
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas
@@ -37,6 +38,8 @@ from storwatch.sources import FactsKey, Source
 from storwatch.sources.kubevolumes import KubeVolumeEvidence
 from storwatch.vocabulary import CollectorStatus, Platform
 from storwatch.web import NotCached, StatusHTTPServer
+from storwatch.web.alertmanager import PATH as ALERTMANAGER_PATH
+from storwatch.web.alertmanager import AlertmanagerReceiver, ReceiverSettings, settings_from
 
 __all__ = ["GPU_OFF_REASON", "KNOWN_COLLECTORS", "Agent", "ClockWatch", "SignalInbox"]
 
@@ -77,11 +80,21 @@ class Agent:
         self._kube_evidence = KubeVolumeEvidence()
         self.classifier = self._classifier(self.platform.name, config)
         self.reloads = ConfigReloads()
+        am = config.alertmanager
+        self.alerts = AlertBook(am.max_alerts, am.resolved_keep_seconds, am.firing_ttl_seconds, clock=clock)
+        """The alerts Alertmanager posted for this node (POST /api/v1/alertmanager): what ``on: alert`` rules read."""
+        counts = AlertmanagerCounts()
+        try:
+            receiver = settings_from(config)  # reads the token file: one that cannot be read stops the start
+        except ConfigError as err:
+            raise ConfigError(f"{config_path}: {err}" if config_path else str(err)) from None
+        self.alertmanager = AlertmanagerReceiver(self.alerts, counts, receiver, clock=clock)
         self.exporter = Exporter(
             exporter_areas(),
             process_metrics=process_metrics,
             nfs_operations=config.nfs.operations,
             reloads=self.reloads,
+            alertmanager=counts,
         )
         self.stalls = StallFeed(self._stall_params(config))
         self._views = ViewMaker(config, self.stalls, self._kube_evidence)
@@ -242,8 +255,12 @@ class Agent:
             server = self.server
             server.view, server.metrics = self.current_view, self.metrics
             server.cached_view, server.cached_metrics = self.cached_view, self.cached_metrics
+            server.post_handlers[ALERTMANAGER_PATH] = self.alertmanager
+            server.status_extras = self.alertmanager.status_extras
             server.start()
             log.info("serving on %s (port %d)", self.config.listen, server.port)
+            if self.alertmanager.settings.enabled:
+                log.info("%s", self.alertmanager.describe())
         self._threads.extend(self._collectors.start())
         t = threading.Thread(target=self._run_ticker, name="ticker", daemon=True)
         t.start()
@@ -265,7 +282,7 @@ class Agent:
     def apply_config(self, new: Config) -> None:
         """Put ``new`` in force as a reload would (validated already; ``listen``, ``tls`` and ``paths`` stay)."""
         platform = resolve_platform(new.platform, new.host_paths())
-        self._apply(new, platform, self._classifier(platform.name, new))
+        self._apply(new, platform, self._classifier(platform.name, new), settings_from(new))
 
     def reload(self) -> bool:
         """Re-read the configuration file and apply it. On any problem, reading, checking or applying it, the last
@@ -278,11 +295,14 @@ class Agent:
         try:
             new, platform = read_new(path, self.flags, self.config)
             classifier = self._classifier(platform.name, new)
+            receiver = settings_from(new)  # reads the token file: one that is gone fails the reload
         except ReloadError as err:
             return self._reload_failed(str(err))
-        old = (self.config, self.platform, self.classifier)
+        except ConfigError as err:
+            return self._reload_failed(f"{path}: {err}")
+        old = (self.config, self.platform, self.classifier, self.alertmanager.settings)
         try:
-            self._apply(new, platform, classifier)
+            self._apply(new, platform, classifier, receiver)
         except Exception as err:
             log.debug("reload: applying %s", path, exc_info=True)
             try:
@@ -296,10 +316,13 @@ class Agent:
         log.info("configuration reloaded from %s", path)
         return True
 
-    def _apply(self, new: Config, platform: Platform, classifier: Classifier) -> None:
+    def _apply(self, new: Config, platform: Platform, classifier: Classifier, receiver: ReceiverSettings) -> None:
         with self._collectors.lock:
             self.config = new
             self.platform, self.classifier = platform, classifier
+            am = new.alertmanager
+            self.alerts.configure(am.max_alerts, am.resolved_keep_seconds, am.firing_ttl_seconds)
+            self.alertmanager.configure(receiver)
             self._views.history.resize(new.history_size)
             self.stalls.configure(self._stall_params(new))
             self._collectors.reconfigure(lambda spec: spec.section_of(new))

@@ -17,10 +17,10 @@ from prometheus_client import ProcessCollector
 
 from storwatch.analysis.view import View
 from storwatch.config import DEFAULT_NFS_OPERATIONS
-from storwatch.exporter.area import Area, ConfigReloads, ExportState
+from storwatch.exporter.area import AlertmanagerCounts, Area, ConfigReloads, ExportState
 from storwatch.exporter.text import Family, render_text
 
-__all__ = ["Area", "ConfigReloads", "ExportState", "Exporter", "Family", "render_text"]
+__all__ = ["AlertmanagerCounts", "Area", "ConfigReloads", "ExportState", "Exporter", "Family", "render_text"]
 
 
 class Exporter:
@@ -32,10 +32,12 @@ class Exporter:
         process_metrics: bool = True,
         nfs_operations: Iterable[str] = DEFAULT_NFS_OPERATIONS,
         reloads: ConfigReloads | None = None,
+        alertmanager: AlertmanagerCounts | None = None,
     ) -> None:
-        """``reloads``: the agent's reload record, exported as storwatch_config_* (left out without it)."""
+        """``reloads``: the agent's reload record, exported as storwatch_config_* (left out without it);
+        ``alertmanager``: the Alertmanager receiver's counts, as storwatch_alertmanager_* (likewise)."""
         process = ProcessCollector(registry=None) if process_metrics else None
-        self.state = ExportState(nfs_operations, reloads, process)
+        self.state = ExportState(nfs_operations, reloads, process, alertmanager)
         self.areas = tuple(areas)
 
     def configure(self, nfs_operations: Iterable[str]) -> None:

@@ -1,6 +1,7 @@
 """The agent's own area: its build and platform, how each collector's last run went, how configuration reloads went,
-and its process's CPU, memory and file descriptors (storwatch_build_info, storwatch_platform_info,
-storwatch_collector_*, storwatch_parse_errors_total, storwatch_config_*, process_*).
+what the Alertmanager receiver took, and its process's CPU, memory and file descriptors (storwatch_build_info,
+storwatch_platform_info, storwatch_collector_*, storwatch_parse_errors_total, storwatch_config_*,
+storwatch_alertmanager_*, process_*).
 
 Two functions, because the scrape opens with the build and platform and closes with the rest: ``info_families`` and
 ``health_families``."""
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 from storwatch import __version__
 from storwatch.analysis.view import View
 from storwatch.exporter import catalog
-from storwatch.exporter.area import ExportState
+from storwatch.exporter.area import AlertmanagerCounts, ExportState
 from storwatch.exporter.text import Family
 
 
@@ -38,10 +39,22 @@ def health_families(view: View | None, state: ExportState) -> Iterator[Family]:
         last = catalog.CONFIG_LAST_RELOAD_SUCCESS.family()
         last.add((), 1 if reloads.last_success else 0)
         yield from (errors, last)
+    if state.alertmanager is not None:
+        yield from _alertmanager(state.alertmanager)
     if state.process is not None:
         # prometheus_client writes these (catalog.PROCESS_*: its names and help, checked against it by the tests).
         for metric in state.process.collect():
             yield from Family.from_metric(metric)
+
+
+def _alertmanager(counts: AlertmanagerCounts) -> Iterator[Family]:
+    requests = catalog.ALERTMANAGER_REQUESTS.family()
+    for result, count in counts.requests_total().items():
+        requests.add((result,), count)
+    alerts = catalog.ALERTMANAGER_ALERTS.family()
+    for result, count in counts.alerts_total().items():
+        alerts.add((result,), count)
+    yield from (requests, alerts)
 
 
 def _collectors(view: View) -> Iterator[Family]:

@@ -3,6 +3,7 @@ that state: the settings the areas render with and what each keeps from one rend
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar, cast
@@ -32,6 +33,42 @@ class ConfigReloads:
         self.last_success = False
 
 
+ALERTMANAGER_REQUEST_RESULTS = ("accepted", "unauthorized", "bad_request", "too_large", "busy", "off")
+"""What became of a request to the Alertmanager receiver: taken (2xx); no or a wrong bearer token (401); not a
+webhook payload we take, each alert checked (400, 405, 411); a body past alertmanager.max_body_bytes (413); every
+slot for a request body in use (503, which Alertmanager retries); the receiver is off (404)."""
+ALERTMANAGER_ALERT_RESULTS = ("stored", "updated", "stale", "ignored", "evicted")
+"""What became of an alert in an accepted request: a new alert held (or one firing again, with a later startsAt); a
+repeat post of one held; a late post of an earlier firing, ended before the held one began (dropped); another
+node's, or one without the node label (dropped); held ones dropped to stay within alertmanager.max_alerts."""
+
+
+class AlertmanagerCounts:
+    """What the Alertmanager receiver did, for storwatch_alertmanager_*: counted on the HTTP server's threads, read
+    by a render."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests = dict.fromkeys(ALERTMANAGER_REQUEST_RESULTS, 0)
+        self._alerts = dict.fromkeys(ALERTMANAGER_ALERT_RESULTS, 0)
+
+    def request(self, result: str) -> None:
+        with self._lock:
+            self._requests[result] += 1
+
+    def alerts(self, result: str, count: int) -> None:
+        with self._lock:
+            self._alerts[result] += count
+
+    def requests_total(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._requests)
+
+    def alerts_total(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._alerts)
+
+
 class ExportState:
     """The settings the areas render with, and each area's own memory between renders (:meth:`kept`)."""
 
@@ -40,11 +77,14 @@ class ExportState:
         nfs_operations: Iterable[str] = DEFAULT_NFS_OPERATIONS,
         reloads: ConfigReloads | None = None,
         process: ProcessCollector | None = None,
+        alertmanager: AlertmanagerCounts | None = None,
     ) -> None:
         self.reloads = reloads
         """The agent's reload record, exported as storwatch_config_* (left out without it)."""
         self.process = process
         """prometheus_client's collector of this process's CPU, memory and file descriptors (left out without it)."""
+        self.alertmanager = alertmanager
+        """The Alertmanager receiver's counts, exported as storwatch_alertmanager_* (left out without them)."""
         self._kept: dict[type[object], object] = {}
         self.configure(nfs_operations)
 

@@ -20,6 +20,7 @@ from storwatch.analysis.checkpoints import MAX_RUNS
 from storwatch.analysis.stalls import CAUSES
 from storwatch.checkpoints.scan import MAX_DATASET_DIRS
 from storwatch.config import DEFAULT_NFS_OPERATIONS
+from storwatch.exporter.area import ALERTMANAGER_ALERT_RESULTS, ALERTMANAGER_REQUEST_RESULTS
 from storwatch.exporter.text import Family
 from storwatch.sources.checkpoints import CHECK_ERROR_REASONS, CLAIM_REJECT_REASONS
 from storwatch.sources.probe import PROBE_OPS
@@ -970,6 +971,26 @@ PROCESS_CPU_SECONDS = _process(
 PROCESS_OPEN_FDS = _process("gauge", "process_open_fds", "Number of open file descriptors.")
 PROCESS_MAX_FDS = _process("gauge", "process_max_fds", "Maximum number of open file descriptors.")
 
+
+# -- agent: the Alertmanager receiver (POST /api/v1/alertmanager)
+
+ALERTMANAGER_REQUESTS = _counter(
+    "agent",
+    "storwatch_alertmanager_requests_total",
+    "Requests to the Alertmanager receiver by what became of them: accepted (2xx), unauthorized (401), bad_request "
+    "(400, 405, 411: the message names the field), too_large (413), busy (503: every body slot in use), off (404: "
+    "alertmanager.enabled is false).",
+    Label("result", "what can become of a request", ALERTMANAGER_REQUEST_RESULTS),
+)
+ALERTMANAGER_ALERTS = _counter(
+    "agent",
+    "storwatch_alertmanager_alerts_total",
+    "Alerts in accepted requests by what became of them: stored (new, or firing again with a later startsAt), "
+    "updated (a repeat post of one held), stale (a late post of an earlier firing, ended before the held one "
+    "began), ignored (another node's, or without the node label), evicted (held ones dropped to stay within "
+    "alertmanager.max_alerts).",
+    Label("result", "what can become of an alert", ALERTMANAGER_ALERT_RESULTS),
+)
 
 CATALOG: tuple[MetricSpec, ...] = tuple(_declared)
 """Every metric, in the order declared here (by area, roughly as a scrape writes them)."""

@@ -1,5 +1,6 @@
-"""The HTTP server: /metrics (cached bytes), /healthz, /readyz, /status (HTML, from web/page.py) and /api/status
-(JSON), on one event-loop thread and a few workers.
+"""The HTTP server: /metrics (cached bytes), /healthz, /readyz, /status (HTML, from web/page.py), /api/status
+(JSON), and the paths that take a request body (POST) from their handlers (the Alertmanager receiver, in
+web/alertmanager.py), on one event-loop thread and a few workers.
 
 This module stays whole because it is one state machine: a connection moves through handshake,
 head, busy and write states on the loop thread, and splitting those states across modules would spread one
@@ -22,9 +23,10 @@ import threading
 import time
 import urllib.parse
 from collections import OrderedDict, deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
+from typing import Protocol
 
 from storwatch.analysis.view import View
 from storwatch.config import ConfigError, TLSConfig, parse_listen
@@ -41,6 +43,34 @@ ViewProvider = Callable[[], "View | None"]
 """The current View (None while the agent is starting)."""
 MetricsProvider = Callable[[], bytes]
 """The current exposition text; rendered only when /metrics asks for it."""
+StatusExtras = Callable[[], Mapping[str, object]]
+"""Keys added to /api/status beside the View's (the alerts Alertmanager posted), read when the JSON is rendered."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a handler of a request with a body answers."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
+    """Extra header lines (WWW-Authenticate on a 401)."""
+
+
+class PostHandler(Protocol):
+    """A path that takes a request body (POST only), its body read whole, with a Content-Length, before it is
+    handled."""
+
+    def admit(self, headers: Mapping[str, str], length: int) -> Reply | None:
+        """On the loop thread, once the head is in and before a byte of the body is read: a refusal (404 while
+        off, 401, 413 past the handler's bound...), or None to read the body. Must not block: no I/O. ``headers``
+        by lower-case name; ``length``: the Content-Length."""
+        ...
+
+    def handle(self, headers: Mapping[str, str], body: bytes) -> Reply:
+        """On a worker thread, with the whole body."""
+        ...
 
 
 # -- the server
@@ -52,7 +82,7 @@ MetricsProvider = Callable[[], bytes]
 # after a tick renders it) goes to one of a few worker threads. Answers are written by the loop as the client takes
 # them, so a client that reads slowly holds no thread either.
 
-_HANDSHAKE, _HEAD, _BUSY, _WRITE, _CLOSED = range(5)
+_HANDSHAKE, _HEAD, _BODY, _BUSY, _WRITE, _CLOSED = range(6)
 _READ, _WRITABLE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _TLS_CHUNK = 64 * 1024
 _GZIP_MIN_BYTES = 1024
@@ -92,6 +122,10 @@ class ServerLimits:
     """A client that has not taken its whole answer within this is dropped."""
     max_head_bytes: int = 16 * 1024
     workers: int = 4
+    max_bodies: int = 4
+    """Requests whose body is being read or handled at once (each holds up to its handler's bound in memory); one
+    more is answered 503, which a client such as Alertmanager retries. A body must arrive whole within
+    header_timeout_seconds of its head."""
 
 
 def connection_cap(limits: ServerLimits) -> int:
@@ -144,6 +178,9 @@ class _Request:
     http10: bool
     keep_alive: bool
     gzip: bool
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """By lower-case name; a name given twice has its values joined with ", "."""
+    body: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -156,6 +193,7 @@ class _Answer:
     """The body depends on Accept-Encoding."""
     close: bool = False
     allow: bool = False
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class _BadRequest(Exception):
@@ -198,19 +236,42 @@ def parse_head(head: bytes) -> _Request:
     if not target.startswith("/"):
         target = urllib.parse.urlsplit(target).path or "/"
     http10 = version == "HTTP/1.0"
-    connection = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-    keep_alive = "keep-alive" in connection if http10 else "close" not in connection
-    # We never read a request body: a request that has one ends its connection, or the body would be read as the
-    # next request.
+    keep_alive = _wants_keep_alive(http10, headers)
+    # Only a PostHandler's path reads a request body: any other request that has one ends its connection, or the
+    # body would be read as the next request.
     if "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0"):
         keep_alive = False
     return _Request(
-        method, target.split("?", 1)[0], http10, keep_alive, accepts_gzip(headers.get("accept-encoding", ""))
+        method,
+        target.split("?", 1)[0],
+        http10,
+        keep_alive,
+        accepts_gzip(headers.get("accept-encoding", "")),
+        headers,
     )
 
 
+def _wants_keep_alive(http10: bool, headers: Mapping[str, str]) -> bool:
+    connection = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    return "keep-alive" in connection if http10 else "close" not in connection
+
+
+def _content_length(headers: Mapping[str, str]) -> int | None:
+    """The request's Content-Length, or None where there is none we take (absent, chunked, not one decimal number:
+    RFC 9112 6.3 makes a bad one an error, and two of them a smuggling attempt)."""
+    if "transfer-encoding" in headers:
+        return None
+    value = headers.get("content-length", "").strip()
+    if not value.isascii() or not value.isdigit() or len(value) > 18:
+        return None
+    return int(value)
+
+
 class _Conn:
-    __slots__ = ("close_after", "deadline", "events", "head", "head_started", "inbuf", "out", "sock", "state", "tls")
+    __slots__ = (
+        *("body_need", "close_after", "deadline", "events", "head", "head_started", "holds_body", "inbuf", "out"),
+        *("pending", "sock", "state", "tls"),
+    )
 
     def __init__(self, sock: socket.socket, tls: bool, deadline: float) -> None:
         self.sock = sock
@@ -225,6 +286,12 @@ class _Conn:
         self.events = 0
         self.head = False
         """The answer goes out without its body (HEAD)."""
+        self.body_need = 0
+        """The Content-Length of the request whose body is being read (state _BODY)."""
+        self.pending: _Request | None = None
+        """That request, its head parsed."""
+        self.holds_body = False
+        """It holds one of the server's body slots (ServerLimits.max_bodies) until it is answered or closed."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +325,9 @@ class StatusHTTPServer:
         self.metrics: MetricsProvider = metrics or (lambda: b"")
         self.cached_view: CachedView = cached_view or (lambda: NOT_CACHED)
         self.cached_metrics: CachedMetrics = cached_metrics or (lambda: None)
+        self.post_handlers: dict[str, PostHandler] = {}
+        """The paths that take a request body, by path (set before ``start``)."""
+        self.status_extras: StatusExtras = lambda: {}
         self.limits = limits or ServerLimits()
         self._tls = _tls_context(tls) if tls is not None and tls.cert_file else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -293,6 +363,8 @@ class StatusHTTPServer:
         self._pages: dict[str, _Rendered] = {}
         """The last answer of each kind (_METRICS, _JSON, _HTML); the loop reads it without the lock."""
         self._threads: list[threading.Thread] = []
+        self._bodies = 0
+        """Connections holding a body slot (the loop thread's count)."""
         self._stopping = False
         self._accept_paused_until = 0.0
         self._cap_logged = -_CAP_LOG_SECONDS
@@ -341,6 +413,9 @@ class StatusHTTPServer:
 
     def _answer(self, req: _Request, inline: bool) -> _Answer | None:
         path = req.path
+        if req.method == "POST":  # its body read: only a PostHandler's path gets here
+            reply = self.post_handlers[path].handle(req.headers, req.body)
+            return _reply_answer(reply, close=False)
         if path == "/healthz":
             return _Answer(200, b"ok\n")
         if path == "/metrics":
@@ -374,6 +449,8 @@ class StatusHTTPServer:
                 made = self._pages.get(kind)
                 if made is None or made.source is not view:
                     data = view_to_dict(view)
+                    if kind == _JSON:
+                        data.update(self.status_extras())
                     body = strict_json(data).encode() if kind == _JSON else render_status_page(data).encode("utf-8")
                     made = self._pages[kind] = _Rendered(view, body)
         return self._compressible(req, made, kind, inline)
@@ -488,6 +565,7 @@ class StatusHTTPServer:
     def _close(self, conn: _Conn) -> None:
         if conn.state == _CLOSED:
             return
+        self._release_body(conn)
         with contextlib.suppress(Exception):
             self._want(conn, 0)
         conn.state = _CLOSED
@@ -549,7 +627,7 @@ class StatusHTTPServer:
     def _ready(self, conn: _Conn) -> None:
         if conn.state == _HANDSHAKE:
             self._handshake(conn)
-        elif conn.state == _HEAD:
+        elif conn.state in (_HEAD, _BODY):
             self._read(conn)
         elif conn.state == _WRITE:
             self._write(conn)
@@ -591,13 +669,17 @@ class StatusHTTPServer:
                 conn.deadline = time.monotonic() + self.limits.header_timeout_seconds
             conn.inbuf += data
             # TLS may hold decrypted bytes the socket no longer shows as readable.
-            if not isinstance(sock, ssl.SSLSocket) or len(conn.inbuf) > self.limits.max_head_bytes:
+            enough = self.limits.max_head_bytes + (conn.body_need if conn.state == _BODY else 0)
+            if not isinstance(sock, ssl.SSLSocket) or len(conn.inbuf) > enough:
                 break
             if not sock.pending():
                 break
         self._parse(conn)
 
     def _parse(self, conn: _Conn) -> None:
+        if conn.state == _BODY:
+            self._body(conn)
+            return
         buf = conn.inbuf
         ends = [i for i in (buf.find(b"\r\n\r\n"), buf.find(b"\n\n")) if i >= 0]
         if not ends:
@@ -622,6 +704,10 @@ class StatusHTTPServer:
             return
         self._waiting.pop(conn, None)
         conn.head = req.method == "HEAD"
+        handler = self.post_handlers.get(req.path)
+        if handler is not None:
+            self._post(conn, req, handler)
+            return
         if req.method not in ("GET", "HEAD"):
             self._respond(conn, req, _Answer(405, b"only GET and HEAD\n", close=True, allow=True))
             return
@@ -632,6 +718,60 @@ class StatusHTTPServer:
         conn.state = _BUSY
         self._want(conn, 0)
         self._dispatch((conn, req))
+
+    def _post(self, conn: _Conn, req: _Request, handler: PostHandler) -> None:
+        """A request to a path that takes a body: refused from its head, or its body read (state _BODY)."""
+        refusal: _Answer | None = None
+        length = _content_length(req.headers)
+        if req.method != "POST":
+            refusal = _Answer(405, b"only POST\n", close=True, headers=(("Allow", "POST"),))
+        elif length is None:
+            refusal = _Answer(411, b"a request body with a Content-Length (not chunked) is required\n", close=True)
+        else:
+            try:
+                reply = handler.admit(req.headers, length)
+            except Exception:  # a bug in a handler must not end the loop that serves every connection
+                log.exception("http: admitting %s %s", req.method, req.path)
+                reply = Reply(500, b"internal error\n", _TEXT)
+            if reply is not None:
+                refusal = _reply_answer(reply, close=True)  # its body unread: the connection cannot go on
+            elif self._bodies >= self.limits.max_bodies:
+                refusal = _Answer(503, b"busy: too many requests with a body at once\n", close=True)
+                refusal = replace(refusal, headers=(("Retry-After", "1"),))
+        if refusal is not None:
+            self._respond(conn, req, refusal)
+            return
+        assert length is not None
+        self._bodies += 1
+        conn.holds_body = True
+        conn.state = _BODY
+        conn.body_need = length
+        conn.pending = replace(req, keep_alive=_wants_keep_alive(req.http10, req.headers))
+        conn.deadline = time.monotonic() + self.limits.header_timeout_seconds
+        if "100-continue" in req.headers.get("expect", "").lower() and len(conn.inbuf) < length:
+            # The client waits for this before it sends the body (curl does, a second at most). Sent when the socket
+            # takes it whole now; else the client's own wait covers it.
+            with contextlib.suppress(OSError):
+                conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._want(conn, _READ)
+        self._body(conn)
+
+    def _body(self, conn: _Conn) -> None:
+        if len(conn.inbuf) < conn.body_need:
+            return
+        assert conn.pending is not None
+        req = replace(conn.pending, body=bytes(conn.inbuf[: conn.body_need]))
+        del conn.inbuf[: conn.body_need]
+        conn.pending = None
+        conn.body_need = 0
+        conn.state = _BUSY
+        self._want(conn, 0)
+        self._dispatch((conn, req))
+
+    def _release_body(self, conn: _Conn) -> None:
+        if conn.holds_body:
+            conn.holds_body = False
+            self._bodies -= 1
 
     def _error(self, conn: _Conn, status: int, message: str) -> None:
         self._waiting.pop(conn, None)
@@ -650,6 +790,7 @@ class StatusHTTPServer:
                 self._respond(conn, req, answer)
 
     def _respond(self, conn: _Conn, req: _Request, answer: _Answer) -> None:
+        self._release_body(conn)
         close = answer.close or not req.keep_alive or self._stopping
         lines = [
             f"{'HTTP/1.0' if req.http10 else 'HTTP/1.1'} {answer.status} {_REASONS.get(answer.status, 'Error')}",
@@ -663,6 +804,7 @@ class StatusHTTPServer:
             lines.append("Vary: Accept-Encoding")
         if answer.allow:
             lines.append("Allow: GET, HEAD")
+        lines.extend(f"{name}: {value}" for name, value in answer.headers)
         if close:
             lines.append("Connection: close")
         elif req.http10:
@@ -720,6 +862,10 @@ class StatusHTTPServer:
         for kind, made in list(self._pages.items()):
             if made.source is not current[kind] and self._pages.get(kind) is made:
                 self._pages.pop(kind, None)
+
+
+def _reply_answer(reply: Reply, close: bool) -> _Answer:
+    return _Answer(reply.status, reply.body, reply.content_type, close=close, headers=reply.headers)
 
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
