@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from storwatch.actions.alertbook import AlertBook
+from storwatch.actions.kube_events import KubeEvents
+from storwatch.actions.registry import registry
 from storwatch.agent.collectors import Collectors, given
+from storwatch.agent.policy import PolicyWorker
 from storwatch.agent.reload import ReloadError, read_new
 from storwatch.agent.signals import SignalInbox
 from storwatch.agent.tick import ClockWatch, Publisher, ViewMaker
@@ -31,6 +36,7 @@ from storwatch.classify import Classifier, resolve_platform
 from storwatch.config import Config, ConfigError, GPUConfig
 from storwatch.exporter import AlertmanagerCounts, ConfigReloads, Exporter
 from storwatch.history import History
+from storwatch.kubeclient import KubeClient
 from storwatch.printable import Lines
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas
 from storwatch.snapshot import Snapshot
@@ -112,8 +118,22 @@ class Agent:
             states if sources is None else [given(s) for s in sources], context, clock, self._stop, self._reported
         )
         self._threads: list[threading.Thread] = []
+        self.policy = self._policy_worker(config)
+        self.exporter.state.policy = self.policy.metrics
+        self.subscribe(self.policy.offer)
         self.server = server
         log.info("platform %s (%s)", self.platform.name, self.platform.detected_by)
+
+    def _policy_worker(self, config: Config) -> PolicyWorker:
+        """The policy engine and its actions, the Events posted through the Kubernetes source's connection."""
+        kube = next((st.source for st in self._collectors.states if st.source.name == "kube"), None)
+        client: KubeClient | None = getattr(kube, "client", None)
+        events = KubeEvents(client, clock=self.clock) if client is not None and client.enabled else None
+        node = (client.node_name if client is not None else "") or os.environ.get("NODE_NAME") or socket.gethostname()
+        actions = registry(events=events, node_name=node, paths=config.host_paths())
+        worker = PolicyWorker(config.policy, actions, self.alerts, self.clock, self._stop)
+        worker.load(config.policy)
+        return worker
 
     def _classifier(self, platform: str, config: Config) -> Classifier:
         classifier = Classifier(platform, config.overrides())
@@ -256,12 +276,13 @@ class Agent:
             server.view, server.metrics = self.current_view, self.metrics
             server.cached_view, server.cached_metrics = self.cached_view, self.cached_metrics
             server.post_handlers[ALERTMANAGER_PATH] = self.alertmanager
-            server.status_extras = self.alertmanager.status_extras
+            server.status_extras = lambda: {**self.alertmanager.status_extras(), "policy": self.policy.status()}
             server.start()
             log.info("serving on %s (port %d)", self.config.listen, server.port)
             if self.alertmanager.settings.enabled:
                 log.info("%s", self.alertmanager.describe())
         self._threads.extend(self._collectors.start())
+        self._threads.append(self.policy.start())
         t = threading.Thread(target=self._run_ticker, name="ticker", daemon=True)
         t.start()
         self._threads.append(t)
@@ -273,6 +294,7 @@ class Agent:
             self.server.shutdown()
             self.server.server_close()
         self._collectors.close()
+        self.policy.close()
         deadline = time.monotonic() + STOP_JOIN_SECONDS
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -311,6 +333,7 @@ class Agent:
                 log.exception("reload: putting the last good configuration back failed")
             return self._reload_failed(f"{path}: cannot apply: {type(err).__name__}: {err}")
         self.reloads.succeeded()
+        self.policy.load(new.policy)  # a bad policy keeps the last good one (storwatch_policy_last_reload_success)
         self._view_now.set()
         self._dirty.set()
         log.info("configuration reloaded from %s", path)

@@ -15,6 +15,7 @@ from storwatch import __version__
 from storwatch.analysis.view import View
 from storwatch.exporter import catalog
 from storwatch.exporter.area import AlertmanagerCounts, ExportState
+from storwatch.exporter.policy import families as policy_families
 from storwatch.exporter.text import Family
 
 
@@ -41,6 +42,8 @@ def health_families(view: View | None, state: ExportState) -> Iterator[Family]:
         yield from (errors, last)
     if state.alertmanager is not None:
         yield from _alertmanager(state.alertmanager)
+    if state.policy is not None:
+        yield from policy_families(state.policy())
     if state.process is not None:
         # prometheus_client writes these (catalog.PROCESS_*: its names and help, checked against it by the tests).
         for metric in state.process.collect():

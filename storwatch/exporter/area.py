@@ -4,8 +4,8 @@ that state: the settings the areas render with and what each keeps from one rend
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
 from prometheus_client import ProcessCollector
@@ -85,6 +85,8 @@ class ExportState:
         """prometheus_client's collector of this process's CPU, memory and file descriptors (left out without it)."""
         self.alertmanager = alertmanager
         """The Alertmanager receiver's counts, exported as storwatch_alertmanager_* (left out without them)."""
+        self.policy: Callable[[], PolicyMetrics] | None = None
+        """The policy worker's figures at render time, exported as storwatch_policy_* (left out without it)."""
         self._kept: dict[type[object], object] = {}
         self.configure(nfs_operations)
 
@@ -106,3 +108,25 @@ class ExportState:
 Area = Callable[[View | None, ExportState], Iterable[Family]]
 """One area of the exporter: the families it writes for a View (None while the agent is starting: most areas write
 nothing then)."""
+
+
+@dataclass(frozen=True)
+class RuleMetrics:
+    severity: str
+    """info, warning or critical."""
+    firing: int
+    """Entities it fires for now."""
+    errors_total: int
+    """Evaluations that gave no bool, since the agent started."""
+    disabled: bool = False
+    """The engine stopped evaluating it (over its time budget)."""
+
+
+@dataclass(frozen=True)
+class PolicyMetrics:
+    rules: Mapping[str, RuleMetrics] = field(default_factory=dict)
+    """By rule name: every rule of the policy in force."""
+    last_reload_success: bool = True
+    """The policy the agent started with counts as a success: it would not have started otherwise."""
+    actions: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    """Actions run, by (rule, action, result): the action runner's counts."""

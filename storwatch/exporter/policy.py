@@ -7,33 +7,11 @@ and the action runner's counts make: the exporter sits below the policy and the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 
 from storwatch.exporter import catalog
+from storwatch.exporter.area import PolicyMetrics, RuleMetrics
 from storwatch.exporter.text import Family
-
-
-@dataclass(frozen=True)
-class RuleMetrics:
-    severity: str
-    """info, warning or critical."""
-    firing: int
-    """Entities it fires for now."""
-    errors_total: int
-    """Evaluations that gave no bool, since the agent started."""
-    disabled: bool = False
-    """The engine stopped evaluating it (over its time budget)."""
-
-
-@dataclass(frozen=True)
-class PolicyMetrics:
-    rules: Mapping[str, RuleMetrics] = field(default_factory=dict)
-    """By rule name: every rule of the policy in force."""
-    last_reload_success: bool = True
-    """The policy the agent started with counts as a success: it would not have started otherwise."""
-    actions: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
-    """Actions run, by (rule, action, result): the action runner's counts."""
 
 
 def families(metrics: PolicyMetrics) -> Iterator[Family]:
@@ -50,3 +28,6 @@ def families(metrics: PolicyMetrics) -> Iterator[Family]:
     for (rule_name, action, result), count in sorted(metrics.actions.items()):
         actions.add((rule_name, action, result), count)
     yield from (firing, errors, disabled, reload, actions)
+
+
+__all__ = ["PolicyMetrics", "RuleMetrics", "families"]

@@ -185,6 +185,7 @@ td.kube {{ font-size: 12px; }}
 <span>ephemeral (volatile or node): <b id="ephemeral-count">{ephemeral}</b></span>
 <span>stuck: <b id="stuck-count">{stuck_count}</b></span></p>
 {findings_panel(data.get("findings") or [])}
+{_policy_section(data.get("policy"), data.get("generated_at"))}
 <h2>Mounts</h2>
 <table id="mounts"><thead><tr><th>Mountpoint</th><th>Device</th><th>Type</th><th>Durability</th><th>Reason</th>
 <th>Kubernetes</th><th>Used</th><th>Size</th><th>Avail</th><th>State</th></tr></thead>
@@ -226,6 +227,57 @@ its last round.</p>
 <p><a href="/metrics">/metrics</a> · <a href="/api/status">/api/status</a></p>
 </body></html>
 """
+
+
+POLICY_ACTIONS_SHOWN = 20
+
+
+def _policy_section(policy: dict[str, Any] | None, now: float | None) -> str:
+    """What the policy fires for now (and holds pending), since when, and the last actions with their results."""
+    if not policy:
+        return ""
+    e = html.escape
+
+    def ago(t: float | None) -> str:
+        return "-" if t is None or now is None else f"{human_seconds(max(0.0, now - t))} ago"
+
+    notes = []
+    if not policy["enabled"]:
+        notes.append("The policy is off (policy.enabled is false).")
+    if not policy["last_reload_success"]:
+        notes.append(
+            "The last policy load failed; the one before stays in force: " + "; ".join(policy["reload_errors"])
+        )
+    for r in policy["rules"]:
+        if r["disabled_reason"]:
+            notes.append(f"Rule {r['name']} is disabled: {r['disabled_reason']}")
+    active = [
+        f"<tr class='{e(a['state'])} {e(a['severity'])}'><td>{e(a['rule'])}</td><td>{e(a['severity'])}</td>"
+        f"<td>{e(a['kind'])} <span class='mountpoint'>{e(a['key'])}</span></td><td>{e(a['state'])}</td>"
+        f"<td class='num'>{e(ago(a['since']))}</td><td>{e(a['message'])}</td></tr>"
+        for a in policy["active"]
+    ] or ["<tr><td colspan='6' class='empty'>no rule fires or is pending</td></tr>"]
+    done = [
+        f"<tr class='{e(a['outcome'])}'><td class='num'>{e(ago(a['at']))}</td><td>{e(a['rule'])}</td>"
+        f"<td>{e(a['action'])}</td><td>{e(a['kind'])} <span class='mountpoint'>{e(a['key'])}</span></td>"
+        f"<td>{e(a['outcome'])}</td><td>{e(a['detail'])}</td></tr>"
+        for a in policy["actions"][:POLICY_ACTIONS_SHOWN]
+    ] or ["<tr><td colspan='6' class='empty'>no action yet</td></tr>"]
+    rules = len(policy["rules"])
+    return f"""<h2>Policy</h2>
+<p class="note" id="policy-summary">{rules} rules; {sum(r["firing"] for r in policy["rules"])} firing.
+{" ".join(e(n) for n in notes)}</p>
+<table id="policy-active"><thead><tr><th>Rule</th><th>Severity</th><th>About</th><th>State</th><th>Since</th>
+<th>Message</th></tr></thead>
+<tbody>
+{chr(10).join(active)}
+</tbody></table>
+<h3>Last actions</h3>
+<table id="policy-actions"><thead><tr><th>When</th><th>Rule</th><th>Action</th><th>About</th><th>Result</th>
+<th>Detail</th></tr></thead>
+<tbody>
+{chr(10).join(done)}
+</tbody></table>"""
 
 
 def _left_out_line(left: dict[str, Any]) -> str:

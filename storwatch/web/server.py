@@ -449,8 +449,7 @@ class StatusHTTPServer:
                 made = self._pages.get(kind)
                 if made is None or made.source is not view:
                     data = view_to_dict(view)
-                    if kind == _JSON:
-                        data.update(self.status_extras())
+                    data.update(self.status_extras())  # the page shows the policy's part of them
                     body = strict_json(data).encode() if kind == _JSON else render_status_page(data).encode("utf-8")
                     made = self._pages[kind] = _Rendered(view, body)
         return self._compressible(req, made, kind, inline)
