@@ -172,7 +172,20 @@ def test_a_real_alertmanager_posts_this_nodes_alert_to_the_agent(tmp_path: Path)
     token_file = tmp_path / "am-token"
     token_file.write_text(TOKEN + "\n", encoding="utf-8")
     config = tmp_path / "storwatch.yaml"
-    config.write_text(f"alertmanager: {{enabled: true, token_file: {token_file}}}\n", encoding="utf-8")
+    # A rule on the alerts Alertmanager posts: each becomes an entity, and the rule's action runs for it.
+    rules = tmp_path / "alerts-policy.yaml"
+    rules.write_text(
+        "rules:\n  - name: storage-alert-seen\n    on: alert\n"
+        "    when: alertname == 'CheckpointStorageDegraded' && status == 'firing'\n"
+        "    severity: critical\n    message: '{alertname} for this node: {annotations}'\n"
+        "    actions: [{action: log}]\n",
+        encoding="utf-8",
+    )
+    config.write_text(
+        f"alertmanager: {{enabled: true, token_file: {token_file}}}\n"
+        f"policy: {{default_set: false, files: [{json.dumps(str(rules))}]}}\n",
+        encoding="utf-8",
+    )
     # The node's name from NODE_NAME, as the DaemonSet sets it from spec.nodeName.
     with (
         running_agent("--listen", "127.0.0.1:0", "--config", str(config), env={"NODE_NAME": NODE}) as agent,
@@ -193,6 +206,15 @@ def test_a_real_alertmanager_posts_this_nodes_alert_to_the_agent(tmp_path: Path)
         assert alert["labels"] == am_alert(NODE)["labels"]
         assert alert["annotations"] == am_alert(NODE)["annotations"]
         assert abs(alert["starts_at"] - time.time()) < 600
+
+        # The alert is an entity of the policy: its rule fires for it and its action runs.
+        def acted() -> list[dict[str, Any]] | None:
+            data = json.loads(agent.fetch("/api/status").body)["policy"]
+            return [a for a in data["actions"] if a["rule"] == "storage-alert-seen"] or None
+
+        (action,) = am.wait(acted, "the alert rule's action", agent)
+        assert (action["kind"], action["key"], action["outcome"]) == ("alert", fingerprints[NODE], "ok"), action
+        agent.wait_for_stderr(r"storage-alert-seen.*CheckpointStorageDegraded for this node")
 
         # The other node's alert went out in its own notification (group_by node) and was ignored.
         am.wait(
