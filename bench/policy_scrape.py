@@ -100,9 +100,8 @@ def main() -> None:
     p50, p99 = out["p50_ms"], out["p99_ms"]
     print(f"scrapes: {out['scrapes']} each, in turns")
     print(f"peer (policy off):   p50 {p50['peer']:.2f} ms, p99 {p99['peer']:.2f} ms")
-    print(
-        f"slow rule, disabled: p50 {p50['slow']:.2f} ms, p99 {p99['slow']:.2f} ms (ratio p99 {p99['slow'] / p99['peer']:.2f})"
-    )
+    ratio = p99["slow"] / p99["peer"]
+    print(f"slow rule, disabled: p50 {p50['slow']:.2f} ms, p99 {p99['slow']:.2f} ms (ratio of p99s {ratio:.2f})")
     print(f"slow-rule: {out['disabled_reason']}")
     ok = out["disabled_reason"] is not None and p99["slow"] < 100.0
     print(f"{verdict(ok)}: the slow rule disabled with its reason, scrape p99 {p99['slow']:.1f} ms (target < 100 ms)")
