@@ -131,6 +131,12 @@ def test_the_default_policy_fires_for_the_home_run_and_acts(tmp_path: Path) -> N
             )
             assert {a["outcome"] for a in done} == {"dry_run"}, done
             assert not [e for e in api.recorded if e.body.get("reason") == "DryRunCopy"], api.recorded
+            # /status: what fires since when, and the last actions with their results
+            page = agent.fetch("/status").body.decode()
+            firing_rows = page.split('<table id="policy-active">')[1].split("</table>")[0]
+            assert f"<td>{RULE}</td><td>warning</td><td>finding" in firing_rows and "firing" in firing_rows, firing_rows
+            last = page.split('<table id="policy-actions">')[1].split("</table>")[0]
+            assert "<td>event</td>" in last and "<td>webhook</td>" in last and "<td>dry_run</td>" in last, last
             metrics = agent.fetch("/metrics").body.decode()
             assert f'storwatch_policy_rule_firing{{rule="{RULE}",severity="warning"}} 1.0' in metrics
             assert f'storwatch_policy_actions_total{{action="event",result="ok",rule="{RULE}"}} 1.0' in metrics
