@@ -7,8 +7,10 @@ Test modules import these from here and never from one another (tests/test_layou
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from storwatch.analysis.findings import find
@@ -206,6 +208,50 @@ def page_with_a_stalled_gpu() -> tuple[str, View]:
         timeline=picture,
     )
     return render_status_page(view_to_dict(view)), view
+
+
+def private_procfs(dest: Path, mountpoints: Iterable[str | os.PathLike[str]], source: str = "/proc") -> Path:
+    """A procfs for an agent under test whose mount table holds only "/" and ``mountpoints``, taken from the real one:
+    what other users mounted on this machine (a name with a newline, a hung FUSE mount) never reaches the test.
+
+    ``1/mountinfo`` (and ``1/mountstats``) hold the real table's lines for those mount points as they are now: make
+    the mounts first. ``self`` is a link to ``1``, so the agent reads the same table either way. Every other entry
+    of ``source`` is a symlink to the real one (read live); a process started later has no entry. Returns ``dest``.
+    """
+    from storwatch.procfs.mountinfo import parse_line
+
+    wanted = {"/"} | {os.fspath(m) for m in mountpoints}
+    dest.mkdir(parents=True)
+    for name in os.listdir(source):
+        if name not in ("1", "self", "thread-self"):
+            (dest / name).symlink_to(os.path.join(source, name))
+    init = dest / "1"
+    init.mkdir()
+    for name in os.listdir(os.path.join(source, "1")):
+        if name not in ("mountinfo", "mountstats", "mounts"):
+            (init / name).symlink_to(os.path.join(source, "1", name))
+    kept: list[bytes] = []
+    escaped: set[bytes] = set()
+    for line in Path(source, "1", "mountinfo").read_bytes().splitlines():
+        if parse_line(line).mountpoint in wanted:
+            kept.append(line)
+            escaped.add(line.split(b" ")[4])
+    missing = wanted - {parse_line(line).mountpoint for line in kept}
+    assert not missing, f"not mounted (yet): {sorted(missing)}"
+    (init / "mountinfo").write_bytes(b"".join(line + b"\n" for line in kept))
+    # mountstats: a block per mount, from its "device SOURCE mounted on MOUNTPOINT with fstype ..." line (the same
+    # escaping as mountinfo's) to the next such line.
+    blocks: list[bytes] = []
+    keep = False
+    for line in Path(source, "1", "mountstats").read_bytes().splitlines(keepends=True):
+        if line.startswith(b"device "):
+            words = line.split(b" ")
+            keep = len(words) > 4 and words[2:4] == [b"mounted", b"on"] and words[4] in escaped
+        if keep:
+            blocks.append(line)
+    (init / "mountstats").write_bytes(b"".join(blocks))
+    (dest / "self").symlink_to("1")
+    return dest
 
 
 def host_mounts() -> tuple[Mount, ...]:
