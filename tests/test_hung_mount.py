@@ -18,7 +18,7 @@ import pytest
 
 from storwatch.blocking import BlockingCalls, CallOutcome
 from tests.agentproc import running_agent
-from tests.builders import private_procfs
+from tests.builders import own_mount_table
 from tests.realmounts import fuse_mount, tmpfs_mount
 
 pytestmark = pytest.mark.realpart
@@ -40,10 +40,10 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def _procfs(tmp_path: Path, *mounts: Path) -> str:
-    """A procfs for the agent whose mount table holds "/" and ``mounts`` only (tests/builders.private_procfs): other
-    hung mounts on the machine would change what is stuck and how many of the helper's threads wait."""
-    return str(private_procfs(tmp_path / "proc", mounts))
+def _own_table(tmp_path: Path, *mounts: Path) -> list[str]:
+    """Run the agent seeing "/" and ``mounts`` only (tests/builders.own_mount_table): another hung mount on the
+    machine would change what is stuck and how many of the helper's threads wait."""
+    return own_mount_table(tmp_path / "table", mounts)
 
 
 EXIT_WAIT_SECONDS = 60.0
@@ -111,8 +111,8 @@ def test_agent_with_a_hung_mount(tmp_path: Path, real_mounts) -> None:  # type: 
     config.write_text(
         "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.5\n  statvfs_timeout_seconds: 0.3\n  max_inflight: 8\n"
     )
-    proc = _procfs(tmp_path, hung.mountpoint)
-    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", "--path.procfs", proc) as agent:
+    prefix = _own_table(tmp_path, hung.mountpoint)
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", prefix=prefix) as agent:
         port = agent.port
         stuck_line = f'storwatch_mount_stuck{{mountpoint="{mp}"}} 1.0'
         _wait_for(lambda: stuck_line in _get(port, "/metrics")[1].decode(), 10, "the hung mount to show stuck")
@@ -178,8 +178,8 @@ def test_scrapes_continue_while_statvfs_threads_are_stuck(tmp_path: Path, real_m
         "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.5\n  max_inflight: 1\n"
         "  max_stuck: 2\n"
     )
-    proc = _procfs(tmp_path, *(h.mountpoint for h in hung))
-    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", "--path.procfs", proc) as agent:
+    prefix = _own_table(tmp_path, *(h.mountpoint for h in hung))
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", prefix=prefix) as agent:
         # The stuck set fills with the first two; the third is then never called: nothing is known of it, so it is
         # not called stuck, and the collector says a mount went unmeasured.
         _wait_for(lambda: _stuck_lines(_get(agent.port, "/metrics")[1].decode()) >= 2, 10, "two stuck mounts")
@@ -228,8 +228,8 @@ def test_twenty_hung_mounts_leave_every_healthy_mount_fresh(tmp_path: Path, real
     healthy = real_mounts(tmpfs_mount(tmp_path / "healthy"))
     config = tmp_path / "storwatch.yaml"
     config.write_text("tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.3\n")
-    proc = _procfs(tmp_path, *(h.mountpoint for h in hung), healthy.mountpoint)
-    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", "--path.procfs", proc) as agent:
+    prefix = _own_table(tmp_path, *(h.mountpoint for h in hung), healthy.mountpoint)
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", prefix=prefix) as agent:
 
         def all_ours_stuck() -> bool:
             text = _get(agent.port, "/metrics")[1].decode()
@@ -273,8 +273,8 @@ def test_checkpoint_scan_skips_a_hung_mount_under_its_root(tmp_path: Path, real_
         "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.2\n"
         f"checkpoints:\n  roots: ['{root}']\n  kubelet: false\n  interval_seconds: 0.5\n  timeout_seconds: 1.0\n"
     )
-    proc = _procfs(tmp_path, hung.mountpoint)
-    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", "--path.procfs", proc) as agent:
+    prefix = _own_table(tmp_path, hung.mountpoint)
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", prefix=prefix) as agent:
         _wait_for(
             lambda: (
                 f'storwatch_mount_stuck{{mountpoint="{hung.mountpoint}"}} 1.0'
@@ -341,8 +341,8 @@ def test_checkpoint_roots_whose_readdir_or_getattr_hangs_are_stuck_and_hold_no_a
         f"checkpoints:\n  roots: ['{healthy}', '{hung_readdir.mountpoint}']\n  kubelet: false\n"
         "  interval_seconds: 0.5\n  timeout_seconds: 1.0\n"
     )
-    proc = _procfs(tmp_path, hung_readdir.mountpoint, hung_getattr.mountpoint)
-    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", "--path.procfs", proc) as agent:
+    prefix = _own_table(tmp_path, hung_readdir.mountpoint, hung_getattr.mountpoint)
+    with running_agent("--config", str(config), "--listen", "127.0.0.1:0", prefix=prefix) as agent:
 
         def stuck_roots() -> str | None:
             text = _get(agent.port, "/metrics")[1].decode()

@@ -1,8 +1,8 @@
 """The /status page as headless Chromium renders it: the mounts table matches /api/status, and a screenshot.
 
-The agent reads a private procfs whose mount table holds "/" and a tmpfs of the test's own, so what other users have
-mounted on this machine (a name with a newline, a hung mount) never reaches the page, and its mount list cannot
-change between the /api/status read and the page load.
+The agent runs with a mount table of "/" and a tmpfs of the test's own (tests/builders.own_mount_table), so what other
+users have mounted on this machine (a name with a newline, a hung mount) never reaches the page, and its mount list
+cannot change between the /api/status read and the page load.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from tests.agentproc import AgentProcess, running_agent, wait_until
 from tests.browser import TableParser, run_chromium
-from tests.builders import private_procfs
+from tests.builders import own_mount_table
 from tests.realmounts import RealPartUnavailable, tmpfs_mount
 
 pytestmark = pytest.mark.realpart
@@ -38,10 +38,8 @@ def status_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Age
             scratch = stack.enter_context(tmpfs_mount(base / "scratch"))
         except RealPartUnavailable as err:
             pytest.skip(str(err))
-        proc = private_procfs(base / "proc", [scratch.mountpoint])
-        agent = stack.enter_context(
-            running_agent("--listen", "127.0.0.1:0", "--config", str(config), "--path.procfs", str(proc))
-        )
+        prefix = own_mount_table(base / "table", [scratch.mountpoint])
+        agent = stack.enter_context(running_agent("--listen", "127.0.0.1:0", "--config", str(config), prefix=prefix))
 
         def ready_status() -> dict[str, Any] | None:
             resp = agent.fetch("/api/status")
