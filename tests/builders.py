@@ -7,8 +7,10 @@ Test modules import these from here and never from one another (tests/test_layou
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from storwatch.analysis.findings import find
@@ -206,6 +208,46 @@ def page_with_a_stalled_gpu() -> tuple[str, View]:
         timeline=picture,
     )
     return render_status_page(view_to_dict(view)), view
+
+
+def own_mount_table(dest: Path, mountpoints: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """A command prefix (``start_agent``'s ``prefix``) that runs the agent in a private mount namespace where
+    /proc/1/mountinfo and /proc/1/mountstats hold only "/" and ``mountpoints``: what other users mounted on this
+    machine (a name with a newline, a hung FUSE mount) never reaches the test, and every other file of /proc stays the
+    live one (processes started later included).
+
+    The tables are the real ones' lines for those mount points as they are now (make the mounts first), written under
+    ``dest``; the namespace is the agent's alone (private propagation), so the host's /proc is left as it is. Root.
+    """
+    import shutil
+
+    from storwatch.procfs.mountinfo import parse_line
+
+    wanted = {"/"} | {os.fspath(m) for m in mountpoints}
+    kept: list[bytes] = []
+    for line in Path("/proc/1/mountinfo").read_bytes().splitlines():
+        if parse_line(line).mountpoint in wanted:
+            kept.append(line)
+    missing = wanted - {parse_line(line).mountpoint for line in kept}
+    assert not missing, f"not mounted (yet): {sorted(missing)}"
+    escaped = {line.split(b" ")[4] for line in kept}  # mountstats escapes a path as mountinfo does
+    # mountstats: a block per mount, from its "device SOURCE mounted on MOUNTPOINT with fstype ..." line to the next.
+    blocks: list[bytes] = []
+    keep = False
+    for line in Path("/proc/1/mountstats").read_bytes().splitlines(keepends=True):
+        if line.startswith(b"device "):
+            words = line.split(b" ")
+            keep = len(words) > 4 and words[2:4] == [b"mounted", b"on"] and words[4] in escaped
+        if keep:
+            blocks.append(line)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "mountinfo").write_bytes(b"".join(line + b"\n" for line in kept))
+    (dest / "mountstats").write_bytes(b"".join(blocks))
+    unshare = shutil.which("unshare") or "unshare"
+    script = 'mount --bind "$1" /proc/1/mountinfo && mount --bind "$2" /proc/1/mountstats && shift 2 && exec "$@"'
+    # unshare and sh both exec: the agent keeps the PID the test started, and its process group.
+    return [unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+            str(dest / "mountinfo"), str(dest / "mountstats")]  # fmt: skip
 
 
 def host_mounts() -> tuple[Mount, ...]:
