@@ -37,8 +37,8 @@ def render_status_page(data: dict[str, Any]) -> str:
             "<td class='num'>{used}</td><td class='num'>{size}</td><td class='num'>{avail}</td>"
             "<td class='state'>{state}</td></tr>".format(
                 cls="stuck" if m["stuck"] else "",
-                mp=e(m["mountpoint"]),
-                dev=e(m["device"]),
+                mp=shown(m["mountpoint"]),
+                dev=shown(m["device"]),
                 fs=e(m["fstype"]),
                 dur=e(m["durability"]),
                 reason=e(m["reason"]),
@@ -83,7 +83,7 @@ def render_status_page(data: dict[str, Any]) -> str:
             continue
         io_rows.append(
             "<tr><td class='mountpoint'>{}</td><td>{}</td>{}<td class='num'>{}</td></tr>".format(
-                e(m["mountpoint"]),
+                shown(m["mountpoint"]),
                 e(m["io"]["device"] or ("nfs" if m["io"]["nfs"] else "-")),
                 "".join(f"<td class='num'>{c}</td>" for c in cells),
                 e(probe_cell),
