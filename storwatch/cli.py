@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         "plan",
         help="measure the write throughput of this node's mounts and plan checkpoint intervals for each",
         description="Measure sequential write throughput (O_DIRECT where taken, then fsync) of the mounts named, "
-        "and for a checkpoint size (default: the largest seen on this node) print the write time, whether it "
+        "and for a checkpoint size (default: the largest complete checkpoint under the checkpoint roots of --config, "
+        "else 10G; the output says which) print the write time, whether it "
         "survives losing the node, and the shortest interval that keeps checkpoint overhead under the budget. "
         "It writes a test file on each mount measured (in a fresh hidden directory, removed after): name the mounts "
         "with --mount, or take every writable storage mount with --all.",
@@ -132,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_bytes_arg(1, 1 << 50),
         default=None,
         metavar="BYTES",
-        help="the checkpoint size to plan for (default: the largest complete checkpoint seen, else 10G)",
+        help="the checkpoint size to plan for (default: the largest complete checkpoint under the checkpoint roots, "
+        "else 10G)",
     )
     plan.add_argument(
         "--budget",
@@ -530,9 +532,10 @@ def _ratio_arg(text: str) -> float:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from storwatch.plan import as_dicts, format_plan, plan
+    from storwatch.plan import as_dicts, checkpoint_size, format_plan, plan
     from storwatch.printable import printable
     from storwatch.report import NON_FINITE, finite_data, strict_json
+    from storwatch.sources.checkpoint_key import default_roots
 
     config, _ = _load(args)
     _setup_logging(config.log_level if args.log_level else "warning")
@@ -543,8 +546,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    # The same one-shot collection as `scan`: with checkpoint roots to search (configured, or the kubelet's pod
+    # volumes), their walk, whose complete checkpoints give the size to plan for.
     view = scan_view(config, 0.3, 0.0)
     paths = config.host_paths()
+    roots = default_roots(paths, config.checkpoints.roots, config.checkpoints.kubelet)
+    size = checkpoint_size(view, args.checkpoint_bytes, roots, paths)
 
     def progress(line: str) -> None:
         if not args.json:
@@ -553,15 +560,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     rows = plan(
         view,
         None if args.all else args.mount,
+        size.bytes,
         size=args.size,
-        checkpoint_bytes=args.checkpoint_bytes,
         budget=args.budget,
         mtbf_seconds=config.checkpoints.mtbf_seconds,
         local=paths.root,
         progress=progress,
     )
     if args.json:
-        plain, non_finite = finite_data({"budget": args.budget, "mounts": as_dicts(rows)})
+        data = {"budget": args.budget, "checkpoint": {**dataclasses.asdict(size), "says": size.sentence()}}
+        plain, non_finite = finite_data({**data, "mounts": as_dicts(rows)})
         sys.stdout.write(strict_json({**plain, NON_FINITE: non_finite}, indent=2) + "\n")
     else:
         # The names in the table (mountpoints, types, errors quoting paths) escaped before it is laid out, so that
@@ -575,6 +583,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             )
             for r in rows
         ]
+        print(printable(size.sentence()))
         print(format_plan(shown, args.budget))
     return EXIT_OK if all(r.error is None for r in rows) else EXIT_FINDINGS
 

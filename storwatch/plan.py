@@ -1,9 +1,10 @@
 """``storwatch plan``: the storage tiers of this node, measured. For each writable mount it is asked to measure, it
 writes a bounded test file sequentially (O_DIRECT where the filesystem takes it, so the page cache does not flatter
-the figure, then fsync), and from that throughput works out, for a checkpoint of a given size (by default the largest
-one seen on this node): how long one write takes, whether it survives losing the node, and the shortest interval that
-keeps checkpoint overhead under a budget (write time / interval <= budget), beside Daly's optimum for the configured
-mean time between failures.
+the figure, then fsync), and from that throughput works out, for a checkpoint of a given size (``--checkpoint-bytes``,
+else the largest complete checkpoint under the configured checkpoint roots, else 10 GiB, and the output says which):
+how long one write takes, whether it survives losing the node, and the shortest interval that keeps checkpoint
+overhead under a budget (write time / interval <= budget), beside Daly's optimum for the configured mean time between
+failures.
 
 Writing is opt-in (``--mount`` names each mount, ``--all`` takes every writable storage mount) and bounded: the test
 file is at most ``--size`` and at most a tenth of the mount's free space, lives in a fresh directory made with
@@ -20,9 +21,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 
+from storwatch.analysis.build import host_path
 from storwatch.analysis.rpo import daly_interval
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import is_pseudo_mount
+from storwatch.paths import HostPaths
 
 BLOCK = 4 << 20
 """Bytes per write: what ``dd bs=4M`` writes, large enough that per-call cost does not count."""
@@ -35,7 +38,68 @@ FREE_SHARE = 0.1
 MIN_SIZE = 8 << 20
 DEFAULT_BUDGET = 0.05
 DEFAULT_CHECKPOINT_BYTES = 10 << 30
-"""Without a checkpoint on this node and without --checkpoint-bytes: a 10 GiB checkpoint (a 1-3B model with Adam)."""
+"""Without a complete checkpoint under the checkpoint roots and without --checkpoint-bytes: a 10 GiB checkpoint (a
+1-3B model with Adam)."""
+
+
+@dataclass(frozen=True)
+class CheckpointSize:
+    """The checkpoint size a plan is made for, and where it came from."""
+
+    bytes: int
+    source: str
+    """``flag`` (--checkpoint-bytes), ``checkpoint`` (the largest complete checkpoint under the checkpoint roots) or
+    ``default`` (none found, or nowhere to look)."""
+    path: str | None = None
+    """The checkpoint it was taken from, as the host names it (``source == "checkpoint"``)."""
+    roots: tuple[str, ...] = ()
+    """The checkpoint roots searched, as the host names them; empty when there was nowhere to look."""
+    caveat: str | None = None
+    """Why a larger complete checkpoint may have been missed: the scan failed, stopped at a limit or has roots that
+    did not answer."""
+
+    def sentence(self) -> str:
+        """Where the size came from, for a person: a path and the roots are data from disk (escape before a
+        terminal shows it)."""
+        from storwatch.report import human_bytes
+
+        size = f"checkpoint size {human_bytes(self.bytes)}"
+        roots = ", ".join(self.roots)
+        if self.source == "flag":
+            text = f"{size}: from --checkpoint-bytes"
+        elif self.source == "checkpoint":
+            text = f"{size}: the largest complete checkpoint, {self.path} (under the checkpoint roots {roots})"
+        elif self.roots:
+            text = f"{size}: default, no complete checkpoint found under {roots}"
+        else:
+            text = f"{size}: default, no checkpoint roots to search (set checkpoints.roots in a --config file)"
+        return text + (f"; {self.caveat}" if self.caveat else "")
+
+
+def checkpoint_size(view: View, requested: int | None, roots: Iterable[str], paths: HostPaths) -> CheckpointSize:
+    """The size to plan for: ``requested`` (--checkpoint-bytes) where given, else the largest complete checkpoint the
+    scan of the checkpoint roots found, else the default. ``roots`` are the roots the scan was to search (as this
+    process reaches them), named even when the scan could not run; every run counts, not only those the View keeps
+    rows for."""
+    facts = view.checkpoint_scan
+    searched = tuple(host_path(paths, r) for r in (facts.roots if facts is not None else roots))
+    if requested is not None:
+        return CheckpointSize(requested, "flag", roots=searched)
+    caveat = None
+    if facts is None and searched:
+        status = next((c for c in view.collectors if c.name == "checkpoints"), None)
+        caveat = "the checkpoint roots could not be scanned" + (f": {status.error}" if status and status.error else "")
+    elif facts is not None and facts.stuck_roots:
+        caveat = "a larger one may be under roots that did not answer: " + ", ".join(
+            host_path(paths, s.path) for s in facts.stuck_roots
+        )
+    elif facts is not None and facts.truncated:
+        caveat = f"the scan stopped at a limit ({facts.truncated_reason}): a larger one may have been missed"
+    done = [c for run in (facts.runs if facts is not None else ()) for c in run.checkpoints if c.verdict == "complete"]
+    if not done:
+        return CheckpointSize(DEFAULT_CHECKPOINT_BYTES, "default", roots=searched, caveat=caveat)
+    largest = max(done, key=lambda c: (c.size_bytes, c.mtime, c.path))
+    return CheckpointSize(largest.size_bytes, "checkpoint", host_path(paths, largest.path), searched, caveat)
 
 
 @dataclass(frozen=True)
@@ -122,25 +186,20 @@ def measure(directory: str, size: int, clock: Callable[[], float] = time.perf_co
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def largest_checkpoint(view: View) -> int | None:
-    sizes = [c.size_bytes for rv in view.checkpoints for c in rv.run.complete]
-    return max(sizes) if sizes else None
-
-
 def plan(
     view: View,
     mountpoints: Iterable[str] | None,
+    checkpoint_bytes: int,
     size: int = DEFAULT_SIZE,
-    checkpoint_bytes: int | None = None,
     budget: float = DEFAULT_BUDGET,
     mtbf_seconds: float = 86_400.0,
     local: Callable[[str], str] = lambda p: p,
     progress: Callable[[str], None] = lambda line: None,
 ) -> list[TierPlan]:
     """Measure the named mounts (every writable one when ``mountpoints`` is None) and plan for a checkpoint of
-    ``checkpoint_bytes`` (default: the largest seen). ``local`` maps a host mountpoint to where this process reaches
+    ``checkpoint_bytes`` (:func:`checkpoint_size`). ``local`` maps a host mountpoint to where this process reaches
     it."""
-    ckpt = checkpoint_bytes or largest_checkpoint(view) or DEFAULT_CHECKPOINT_BYTES
+    ckpt = checkpoint_bytes
     wanted = None if mountpoints is None else list(mountpoints)
     by_mp = {mv.mount.mountpoint: mv for mv in view.mounts}
     chosen = [mv for mv in view.mounts if writable(mv)] if wanted is None else [by_mp.get(mp) or mp for mp in wanted]
