@@ -58,7 +58,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 MAX_SCAN_TIMEOUT_SECONDS = 60.0
-MIN_PLAN_BYTES, DEFAULT_PLAN_BYTES, MAX_PLAN_BYTES = 8 << 20, 256 << 20, 8 << 30
+MIN_PLAN_BYTES, MAX_PLAN_BYTES = 8 << 20, 8 << 30
+MAX_PLAN_ROUNDS, MAX_PLAN_SECONDS = 20, 3600.0
 MAX_SCAN_SAMPLE_SECONDS = 3600.0
 
 
@@ -110,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser(
         "plan",
         help="measure the write throughput of this node's mounts and plan checkpoint intervals for each",
-        description="Measure sequential write throughput (O_DIRECT where taken, then fsync) of the mounts named, "
+        description="Measure sequential write throughput (O_DIRECT where taken, then fsync; the median of several "
+        "writes of about a second each) of the mounts named, "
         "and for a checkpoint size (default: the largest complete checkpoint under the checkpoint roots of --config, "
         "else 10G; the output says which) print the write time, whether it "
         "survives losing the node, and the shortest interval that keeps checkpoint overhead under the budget. "
@@ -124,9 +126,25 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--size",
         type=_bytes_arg(MIN_PLAN_BYTES, MAX_PLAN_BYTES),
-        default=DEFAULT_PLAN_BYTES,
+        default=None,
         metavar="BYTES",
-        help="bytes to write on each mount, at most a tenth of its free space (default 256M; K, M, G suffixes)",
+        help="bytes of each test file, at most a tenth of the mount's free space (K, M, G suffixes; default: grown "
+        "until one write takes about a second, at most 8G)",
+    )
+    plan.add_argument(
+        "--rounds",
+        type=_count_arg(1, MAX_PLAN_ROUNDS),
+        default=5,
+        metavar="N",
+        help=f"test files written and timed on each mount, the median reported (1 to {MAX_PLAN_ROUNDS}, default 5)",
+    )
+    plan.add_argument(
+        "--max-seconds",
+        type=_seconds(0.0, MAX_PLAN_SECONDS, zero_ok=False),
+        default=60.0,
+        metavar="SECONDS",
+        help="no further test write starts on a mount that would end past this (at least one is timed; "
+        f"above 0 and at most {MAX_PLAN_SECONDS:g}, default 60)",
     )
     plan.add_argument(
         "--checkpoint-bytes",
@@ -521,6 +539,19 @@ def _bytes_arg(minimum: int, maximum: int) -> Callable[[str], int]:
     return parse
 
 
+def _count_arg(minimum: int, maximum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {minimum} to {maximum}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _ratio_arg(text: str) -> float:
     try:
         value = float(text)
@@ -553,9 +584,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     roots = default_roots(paths, config.checkpoints.roots, config.checkpoints.kubelet)
     size = checkpoint_size(view, args.checkpoint_bytes, roots, paths)
 
+    # Progress on a terminal only, one line rewritten in place (as scan's walk of the roots): a log or a pipe gets
+    # the result alone.
+    live = sys.stderr.isatty()
+
     def progress(line: str) -> None:
-        if not args.json:
-            print(printable(line), file=sys.stderr, flush=True)
+        if live:
+            sys.stderr.write(f"\r\033[K{printable(line)}")
+            sys.stderr.flush()
 
     rows = plan(
         view,
@@ -563,10 +599,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         size.bytes,
         size=args.size,
         budget=args.budget,
+        rounds=args.rounds,
+        max_seconds=args.max_seconds,
         mtbf_seconds=config.checkpoints.mtbf_seconds,
         local=paths.root,
         progress=progress,
     )
+    if live:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
     if args.json:
         data = {"budget": args.budget, "checkpoint": {**dataclasses.asdict(size), "says": size.sentence()}}
         plain, non_finite = finite_data({**data, "mounts": as_dicts(rows)})
