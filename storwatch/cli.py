@@ -563,7 +563,7 @@ def _ratio_arg(text: str) -> float:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from storwatch.plan import as_dicts, checkpoint_size, format_plan, plan
+    from storwatch.plan import as_dicts, checkpoint_size, cpu_stall_reader, format_plan, plan
     from storwatch.printable import printable
     from storwatch.report import NON_FINITE, finite_data, strict_json
     from storwatch.sources.checkpoint_key import default_roots
@@ -604,6 +604,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         mtbf_seconds=config.checkpoints.mtbf_seconds,
         local=paths.root,
         progress=progress,
+        cpu_stalled=cpu_stall_reader(paths),
     )
     if live:
         sys.stderr.write("\r\033[K")

@@ -35,6 +35,7 @@ from storwatch.analysis.rpo import daly_interval
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import is_pseudo_mount
 from storwatch.paths import HostPaths
+from storwatch.procfs.pressure import parse_pressure
 
 BLOCK = 4 << 20
 """Bytes per write: what ``dd bs=4M`` writes, large enough that per-call cost does not count."""
@@ -57,6 +58,10 @@ next write is long enough at once, not one more just short of it."""
 DEFAULT_ROUNDS = 5
 MAX_ROUNDS = 20
 DEFAULT_MAX_SECONDS = 60.0
+CPU_BUSY = 0.2
+"""From this share of the measuring time during which some task waited for a CPU (PSI), the output says the node was
+busy: writes cost CPU time (the page pinning of O_DIRECT, a loop device's worker), so figures taken then come out low
+and vary from run to run."""
 """The most one mount's writes may take: no further round starts that would pass it (at least one is counted)."""
 DEFAULT_BUDGET = 0.05
 DEFAULT_CHECKPOINT_BYTES = 10 << 30
@@ -147,6 +152,9 @@ class TierPlan:
     """(fastest - slowest) / median of the rounds: how steady the mount was while measured."""
     sizing_writes: int = 0
     """Writes made only to find a test file size that takes ``TARGET_WRITE_SECONDS`` (not counted)."""
+    cpu_pressure: float | None = None
+    """The share of the measuring time during which some task waited for a CPU (``pressure/cpu``, ``some``); None
+    where the kernel has no PSI."""
     direct_io: bool = False
     """The test wrote with O_DIRECT (else buffered writes, then fsync)."""
     write_seconds: float | None = None
@@ -346,11 +354,13 @@ def plan(
     mtbf_seconds: float = 86_400.0,
     local: Callable[[str], str] = lambda p: p,
     progress: Callable[[str], None] = lambda line: None,
+    cpu_stalled: Callable[[], float | None] = lambda: None,
 ) -> list[TierPlan]:
     """Measure the named mounts (every writable one when ``mountpoints`` is None) and plan for a checkpoint of
     ``checkpoint_bytes`` (:func:`checkpoint_size`). ``size`` fixes each test file's bytes (None: grown until a write
     takes ``TARGET_WRITE_SECONDS``); ``rounds`` and ``max_seconds`` bound the writes on each mount. ``local`` maps a
-    host mountpoint to where this process reaches it."""
+    host mountpoint to where this process reaches it; ``cpu_stalled`` reads the seconds tasks have waited for a CPU
+    (:func:`cpu_stall_reader`)."""
     ckpt = checkpoint_bytes
     wanted = None if mountpoints is None else list(mountpoints)
     by_mp = {mv.mount.mountpoint: mv for mv in view.mounts}
@@ -368,6 +378,7 @@ def plan(
             out.append(replace(row, error=why))
             continue
         where = m.mountpoint
+        stalled, began = cpu_stalled(), time.monotonic()
         try:
             got = measure(
                 local(where),
@@ -382,6 +393,10 @@ def plan(
             continue
         rate = got.throughput
         write = ckpt / rate if rate else None
+        stalled_after, spent = cpu_stalled(), time.monotonic() - began
+        pressure = None
+        if stalled is not None and stalled_after is not None and spent > 0:
+            pressure = min(max(stalled_after - stalled, 0.0) / spent, 1.0)
         out.append(
             replace(
                 row,
@@ -393,6 +408,7 @@ def plan(
                 round_throughputs=got.throughputs,
                 spread=got.spread,
                 sizing_writes=got.sizing_writes,
+                cpu_pressure=pressure,
                 direct_io=got.direct,
                 write_seconds=write,
                 min_interval_seconds=write / budget if write is not None else None,
@@ -400,6 +416,23 @@ def plan(
             )
         )
     return out
+
+
+def cpu_stall_reader(paths: HostPaths) -> Callable[[], float | None]:
+    """A function reading the seconds, since boot, during which some task waited for a CPU (PSI); None where the
+    file cannot be read or parsed (no PSI: a kernel before 4.20, or ``psi=0``)."""
+    path = paths.proc("pressure", "cpu")
+
+    def read() -> float | None:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(4096)
+        except OSError:
+            return None
+        pressure, _ = parse_pressure(data)
+        return pressure.some.total_us / 1e6 if pressure is not None and pressure.some is not None else None
+
+    return read
 
 
 def _prefixed(progress: Callable[[str], None], prefix: str) -> Callable[[str], None]:
@@ -464,4 +497,10 @@ def format_plan(rows: list[TierPlan], budget: float) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in (headers, *table)]
     if any(r.spread is not None for r in rows):
         lines += ["", "WRITE MB/s: the median of the timed rounds; SPREAD: (fastest - slowest) / median of them"]
+    for r in rows:
+        if r.cpu_pressure is not None and r.cpu_pressure >= CPU_BUSY:
+            lines.append(
+                f"note: the CPU was busy while {r.mountpoint} was measured (a task waited for it "
+                f"{r.cpu_pressure:.0%} of the time): figures taken on a busy node come out low and vary from run to run"
+            )
     return "\n".join(lines)

@@ -16,13 +16,14 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 from storwatch.analysis.rpo import daly_interval
-from storwatch.plan import BLOCK, DEFAULT_CHECKPOINT_BYTES, MIN_SIZE
+from storwatch.plan import BLOCK, CPU_BUSY, DEFAULT_CHECKPOINT_BYTES, MIN_SIZE, TierPlan, format_plan
 from tests.realmounts import loop_ext4_mount, tmpfs_mount
 
 T = TypeVar("T")
@@ -51,6 +52,8 @@ def assert_rounds_add_up(row: dict[str, Any], rounds: int) -> None:
     assert row["spread"] == pytest.approx((max(rates) - min(rates)) / statistics.median(rates))
     # each round wrote whole test files, at least one
     assert row["bytes_written"] % row["test_bytes"] == 0 and row["bytes_written"] >= rounds * row["test_bytes"]
+    # this kernel has PSI: how busy the CPU was while measuring, as a share of the time
+    assert row["cpu_pressure"] is not None and 0 <= row["cpu_pressure"] <= 1, row
 
 
 @pytest.mark.realpart
@@ -240,6 +243,16 @@ def test_progress_is_shown_on_a_terminal_and_not_in_a_pipe(real_mounts: Enter[An
     assert stdout.startswith("checkpoint size 1.0 GiB")
     out = run_plan(*args)
     assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+def test_the_table_says_when_the_cpu_was_busy_while_measuring() -> None:
+    """A figure taken while tasks waited for a CPU is low and moves from run to run: the table says so for that
+    mount, and only for it."""
+    row = TierPlan("/busy", "ext4", "node", False, 1 << 30, 64 << 20, 0.1, 6.4e8, 5, 3 << 30, (6.4e8,) * 5, 0.0)
+    busy, calm = replace(row, cpu_pressure=CPU_BUSY + 0.3), replace(row, mountpoint="/calm", cpu_pressure=0.01)
+    text = format_plan([busy, calm, replace(row, mountpoint="/no-psi")], 0.05)
+    notes = [line for line in text.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "/busy" in notes[0] and "50%" in notes[0], text
 
 
 def test_bare_plan_writes_nothing_and_says_how_to_opt_in() -> None:
