@@ -81,9 +81,11 @@ def spread_of(code: Path, mount: str, runs: int, extra: Sequence[str], label: st
         rates.append(rate)
         walls.append(wall)
         each = ", ".join(f"{r / 1e6:,.0f}" for r in row.get("round_throughputs", ()))  # type: ignore[attr-defined]
+        busy = row.get("cpu_pressure")
         print(
             f"{label} run {i + 1}: {rate / 1e6:,.0f} MB/s (rounds: {each or '-'}; test files of {row['test_bytes']} "
-            f"bytes, direct {row['direct_io']}, {wall:.1f} s)",
+            f"bytes, direct {row['direct_io']}, {wall:.1f} s, "
+            f"cpu pressure {'-' if busy is None else format(busy, '.0%')}, load {os.getloadavg()[0]:.2f})",
             flush=True,
         )
     mid = statistics.median(rates)
