@@ -56,13 +56,12 @@ GROWTH_MARGIN = 1.2
 """A test file is grown to this much more than the size that would have taken ``TARGET_WRITE_SECONDS``, so that the
 next write is long enough at once, not one more just short of it."""
 DEFAULT_ROUNDS = 5
-MAX_ROUNDS = 20
 DEFAULT_MAX_SECONDS = 60.0
+"""The most one mount's writes may take: no further round starts that would pass it (at least one is counted)."""
 CPU_BUSY = 0.2
 """From this share of the measuring time during which some task waited for a CPU (PSI), the output says the node was
 busy: writes cost CPU time (the page pinning of O_DIRECT, a loop device's worker), so figures taken then come out low
 and vary from run to run."""
-"""The most one mount's writes may take: no further round starts that would pass it (at least one is counted)."""
 DEFAULT_BUDGET = 0.05
 DEFAULT_CHECKPOINT_BYTES = 10 << 30
 """Without a complete checkpoint under the checkpoint roots and without --checkpoint-bytes: a 10 GiB checkpoint (a
