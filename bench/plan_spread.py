@@ -9,7 +9,8 @@ BENCHMARKS.md, never in a test.
 
 With ``--mount DIR`` an existing mount is measured instead of a fresh loop mount (the root disk, a tmpfs). Arguments
 after ``--`` go to ``storwatch plan`` as they are (e.g. ``-- --size 64M``). With ``--baseline DIR`` the same runs are
-made with another checkout's code first (e.g. an older commit unpacked with ``git archive``), on the same mount.
+made with another checkout's code too (e.g. an older commit unpacked with ``git archive``), on the same mount, the
+two taking turns.
 
 Usage (as root): .venv/bin/python bench/plan_spread.py [--runs 5] [--image-mb 4096] [--mount DIR]
        [--baseline DIR] [-- PLAN ARGS...]
@@ -28,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -53,7 +55,7 @@ def mount_to_measure(existing: str | None, image_mb: int) -> Iterator[str]:
         yield str(loop.mountpoint)
 
 
-def one_plan(code: Path, mount: str, extra: Sequence[str]) -> tuple[dict[str, object], float]:
+def one_plan(code: Path, mount: str, extra: Sequence[str]) -> tuple[dict[str, Any], float]:
     """One ``storwatch plan --json`` run of the checkout at ``code``: its row for ``mount`` and its wall time."""
     env = {**os.environ, "PYTHONPATH": str(code)}
     started = time.monotonic()
@@ -73,26 +75,25 @@ def one_plan(code: Path, mount: str, extra: Sequence[str]) -> tuple[dict[str, ob
     return row, wall
 
 
-def spread_of(code: Path, mount: str, runs: int, extra: Sequence[str], label: str) -> None:
-    rates, walls = [], []
-    for i in range(runs):
-        row, wall = one_plan(code, mount, extra)
-        rate = float(row["throughput_bytes_per_second"])  # type: ignore[arg-type]
-        rates.append(rate)
-        walls.append(wall)
-        each = ", ".join(f"{r / 1e6:,.0f}" for r in row.get("round_throughputs", ()))  # type: ignore[attr-defined]
-        busy = row.get("cpu_pressure")
-        print(
-            f"{label} run {i + 1}: {rate / 1e6:,.0f} MB/s (rounds: {each or '-'}; test files of {row['test_bytes']} "
-            f"bytes, direct {row['direct_io']}, {wall:.1f} s, "
-            f"cpu pressure {'-' if busy is None else format(busy, '.0%')}, load {os.getloadavg()[0]:.2f})",
-            flush=True,
-        )
+def show_run(label: str, i: int, row: dict[str, Any], wall: float) -> float:
+    rate = float(row["throughput_bytes_per_second"])
+    each = ", ".join(f"{r / 1e6:,.0f}" for r in row.get("round_throughputs", ()))
+    busy = row.get("cpu_pressure")
+    print(
+        f"{label} run {i + 1}: {rate / 1e6:,.0f} MB/s (rounds: {each or '-'}; test files of {row['test_bytes']} "
+        f"bytes, direct {row['direct_io']}, {wall:.1f} s, "
+        f"cpu pressure {'-' if busy is None else format(busy, '.0%')}, load {os.getloadavg()[0]:.2f})",
+        flush=True,
+    )
+    return rate
+
+
+def summary(label: str, rates: list[float]) -> None:
     mid = statistics.median(rates)
     print(
         f"{label}: median {mid / 1e6:,.0f} MB/s, min {min(rates) / 1e6:,.0f}, max {max(rates) / 1e6:,.0f}, "
         f"spread (max - min) / median {(max(rates) - min(rates)) / mid:.1%}, "
-        f"largest from median {max(abs(r - mid) for r in rates) / mid:.1%}, wall {min(walls):.1f}-{max(walls):.1f} s",
+        f"largest from median {max(abs(r - mid) for r in rates) / mid:.1%}",
         flush=True,
     )
 
@@ -107,13 +108,20 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--image-mb", type=int, default=4096)
     parser.add_argument("--mount", default=None, help="an existing mount to measure instead of a fresh loop mount")
-    parser.add_argument("--baseline", type=Path, default=None, help="another checkout to measure first")
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout to measure in turn")
     args = parser.parse_args(argv)
     with mount_to_measure(args.mount, args.image_mb) as mount:
         print(f"measuring {mount}, plan arguments: {' '.join(extra) or '(none)'}", flush=True)
+        # Interleaved with the baseline, taking turns to go first, so that both see the machine as it was
+        checkouts = [("this checkout", ROOT)]
         if args.baseline is not None:
-            spread_of(args.baseline.resolve(), mount, args.runs, extra, "baseline")
-        spread_of(ROOT, mount, args.runs, extra, "this checkout")
+            checkouts.append(("baseline", args.baseline.resolve()))
+        rates: dict[str, list[float]] = {label: [] for label, _ in checkouts}
+        for i in range(args.runs):
+            for label, code in checkouts if i % 2 else checkouts[::-1]:
+                rates[label].append(show_run(label, i, *one_plan(code, mount, extra)))
+        for label, _ in checkouts:
+            summary(label, rates[label])
     return 0
 
 
