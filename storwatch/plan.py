@@ -10,8 +10,9 @@ One write is too short a sample: a few hundred MiB to a fast disk take a tenth o
 file, allocating its first extents, the fsync and a moment of another process's load weigh enough to move the figure
 from one run to the next by more than runs should differ (BENCHMARKS.md has the spreads). So each test file is made
 large enough to take about a second to write (grown from ``DEFAULT_SIZE`` by the pace the first writes showed;
-``--size`` fixes it instead), written ``--rounds`` times, each a new file (as each checkpoint is), and the median
-throughput is reported with the spread of the rounds, so that a reader sees how steady the mount was.
+``--size`` fixes it instead), written in a warm-up round and then ``--rounds`` rounds of about a second, each file a
+new one (as each checkpoint is), and the median round's throughput is reported with the spread of the rounds, and
+how busy the CPU was meanwhile, so that a reader sees how steady the mount was.
 
 Writing is opt-in (``--mount`` names each mount, ``--all`` takes every writable storage mount) and bounded: a test
 file is at most ``MAX_SIZE`` (or ``--size``) and at most a tenth of the mount's free space, one at a time; no round
@@ -56,6 +57,9 @@ GROWTH_MARGIN = 1.2
 """A test file is grown to this much more than the size that would have taken ``TARGET_WRITE_SECONDS``, so that the
 next write is long enough at once, not one more just short of it."""
 DEFAULT_ROUNDS = 5
+WARMUP_ROUNDS = 1
+"""Rounds written before the counted ones and not counted: the first writes on a mount (a filesystem just mounted, a
+disk or a hypervisor's cache not yet in its steady state) run slower than the rest."""
 DEFAULT_MAX_SECONDS = 60.0
 """The most one mount's writes may take: no further round starts that would pass it (at least one is counted)."""
 CPU_BUSY = 0.2
@@ -232,13 +236,14 @@ def measure(
     clock: Callable[[], float] = time.perf_counter,
     progress: Callable[[str], None] = lambda line: None,
     target_seconds: float = TARGET_WRITE_SECONDS,
+    warmup: int = WARMUP_ROUNDS,
 ) -> Measurement:
     """Time ``rounds`` rounds of sequential writes in a fresh directory under ``directory``: each round writes test
     files of ``size`` bytes, each a new file, fsynced and removed, until the round has spent ``target_seconds``
     writing. With ``cap`` above ``size`` the file first grows (those writes not counted) until one write takes
-    ``target_seconds`` or the file reaches ``cap``. Once a round is counted, none starts that would, at the last
-    one's pace, end past ``max_seconds`` from the first write, and a round under way past it is dropped. The files
-    and the directory are removed whatever happens."""
+    ``target_seconds`` or the file reaches ``cap``; then ``warmup`` rounds are written and not counted. Once a round
+    is counted, none starts that would, at the last one's pace, end past ``max_seconds`` from the first write, and a
+    round under way past it is dropped. The files and the directory are removed whatever happens."""
     cap = size if cap is None else max(size, cap)
     workdir = tempfile.mkdtemp(prefix=".storwatch-plan-", dir=directory)
     # Random bytes, so a compressing or deduplicating filesystem (ZFS, btrfs with compression) or a virtual disk that
@@ -253,7 +258,7 @@ def measure(
     try:
         began = clock()
         counted: list[Round] = []
-        sizing = written = 0
+        sizing = written = warmed = 0
         sized = cap <= size
         direct: bool | None = None
         n = size
@@ -274,11 +279,15 @@ def measure(
                 if counted and elapsed > max_seconds:
                     break
                 continue
-            counted.append(now)
             rate = now.bytes / now.seconds if now.seconds > 0 else 0.0
-            progress(f"round {len(counted)} of {rounds}: {rate / 1e6:,.0f} MB/s ({now.files} x {n >> 20} MiB)")
-            if elapsed + now.seconds > max_seconds:
-                break
+            if warmed < warmup:
+                warmed += 1
+                progress(f"warm-up round: {rate / 1e6:,.0f} MB/s ({now.files} x {n >> 20} MiB, not counted)")
+            else:
+                counted.append(now)
+                progress(f"round {len(counted)} of {rounds}: {rate / 1e6:,.0f} MB/s ({now.files} x {n >> 20} MiB)")
+                if elapsed + now.seconds > max_seconds:
+                    break
             now = Round(0, 0.0, 0)
         return Measurement(n, tuple(counted), bool(direct), sizing)
     finally:
