@@ -36,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import ROOT
 from tests.realmounts import loop_ext4_mount
 
+TARGET_SPREAD = 0.10
+"""Repeated runs on one mount should agree within this: (max - min) / median."""
+
 
 @contextlib.contextmanager
 def mount_to_measure(existing: str | None, image_mb: int) -> Iterator[str]:
@@ -96,6 +99,9 @@ def summary(label: str, rates: list[float]) -> None:
         f"largest from median {max(abs(r - mid) for r in rates) / mid:.1%}",
         flush=True,
     )
+    spread = (max(rates) - min(rates)) / mid
+    verdict = "PASS" if spread <= TARGET_SPREAD else "MISS"
+    print(f"{verdict} {label}: spread {spread:.1%} (target <= {TARGET_SPREAD:.0%})", flush=True)
 
 
 def main() -> int:
