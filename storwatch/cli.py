@@ -58,7 +58,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 MAX_SCAN_TIMEOUT_SECONDS = 60.0
-MIN_PLAN_BYTES, DEFAULT_PLAN_BYTES, MAX_PLAN_BYTES = 8 << 20, 256 << 20, 8 << 30
+MIN_PLAN_BYTES, MAX_PLAN_BYTES = 8 << 20, 8 << 30
+MAX_PLAN_ROUNDS, MAX_PLAN_SECONDS = 20, 3600.0
 MAX_SCAN_SAMPLE_SECONDS = 3600.0
 
 
@@ -110,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser(
         "plan",
         help="measure the write throughput of this node's mounts and plan checkpoint intervals for each",
-        description="Measure sequential write throughput (O_DIRECT where taken, then fsync) of the mounts named, "
-        "and for a checkpoint size (default: the largest seen on this node) print the write time, whether it "
+        description="Measure sequential write throughput (O_DIRECT where taken, then fsync; the median of several "
+        "writes of about a second each) of the mounts named, "
+        "and for a checkpoint size (default: the largest complete checkpoint under the checkpoint roots of --config, "
+        "else 10G; the output says which) print the write time, whether it "
         "survives losing the node, and the shortest interval that keeps checkpoint overhead under the budget. "
         "It writes a test file on each mount measured (in a fresh hidden directory, removed after): name the mounts "
         "with --mount, or take every writable storage mount with --all.",
@@ -123,16 +126,33 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--size",
         type=_bytes_arg(MIN_PLAN_BYTES, MAX_PLAN_BYTES),
-        default=DEFAULT_PLAN_BYTES,
+        default=None,
         metavar="BYTES",
-        help="bytes to write on each mount, at most a tenth of its free space (default 256M; K, M, G suffixes)",
+        help="bytes of each test file, at most a tenth of the mount's free space (K, M, G suffixes; default: grown "
+        "until one write takes about a second, at most 8G)",
+    )
+    plan.add_argument(
+        "--rounds",
+        type=_count_arg(1, MAX_PLAN_ROUNDS),
+        default=5,
+        metavar="N",
+        help=f"test files written and timed on each mount, the median reported (1 to {MAX_PLAN_ROUNDS}, default 5)",
+    )
+    plan.add_argument(
+        "--max-seconds",
+        type=_seconds(0.0, MAX_PLAN_SECONDS, zero_ok=False),
+        default=60.0,
+        metavar="SECONDS",
+        help="no further test write starts on a mount that would end past this (at least one is timed; "
+        f"above 0 and at most {MAX_PLAN_SECONDS:g}, default 60)",
     )
     plan.add_argument(
         "--checkpoint-bytes",
         type=_bytes_arg(1, 1 << 50),
         default=None,
         metavar="BYTES",
-        help="the checkpoint size to plan for (default: the largest complete checkpoint seen, else 10G)",
+        help="the checkpoint size to plan for (default: the largest complete checkpoint under the checkpoint roots, "
+        "else 10G)",
     )
     plan.add_argument(
         "--budget",
@@ -582,6 +602,19 @@ def _bytes_arg(minimum: int, maximum: int) -> Callable[[str], int]:
     return parse
 
 
+def _count_arg(minimum: int, maximum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {minimum} to {maximum}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _ratio_arg(text: str) -> float:
     try:
         value = float(text)
@@ -593,9 +626,10 @@ def _ratio_arg(text: str) -> float:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from storwatch.plan import as_dicts, format_plan, plan
+    from storwatch.plan import as_dicts, checkpoint_size, cpu_stall_reader, format_plan, plan
     from storwatch.printable import printable
     from storwatch.report import NON_FINITE, finite_data, strict_json
+    from storwatch.sources.checkpoint_key import default_roots
 
     config, _ = _load(args)
     _setup_logging(config.log_level if args.log_level else "warning")
@@ -606,25 +640,41 @@ def cmd_plan(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    # The same one-shot collection as `scan`: with checkpoint roots to search (configured, or the kubelet's pod
+    # volumes), their walk, whose complete checkpoints give the size to plan for.
     view = scan_view(config, 0.3, 0.0)
     paths = config.host_paths()
+    roots = default_roots(paths, config.checkpoints.roots, config.checkpoints.kubelet)
+    size = checkpoint_size(view, args.checkpoint_bytes, roots, paths)
+
+    # Progress on a terminal only, one line rewritten in place (as scan's walk of the roots): a log or a pipe gets
+    # the result alone.
+    live = sys.stderr.isatty()
 
     def progress(line: str) -> None:
-        if not args.json:
-            print(printable(line), file=sys.stderr, flush=True)
+        if live:
+            sys.stderr.write(f"\r\033[K{printable(line)}")
+            sys.stderr.flush()
 
     rows = plan(
         view,
         None if args.all else args.mount,
+        size.bytes,
         size=args.size,
-        checkpoint_bytes=args.checkpoint_bytes,
         budget=args.budget,
+        rounds=args.rounds,
+        max_seconds=args.max_seconds,
         mtbf_seconds=config.checkpoints.mtbf_seconds,
         local=paths.root,
         progress=progress,
+        cpu_stalled=cpu_stall_reader(paths),
     )
+    if live:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
     if args.json:
-        plain, non_finite = finite_data({"budget": args.budget, "mounts": as_dicts(rows)})
+        data = {"budget": args.budget, "checkpoint": {**dataclasses.asdict(size), "says": size.sentence()}}
+        plain, non_finite = finite_data({**data, "mounts": as_dicts(rows)})
         sys.stdout.write(strict_json({**plain, NON_FINITE: non_finite}, indent=2) + "\n")
     else:
         # The names in the table (mountpoints, types, errors quoting paths) escaped before it is laid out, so that
@@ -638,6 +688,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             )
             for r in rows
         ]
+        print(printable(size.sentence()))
         print(format_plan(shown, args.budget))
     return EXIT_OK if all(r.error is None for r in rows) else EXIT_FINDINGS
 
