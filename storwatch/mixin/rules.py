@@ -69,10 +69,6 @@ def recording_rules(th: Thresholds = THRESHOLDS) -> tuple[Recording, ...]:
         ),
         Recording("cluster_node:storwatch_mount_stuck:sum", "sum by (cluster, node) (storwatch_mount_stuck)"),
         Recording(
-            "cluster_node:storwatch_recovery_point_seconds:max",
-            "max by (cluster, node) (storwatch_recovery_point_seconds)",
-        ),
-        Recording(
             f"cluster_node_gpu_cause:storwatch_gpu_stall_seconds:rate{w}",
             f"sum by (cluster, node, gpu, cause) (rate(storwatch_gpu_stall_seconds_total[{w}]))",
         ),
