@@ -41,6 +41,10 @@ class Entity:
     """For a run: the scan root it was found under, as this process reaches it (the operator's, trusted). Every
     directory from there down to ``run_dir`` is opened without following a symbolic link, so a link a tenant plants
     in the run's path cannot lead an action elsewhere; None: only ``run_dir``'s own last component is held so."""
+    checkpoint_path: str | None = None
+    """For a run: its newest complete checkpoint as this process reaches it (what ``sync`` copies), else None."""
+    checkpoint_mtime: float | None = None
+    """That checkpoint's newest modification time (UNIX seconds): which save it is."""
 
 
 @dataclass(frozen=True)
