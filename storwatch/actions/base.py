@@ -17,6 +17,10 @@ SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
 Outcome = Literal["ok", "dry_run", "skipped", "rate_limited", "failed"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "dry_run", "skipped", "rate_limited", "failed")
 
+ACTION_NAMES = ("log", "event", "webhook", "request_checkpoint", "sync")
+"""Every action, by name (storwatch.actions.registry makes them): what a policy may name, and the bound on the
+``action`` label of storwatch_policy_actions_total."""
+
 FieldValue = None | bool | int | float | str | tuple["FieldValue", ...] | Mapping[str, "FieldValue"]
 """What an entity's field holds: the values a CEL expression reads (null, bool, int, double, string, list, map)."""
 
