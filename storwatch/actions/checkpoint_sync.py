@@ -12,8 +12,7 @@ not copied again (outcome ``skipped``).
 Params: ``destination`` (one of ``sync.destinations``; default the first), ``template`` (default ``sync.template``),
 ``wait_for_requested_seconds`` (default 0: after this agent asked the run for a checkpoint, how long to wait for one
 newer than the request before copying the newest there is), ``reserve_seconds`` (default 10: stop waiting once the
-run's pod has less than this left). A copy's deadline is ``sync.deadline_seconds``, or the time the run's pod has left
-where that is shorter. A resolution asks for nothing (``skipped``).
+run's pod has less than this left). A resolution asks for nothing (``skipped``).
 """
 
 from __future__ import annotations
