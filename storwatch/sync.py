@@ -738,6 +738,23 @@ class _Pipeline:
 # The destination's directory: our leftovers, manifests, retention
 
 
+_MEMORY_FS = frozenset({0x01021994, 0x858458F6})
+"""tmpfs and ramfs (statfs f_type): their pages are the storage, so there is no past-the-page-cache to read from, and
+O_DIRECT there costs three times a plain write (BENCHMARKS.md): a copy onto them goes through the page cache."""
+
+
+def _fs_type(fd: int) -> int | None:
+    """The filesystem's magic number (``fstatfs`` f_type, the first word of struct statfs), or None."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(256)
+        if libc.fstatfs(fd, buf) != 0:
+            return None
+        return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+    except (OSError, AttributeError):
+        return None
+
+
 def _read_full(fd: int, buf: mmap.mmap) -> int:
     """Fill ``buf`` from ``fd`` (less only at the end of the file): every chunk but a file's last is whole, so the
     copy's O_DIRECT writes and reads stay aligned whatever a filesystem's reads return."""
@@ -974,6 +991,7 @@ class _Copy:
         self.tmp = f".{self.name}{TEMP_TAG}{self.token}.tmp"
         self.tmp_manifest = f".{self.name}{TEMP_TAG}{self.token}.manifest"
         self.read_bytes = 0
+        self.memory_fs = False
 
     def result(self, outcome: str, error: str | None, entries: Sequence[_Entry] = (), **kw: Any) -> SyncResult:
         files = [e for e in entries if e.kind == "file"]
@@ -1099,6 +1117,7 @@ class _Copy:
                 )
             replacing = True
         total = sum(e.st.st_size for e in entries if e.kind == "file")
+        self.memory_fs = _fs_type(dest_dir) in _MEMORY_FS
         vfs = os.fstatvfs(dest_dir)
         free = vfs.f_bavail * vfs.f_frsize
         needed = total + 4096 * len(entries)
@@ -1248,7 +1267,7 @@ class _Copy:
             out = os.open(dname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
             direct = False
             try:
-                if _O_DIRECT:
+                if _O_DIRECT and not self.memory_fs:
                     try:
                         fcntl.fcntl(out, fcntl.F_SETFL, fcntl.fcntl(out, fcntl.F_GETFL) | _O_DIRECT)
                         direct = True
