@@ -327,7 +327,7 @@ class Destinations:
             if name is None:
                 continue
             if name not in fields:
-                raise SyncRefused(f"field {name!r} of the template {template!r} has no value")
+                raise SyncRefused(f"field {name!r} has no value (the template {template!r} names it)")
             problem = _field_problem(name, fields[name])
             if problem is not None:
                 raise SyncRefused(problem)
@@ -970,6 +970,7 @@ class _Copy:
         progress: Callable[[int, int], None] | None,
         stop: Callable[[], bool],
         clock: Callable[[], float],
+        sleep: Callable[[float], None],
     ) -> None:
         self.src = src
         self.dest = dest
@@ -980,6 +981,7 @@ class _Copy:
         self.progress = progress
         self.stop = stop
         self.clock = clock
+        self.sleep = sleep
         self.started_wall = time.time()
         self.t0 = clock()
         self.notes: list[str] = []
@@ -1346,7 +1348,7 @@ class _Copy:
                 return
             if self.stop():
                 raise _Abort("stopped", "stopped before the copy was complete")
-            time.sleep(min(left, 0.1))
+            self.sleep(min(left, 0.1))
 
     def apply_file_meta(self, job: _FileJob) -> None:
         st = job.entry.st
@@ -1487,6 +1489,7 @@ def copy_verified(
     source_root: str | None = None,
     keep: int = 0,
     clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> SyncResult:
     """Copy ``src`` (a file or a directory) to ``dest``, its final path, verified (see the module's docstring).
 
@@ -1495,11 +1498,11 @@ def copy_verified(
     ``root``: the allowlisted root ``dest`` lies below (every directory from it down opened with O_NOFOLLOW, made
     where missing); without it ``dest``'s directory must exist and is opened as named, as ``cp`` would.
     ``source_root``: a trusted directory above ``src``, opened the same way down to it. ``keep``: verified copies
-    of ours kept in ``dest``'s directory (0: all). Never raises for a copy that could not be made: the result says
-    how it ended (``outcome``, ``error``)."""
+    of ours kept in ``dest``'s directory (0: all). ``clock`` and ``sleep`` pace the bandwidth limit. Never raises
+    for a copy that could not be made: the result says how it ended (``outcome``, ``error``)."""
     src = os.path.abspath(src)
     dest = os.path.abspath(dest)
-    copy = _Copy(src, dest, root, source_root, bandwidth, keep, progress, stop or (lambda: False), clock)
+    copy = _Copy(src, dest, root, source_root, bandwidth, keep, progress, stop or (lambda: False), clock, sleep)
     try:
         return copy.run()
     except SyncRefused as err:
