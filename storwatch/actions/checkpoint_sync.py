@@ -9,6 +9,12 @@ The destination is ``sync.template`` (or the rule's ``template``) under the root
 ``Destinations.resolve`` so that no field can lead out of the root. A checkpoint already copied, or being copied, is
 not copied again (outcome ``skipped``).
 
+Each copy has a deadline: ``sync.deadline_seconds``, or the seconds the run's pod has left when it is being deleted
+(its files go with it), whichever is shorter; a copy still queued or running when its pod's time is up is stopped,
+and a later request for the same checkpoint tightens the deadline of the copy already under way. While the action
+waits for the checkpoint it asked for, it asks the checkpoint source for a scan now (``rescan``), so that a
+checkpoint written in answer is seen within the rule's cooldown rather than at the next scan interval.
+
 Params: ``destination`` (one of ``sync.destinations``; default the first), ``template`` (default ``sync.template``),
 ``wait_for_requested_seconds`` (default 0: after this agent asked the run for a checkpoint, how long to wait for one
 newer than the request before copying the newest there is), ``reserve_seconds`` (default 10: stop waiting once the
@@ -20,6 +26,7 @@ from __future__ import annotations
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from storwatch.actions.base import ActionRequest, ActionResult, Entity
 from storwatch.actions.checkpoint_request import AskedRuns
@@ -91,16 +98,28 @@ def template_fields(entity: Entity, node: str) -> dict[str, str]:
     }
 
 
-class Resolver:
-    """What the action needs of ``storwatch.sync.Destinations``."""
+class Resolver(Protocol):
+    """What the action needs of the allowlisted roots (``storwatch.actions.sync_engine.EngineResolver`` wraps
+    ``storwatch.sync.Destinations``)."""
 
-    roots: tuple[str, ...]
-    template: str
-    deadline_seconds: float
+    @property
+    def roots(self) -> tuple[str, ...]:
+        """``sync.destinations`` as configured (none: no copy is made)."""
+        ...
+
+    @property
+    def template(self) -> str: ...
+
+    @property
+    def deadline_seconds(self) -> float: ...
 
     def resolve(self, root: str | None, template: str, fields: Mapping[str, str]) -> str:
-        """The destination path, or raise ValueError (``SyncRefused``) naming why not."""
-        raise NotImplementedError
+        """The destination path, or raise ValueError naming why not."""
+        ...
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 class SyncAction:
@@ -113,29 +132,36 @@ class SyncAction:
         asked: AskedRuns,
         node_name: str,
         clock: Callable[[], float],
+        rescan: Callable[[], object] = lambda: None,
     ) -> None:
-        """``resolver`` and ``jobs``: None where ``sync.destinations`` is empty (every request is ``skipped``)."""
+        """``resolver`` and ``jobs``: None where there is no copy engine (``storwatch policy check``); with no roots
+        configured every request is ``skipped``. ``rescan``: asks the checkpoint source for a scan now."""
         self.resolver = resolver
         self.jobs = jobs
         self.asked = asked
         self.node_name = node_name
         self.clock = clock
+        self.rescan = rescan
+
+    def _roots(self) -> tuple[str, ...] | None:
+        """The roots a ``destination`` param is held to (None: not known here, or none configured)."""
+        return (self.resolver.roots or None) if self.resolver is not None else None
 
     def check(self, params: Mapping[str, object]) -> list[str]:
-        return _read(params, self.resolver.roots if self.resolver is not None else None)[1]
+        return _read(params, self._roots())[1]
 
     def close(self) -> None:
         if self.jobs is not None:
             self.jobs.close()
 
     def run(self, request: ActionRequest, timeout: float) -> ActionResult:
-        params, errors = _read(request.params, self.resolver.roots if self.resolver is not None else None)
+        params, errors = _read(request.params, self._roots())
         if errors:
             return ActionResult("failed", "; ".join(errors))
         if request.transition == "resolved":
             return ActionResult("skipped", "a resolved rule asks for no copy")
         entity = request.entity
-        if self.resolver is None or self.jobs is None:
+        if self.resolver is None or self.jobs is None or not self.resolver.roots:
             return ActionResult("skipped", "no durable root to copy to: sync.destinations is empty")
         if entity.kind != "run" or entity.checkpoint_path is None or entity.checkpoint_mtime is None:
             return ActionResult("skipped", f"the {entity.kind} has no complete checkpoint to copy")
@@ -144,19 +170,32 @@ class SyncAction:
         source, mtime = entity.checkpoint_path, entity.checkpoint_mtime
         waiting = self._waiting(entity, params)
         if waiting is not None:
+            self.rescan()  # the checkpoint asked for is seen at the next repeat, not at the next scan interval
             return ActionResult("skipped", waiting)
+        # The pod's files go with it: a copy still going when it is killed would read a source being removed.
+        left = _number(entity.fields.get("pod_seconds_left"))
         done = self.jobs.existing(source, mtime)
         if done is not None:
+            if left is not None and done.state in ("queued", "copying"):
+                self.jobs.limit(done.job_id, self.clock() + max(0.0, left))
             return ActionResult(
                 "skipped", f"{printable(source)} is already {done.state} to {printable(done.destination)}"
             )
+        if left is not None and left <= 0:
+            return ActionResult("skipped", "its pod's grace period is over: a copy would not end before it is killed")
+        deadline = self.resolver.deadline_seconds if left is None else min(self.resolver.deadline_seconds, left)
         template = params.template or self.resolver.template
         try:
             destination = self.resolver.resolve(params.destination, template, template_fields(entity, self.node_name))
         except ValueError as err:
             return ActionResult("failed", f"refused: {printable(str(err))}")
-        job = self.jobs.submit(request.rule, entity.key, request.message, source, destination, mtime)
-        return ActionResult("ok", f"copy {job.job_id} queued: {printable(source)} to {printable(destination)}")
+        job = self.jobs.submit(
+            request.rule, entity.key, request.message, source, destination, mtime, deadline, entity.run_root
+        )
+        return ActionResult(
+            "ok",
+            f"copy {job.job_id} queued: {printable(source)} to {printable(destination)}, within {deadline:.0f} s",
+        )
 
     def _waiting(self, entity: Entity, params: SyncParams) -> str | None:
         """Why the copy waits for the checkpoint this agent asked for (None: copy the newest there is now)."""
@@ -168,8 +207,8 @@ class SyncAction:
         since = self.clock() - asked
         if since >= params.wait_for_requested_seconds:
             return None
-        left = entity.fields.get("pod_seconds_left")
-        if isinstance(left, int | float) and left <= params.reserve_seconds:
+        left = _number(entity.fields.get("pod_seconds_left"))
+        if left is not None and left <= params.reserve_seconds:
             return None
         return (
             f"waiting for the checkpoint asked for {since:.0f} s ago (up to {params.wait_for_requested_seconds:g} s); "

@@ -27,12 +27,14 @@ def registry(
     node_name: str = "",
     paths: HostPaths | None = None,
     sync: tuple[Resolver, SyncJobs] | None = None,
+    rescan: Callable[[], object] = lambda: None,
     clock: Callable[[], float] = time.time,
 ) -> dict[str, Action]:
     """The actions by name. ``events``: the agent's Events writer (None: no cluster, ``event`` is skipped);
     ``node_name``: this node, as the webhook body names it; ``paths``: the host's procfs (for the writer check behind
-    a signal); ``sync``: the durable roots and the copy jobs (None: ``sync.destinations`` is empty, ``sync`` is
-    skipped). Making them starts nothing: request_checkpoint starts its helper process, and sync its copy worker, on
+    a signal); ``sync``: the durable roots and the copy jobs (None: no copy engine, ``sync`` is skipped);
+    ``rescan``: asks the checkpoint source for a scan now (the sync action, waiting for a checkpoint it asked for).
+    Making them starts nothing: request_checkpoint starts its helper process, and sync its copy worker, on
     first use."""
     asked = AskedRuns(clock)
     resolver, jobs = sync if sync is not None else (None, None)
@@ -41,7 +43,7 @@ def registry(
         EventAction(events),
         WebhookAction(node_name),
         RequestCheckpointAction(paths, asked=asked),
-        SyncAction(resolver, jobs, asked, node_name, clock),
+        SyncAction(resolver, jobs, asked, node_name, clock, rescan),
     ]
     return {action.name: action for action in actions}
 

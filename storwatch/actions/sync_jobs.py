@@ -1,8 +1,10 @@
 """The sync copies the ``sync`` action started: what made each (rule, run, why), where it copies from and to, and what
 became of it, read from the copy worker (``storwatch.sync.SyncWorker``: the copies run in its child process, each
 with a deadline); and the figures of ``storwatch_sync_*``. A copy already queued, running or done for the same
-checkpoint (path and modification time) is not started again. Bounded: the last HISTORY jobs are kept, and the last
-success of at most MAX_RUNS runs.
+checkpoint (path and modification time) is not started again. Each job has a deadline by this module's clock (its
+pod's time left, say): the worker holds a copy to it from the copy's start, and a job still queued or running past it
+is cancelled here, at the next look (every action run, scrape and /status). Bounded: the last HISTORY jobs are kept,
+and the last success of at most MAX_RUNS runs.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 360
 class Worker(Protocol):
     """What this needs of ``storwatch.sync.SyncWorker``."""
 
-    def submit(self, src: str, dest: str) -> int: ...
+    def submit(self, src: str, dest: str, *, source_root: str | None, deadline_seconds: float) -> int: ...
 
     def status(self) -> object: ...
+
+    def cancel(self, job_id: int, why: str) -> None: ...
 
     def close(self) -> None: ...
 
@@ -47,6 +51,8 @@ class SyncJob:
     destination: str
     checkpoint_mtime: float
     queued_at: float
+    deadline_at: float | None = None
+    """When the copy must have ended (this module's clock): past it, a job not finished is cancelled."""
     state: JobState = "queued"
     started_at: float | None = None
     finished_at: float | None = None
@@ -107,21 +113,50 @@ class SyncJobs:
             job = self._jobs.get(job_id) if job_id is not None else None
         return job if job is not None and job.state != "failed" else None
 
-    def submit(self, rule: str, run: str, why: str, source: str, destination: str, mtime: float) -> SyncJob:
-        job_id = self.worker.submit(source, destination)
-        job = SyncJob(job_id, rule, run, why, source, destination, mtime, self.clock())
+    def submit(
+        self,
+        rule: str,
+        run: str,
+        why: str,
+        source: str,
+        destination: str,
+        mtime: float,
+        deadline_seconds: float,
+        source_root: str | None = None,
+    ) -> SyncJob:
+        """Queue the copy. ``source_root``: a trusted directory above ``source`` (the run's scan root): the copy
+        opens every directory from it down without following a symbolic link."""
+        now = self.clock()
+        job_id = self.worker.submit(source, destination, source_root=source_root, deadline_seconds=deadline_seconds)
+        job = SyncJob(job_id, rule, run, why, source, destination, mtime, now, now + deadline_seconds)
         with self._lock:
             self._jobs[job_id] = job
             self._by_checkpoint[(source, mtime)] = job_id
             self._trim()
         return job
 
+    def limit(self, job_id: int, deadline_at: float) -> None:
+        """Bring a job's deadline forward to ``deadline_at`` (never later than it was)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None and (job.deadline_at is None or deadline_at < job.deadline_at):
+                self._jobs[job_id] = replace(job, deadline_at=deadline_at)
+
     def refresh(self) -> None:
-        """Take the worker's word on every job not yet finished; count the ones that finished since."""
+        """Take the worker's word on every job not yet finished; count the ones that finished since. A job past its
+        deadline is cancelled first (the worker stops its copy, which removes its temporaries)."""
         with self._lock:
             if self._worker is None or all(j.state in ("done", "failed") for j in self._jobs.values()):
                 return
             worker = self._worker
+            at = self.clock()
+            late = [
+                j
+                for j in self._jobs.values()
+                if j.state not in ("done", "failed") and j.deadline_at is not None and at >= j.deadline_at
+            ]
+        for job in late:
+            worker.cancel(job.job_id, "past its deadline (sync.deadline_seconds, or its pod's time left)")
         observed = self._read(worker.status())
         with self._lock:
             for job_id, job in list(self._jobs.items()):
