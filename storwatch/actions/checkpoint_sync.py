@@ -5,9 +5,9 @@ worker, so a slow or hung destination never holds the runner's lane, and /status
 say what became of it (:mod:`.sync_jobs`).
 
 The destination is ``sync.template`` (or the rule's ``template``) under the root, filled from the run's fields
-(``{namespace}``, ``{pod}``, ``{run}``, ``{node}``, ``{checkpoint}``), each made safe and checked by
-``Destinations.resolve`` so that no field can lead out of the root. A checkpoint already copied, or being copied, is
-not copied again (outcome ``skipped``).
+(``{namespace}``, ``{pod}``, ``{run}`` as :func:`run_name` says, ``{node}``, ``{checkpoint}``), each made safe and
+checked by ``Destinations.resolve`` so that no field can lead out of the root. A checkpoint already copied, or being
+copied, is not copied again (outcome ``skipped``).
 
 Each copy has a deadline: ``sync.deadline_seconds``, or the seconds the run's pod has left when it is being deleted
 (its files go with it), whichever is shorter; a copy still queued or running when its pod's time is up is stopped,
@@ -23,6 +23,7 @@ run's pod has less than this left). A resolution asks for nothing (``skipped``).
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -79,10 +80,28 @@ def _read(params: Mapping[str, object], roots: tuple[str, ...] | None) -> tuple[
     return SyncParams(destination, template, wait, reserve), p.errors
 
 
+_POD_VOLUME = re.compile(r"/var/lib/kubelet/pods/[^/]+/volumes/(?P<plugin>[^/]+)/(?P<volume>[^/]+)(?P<below>/.*)?$")
+
+
+def run_name(entity: Entity) -> str:
+    """What ``{run}`` names: for a run in a pod's volume, the volume's name and the path below it (``scratch/run1``;
+    ``{namespace}`` and ``{pod}`` name the pod, and its UID is left out so that a StatefulSet's pod, rescheduled,
+    copies into the same directory); else the run's label, its path below its scan root (``alice/run1``)."""
+    path = entity.fields.get("path")
+    found = _POD_VOLUME.search(path) if isinstance(path, str) else None
+    if found is not None:
+        below = found["below"] or ""
+        if found["plugin"] == "kubernetes.io~csi" and (below == "/mount" or below.startswith("/mount/")):
+            below = below[len("/mount") :]  # a CSI volume's files are in its mount/ directory
+        return found["volume"] + below
+    label = entity.fields.get("run")
+    return label if isinstance(label, str) and label else entity.key
+
+
 def template_fields(entity: Entity, node: str) -> dict[str, str]:
-    """The run's fields a destination template may name, as text. A run's label is a path below its scan root
-    (``alice/run1``): one component of the destination holds it, its ``/`` written ``%2F`` (and ``%`` as ``%25``, so
-    two labels never give one name)."""
+    """The run's fields a destination template may name, as text. ``{run}`` (:func:`run_name`) is a path: one
+    component of the destination holds it, its ``/`` written ``%2F`` (and ``%`` as ``%25``, so two runs never give
+    one name)."""
     fields = entity.fields
 
     def text(name: str) -> str:
@@ -92,7 +111,7 @@ def template_fields(entity: Entity, node: str) -> dict[str, str]:
     return {
         "namespace": text("namespace"),
         "pod": text("pod"),
-        "run": text("run").replace("%", "%25").replace("/", "%2F"),
+        "run": (run_name(entity) or UNKNOWN).replace("%", "%25").replace("/", "%2F"),
         "node": node or UNKNOWN,
         "checkpoint": text("checkpoint"),
     }

@@ -1,7 +1,8 @@
 """The sync copies the ``sync`` action started: what made each (rule, run, why), where it copies from and to, and what
 became of it, read from the copy worker (``storwatch.sync.SyncWorker``: the copies run in its child process, each
 with a deadline); and the figures of ``storwatch_sync_*``. A copy already queued, running or done for the same
-checkpoint (path and modification time) is not started again. Each job has a deadline by this module's clock (its
+checkpoint (path and modification time) is not started again, and one of a newer checkpoint of the same run stops
+those of older ones still queued or running. Each job has a deadline by this module's clock (its
 pod's time left, say): the worker holds a copy to it from the copy's start, and a job still queued or running past it
 is cancelled here, at the next look (every action run, scrape and /status). Bounded: the last HISTORY jobs are kept,
 and the last success of at most MAX_RUNS runs.
@@ -98,6 +99,9 @@ class SyncJobs:
         self._last_success: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._durations: list[int] = [0] * (len(DURATION_BUCKETS) + 1)
         self._duration_sum = 0.0
+        self._stopped: dict[int, str] = {}
+        """Why this module stopped a job (its deadline, a newer checkpoint), until the worker says it ended: the
+        worker's word on a stopped copy says only that it stopped."""
 
     @property
     def worker(self) -> Worker:
@@ -127,6 +131,16 @@ class SyncJobs:
         """Queue the copy. ``source_root``: a trusted directory above ``source`` (the run's scan root): the copy
         opens every directory from it down without following a symbolic link."""
         now = self.clock()
+        # A newer checkpoint of the run supersedes an older one still waiting or copying: the worker copies one at a
+        # time, and the pod's time is better spent on the newest (the one a drain asked for).
+        with self._lock:
+            older = [
+                j
+                for j in self._jobs.values()
+                if j.run == run and j.state in ("queued", "copying") and j.checkpoint_mtime < mtime
+            ]
+        for job in older:
+            self._stop(self.worker, job.job_id, f"superseded by the run's newer checkpoint {source}")
         job_id = self.worker.submit(source, destination, source_root=source_root, deadline_seconds=deadline_seconds)
         job = SyncJob(job_id, rule, run, why, source, destination, mtime, now, now + deadline_seconds)
         with self._lock:
@@ -134,6 +148,11 @@ class SyncJobs:
             self._by_checkpoint[(source, mtime)] = job_id
             self._trim()
         return job
+
+    def _stop(self, worker: Worker, job_id: int, why: str) -> None:
+        with self._lock:
+            self._stopped.setdefault(job_id, why)
+        worker.cancel(job_id, why)
 
     def limit(self, job_id: int, deadline_at: float) -> None:
         """Bring a job's deadline forward to ``deadline_at`` (never later than it was)."""
@@ -156,7 +175,7 @@ class SyncJobs:
                 if j.state not in ("done", "failed") and j.deadline_at is not None and at >= j.deadline_at
             ]
         for job in late:
-            worker.cancel(job.job_id, "past its deadline (sync.deadline_seconds, or its pod's time left)")
+            self._stop(worker, job.job_id, "past its deadline (sync.deadline_seconds, or its pod's time left)")
         observed = self._read(worker.status())
         with self._lock:
             for job_id, job in list(self._jobs.items()):
@@ -171,8 +190,12 @@ class SyncJobs:
                     bytes=seen.bytes,
                     detail=seen.detail,
                 )
-                if now.state in ("done", "failed") and now.finished_at is None:
-                    now = replace(now, finished_at=self.clock())
+                if now.state in ("done", "failed"):
+                    why = self._stopped.pop(job_id, None)
+                    if now.state == "failed" and why is not None:
+                        now = replace(now, detail=f"{why}: {seen.detail}")
+                    if now.finished_at is None:
+                        now = replace(now, finished_at=self.clock())
                 self._jobs[job_id] = now
                 if now.state == "done":
                     self._succeeded(now)
