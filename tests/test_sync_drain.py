@@ -121,8 +121,8 @@ def test_a_drain_asks_for_a_checkpoint_and_copies_it_verified_within_the_grace_p
                 # Within the pod's grace period, by the agent's own record of when the copy ended.
                 assert job["finished_at"] is not None and job["finished_at"] <= deadline, (job, deadline)
                 dest = Path(job["destination"])
-                assert dest.is_relative_to(root / "durable" / "train" / "trainer-0"), dest
-                assert dest.name == saved.name
+                # sync.template's default: {namespace}/{pod}/{run}/{checkpoint}, {run} the volume and the run below it.
+                assert dest == root / "durable" / "train" / "trainer-0" / "scratch%2Frun1" / saved.name, dest
                 assert dest.read_bytes() == saved.read_bytes()
                 manifest = json.loads((dest.parent / (dest.name + ".storwatch-sync.json")).read_text())
                 assert (manifest["source"], manifest["bytes"]) == (str(saved), saved.stat().st_size), manifest
