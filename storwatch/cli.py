@@ -61,8 +61,14 @@ With sync.destinations in --config, DEST must lie below one of those roots (each
 without following a symlink, and made where missing); without, DEST's directory must exist. Symlinks in SRC are
 copied as symlinks when they stay inside it; one leading out of SRC is refused.
 
+With --job JOBID (a Slurm epilog: see docs/slurm.md), the copies are a job's checkpoints on this node: the job
+is found by its processes' cgroups (where they work and write files) and sync.job_scratch; of those directories the
+ones the platform preset calls node-local are walked, and each run's newest complete checkpoint is copied below
+sync.destinations (the first, or --destination) as sync.template says, {namespace} being the job's user and {pod}
+job-JOBID. Where it looked, and what it left out and why, goes to stderr; nothing to copy is exit status 0.
+
 exit status:
-  0    DEST holds a verified copy of SRC (made now, or already there)
+  0    DEST holds a verified copy of SRC (made now, or already there); with --job, every copy did
   1    failed or aborted, nothing new at DEST: an I/O error, a read-back that differed, too little space, SRC
        changed during the copy, past the deadline
   2    usage error or refused: bad options or configuration, SRC missing, DEST outside sync.destinations, a
@@ -217,6 +223,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="abandon the copy past this (default sync.deadline_seconds): a hung destination never holds the command",
     )
+    sync.add_argument(
+        "--job",
+        type=_job_id_arg,
+        metavar="JOBID",
+        help="copy a Slurm job's checkpoints from this node's local storage (instead of SRC DEST)",
+    )
+    sync.add_argument(
+        "--uid",
+        type=_uid_arg,
+        metavar="UID",
+        help="with --job: the job's owner (default $SLURM_JOB_UID when $SLURM_JOB_ID is JOBID, else from its cgroups)",
+    )
+    sync.add_argument(
+        "--destination", metavar="ROOT", help="with --job: which of sync.destinations to copy to (default the first)"
+    )
     policy = sub.add_parser(
         "policy",
         help="check policy files, run their test cases, or show the fields rules can read",
@@ -275,13 +296,60 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if failed else EXIT_OK
 
 
-def _sync_pairs(args: argparse.Namespace) -> list[tuple[str, str]] | str:
-    """What ``storwatch sync`` copies, as (SRC, DEST) pairs, or the usage problem. One way today (SRC DEST); another
-    way of naming the copies (a job's checkpoints) adds its branch here."""
+def _sync_pairs(args: argparse.Namespace, config: Config) -> list[tuple[str, str, str | None]] | str:
+    """What ``storwatch sync`` copies, as (SRC, DEST, a trusted directory above SRC or None), or the usage problem:
+    SRC DEST, or a Slurm job's checkpoints (``--job``)."""
+    if args.job is not None:
+        if args.source or args.dest:
+            return "storwatch sync: --job takes no SRC or DEST (storwatch sync --help)"
+        return _job_copies(args, config)
+    if args.uid is not None or args.destination is not None:
+        return "storwatch sync: --uid and --destination go with --job"
     if not args.source or not args.dest:
         return "storwatch sync: SRC and DEST are both needed (storwatch sync --help)"
     # Relative to here, but not normalised: a '..' in DEST is judged against sync.destinations as written.
-    return [(os.path.join(os.getcwd(), args.source), os.path.join(os.getcwd(), args.dest))]
+    return [(os.path.join(os.getcwd(), args.source), os.path.join(os.getcwd(), args.dest), None)]
+
+
+def _job_copies(args: argparse.Namespace, config: Config) -> list[tuple[str, str, str | None]] | str:
+    """A Slurm job's copies (storwatch/actions/job_sync.py); where it looked, and what it left out, on stderr."""
+    import contextlib
+    import functools
+
+    from storwatch.actions.job_sync import plan_job
+    from storwatch.printable import printable
+
+    uid = args.uid
+    if uid is None and os.environ.get("SLURM_JOB_ID") == str(args.job):
+        with contextlib.suppress(ValueError):
+            uid = _uid_arg(os.environ.get("SLURM_JOB_UID", ""))
+    try:
+        plan = plan_job(config, args.job, uid=uid, destination=args.destination)
+    except ValueError as err:
+        return f"storwatch sync --job: {printable(str(err))}"
+    except OSError as err:
+        return f"storwatch sync --job: cannot read the mount table: {printable(str(err.strerror or err))}"
+    job = plan.job
+    owner = job.user or (str(job.uid) if job.uid is not None else "unknown")
+    say = functools.partial(print, file=sys.stderr)
+    say(
+        f"job {job.job_id}: {len(job.pids)} processes on this node, owner {printable(owner)}, platform "
+        f"{plan.platform.name} ({printable(plan.platform.detected_by)})"
+    )
+    for place in plan.places:
+        verdict = place.verdict
+        what = f"{verdict.durability.value}: {verdict.reason}" if verdict else "on no mount this node shows"
+        word = "walked" if place.ephemeral else "left out"
+        say(f"  {word:<9} {printable(place.directory)} ({printable(what)})")
+    if not plan.places:
+        say("  no directory of the job found (no process of it runs here, and no sync.job_scratch matched)")
+    for why in plan.skipped:
+        say(f"  skipped   {printable(why)}")
+    if plan.scan_failure:
+        say(f"  the checkpoint scan could not read everything: {printable(plan.scan_failure)}")
+    if not plan.copies:
+        say("  nothing to copy")
+    return [(c.source, c.dest, c.source_root) for c in plan.copies]
 
 
 def _sync_exit(results: Sequence[Any], interrupted: bool) -> int:
@@ -355,13 +423,16 @@ def cmd_sync(args: argparse.Namespace) -> int:
     config = _config_file(args.config)
     config.validate(args.config or "command line")
     section = config.sync
-    pairs = _sync_pairs(args)
+    pairs = _sync_pairs(args, config)
     if isinstance(pairs, str):
         print(pairs, file=sys.stderr)
         return EXIT_USAGE
     bandwidth = section.bandwidth_bytes_per_second if args.bandwidth is None else args.bandwidth
+    allowed = Destinations.from_config(section) if section.destinations else None
+    if args.job is not None:  # a job's copies are planned below the roots as reached under paths.rootfs
+        allowed = Destinations([config.host_paths().root(root) for root in section.destinations])
     worker = SyncWorker(
-        Destinations.from_config(section) if section.destinations else None,
+        allowed,
         deadline_seconds=section.deadline_seconds if args.deadline is None else args.deadline,
         bandwidth=float(bandwidth) or None,
         keep=section.keep if args.keep is None else args.keep,
@@ -370,8 +441,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
     results: list[Any] = []
     interrupted = False
     try:
-        for src, dest in pairs:
-            job_id = worker.submit(src, dest)
+        for src, dest, source_root in pairs:
+            job_id = worker.submit(src, dest, source_root=source_root)
             try:
                 results.append(_follow_sync(worker, job_id, bar, f"{printable(os.path.basename(dest))}"))
             except KeyboardInterrupt:
@@ -767,6 +838,18 @@ def _bytes_arg(minimum: int, maximum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _job_id_arg(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 1 << 32:
+        raise argparse.ArgumentTypeError(f"must be a Slurm job ID (a whole number above 0), got {text!r}")
+    return int(text)
+
+
+def _uid_arg(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) < 1 << 32:
+        raise argparse.ArgumentTypeError(f"must be a user ID (a whole number), got {text!r}")
+    return int(text)
 
 
 def _count_arg(text: str) -> int:
