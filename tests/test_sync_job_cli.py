@@ -172,3 +172,22 @@ def test_usage_problems_exit_2(tmp_path: Path, args: list[str], config: str, mes
         cfg.write_text(cfg.read_text().split("sync:")[0] + config)
     done = _sync(cfg, *args)
     assert done.returncode == 2 and message in done.stderr, done
+
+
+@pytest.mark.parametrize(
+    ("template", "problem"),
+    [
+        ("scratch/{job}", "is not an absolute path"),
+        ("/scratch/{user}/../{job}", "holds a '.' or '..' component"),
+        ("/scratch/{pod}", "{pod} is not one of {job}, {uid}, {user}"),
+        ("/scratch/{job!r}", "{job} is not one of"),
+        ("/scratch/{job", "is not a template"),
+    ],
+    ids=["relative", "dotdot", "unknown-field", "conversion", "unclosed"],
+)
+def test_a_bad_job_scratch_template_is_refused_naming_the_line(template: str, problem: str) -> None:
+    from storwatch.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as err:
+        parse_config(f"sync:\n  destinations: [/durable]\n  job_scratch: [{json.dumps(template)}]\n", "sync.yaml")
+    assert f"sync.yaml:3: sync.job_scratch: {template!r}" in str(err.value) and problem in str(err.value), err.value
