@@ -201,6 +201,7 @@ class PolicyWorker:
                     "queued_at": j.queued_at,
                     "started_at": j.started_at,
                     "finished_at": j.finished_at,
+                    "deadline_at": j.deadline_at,
                     "seconds": j.seconds,
                     "bytes": j.bytes,
                     "detail": printable(j.detail),
