@@ -15,6 +15,7 @@ import functools
 import math
 import os
 import re
+import string
 import types
 import typing
 from collections.abc import Iterator, Mapping
@@ -295,6 +296,63 @@ class AlertmanagerConfig:
     """A firing alert not posted again for this long goes (0: never); set it above the route's repeat_interval."""
 
 
+SYNC_FIELDS = ("namespace", "pod", "run", "node", "checkpoint")
+"""The fields a sync template may name: ``{namespace}/{pod}/{run}/{node}/{checkpoint}``."""
+
+
+def sync_template_problem(template: str) -> str | None:
+    """What is wrong with a sync template, or None: only ``{field}`` placeholders of SYNC_FIELDS (no format spec,
+    conversion, attribute or index), at least one, and literal text that cannot make a path leave its root (a
+    relative path of non-empty components, none ``.`` or ``..``, no NUL or control character)."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as err:
+        return f"{template!r} is not a template: {err}"
+    fields = 0
+    shape: list[str] = []
+    for literal, name, spec, conversion in parts:
+        if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in literal):
+            return f"{template!r} holds a control character"
+        shape.append(literal)
+        if name is None:
+            continue
+        if name not in SYNC_FIELDS:
+            return f"{template!r}: {{{name}}} is not one of {', '.join('{' + f + '}' for f in SYNC_FIELDS)}"
+        if spec or conversion:
+            return f"{template!r}: {{{name}}} takes no format spec or conversion"
+        fields += 1
+        shape.append("x")  # a field is one valid name: only the literal text shapes the path
+    if not fields:
+        return f"{template!r} names no field: every copy would go to the same path"
+    for component in "".join(shape).split("/"):
+        if component in ("", ".", ".."):
+            return f"{template!r} must be a relative path of non-empty components, none '.' or '..'"
+    return None
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """Verified copies of checkpoints to durable storage (README "Sync"): where they may go and how."""
+
+    destinations: tuple[str, ...] = ()
+    """The allowlisted roots (absolute host paths) a copy may be made under; none: the agent makes no copy."""
+    template: str = "{namespace}/{pod}/{run}/{checkpoint}"
+    """The copy's path below a root, from sanitised fields (namespace, pod, run, node, checkpoint); a field holding
+    '/', '..', NUL or a control character, or an empty one, is refused."""
+    keep: int = number(3, 0, 100_000)
+    """Verified copies kept in a copy's directory (the newest, by when they were made); 0 keeps every one. Only the
+    destination is ever pruned, never the source."""
+    bandwidth_bytes_per_second: int = number(0, 0, 1 << 40)
+    """The copy's read rate limit; 0: unlimited."""
+    deadline_seconds: float = number(3600.0, 1.0, 7 * 86400)
+    """Past this a copy is abandoned: its helper process is killed (a destination on a hung mount never holds the
+    agent) and its temporaries are removed by the next copy into the same directory."""
+    job_scratch: tuple[str, ...] = ()
+    """Where a Slurm job's node-local scratch directories are, as host paths with ``{job}``, ``{uid}`` and ``{user}``
+    (``/scratch/{user}/{job}``): what ``storwatch sync --job`` looks in besides where the job's processes work and
+    write, which an epilog no longer sees (the job's processes are gone by then)."""
+
+
 @dataclass(frozen=True)
 class Config:
     listen: str = DEFAULT_LISTEN
@@ -319,6 +377,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     kube: KubeConfig = field(default_factory=KubeConfig)
     alertmanager: AlertmanagerConfig = field(default_factory=AlertmanagerConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     extra_sections: Mapping[str, Any] = field(default_factory=dict)
     """The sections of sources that declare their own section type (storwatch/registry.py), by name: the loader
     accepts them only when told their types (``parse_config(..., sections=...)``). Not a key of the file itself."""
@@ -357,6 +416,7 @@ class Config:
         if self.tls.client_ca_file and not self.tls.cert_file:
             problems.append("tls.client_ca_file: needs tls.cert_file and tls.key_file")
         problems.extend(_alertmanager_problems(self))
+        problems.extend(_sync_problems(self.sync))
         try:
             parse_listen(self.listen)
         except ValueError as err:
@@ -382,6 +442,47 @@ def _alertmanager_problems(config: Config) -> Iterator[str]:
         )
     if not _LABEL_NAME.fullmatch(section.node_label):
         yield f"alertmanager.node_label: {section.node_label!r} is not a Prometheus label name"
+
+
+def _sync_problems(section: SyncConfig) -> Iterator[str]:
+    seen: set[str] = set()
+    for root in section.destinations:
+        if not os.path.isabs(root) or "\0" in root:
+            yield f"sync.destinations: {root!r} must be an absolute path on the host"
+        elif not os.path.normpath(root).strip("/"):
+            yield "sync.destinations: '/' allows every path on the host: name the durable roots themselves"
+        elif os.path.normpath(root) in seen:
+            yield f"sync.destinations: {root!r} is given twice"
+        seen.add(os.path.normpath(root))
+    problem = sync_template_problem(section.template)
+    if problem is not None:
+        yield f"sync.template: {problem}"
+    for template in section.job_scratch:
+        problem = job_scratch_problem(template)
+        if problem is not None:
+            yield f"sync.job_scratch: {problem}"
+
+
+JOB_SCRATCH_FIELDS = ("job", "uid", "user")
+
+
+def job_scratch_problem(template: str) -> str | None:
+    """What is wrong with a ``sync.job_scratch`` template, or None: an absolute path naming only ``{job}``,
+    ``{uid}`` and ``{user}`` (each a whole value, no format spec), without ``.`` or ``..`` components."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as err:
+        return f"{template!r} is not a template: {err}"
+    for literal, name, spec, conversion in parts:
+        if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in literal):
+            return f"{template!r} holds a control character"
+        if name is not None and (name not in JOB_SCRATCH_FIELDS or spec or conversion):
+            return f"{template!r}: {{{name}}} is not one of {{job}}, {{uid}}, {{user}}"
+    if not template.startswith("/"):
+        return f"{template!r} is not an absolute path"
+    if any(c in (".", "..") for c in template.split("/")):
+        return f"{template!r} holds a '.' or '..' component"
+    return None
 
 
 def _range_problems(section: Any, prefix: str = "") -> Iterator[str]:

@@ -1,0 +1,116 @@
+"""Sync copies onto real mounts: a destination without the space, and one that hangs in the kernel (a FUSE daemon that
+never answers, as a dead NFS server or object-store mount does).
+
+A hung destination must never block the caller of SyncWorker: submit, status, poll and close all return while the
+helper is stuck in the kernel, and close() within 5 s. The helper itself may outlive close() in the kernel (SIGKILL
+does not end a task waiting for a FUSE answer the daemon already took: state D) until the mount is released.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storwatch.sync import Destinations, SyncWorker, copy_verified
+from tests.realmounts import fuse_mount, tmpfs_mount
+from tests.test_sync import make_checkpoint
+
+pytestmark = pytest.mark.realpart
+
+WAIT = 60.0
+"""A bound against hanging with a hung mount, generous for a loaded machine."""
+
+
+def test_a_destination_without_the_space_is_refused_before_anything_is_written(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
+    small = real_mounts(tmpfs_mount(tmp_path / "small", size="16m"))
+    src = make_checkpoint(tmp_path / "src", shards=2, shard_bytes=1 << 20)  # about 19 MiB
+    root = str(small.mountpoint)
+    result = copy_verified(str(src), f"{root}/ns/ck", root=root)
+    assert result.outcome == "no_space" and not result.ok, result.error
+    assert "bytes free" in (result.error or "") and "nothing was written" in (result.error or "")
+    assert os.listdir(f"{root}/ns") == []  # the directories below the root are made; no byte of the copy
+
+
+def _helper_waits_in_fuse(pid: int) -> bool:
+    """Whether a thread of ``pid`` waits in the kernel on a FUSE request (its wchan names the wait)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/wchan") as f:
+                wchan = f.read()
+        except OSError:
+            continue
+        if "fuse" in wchan or "request_wait_answer" in wchan:
+            return True
+    return False
+
+
+def _returns(call: Callable[[], Any], bound: float = 5.0) -> Any:
+    """``call()`` on a thread of its own, which must return within ``bound`` seconds; what it returned."""
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    t.start()
+    t.join(bound)
+    assert not t.is_alive(), f"{call} did not return within {bound} s: the caller was blocked"
+    return out[0]
+
+
+@pytest.mark.parametrize("hang", ["statfs", "getattr"])
+def test_a_hung_destination_never_blocks_the_caller_and_close_returns(hang: str, tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
+    src = make_checkpoint(tmp_path / "src", shards=1, shard_bytes=1 << 20)
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    hung = real_mounts(
+        fuse_mount(tmp_path / "hung", backing=backing, block_statfs=hang == "statfs", block_getattr=hang == "getattr")
+    )
+    root = str(hung.mountpoint)
+    worker = SyncWorker(Destinations([root]), deadline_seconds=3600.0)
+    closed = False
+    try:
+        job_id = _returns(lambda: worker.submit(str(src), f"{root}/ns/ck"))
+        deadline = time.monotonic() + WAIT
+        pid = None
+        while pid is None or not _helper_waits_in_fuse(pid):
+            assert time.monotonic() < deadline, "the helper never reached the hung mount"
+            job = worker._jobs[job_id]
+            pid = job.proc.pid if job.proc is not None else None
+            time.sleep(0.05)
+        # The helper is stuck in the kernel on the mount; everything a caller does still returns.
+        second = _returns(lambda: worker.submit(str(src), f"{root}/ns/other"))
+        snapshot = _returns(worker.status)
+        assert [(j.job_id, j.state) for j in snapshot] == [(job_id, "running"), (second, "queued")]
+        assert _returns(worker.poll) == []
+        assert _returns(lambda: worker.wait(job_id, 0.2)).state == "running"
+        _returns(worker.close, 5.0)
+        closed = True
+        states = {j.job_id: j.state for j in worker.status()}
+        assert states == {job_id: "abandoned", second: "abandoned"}
+        result = worker.job(job_id).result  # type: ignore[union-attr]
+        assert result is not None and result.outcome == "abandoned"
+        # The killed helper may stay in the kernel (a request the daemon already took is waited for uninterruptibly,
+        # state D) as long as the mount hangs: nothing waited for it. Once the connection is aborted, it goes.
+        hung.abort()
+        end = time.monotonic() + WAIT
+        while _state(pid) not in ("gone", "Z"):
+            assert time.monotonic() < end, f"helper {pid} did not end once the mount was aborted ({_state(pid)})"
+            time.sleep(0.05)
+    finally:
+        if not closed:
+            worker.close()
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
