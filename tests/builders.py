@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import struct
 import zipfile
 from collections.abc import Iterable
@@ -278,3 +279,31 @@ def release_cgroup(group: Path, parent: Path) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+SYNC_LEFTOVER = re.compile(r"\..+\.storwatch-sync-[0-9a-f]{16}\.(tmp|old|manifest)")
+"""The names storwatch sync gives what it writes before the rename (a temporary, the copy it replaces, its manifest's
+temporary): what a killed copy may leave, and the next run removes."""
+
+
+def sync_checkpoint(top: Path, shards: int = 6, shard_bytes: int = 3 << 20, seed: int = 1) -> Path:
+    """A DCP-like directory: shards in a subdirectory, a big file over several chunks, a marker, a tracker, links
+    that stay inside."""
+    top.mkdir(parents=True)
+    (top / "shards").mkdir()
+    import random
+
+    from storwatch import sync
+
+    rng = random.Random(seed)
+    for i in range(shards):
+        (top / "shards" / f"__{i}_0.distcp").write_bytes(rng.randbytes(shard_bytes + i * 4097))
+    (top / "model.bin").write_bytes(rng.randbytes(sync.CHUNK * 2 + 12345))  # three chunks, the last partial
+    (top / ".metadata").write_bytes(rng.randbytes(5000))
+    (top / "latest").write_text("global_step10\n")
+    (top / "empty").write_bytes(b"")
+    os.symlink("model.bin", top / "model.link")
+    os.symlink("../model.bin", top / "shards" / "up.link")
+    os.chmod(top / "shards", 0o750)
+    os.chmod(top / "model.bin", 0o640)
+    return top
