@@ -320,3 +320,20 @@ def test_the_monitoring_component_scrapes_the_agents_and_loads_the_rules(
     shipped = yaml.safe_load((REPO_ROOT / "alerts" / "prometheusrule.yaml").read_text(encoding="utf-8"))
     rule = _one(docs, "PrometheusRule")
     assert rule["spec"] == shipped["spec"] and rule["metadata"]["namespace"] == "storwatch"
+
+
+def test_the_image_is_the_one_the_manifests_run() -> None:
+    """Read, as nothing here can build it: a pinned base, root as runAsUser 0, the tag the DaemonSet names, no torch."""
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text(encoding="utf-8")
+    (base,) = re.findall(r"^FROM (\S+)$", dockerfile, re.M)
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base), base
+    (user,) = re.findall(r"^USER (\S+)$", dockerfile, re.M)
+    with open(DAEMONSET / "base" / "daemonset.yaml", encoding="utf-8") as f:
+        (container,) = yaml.safe_load(f)["spec"]["template"]["spec"]["containers"]
+    security = container["securityContext"]
+    assert user == f"{security['runAsUser']}:{security['runAsGroup']}"
+    version = re.search(r'^version = "(.+)"$', (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
+    assert version is not None and container["image"] == f"storwatch:{version.group(1)}"
+    assert f"docker build -t {container['image']} ." in README.read_text(encoding="utf-8")
+    installs = [line for line in dockerfile.splitlines() if "pip install" in line]
+    assert installs and not any("torch" in line or "[" in line for line in installs), installs  # no extras
