@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,11 @@ def _config(tmp_path: Path, root: Path) -> Path:
     return cfg
 
 
+def _uid(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+
+
 def _effective(agent: AgentProcess) -> int:
     status = Path(f"/proc/{agent.proc.pid}/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("CapEff:")).split()[1], 16)
@@ -128,3 +135,39 @@ def test_without_it_the_closed_home_is_a_collector_error_naming_the_path(tmp_pat
     assert [r["path"] for r in status["checkpoints"]] == [str(root / "open" / "run")]  # what it can read stays
     assert 'storwatch_collector_success{collector="checkpoints"} 0.0' in metrics
     assert f'storwatch_checkpoint_unreadable_entries{{root="{root}"}} 1.0' in metrics
+
+
+def test_another_users_writer_is_not_visible_with_only_dac_read_search(tmp_path: Path) -> None:
+    """What the one capability does not give, said as it is: a tenant's process writing under its run keeps its
+    open files from an agent without CAP_SYS_PTRACE, so the claim that it writes there is refused as not_visible
+    (neither backed nor refuted), not as not_writer; with every capability (root as tests run) it is backed."""
+    run = tmp_path / "run"
+    run.mkdir()
+    os.chown(run, TENANT_UID, TENANT_UID)
+    # The tenant's process holds the file open for writing from birth (an inherited descriptor): its path need not be
+    # one the tenant could walk to, only the kernel's fd link counts.
+    held = os.open(run / ".step-2.pt.tmp", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        writer = subprocess.Popen(
+            ["setpriv", f"--reuid={TENANT_UID}", f"--regid={TENANT_UID}", "--clear-groups", "sleep", "600"],
+            pass_fds=(held,),
+        )
+    finally:
+        os.close(held)
+    try:
+        wait_until(lambda: _uid(writer.pid) == TENANT_UID or None, 10, what="the writer running as the tenant")
+        look = "from storwatch.sources.writers import WriterCheck\n"
+        look += f"print(WriterCheck().look({writer.pid}, {str(run)!r}))"
+
+        def judged(prefix: tuple[str, ...]) -> str:
+            done = subprocess.run(
+                [*prefix, sys.executable, "-c", look], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
+            )
+            assert done.returncode == 0, done.stderr
+            return done.stdout.strip()
+
+        assert judged(setpriv(manifest_capabilities())) == "not_visible"
+        assert judged(()) == "None"  # root with its capabilities sees the writer
+    finally:
+        writer.kill()
+        writer.wait(10)
