@@ -28,6 +28,9 @@ $(STAMP): $(RUN_STAMP) Makefile
 	# Grafana version whose epoch is its build time, so a plain install takes whichever was built last: this is the
 	# 11.6 build. promql-parser parses every expression of the rules and dashboards for the tests.
 	$(BIN)/pip install --quiet 'grafana-foundation-sdk==1769699379!11.6.0' promql-parser==0.12.0 torch==2.13.0
+	# kubernetes-validate: tests/test_deploy_manifests.py validates the rendered manifests strictly against the API
+	# schemas it bundles (no network). py-spy: where the agent's idle CPU goes (BENCHMARKS.md).
+	$(BIN)/pip install --quiet kubernetes-validate==1.37.0 py-spy==0.4.3 torch==2.13.0
 	touch $(STAMP)
 
 # Debian packages the real-part tests start (promtool, node_exporter, chromium, FUSE, mkfs.ext4).

@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         ("checkpoint_scan", "checkpoint_scan.py", []),
         ("http_load", "http_load.py", []),
         ("policy_eval", "policy_eval.py", []),
+        ("idle_cpu", "idle_cpu.py", ["--seconds", "120", "--warmup", "30"]),
     ):
         rc, others[name] = run_one(script, extra, out, name)
         if rc != 0:
@@ -127,6 +128,14 @@ def summarise_others(r: dict[str, dict[str, Any] | None]) -> None:
                 f"  agent CPU at 1 s, 64 devices + 64 NFS mounts, {label}: {share:.2f} % of one core "
                 f"(target <= 1 %)  {mark(share <= 1.0)}"
             )
+    if (idle := r.get("idle_cpu")) is not None:
+        sw, ne = idle["servers"]["storwatch"], idle["servers"]["node_exporter"]
+        ratio = sw.get("ratio_to_node_exporter", float("inf"))
+        print(
+            f"  idle node at defaults, 15 s scrapes: storwatch {sw['cpu_share_of_core'] * 100:.3f} %, node_exporter "
+            f"{ne['cpu_share_of_core'] * 100:.3f} % of one core, ratio {ratio:.2f} (target <= 1.0)  "
+            f"{mark(ratio <= 1.0)}"
+        )
     if (lw := r.get("latency_windows")) is not None:
         t = lw["targets"]["read_ratio"]
         print(f"  latency windows, read / from scratch: {t['value']:.3f} (target <= 0.25)  {mark(t['pass'])}")

@@ -531,7 +531,7 @@ def k8s_node_objects() -> list[Obj]:
         "spec": {"nodeName": NODE, "volumes": [{"name": "kube-api-access-7hq2m", "projected": {"sources": []}}]},
         "status": {"phase": "Running"},
     }
-    # This agent's own pod, as daemonset/daemonset.yaml runs it: the host's /, /proc and /sys as hostPaths.
+    # This agent's own pod, as daemonset/base/daemonset.yaml runs it: the host's /, /proc and /sys as hostPaths.
     agent = {
         "kind": "Pod",
         "metadata": {

@@ -71,7 +71,7 @@ def test_the_readme_sends_users_only_to_files_they_have() -> None:
     text = README.read_text(encoding="utf-8")
     for doc in [README, *sorted((REPO_ROOT / "docs").glob("*.md"))]:
         assert "../shared" not in doc.read_text(encoding="utf-8"), f"{doc.name} points outside the repository"
-    for target in sorted(set(re.findall(r"`((?:docs|daemonset|bench|scripts|tests)/[\w./-]+)`", text))):
+    for target in sorted(set(re.findall(r"`((?:docs|daemonset|deploy|bench|scripts|tests)/[\w./-]+)`", text))):
         assert (REPO_ROOT / target).exists(), f"README names {target}, which is not in the repository"
     assert (REPO_ROOT / "docs" / "architecture.md").is_file()
 

@@ -460,3 +460,31 @@ def test_a_past_ticks_pages_are_let_go(agent: Agent) -> None:
     assert all(made.source is old for made in server._pages.values()) and len(server._pages) == 2
     agent.advance()  # a new tick: nobody has asked for its View yet
     wait_until(lambda: not server._pages, timeout=5.0, what="the past tick's pages dropped")
+
+
+def _wakeups(thread: threading.Thread) -> int:
+    """The thread's voluntary context switches so far: each one a return from sleeping (the kernel's count)."""
+    with open(f"/proc/self/task/{thread.native_id}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+
+
+def test_an_idle_server_sleeps_until_a_client_needs_it(agent: Agent) -> None:
+    """Without clients, and with a keep-alive connection waiting for its next request, the loop does not wake on a
+    timer (it did four times a second: most of an idle agent's CPU); a client is still answered at once."""
+    server = serve(agent, header_timeout_seconds=3600.0, idle_timeout_seconds=3600.0)
+    loop = server._threads[0]
+    wait_until(lambda: (loop.native_id is not None and _wakeups(loop) > 0) or None, 10, what="the loop running")
+    threading.Event().wait(0.5)  # let start-up settle
+    before = _wakeups(loop)
+    threading.Event().wait(2.0)
+    assert _wakeups(loop) - before <= 1, "the loop woke with no client"
+    with connect(server) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+        assert read_response(sock)[0] == 200
+        wait_until(lambda: open_connections(server) == 1 or None, 10, what="the connection kept")
+        threading.Event().wait(0.5)
+        before = _wakeups(loop)
+        threading.Event().wait(2.0)
+        assert _wakeups(loop) - before <= 1, "the loop woke while its one connection waited for a request"
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert read_response(sock)[0] == 200

@@ -541,9 +541,12 @@ class CheckpointSource:
             self._claims_judged.add((pid, run, reason))
             self._claims_rejected[reason] += 1
             log.info(
-                "checkpoint run %s names process %d as its writer, which has no file open there: not believed",
+                "checkpoint run %s names process %d as its writer, %s: not believed",
                 run,
                 pid,
+                "whose open files the kernel does not show this agent (no CAP_SYS_PTRACE)"
+                if reason == "not_visible"
+                else "which has no file open there",
             )
         self._backed_now[(pid, run)] = reason is None
         return reason is None

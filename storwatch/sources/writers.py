@@ -24,10 +24,12 @@ MAX_FDS = 4096
 """Open files looked at per process."""
 MAX_REMEMBERED = 4096
 """(process, run) pairs remembered as seen writing."""
-REJECT_REASONS = ("not_writer",)
-"""Why a PID claim was refused and counted: the process lives and was never seen writing under the run. (A claim
-naming no live process ties nothing to any GPU and is not counted: a finished job's event lines name exited
-writers.)"""
+REJECT_REASONS = ("not_writer", "not_visible")
+"""Why a PID claim was refused and counted: the process lives and was never seen writing under the run
+(``not_writer``), or the kernel would not show the agent its open files (``not_visible``: another user's process, or
+one holding capabilities the agent lacks, needs CAP_SYS_PTRACE, which the DaemonSet does not grant), so the claim
+could be neither backed nor refuted. (A claim naming no live process ties nothing to any GPU and is not counted: a
+finished job's event lines name exited writers.)"""
 GONE = "gone"
 
 
@@ -78,16 +80,24 @@ class WriterCheck:
                         queue.append(child)
         return out
 
-    def _writes_under(self, pid: int, directory: str) -> bool:
+    def _writes_under(self, pid: int, directory: str) -> bool | None:
+        """Whether the process has a file open for writing under ``directory``; None when the kernel refused to show
+        its open files (EACCES, EPERM) and none of those it showed is one."""
         prefix = directory.rstrip("/") + "/"
         fd_dir = self.paths.proc(str(pid), "fd")
+        refused = False
         try:
             names = os.listdir(fd_dir)
+        except PermissionError:
+            return None
         except OSError:
             return False
         for name in names[:MAX_FDS]:
             try:
                 target = os.readlink(os.path.join(fd_dir, name))
+            except PermissionError:
+                refused = True
+                continue
             except OSError:
                 continue
             if not target.startswith("/"):
@@ -103,7 +113,7 @@ class WriterCheck:
                 continue
             if mode is not None and "w" in mode:
                 return True
-        return False
+        return None if refused else False
 
     def look(self, pid: int, run: str) -> str | None:
         """None when the process (or one below it) writes under ``run`` now or was seen to, else the reason the
@@ -117,12 +127,16 @@ class WriterCheck:
             return None
         if writer is None:
             return GONE
-        if any(self._writes_under(p, run) for p in self._tree(pid)):
-            if known is None and len(self._seen) >= MAX_REMEMBERED:
-                self._seen.pop(next(iter(self._seen)))
-            self._seen.setdefault(pid, (writer.start_ticks, set()))[1].add(run)
-            return None
-        return "not_writer"
+        refused = False
+        for p in self._tree(pid):
+            writes = self._writes_under(p, run)
+            if writes:
+                if known is None and len(self._seen) >= MAX_REMEMBERED:
+                    self._seen.pop(next(iter(self._seen)))
+                self._seen.setdefault(pid, (writer.start_ticks, set()))[1].add(run)
+                return None
+            refused = refused or writes is None
+        return "not_visible" if refused else "not_writer"
 
     def forget_reused(self) -> None:
         """Drop the writers whose PID now names another process (a writer that exited is kept: its last lines come

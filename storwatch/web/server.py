@@ -517,7 +517,7 @@ class StatusHTTPServer:
                     self._accept_paused_until = 0.0
                     self._sel.register(self._listener, _READ, None)
                 accept = False
-                for key, _mask in self._sel.select(_SWEEP_SECONDS):
+                for key, _mask in self._sel.select(self._select_timeout(now)):
                     data = key.data
                     if data is None:
                         accept = True
@@ -540,6 +540,19 @@ class StatusHTTPServer:
             log.exception("http: the server loop failed")
         finally:
             self._close_all()
+
+    def _select_timeout(self, now: float) -> float | None:
+        """How long the loop may sleep: a sweep's interval while pages of a past tick may wait to be dropped or
+        accepting is paused, else until the nearest connection deadline (a keep-alive connection between two scrapes
+        waits out its idle timeout), or until woken when there is no connection. An idle agent's server then wakes
+        for its clients only, not four times a second (BENCHMARKS.md, idle CPU). Workers wake it with their answers,
+        and shutdown with ``_wake``."""
+        if self._pages or self._accept_paused_until:
+            return _SWEEP_SECONDS
+        waiting = [c.deadline for c in self._conns.values() if c.state != _BUSY]
+        if waiting:  # no earlier than the next sweep, which is what closes a connection past its deadline
+            return max(0.0, max(min(waiting), self._next_sweep) - now)
+        return None if not self._conns else _SWEEP_SECONDS
 
     def _close_all(self) -> None:
         for conn in list(self._conns.values()):
