@@ -505,20 +505,20 @@ def test_stop_aborts_and_removes_the_temporaries(tmp_path: Path) -> None:
 
 
 def test_a_verification_mismatch_fails_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The read-back is what decides: a copy whose bytes on disk differ from what was read fails, and is removed.
-    The difference is made by flipping a byte of the copy on disk after it was written, before it is read back."""
+    """The read-back is what decides: a copy whose bytes read back differ from what was read fails, and is removed.
+    The difference is made where a device would make it: in what a read of the copy returns."""
     src = make_checkpoint(tmp_path / "src", shards=1, shard_bytes=1000)
     (tmp_path / "dst").mkdir()
-    real_fsync = os.fsync
+    size = (src / "model.bin").stat().st_size
+    real_preadv = os.preadv
 
-    def fsync_then_damage(fd: int) -> None:
-        real_fsync(fd)
-        st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_size == (src / "model.bin").stat().st_size:
-            os.pwrite(fd, b"\xff", st.st_size - 10)  # in the tail, which is read back after this fsync
-            real_fsync(fd)
+    def preadv_then_flip(fd: int, buffers: list[memoryview], offset: int) -> int:
+        got = real_preadv(fd, buffers, offset)
+        if offset == sync.CHUNK and os.fstat(fd).st_size == size:
+            buffers[0][100] ^= 0xFF
+        return got
 
-    monkeypatch.setattr(sync.os, "fsync", fsync_then_damage)
+    monkeypatch.setattr(sync.os, "preadv", preadv_then_flip)
     result = copy_verified(str(src), str(tmp_path / "dst" / "ck"))
     assert result.outcome == "failed" and "model.bin: read back past the page cache" in (result.error or "")
     assert os.listdir(tmp_path / "dst") == []
