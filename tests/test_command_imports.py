@@ -72,6 +72,7 @@ def loaded(modules: set[str], *packages: str) -> list[str]:
         pytest.param(("agent", "--help"), id="agent-help"),
         pytest.param(("plan", "--help"), id="plan-help"),
         pytest.param(("policy", "--help"), id="policy-help"),
+        pytest.param(("sync", "--help"), id="sync-help"),
     ],
 )
 def test_help_imports_only_the_parser(args: tuple[str, ...], tmp_path: Path) -> None:
