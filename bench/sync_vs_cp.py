@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """``storwatch sync`` (hashed, written, read back past the page cache and compared, fsynced, renamed) next to
 ``cp -r`` followed by ``sync`` (of the copied files, and of the whole machine), and next to ``dd oflag=direct
-conv=fsync``, on the same data in the same run: one 2 GiB file, and a directory of 64 shards of 32 MiB. A speed ratio belongs here, not in a test.
+conv=fsync``, on the same data in the same run: one 2 GiB file, and a directory of 64 shards of 32 MiB. A speed ratio
+belongs here, not in a test.
 
 The source is written once in ``--dir`` and read before every copy (a checkpoint to sync was just written: it is in
 the page cache); each copy goes to a fresh path in the same directory, is timed from the command's start to its end
 (storwatch's helper process included) and removed; they take turns going first. ``cp -r + sync`` gives ``sync`` the
 copied files and directories (an fsync of each, what the copy needs to survive a crash); ``cp -r; sync`` runs a plain
-``sync``, which also waits for the rest of the machine's dirty pages. dd copies each file in turn, one process per file. Medians of ``--runs``,
-with the ratios; ``--hashes`` also measures the hashes a copy could use, on one core.
+``sync``, which also waits for the rest of the machine's dirty pages. dd copies each file in turn, one process per
+file. Medians of ``--runs``, with the ratios and a PASS/MISS line per target; ``--hashes`` also measures the hashes
+a copy could use, on one core.
 
-Usage: .venv/bin/python bench/sync_vs_cp.py [--dir DIR] [--runs 3] [--hashes]
+Usage: .venv/bin/python bench/sync_vs_cp.py [--dir DIR] [--runs 3] [--hashes] [--json F]   (about 4 GiB in DIR)
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MB = 1e6
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
 
 
 def write_data(top: Path, big: int, shards: int, shard_bytes: int) -> tuple[Path, Path]:
@@ -166,6 +172,7 @@ def main() -> int:
     parser.add_argument("--shard-size", type=int, default=32 << 20)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--hashes", action="store_true", help="also measure xxh3-128, BLAKE3 and SHA-256")
+    parser.add_argument("--json", metavar="F", help="also write the figures to this file (bench/run_all.py)")
     args = parser.parse_args()
     if args.hashes:
         hashes()
@@ -175,6 +182,7 @@ def main() -> int:
         "cp -r; sync": cp_and_sync_all,
         "dd oflag=direct": dd_direct,
     }
+    figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir, prefix=".sync-bench-") as d:
         top = Path(d)
         single, directory = write_data(top, args.size, args.shards, args.shard_size)
@@ -206,6 +214,19 @@ def main() -> int:
                 + f"; the copy alone {' '.join(f'{t:.2f}' for t in COPY_SECONDS)}",
                 flush=True,
             )
+            print(f"  {verdict(ours >= cp_all)} storwatch sync >= 1.0x cp -r then sync")
+            print(f"  {verdict(ours >= 0.7 * dd)} storwatch sync >= 0.7x dd oflag=direct", flush=True)
+            figures[label] = {
+                "storwatch_sync": ours,
+                "copy_alone": copy,
+                "cp_sync_files": cp,
+                "cp_then_sync": cp_all,
+                "dd_direct": dd,
+                "ratio_cp_then_sync": ours / cp_all,
+                "ratio_dd": ours / dd,
+            }
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
     return 0
 
 
