@@ -2,13 +2,16 @@
 """``storwatch plan``'s measured write throughput next to ``dd oflag=direct conv=fsync`` on the same mounts, in one
 run: a speed ratio belongs here, not in a test (a busy machine moves it).
 
-Each mount: dd and storwatch plan write where each other does (a fresh directory at the mount's top), the same
-bytes, taking turns going first (freeing the other's file, a discard on some disks, slows the next write), and the
-median of ``--runs`` is printed for each with the ratio. dd's own cost of reading /dev/zero (measured alone, to
-/dev/null, right after) is taken off its time. The loop device and tmpfs to compare on are the caller's: mount them
-first (see docs/testing.md); the root disk wanders by 20 % minute to minute, so give it a larger ``--size``.
+Each mount: dd and storwatch plan write where each other does (a fresh directory at the mount's top), files of the
+same size (``--size``: plan runs with ``--size`` and one round, which writes such files, each fsynced, for about a
+second; dd writes one), taking turns going first (freeing the other's file, a discard on some disks, slows the next
+write), and the median of ``--runs`` is printed for each with the ratio. dd's own cost of reading /dev/zero
+(measured alone, to /dev/null, right after) is taken off its time. The loop device and tmpfs to compare on are the
+caller's: mount them first (see docs/testing.md); the root disk wanders by 20 % minute to minute, so give it a
+larger ``--size`` (plan writes at most a tenth of the free space: give the mount ten times ``--size``). How
+steady plan is on its own, run after run, is bench/plan_spread.py's to say.
 
-Usage: .venv/bin/python bench/plan_vs_dd.py --mount / --mount /mnt/loop [--size 268435456] [--runs 6]
+Usage: .venv/bin/python bench/plan_vs_dd.py --mount / --mount /mnt/loop [--size 1073741824] [--runs 6]
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def dd_direct(directory: str, size: int) -> float:
 
 def plan(mount: str, size: int) -> float:
     out = subprocess.run(
-        [sys.executable, "-m", "storwatch", "plan", "--mount", mount, "--size", str(size), "--json"],
+        [sys.executable, "-m", "storwatch", "plan", "--mount", mount, "--size", str(size), "--rounds", "1", "--json"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -65,7 +68,7 @@ def plan(mount: str, size: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mount", action="append", required=True)
-    parser.add_argument("--size", type=int, default=256 << 20)
+    parser.add_argument("--size", type=int, default=1 << 30)
     parser.add_argument("--runs", type=int, default=6)
     args = parser.parse_args()
     for mount in args.mount:

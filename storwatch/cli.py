@@ -61,8 +61,14 @@ With sync.destinations in --config, DEST must lie below one of those roots (each
 without following a symlink, and made where missing); without, DEST's directory must exist. Symlinks in SRC are
 copied as symlinks when they stay inside it; one leading out of SRC is refused.
 
+With --job JOBID (a Slurm epilog: see docs/slurm.md), the copies are a job's checkpoints on this node: the job
+is found by its processes' cgroups (where they work and write files) and sync.job_scratch; of those directories the
+ones the platform preset calls node-local are walked, and each run's newest complete checkpoint is copied below
+sync.destinations (the first, or --destination) as sync.template says, {namespace} being the job's user and {pod}
+job-JOBID. Where it looked, and what it left out and why, goes to stderr; nothing to copy is exit status 0.
+
 exit status:
-  0    DEST holds a verified copy of SRC (made now, or already there)
+  0    DEST holds a verified copy of SRC (made now, or already there); with --job, every copy did
   1    failed or aborted, nothing new at DEST: an I/O error, a read-back that differed, too little space, SRC
        changed during the copy, past the deadline
   2    usage error or refused: bad options or configuration, SRC missing, DEST outside sync.destinations, a
@@ -81,7 +87,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 MAX_SCAN_TIMEOUT_SECONDS = 60.0
-MIN_PLAN_BYTES, DEFAULT_PLAN_BYTES, MAX_PLAN_BYTES = 8 << 20, 256 << 20, 8 << 30
+MIN_PLAN_BYTES, MAX_PLAN_BYTES = 8 << 20, 8 << 30
+MAX_PLAN_ROUNDS, MAX_PLAN_SECONDS = 20, 3600.0
 MAX_SCAN_SAMPLE_SECONDS = 3600.0
 MAX_SYNC_DEADLINE_SECONDS = 7 * 86400.0
 
@@ -134,8 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser(
         "plan",
         help="measure the write throughput of this node's mounts and plan checkpoint intervals for each",
-        description="Measure sequential write throughput (O_DIRECT where taken, then fsync) of the mounts named, "
-        "and for a checkpoint size (default: the largest seen on this node) print the write time, whether it "
+        description="Measure sequential write throughput (O_DIRECT where taken, then fsync; the median of several "
+        "writes of about a second each) of the mounts named, "
+        "and for a checkpoint size (default: the largest complete checkpoint under the checkpoint roots of --config, "
+        "else 10G; the output says which) print the write time, whether it "
         "survives losing the node, and the shortest interval that keeps checkpoint overhead under the budget. "
         "It writes a test file on each mount measured (in a fresh hidden directory, removed after): name the mounts "
         "with --mount, or take every writable storage mount with --all.",
@@ -147,16 +156,33 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--size",
         type=_bytes_arg(MIN_PLAN_BYTES, MAX_PLAN_BYTES),
-        default=DEFAULT_PLAN_BYTES,
+        default=None,
         metavar="BYTES",
-        help="bytes to write on each mount, at most a tenth of its free space (default 256M; K, M, G suffixes)",
+        help="bytes of each test file, at most a tenth of the mount's free space (K, M, G suffixes; default: grown "
+        "until one write takes about a second, at most 8G)",
+    )
+    plan.add_argument(
+        "--rounds",
+        type=_count_arg(1, MAX_PLAN_ROUNDS),
+        default=5,
+        metavar="N",
+        help=f"test files written and timed on each mount, the median reported (1 to {MAX_PLAN_ROUNDS}, default 5)",
+    )
+    plan.add_argument(
+        "--max-seconds",
+        type=_seconds(0.0, MAX_PLAN_SECONDS, zero_ok=False),
+        default=60.0,
+        metavar="SECONDS",
+        help="no further test write starts on a mount that would end past this (at least one is timed; "
+        f"above 0 and at most {MAX_PLAN_SECONDS:g}, default 60)",
     )
     plan.add_argument(
         "--checkpoint-bytes",
         type=_bytes_arg(1, 1 << 50),
         default=None,
         metavar="BYTES",
-        help="the checkpoint size to plan for (default: the largest complete checkpoint seen, else 10G)",
+        help="the checkpoint size to plan for (default: the largest complete checkpoint under the checkpoint roots, "
+        "else 10G)",
     )
     plan.add_argument(
         "--budget",
@@ -206,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sync.add_argument(
         "--keep",
-        type=_count_arg,
+        type=_count_arg(0, 100_000),
         metavar="N",
         help="keep the N newest verified copies in DEST's directory, removing older ones storwatch made (0: keep "
         "every one; default sync.keep). Only copies storwatch made are ever removed, never the source",
@@ -216,6 +242,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds(0.0, MAX_SYNC_DEADLINE_SECONDS, zero_ok=False),
         metavar="SECONDS",
         help="abandon the copy past this (default sync.deadline_seconds): a hung destination never holds the command",
+    )
+    sync.add_argument(
+        "--job",
+        type=_job_id_arg,
+        metavar="JOBID",
+        help="copy a Slurm job's checkpoints from this node's local storage (instead of SRC DEST)",
+    )
+    sync.add_argument(
+        "--uid",
+        type=_uid_arg,
+        metavar="UID",
+        help="with --job: the job's owner (default $SLURM_JOB_UID when $SLURM_JOB_ID is JOBID, else from its cgroups)",
+    )
+    sync.add_argument(
+        "--destination", metavar="ROOT", help="with --job: which of sync.destinations to copy to (default the first)"
     )
     policy = sub.add_parser(
         "policy",
@@ -275,13 +316,60 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if failed else EXIT_OK
 
 
-def _sync_pairs(args: argparse.Namespace) -> list[tuple[str, str]] | str:
-    """What ``storwatch sync`` copies, as (SRC, DEST) pairs, or the usage problem. One way today (SRC DEST); another
-    way of naming the copies (a job's checkpoints) adds its branch here."""
+def _sync_pairs(args: argparse.Namespace, config: Config) -> list[tuple[str, str, str | None]] | str:
+    """What ``storwatch sync`` copies, as (SRC, DEST, a trusted directory above SRC or None), or the usage problem:
+    SRC DEST, or a Slurm job's checkpoints (``--job``)."""
+    if args.job is not None:
+        if args.source or args.dest:
+            return "storwatch sync: --job takes no SRC or DEST (storwatch sync --help)"
+        return _job_copies(args, config)
+    if args.uid is not None or args.destination is not None:
+        return "storwatch sync: --uid and --destination go with --job"
     if not args.source or not args.dest:
         return "storwatch sync: SRC and DEST are both needed (storwatch sync --help)"
     # Relative to here, but not normalised: a '..' in DEST is judged against sync.destinations as written.
-    return [(os.path.join(os.getcwd(), args.source), os.path.join(os.getcwd(), args.dest))]
+    return [(os.path.join(os.getcwd(), args.source), os.path.join(os.getcwd(), args.dest), None)]
+
+
+def _job_copies(args: argparse.Namespace, config: Config) -> list[tuple[str, str, str | None]] | str:
+    """A Slurm job's copies (storwatch/actions/job_sync.py); where it looked, and what it left out, on stderr."""
+    import contextlib
+    import functools
+
+    from storwatch.actions.job_sync import plan_job
+    from storwatch.printable import printable
+
+    uid = args.uid
+    if uid is None and os.environ.get("SLURM_JOB_ID") == str(args.job):
+        with contextlib.suppress(ValueError):
+            uid = _uid_arg(os.environ.get("SLURM_JOB_UID", ""))
+    try:
+        plan = plan_job(config, args.job, uid=uid, destination=args.destination)
+    except ValueError as err:
+        return f"storwatch sync --job: {printable(str(err))}"
+    except OSError as err:
+        return f"storwatch sync --job: cannot read the mount table: {printable(str(err.strerror or err))}"
+    job = plan.job
+    owner = job.user or (str(job.uid) if job.uid is not None else "unknown")
+    say = functools.partial(print, file=sys.stderr)
+    say(
+        f"job {job.job_id}: {len(job.pids)} processes on this node, owner {printable(owner)}, platform "
+        f"{plan.platform.name} ({printable(plan.platform.detected_by)})"
+    )
+    for place in plan.places:
+        verdict = place.verdict
+        what = f"{verdict.durability.value}: {verdict.reason}" if verdict else "on no mount this node shows"
+        word = "walked" if place.ephemeral else "left out"
+        say(f"  {word:<9} {printable(place.directory)} ({printable(what)})")
+    if not plan.places:
+        say("  no directory of the job found (no process of it runs here, and no sync.job_scratch matched)")
+    for why in plan.skipped:
+        say(f"  skipped   {printable(why)}")
+    if plan.scan_failure:
+        say(f"  the checkpoint scan could not read everything: {printable(plan.scan_failure)}")
+    if not plan.copies:
+        say("  nothing to copy")
+    return [(c.source, c.dest, c.source_root) for c in plan.copies]
 
 
 def _sync_exit(results: Sequence[Any], interrupted: bool) -> int:
@@ -355,13 +443,16 @@ def cmd_sync(args: argparse.Namespace) -> int:
     config = _config_file(args.config)
     config.validate(args.config or "command line")
     section = config.sync
-    pairs = _sync_pairs(args)
+    pairs = _sync_pairs(args, config)
     if isinstance(pairs, str):
         print(pairs, file=sys.stderr)
         return EXIT_USAGE
     bandwidth = section.bandwidth_bytes_per_second if args.bandwidth is None else args.bandwidth
+    allowed = Destinations.from_config(section) if section.destinations else None
+    if args.job is not None:  # a job's copies are planned below the roots as reached under paths.rootfs
+        allowed = Destinations([config.host_paths().root(root) for root in section.destinations])
     worker = SyncWorker(
-        Destinations.from_config(section) if section.destinations else None,
+        allowed,
         deadline_seconds=section.deadline_seconds if args.deadline is None else args.deadline,
         bandwidth=float(bandwidth) or None,
         keep=section.keep if args.keep is None else args.keep,
@@ -370,8 +461,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
     results: list[Any] = []
     interrupted = False
     try:
-        for src, dest in pairs:
-            job_id = worker.submit(src, dest)
+        for src, dest, source_root in pairs:
+            job_id = worker.submit(src, dest, source_root=source_root)
             try:
                 results.append(_follow_sync(worker, job_id, bar, f"{printable(os.path.basename(dest))}"))
             except KeyboardInterrupt:
@@ -769,14 +860,29 @@ def _bytes_arg(minimum: int, maximum: int) -> Callable[[str], int]:
     return parse
 
 
-def _count_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 100_000:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to 100000, got {text!r}")
-    return value
+def _job_id_arg(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 1 << 32:
+        raise argparse.ArgumentTypeError(f"must be a Slurm job ID (a whole number above 0), got {text!r}")
+    return int(text)
+
+
+def _uid_arg(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) < 1 << 32:
+        raise argparse.ArgumentTypeError(f"must be a user ID (a whole number), got {text!r}")
+    return int(text)
+
+
+def _count_arg(minimum: int, maximum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {minimum} to {maximum}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _ratio_arg(text: str) -> float:
@@ -790,9 +896,10 @@ def _ratio_arg(text: str) -> float:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from storwatch.plan import as_dicts, format_plan, plan
+    from storwatch.plan import as_dicts, checkpoint_size, cpu_stall_reader, format_plan, plan
     from storwatch.printable import printable
     from storwatch.report import NON_FINITE, finite_data, strict_json
+    from storwatch.sources.checkpoint_key import default_roots
 
     config, _ = _load(args)
     _setup_logging(config.log_level if args.log_level else "warning")
@@ -803,25 +910,41 @@ def cmd_plan(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    # The same one-shot collection as `scan`: with checkpoint roots to search (configured, or the kubelet's pod
+    # volumes), their walk, whose complete checkpoints give the size to plan for.
     view = scan_view(config, 0.3, 0.0)
     paths = config.host_paths()
+    roots = default_roots(paths, config.checkpoints.roots, config.checkpoints.kubelet)
+    size = checkpoint_size(view, args.checkpoint_bytes, roots, paths)
+
+    # Progress on a terminal only, one line rewritten in place (as scan's walk of the roots): a log or a pipe gets
+    # the result alone.
+    live = sys.stderr.isatty()
 
     def progress(line: str) -> None:
-        if not args.json:
-            print(printable(line), file=sys.stderr, flush=True)
+        if live:
+            sys.stderr.write(f"\r\033[K{printable(line)}")
+            sys.stderr.flush()
 
     rows = plan(
         view,
         None if args.all else args.mount,
+        size.bytes,
         size=args.size,
-        checkpoint_bytes=args.checkpoint_bytes,
         budget=args.budget,
+        rounds=args.rounds,
+        max_seconds=args.max_seconds,
         mtbf_seconds=config.checkpoints.mtbf_seconds,
         local=paths.root,
         progress=progress,
+        cpu_stalled=cpu_stall_reader(paths),
     )
+    if live:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
     if args.json:
-        plain, non_finite = finite_data({"budget": args.budget, "mounts": as_dicts(rows)})
+        data = {"budget": args.budget, "checkpoint": {**dataclasses.asdict(size), "says": size.sentence()}}
+        plain, non_finite = finite_data({**data, "mounts": as_dicts(rows)})
         sys.stdout.write(strict_json({**plain, NON_FINITE: non_finite}, indent=2) + "\n")
     else:
         # The names in the table (mountpoints, types, errors quoting paths) escaped before it is laid out, so that
@@ -835,6 +958,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             )
             for r in rows
         ]
+        print(printable(size.sentence()))
         print(format_plan(shown, args.budget))
     return EXIT_OK if all(r.error is None for r in rows) else EXIT_FINDINGS
 

@@ -347,6 +347,10 @@ class SyncConfig:
     deadline_seconds: float = number(3600.0, 1.0, 7 * 86400)
     """Past this a copy is abandoned: its helper process is killed (a destination on a hung mount never holds the
     agent) and its temporaries are removed by the next copy into the same directory."""
+    job_scratch: tuple[str, ...] = ()
+    """Where a Slurm job's node-local scratch directories are, as host paths with ``{job}``, ``{uid}`` and ``{user}``
+    (``/scratch/{user}/{job}``): what ``storwatch sync --job`` looks in besides where the job's processes work and
+    write, which an epilog no longer sees (the job's processes are gone by then)."""
 
 
 @dataclass(frozen=True)
@@ -453,6 +457,32 @@ def _sync_problems(section: SyncConfig) -> Iterator[str]:
     problem = sync_template_problem(section.template)
     if problem is not None:
         yield f"sync.template: {problem}"
+    for template in section.job_scratch:
+        problem = job_scratch_problem(template)
+        if problem is not None:
+            yield f"sync.job_scratch: {problem}"
+
+
+JOB_SCRATCH_FIELDS = ("job", "uid", "user")
+
+
+def job_scratch_problem(template: str) -> str | None:
+    """What is wrong with a ``sync.job_scratch`` template, or None: an absolute path naming only ``{job}``,
+    ``{uid}`` and ``{user}`` (each a whole value, no format spec), without ``.`` or ``..`` components."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as err:
+        return f"{template!r} is not a template: {err}"
+    for literal, name, spec, conversion in parts:
+        if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in literal):
+            return f"{template!r} holds a control character"
+        if name is not None and (name not in JOB_SCRATCH_FIELDS or spec or conversion):
+            return f"{template!r}: {{{name}}} is not one of {{job}}, {{uid}}, {{user}}"
+    if not template.startswith("/"):
+        return f"{template!r} is not an absolute path"
+    if any(c in (".", "..") for c in template.split("/")):
+        return f"{template!r} holds a '.' or '..' component"
+    return None
 
 
 def _range_problems(section: Any, prefix: str = "") -> Iterator[str]:

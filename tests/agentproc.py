@@ -79,7 +79,8 @@ def fetch(url: str, method: str = "GET", timeout: float = 5.0, context: ssl.SSLC
 
 
 def wait_until(probe: Callable[[], T | None], timeout: float, interval: float = 0.05, what: str = "") -> T:
-    """Call ``probe`` until it returns something other than None (or False); raise AssertionError at the deadline.
+    """Call ``probe`` until it returns something other than None, False or an empty collection; raise AssertionError
+    at the deadline.
 
     Exceptions from ``probe`` count as "not yet" (the last one is chained to the AssertionError).
     """
@@ -88,7 +89,12 @@ def wait_until(probe: Callable[[], T | None], timeout: float, interval: float = 
     while True:
         try:
             value = probe()
-            if value is not None and value is not False:
+            # An empty list or mapping is "not yet" too: a probe that collects what has arrived returns one
+            if (
+                value is not None
+                and value is not False
+                and not (isinstance(value, (list, tuple, dict, set)) and not value)
+            ):
                 return value
         except Exception as err:
             last_error = err

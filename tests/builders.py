@@ -7,9 +7,14 @@ Test modules import these from here and never from one another (tests/test_layou
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import stat
 import struct
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from storwatch.analysis.findings import find
 from storwatch.analysis.stall_feed import StallFeed
@@ -208,6 +213,46 @@ def page_with_a_stalled_gpu() -> tuple[str, View]:
     return render_status_page(view_to_dict(view)), view
 
 
+def own_mount_table(dest: Path, mountpoints: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """A command prefix (``start_agent``'s ``prefix``) that runs the agent in a private mount namespace where
+    /proc/1/mountinfo and /proc/1/mountstats hold only "/" and ``mountpoints``: what other users mounted on this
+    machine (a name with a newline, a hung FUSE mount) never reaches the test, and every other file of /proc stays the
+    live one (processes started later included).
+
+    The tables are the real ones' lines for those mount points as they are now (make the mounts first), written under
+    ``dest``; the namespace is the agent's alone (private propagation), so the host's /proc is left as it is. Root.
+    """
+    import shutil
+
+    from storwatch.procfs.mountinfo import parse_line
+
+    wanted = {"/"} | {os.fspath(m) for m in mountpoints}
+    kept: list[bytes] = []
+    for line in Path("/proc/1/mountinfo").read_bytes().splitlines():
+        if parse_line(line).mountpoint in wanted:
+            kept.append(line)
+    missing = wanted - {parse_line(line).mountpoint for line in kept}
+    assert not missing, f"not mounted (yet): {sorted(missing)}"
+    escaped = {line.split(b" ")[4] for line in kept}  # mountstats escapes a path as mountinfo does
+    # mountstats: a block per mount, from its "device SOURCE mounted on MOUNTPOINT with fstype ..." line to the next.
+    blocks: list[bytes] = []
+    keep = False
+    for line in Path("/proc/1/mountstats").read_bytes().splitlines(keepends=True):
+        if line.startswith(b"device "):
+            words = line.split(b" ")
+            keep = len(words) > 4 and words[2:4] == [b"mounted", b"on"] and words[4] in escaped
+        if keep:
+            blocks.append(line)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "mountinfo").write_bytes(b"".join(line + b"\n" for line in kept))
+    (dest / "mountstats").write_bytes(b"".join(blocks))
+    unshare = shutil.which("unshare") or "unshare"
+    script = 'mount --bind "$1" /proc/1/mountinfo && mount --bind "$2" /proc/1/mountstats && shift 2 && exec "$@"'
+    # unshare and sh both exec: the agent keeps the PID the test started, and its process group.
+    return [unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+            str(dest / "mountinfo"), str(dest / "mountstats")]  # fmt: skip
+
+
 def host_mounts() -> tuple[Mount, ...]:
     """This process's mount table as the mount source reads it."""
     from storwatch.procfs.mountinfo import parse_mountinfo
@@ -236,3 +281,51 @@ def release_cgroup(group: Path, parent: Path) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+SYNC_LEFTOVER = re.compile(r"\..+\.storwatch-sync-[0-9a-f]{16}\.(tmp|old|manifest)")
+"""The names storwatch sync gives what it writes before the rename (a temporary, the copy it replaces, its manifest's
+temporary): what a killed copy may leave, and the next run removes."""
+
+
+def sync_checkpoint(top: Path, shards: int = 6, shard_bytes: int = 3 << 20, seed: int = 1) -> Path:
+    """A DCP-like directory: shards in a subdirectory, a big file over several chunks, a marker, a tracker, links
+    that stay inside."""
+    top.mkdir(parents=True)
+    (top / "shards").mkdir()
+    import random
+
+    from storwatch import sync
+
+    rng = random.Random(seed)
+    for i in range(shards):
+        (top / "shards" / f"__{i}_0.distcp").write_bytes(rng.randbytes(shard_bytes + i * 4097))
+    (top / "model.bin").write_bytes(rng.randbytes(sync.CHUNK * 2 + 12345))  # three chunks, the last partial
+    (top / ".metadata").write_bytes(rng.randbytes(5000))
+    (top / "latest").write_text("global_step10\n")
+    (top / "empty").write_bytes(b"")
+    os.symlink("model.bin", top / "model.link")
+    os.symlink("../model.bin", top / "shards" / "up.link")
+    os.chmod(top / "shards", 0o750)
+    os.chmod(top / "model.bin", 0o640)
+    return top
+
+
+def sync_tree(top: Path) -> dict[str, tuple[Any, ...]]:
+    """Every entry below ``top`` (never following a link): its kind, mode, and content or target."""
+    out: dict[str, tuple[Any, ...]] = {}
+    st = os.lstat(top)
+    if stat.S_ISREG(st.st_mode):
+        return {".": ("file", stat.S_IMODE(st.st_mode), top.read_bytes())}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(top))
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("link", os.readlink(path))
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", stat.S_IMODE(st.st_mode))
+            else:
+                out[rel] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
+    return out

@@ -377,13 +377,17 @@ def loop_ext4_mount(
     mount_options: str | None = None,
     mkfs_timeout: float = 300.0,
     losetup_args: Sequence[str] = (),
+    preallocate: bool = False,
 ) -> Iterator[LoopMount]:
-    """An ext4 image of ``size_mb`` MiB (sparse) on its own loop device, mounted at ``dir``.
+    """An ext4 image of ``size_mb`` MiB (sparse, or written through with zeros with ``preallocate``) on its own loop
+    device, mounted at ``dir``.
 
     The image goes into ``image_dir`` (e.g. a FUSE mount, to give the loop device latency) or a fresh
     temporary directory. ``losetup_args`` such as ``--direct-io=on`` (the loop device then bypasses the page cache of
-    its image, so its writes cost what the disk under it costs). Teardown: unmount (lazily if busy), ``losetup -d``,
-    remove the image.
+    its image, so its writes cost what the disk under it costs). ``preallocate`` gives every block of the image a
+    place on the disk under it before mkfs, as a real disk has: a write into a sparse image's hole costs an
+    allocation in the filesystem under it that a write into a written block does not, so timings on a sparse image
+    depend on which blocks were written before. Teardown: unmount (lazily if busy), ``losetup -d``, remove the image.
     """
     require_loop()
     mkfs = require_mkfs_ext4()
@@ -397,7 +401,14 @@ def loop_ext4_mount(
         image = Path(image_dir, f"{IMAGE_PREFIX}{uuid.uuid4().hex[:12]}.img")
         stack.callback(_remove_image, image)
         with open(image, "wb") as fh:
-            fh.truncate(size_mb * 1024 * 1024)
+            if preallocate:
+                zeros = bytes(1 << 20)
+                for _ in range(size_mb):
+                    fh.write(zeros)
+                fh.flush()
+                os.fsync(fh.fileno())
+            else:
+                fh.truncate(size_mb * 1024 * 1024)
         _run([mkfs, "-q", "-F", *mkfs_args, os.fspath(image)], timeout=mkfs_timeout)
         try:
             loop_device = _run(["losetup", "-f", "--show", *losetup_args, os.fspath(image)]).stdout.strip()

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.agentproc import running_agent, wait_until
 from tests.browser import Elements, run_chromium
+from tests.builders import own_mount_table
 from tests.nvml import FakeNVMLUnavailable, build_fake_nvml
 from tests.realmounts import fuse_mount, loop_ext4_mount
 
@@ -110,7 +111,10 @@ def test_stall_seconds_match_the_loops_own_blocked_time(
     )
     result = tmp_path / "result.json"
     env = {"LD_LIBRARY_PATH": str(lib.parent), "FAKE_NVML_SCRIPT": str(script)}
-    with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=env, timeout=30) as agent:
+    # The agent sees "/" and the test's mounts only: another user's mounts would lengthen /status's mount table and
+    # push the timeline out of the screenshot.
+    prefix = own_mount_table(tmp_path / "table", [slow.mountpoint, disk.mountpoint])
+    with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=env, timeout=30, prefix=prefix) as agent:
         # scraped every second while the loop runs, as Prometheus would (a View is made per scrape)
         scraping = threading.Event()
 

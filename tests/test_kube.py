@@ -476,9 +476,24 @@ def test_pod_info_parses_api_pod() -> None:
                 "deletionTimestamp": "2027-01-15T08:00:30.250Z",
                 "deletionGracePeriodSeconds": 30,
             },
-            "spec": {"nodeName": NODE, "volumes": [{"name": "x", "csi": {"driver": "efs.csi.aws.com"}}]},
+            "spec": {
+                "nodeName": NODE,
+                "terminationGracePeriodSeconds": 120,
+                "volumes": [{"name": "x", "csi": {"driver": "efs.csi.aws.com"}}],
+            },
         }
     )
     assert pod.uid == "abcdef01-0000-4000-8000-000000000000"
+    assert (pod.grace_seconds, pod.termination_grace_seconds) == (30.0, 120.0)
     assert pod.deletion_timestamp == pytest.approx(calendar.timegm((2027, 1, 15, 8, 0, 30, 0, 0, 0)) + 0.25)
     assert pod.volumes == (VolumeInfo("x", "other", csi_driver="efs.csi.aws.com"),)
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [(45, 45.0), (0, 0.0), (-1, None), (True, None), ("30", None), (float("nan"), None), (None, None)],
+    ids=["whole", "zero", "negative", "bool", "text", "nan", "absent"],
+)
+def test_a_grace_period_is_a_number_of_seconds_or_unknown(value: object, seconds: float | None) -> None:
+    pod = pod_info({"metadata": {"name": "p", "uid": "u"}, "spec": {"terminationGracePeriodSeconds": value}})
+    assert pod.termination_grace_seconds == seconds

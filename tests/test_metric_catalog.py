@@ -49,6 +49,21 @@ def policy_scrape() -> str:
     return render_text(policy_area.families(engine.status().metrics(actions))).decode("utf-8")
 
 
+def sync_scrape() -> str:
+    """storwatch_sync_*: one run copied in 12 s, another copy running."""
+    from storwatch.exporter import sync as sync_area
+    from storwatch.exporter.area import SyncMetrics
+
+    metrics = SyncMetrics(
+        bytes_total=2 << 30,
+        in_progress=1,
+        last_success={"alice/run1": 1_800_000_000.0},
+        duration_buckets=((5.0, 0), (15.0, 1), (float("inf"), 1)),
+        duration_sum=12.0,
+    )
+    return render_text(sync_area.families(metrics)).decode("utf-8")
+
+
 def rich_scrape() -> str:
     """Every area of a scrape of :func:`rich_view`, with the reload record, the Alertmanager receiver's counts and this
     process's metrics, and the policy's families."""
@@ -56,7 +71,7 @@ def rich_scrape() -> str:
     counts.request("accepted")
     counts.alerts("stored", 2)
     exporter = Exporter(exporter_areas(), process_metrics=True, reloads=ConfigReloads(), alertmanager=counts)
-    return exporter.render(rich_view()).decode("utf-8") + policy_scrape()
+    return exporter.render(rich_view()).decode("utf-8") + policy_scrape() + sync_scrape()
 
 
 # -- reading a scrape against the catalog

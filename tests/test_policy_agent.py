@@ -101,14 +101,16 @@ def test_the_default_policy_fires_for_the_home_run_and_acts(tmp_path: Path) -> N
             assert not any("run2" in (f.get("run") or "") for f in status["findings"]), status["findings"]
             # Its Event, in the test's API server, about this Node
             posted = wait_until(
-                lambda: [e for e in api.recorded if e.verb == "create" and "Important" in e.body.get("reason", "")],
+                lambda: (
+                    [e for e in api.recorded if e.verb == "create" and "Important" in e.body.get("reason", "")] or None
+                ),
                 timeout=30,
                 interval=0.2,
                 what="the rule's Event",
             )
             assert posted[0].body["involvedObject"]["kind"] == "Node" and "alice/run1" in posted[0].body["message"]
             # The webhook, over HTTPS, with the documented payload and the bearer token
-            got = wait_until(lambda: list(hooks.received), timeout=30, interval=0.2, what="the webhook")
+            got = wait_until(lambda: list(hooks.received) or None, timeout=30, interval=0.2, what="the webhook")
             body = json.loads(got[0].body)
             assert got[0].headers["Authorization"] == "Bearer s3cret"
             assert {body["rule"], body["transition"], body["entity"]["kind"], body["node"]} == {
@@ -120,11 +122,14 @@ def test_the_default_policy_fires_for_the_home_run_and_acts(tmp_path: Path) -> N
             assert body["entity"]["fields"]["run"] == "alice/run1" and body["version"] == 1, body
             # The dry run: counted and logged, never posted
             done = wait_until(
-                lambda: [
-                    a
-                    for a in (_status(agent) or {"policy": {"actions": []}})["policy"]["actions"]
-                    if a["rule"] == "dry-run-copy"
-                ],
+                lambda: (
+                    [
+                        a
+                        for a in (_status(agent) or {"policy": {"actions": []}})["policy"]["actions"]
+                        if a["rule"] == "dry-run-copy"
+                    ]
+                    or None
+                ),
                 timeout=30,
                 interval=0.2,
                 what="the dry run's record",

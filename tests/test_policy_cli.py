@@ -18,7 +18,7 @@ POLICIES = REPO_ROOT / "policies"
 def test_the_default_sets_cases_pass(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["policy", "test", str(POLICIES / "default_test.yaml")]) == 0
     out = capsys.readouterr()
-    assert out.out.strip() == f"{POLICIES / 'default_test.yaml'}: 8 cases, 0 failures: passed"
+    assert out.out.strip() == f"{POLICIES / 'default_test.yaml'}: 9 cases, 0 failures: passed"
     assert out.err == ""
 
 
@@ -49,11 +49,11 @@ def test_a_case_expecting_a_wrong_action_fails(tmp_path: Path, capsys: pytest.Ca
     out = capsys.readouterr()
     line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "- at: 30m" in t)
     assert out.err.splitlines() == [
-        f"{path}:{line}: tests[7].expect[1]: case 'orphaned temporaries piling up fire after 30 minutes, logged only' "
+        f"{path}:{line}: tests[8].expect[1]: case 'orphaned temporaries piling up fire after 30 minutes, logged only' "
         "at 1800s: actions: expected [orphaned-temporaries-piling-up webhook litter firing], got "
         "[orphaned-temporaries-piling-up log litter firing]"
     ]
-    assert out.out.strip().endswith("8 cases, 1 failures: FAILED")
+    assert out.out.strip().endswith("9 cases, 1 failures: FAILED")
 
 
 def test_a_case_expecting_a_firing_too_early_fails(tmp_path: Path) -> None:

@@ -96,7 +96,8 @@ def test_every_problem_of_every_file_is_listed(tmp_path: Path) -> None:
     assert errors == [
         f"{a}:3: rules[0].on: 'disk' is not one of mount, run, gpu, workload, finding, node, alert",
         f"{a}:8: rules[1].for: expected a duration (seconds, or such as 90s, 5m, 1h30m), got 'soon'",
-        f"{a}:12: rules[2].actions[0].action: unknown action 'page'; known: log, event, webhook, request_checkpoint",
+        f"{a}:12: rules[2].actions[0].action: unknown action 'page'; known: log, event, webhook, request_checkpoint, "
+        "sync",
         f"{b}:5: rules[0].message: {{nodename}}: not a field of the entity",
     ]
 
@@ -235,6 +236,6 @@ def test_message_templates_fill_fields_and_nothing_else() -> None:
 
 def test_the_default_policy_loads_and_check_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     policy = load_policy([str(DEFAULT)])
-    assert len(policy.rules) == 8
+    assert len(policy.rules) == 10
     assert main(["policy", "check", str(DEFAULT)]) == 0
-    assert "8 rules" in capsys.readouterr().out
+    assert "10 rules" in capsys.readouterr().out

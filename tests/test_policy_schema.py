@@ -10,6 +10,7 @@ from pathlib import Path
 
 from storwatch.analysis.stalls import StallState
 from storwatch.policy.schema import SCHEMA, StallShares, entities, markdown, problems
+from storwatch.sources.kubevolumes import HOST_PATH, ClusterObjects, VolumeInfo
 from tests.rich_view import NOW, rich_view
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "policy.md"
@@ -78,3 +79,28 @@ def test_the_stall_share_covers_ten_minutes_of_views() -> None:
     untracked = entities(dataclasses.replace(base, stalls=None), shares={"0": 0.25})
     assert {e.fields["stall_share_10m"] for e in untracked["gpu"]} == {None}
     assert {e.fields["stalling"] for e in untracked["gpu"]} == {None}
+
+
+def test_a_run_names_its_pod_its_grace_and_its_newest_complete_checkpoint() -> None:
+    """The run on the pod's hostPath volume carries the pod's name, how long it has left and its grace period, and
+    its newest complete checkpoint (the incomplete step-300 being written is not it) for ``sync`` to copy; a run in
+    no pod's volume whose writer is no pod names none."""
+    view = rich_view()
+    assert view.kube is not None
+    (pod,) = view.kube.cluster.pods.values()
+    pod = dataclasses.replace(pod, volumes=(VolumeInfo("scratch", HOST_PATH, path="/scratch"),))
+    kube = dataclasses.replace(view.kube, cluster=ClusterObjects(pods={pod.uid: pod}))
+    view = dataclasses.replace(view, snapshot=dataclasses.replace(view.snapshot, kube=kube))
+    runs = {e.key: e for e in entities(view)["run"]}
+    llama = runs["llama"]
+    assert {k: llama.fields[k] for k in ("namespace", "pod", "pod_terminating", "pod_grace_seconds")} == {
+        "namespace": "ml",
+        "pod": "trainer-0",
+        "pod_terminating": True,
+        "pod_grace_seconds": 30.0,
+    }
+    assert llama.fields["pod_seconds_left"] == 20.0 and llama.fields["checkpoint"] == "step-200"
+    assert (llama.checkpoint_path, llama.checkpoint_mtime) == ("/scratch/llama/step-200", NOW - 600.0)
+    bert = runs["ckpt/bert"]  # written by Slurm job 77: no pod
+    assert (bert.fields["namespace"], bert.fields["pod"], bert.fields["pod_grace_seconds"]) == (None, None, None)
+    assert bert.fields["checkpoint"] == "step-2"

@@ -126,7 +126,7 @@ def test_top_level_help_names_every_command(capsys: pytest.CaptureFixture[str]) 
     assert exit_.value.code == 0
     description = capsys.readouterr().out.split("positional arguments:")[0]
     named = " ".join(description.split("\n", 1)[1].split())  # past the usage line, which lists them too
-    assert sorted(sub.choices) == ["agent", "plan", "scan", "verify"]
+    assert sorted(sub.choices) == ["agent", "plan", "policy", "scan", "sync", "verify"]
     for command in sub.choices:
         assert command in named, named
 

@@ -170,3 +170,17 @@ def test_each_finding_and_checkpoint_row_names_its_run_and_path_escaped() -> Non
     header, rows = table(page, "checkpoints")
     paths = column(header, rows, "Path")
     assert paths == {"plain": f"{root}/plain", "trainer/plain": f"{root}/trainer/plain", escaped: f"{root}/{escaped}"}
+
+
+def test_mount_names_holding_a_newline_or_a_space_are_told_apart() -> None:
+    from storwatch.printable import printable
+    from tests.builders import mount
+
+    view = fixture_view()
+    odd = ("/mnt/a\nb", "/mnt/a b")
+    extra = tuple(dataclasses.replace(mount(mp, "tmpfs", "tmpfs"), mount_id=900 + i) for i, mp in enumerate(odd))
+    snap = Snapshot(T, (*(mv.mount for mv in view.mounts), *extra))
+    data = view_to_dict(build_view(snap, Classifier("generic"), Platform("generic", "test")))
+    _, rows = table(render_status_page(data), "mounts")
+    names = [row[0] for row in rows]
+    assert printable(odd[0]) in names and odd[1] in names and printable(odd[0]) != odd[1], names

@@ -35,50 +35,13 @@ from storwatch.sync import (
     copy_verified,
     safe_field,
 )
+from tests.builders import SYNC_LEFTOVER as LEFTOVER
+from tests.builders import sync_checkpoint as make_checkpoint
+from tests.builders import sync_tree as tree
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-LEFTOVER = re.compile(r"\..+\.storwatch-sync-[0-9a-f]{16}\.(tmp|old|manifest)")
 WAIT = 60.0
 """How long a test waits for a helper's copy at most: a bound against hanging, generous for a loaded machine."""
-
-
-def make_checkpoint(top: Path, shards: int = 6, shard_bytes: int = 3 << 20, seed: int = 1) -> Path:
-    """A DCP-like directory: shards in a subdirectory, a big file over several chunks, a marker, a tracker, links
-    that stay inside."""
-    top.mkdir(parents=True)
-    (top / "shards").mkdir()
-    rng = __import__("random").Random(seed)
-    for i in range(shards):
-        (top / "shards" / f"__{i}_0.distcp").write_bytes(rng.randbytes(shard_bytes + i * 4097))
-    (top / "model.bin").write_bytes(rng.randbytes(sync.CHUNK * 2 + 12345))  # three chunks, the last partial
-    (top / ".metadata").write_bytes(rng.randbytes(5000))
-    (top / "latest").write_text("global_step10\n")
-    (top / "empty").write_bytes(b"")
-    os.symlink("model.bin", top / "model.link")
-    os.symlink("../model.bin", top / "shards" / "up.link")
-    os.chmod(top / "shards", 0o750)
-    os.chmod(top / "model.bin", 0o640)
-    return top
-
-
-def tree(top: Path) -> dict[str, tuple[Any, ...]]:
-    """Every entry below ``top`` (never following a link): its kind, mode, and content or target."""
-    out: dict[str, tuple[Any, ...]] = {}
-    st = os.lstat(top)
-    if stat.S_ISREG(st.st_mode):
-        return {".": ("file", stat.S_IMODE(st.st_mode), top.read_bytes())}
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            rel = str(path.relative_to(top))
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = ("link", os.readlink(path))
-            elif stat.S_ISDIR(st.st_mode):
-                out[rel] = ("dir", stat.S_IMODE(st.st_mode))
-            else:
-                out[rel] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
-    return out
 
 
 def leftovers(directory: Path) -> list[str]:

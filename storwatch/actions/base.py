@@ -17,6 +17,10 @@ SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
 Outcome = Literal["ok", "dry_run", "skipped", "rate_limited", "failed"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "dry_run", "skipped", "rate_limited", "failed")
 
+ACTION_NAMES = ("log", "event", "webhook", "request_checkpoint", "sync")
+"""Every action, by name (storwatch.actions.registry makes them): what a policy may name, and the bound on the
+``action`` label of storwatch_policy_actions_total."""
+
 FieldValue = None | bool | int | float | str | tuple["FieldValue", ...] | Mapping[str, "FieldValue"]
 """What an entity's field holds: the values a CEL expression reads (null, bool, int, double, string, list, map)."""
 
@@ -41,6 +45,10 @@ class Entity:
     """For a run: the scan root it was found under, as this process reaches it (the operator's, trusted). Every
     directory from there down to ``run_dir`` is opened without following a symbolic link, so a link a tenant plants
     in the run's path cannot lead an action elsewhere; None: only ``run_dir``'s own last component is held so."""
+    checkpoint_path: str | None = None
+    """For a run: its newest complete checkpoint as this process reaches it (what ``sync`` copies), else None."""
+    checkpoint_mtime: float | None = None
+    """That checkpoint's newest modification time (UNIX seconds): which save it is."""
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from storwatch.actions._request_worker import OP, command
@@ -41,6 +42,31 @@ MAX_SIGNALLED = 16
 """Writer PIDs looked at per request (a run written by every rank of a large job signals this many at most)."""
 FILE_SECONDS = 10.0
 """The longest the request file's placing is waited for (a hung mount): the rest of the run's time is the signal's."""
+
+
+MAX_ASKED = 4096
+"""Runs whose last request is remembered (the oldest forgotten first past it)."""
+
+
+class AskedRuns:
+    """When this agent last placed a checkpoint request in each run's directory, as its clock read then: what the
+    ``sync`` action waits on to copy the checkpoint it asked for rather than an older one. Bounded; thread-safe."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._asked: dict[str, float] = {}
+
+    def asked(self, run_dir: str) -> None:
+        with self._lock:
+            self._asked.pop(run_dir, None)  # re-inserted last: the dict stays in order of asking
+            if len(self._asked) >= MAX_ASKED:
+                self._asked.pop(next(iter(self._asked)))
+            self._asked[run_dir] = self.clock()
+
+    def asked_at(self, run_dir: str) -> float | None:
+        with self._lock:
+            return self._asked.get(run_dir)
 
 
 @dataclass(frozen=True)
@@ -72,11 +98,14 @@ def request_text(request: ActionRequest) -> str:
 class RequestCheckpointAction:
     name = "request_checkpoint"
 
-    def __init__(self, paths: HostPaths | None = None, calls: BlockingCalls | None = None) -> None:
+    def __init__(
+        self, paths: HostPaths | None = None, calls: BlockingCalls | None = None, asked: AskedRuns | None = None
+    ) -> None:
         """``calls``: the helper pool the request file is placed through (its own, started on first use, unless
-        given)."""
+        given); ``asked``: where each request placed is noted (for ``sync``)."""
         self.paths = paths or HostPaths()
         self._calls = calls
+        self.asked = asked or AskedRuns()
 
     @property
     def calls(self) -> BlockingCalls:
@@ -101,6 +130,8 @@ class RequestCheckpointAction:
         if entity.run_dir is None:
             return ActionResult("failed", f"a {entity.kind} entity names no run directory to ask in")
         placed = self._place(entity.run_dir, entity.run_root, request_text(request), min(timeout, FILE_SECONDS))
+        if placed.outcome == "ok":
+            self.asked.asked(entity.run_dir)
         if placed.outcome != "ok" or not params.signal:
             return placed
         sent, refused = self._signal(entity.run_dir, entity.writer_pids, SIGNALS[params.signal_name])

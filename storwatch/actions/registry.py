@@ -3,33 +3,47 @@ params the policy loader calls (:func:`checks`), which need none of the agent's 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 
-from storwatch.actions.base import Action
-from storwatch.actions.checkpoint_request import RequestCheckpointAction
+from storwatch.actions.base import ACTION_NAMES, Action
+from storwatch.actions.checkpoint_request import AskedRuns, RequestCheckpointAction
+from storwatch.actions.checkpoint_sync import Resolver, SyncAction
 from storwatch.actions.event import EventAction
 from storwatch.actions.kube_events import KubeEvents
 from storwatch.actions.log import LogAction
+from storwatch.actions.sync_jobs import SyncJobs
 from storwatch.actions.webhook import WebhookAction
 from storwatch.paths import HostPaths
 
-ACTION_NAMES = ("log", "event", "webhook", "request_checkpoint")
-"""The bound on the ``action`` label of storwatch_policy_actions_total."""
+__all__ = ["ACTION_NAMES", "checks", "registry"]
 
 Check = Callable[[Mapping[str, object]], list[str]]
 
 
 def registry(
-    *, events: KubeEvents | None = None, node_name: str = "", paths: HostPaths | None = None
+    *,
+    events: KubeEvents | None = None,
+    node_name: str = "",
+    paths: HostPaths | None = None,
+    sync: tuple[Resolver, SyncJobs] | None = None,
+    rescan: Callable[[], object] = lambda: None,
+    clock: Callable[[], float] = time.time,
 ) -> dict[str, Action]:
     """The actions by name. ``events``: the agent's Events writer (None: no cluster, ``event`` is skipped);
     ``node_name``: this node, as the webhook body names it; ``paths``: the host's procfs (for the writer check behind
-    a signal). Making them starts nothing: request_checkpoint starts its helper process on first use."""
+    a signal); ``sync``: the durable roots and the copy jobs (None: no copy engine, ``sync`` is skipped);
+    ``rescan``: asks the checkpoint source for a scan now (the sync action, waiting for a checkpoint it asked for).
+    Making them starts nothing: request_checkpoint starts its helper process, and sync its copy worker, on
+    first use."""
+    asked = AskedRuns(clock)
+    resolver, jobs = sync if sync is not None else (None, None)
     actions: list[Action] = [
         LogAction(),
         EventAction(events),
         WebhookAction(node_name),
-        RequestCheckpointAction(paths),
+        RequestCheckpointAction(paths, asked=asked),
+        SyncAction(resolver, jobs, asked, node_name, clock, rescan),
     ]
     return {action.name: action for action in actions}
 

@@ -48,6 +48,8 @@ DEFAULT_LIMITS: Mapping[str, Limits] = {
     "event": Limits(timeout=40.0, burst=10, per_second=1.0),
     "webhook": Limits(timeout=60.0, burst=10, per_second=1.0),
     "request_checkpoint": Limits(timeout=15.0, burst=5, per_second=0.2),
+    # sync only queues a copy (the copy worker holds it to its own deadline): every run of a draining node at once.
+    "sync": Limits(timeout=10.0, burst=20, per_second=2.0),
 }
 OTHER_LIMITS = Limits(timeout=30.0, burst=5, per_second=0.5)
 """For an action that DEFAULT_LIMITS does not name."""

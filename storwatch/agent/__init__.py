@@ -23,6 +23,7 @@ from typing import Any
 from storwatch.actions.alertbook import AlertBook
 from storwatch.actions.kube_events import KubeEvents
 from storwatch.actions.registry import registry
+from storwatch.actions.sync_engine import SyncEngine
 from storwatch.agent.collectors import Collectors, given
 from storwatch.agent.policy import PolicyWorker
 from storwatch.agent.reload import ReloadError, read_new
@@ -118,8 +119,11 @@ class Agent:
             states if sources is None else [given(s) for s in sources], context, clock, self._stop, self._reported
         )
         self._threads: list[threading.Thread] = []
+        self.sync = SyncEngine(config.sync, config.host_paths(), clock)
+        """The sync action's copies: the allowlisted roots and the copy worker (started by the first copy)."""
         self.policy = self._policy_worker(config)
         self.exporter.state.policy = self.policy.metrics
+        self.exporter.state.sync = self.policy.sync_metrics
         self.subscribe(self.policy.offer)
         self.server = server
         log.info("platform %s (%s)", self.platform.name, self.platform.detected_by)
@@ -130,7 +134,15 @@ class Agent:
         client: KubeClient | None = getattr(kube, "client", None)
         events = KubeEvents(client, clock=self.clock) if client is not None and client.enabled else None
         node = (client.node_name if client is not None else "") or os.environ.get("NODE_NAME") or socket.gethostname()
-        actions = registry(events=events, node_name=node, paths=config.host_paths())
+        actions = registry(
+            events=events,
+            node_name=node,
+            paths=config.host_paths(),
+            sync=(self.sync.resolver, self.sync.jobs),
+            # The sync action waiting for a checkpoint it asked for looks again now, not at the scan's interval.
+            rescan=lambda: self._collectors.collect_soon("checkpoints"),
+            clock=self.clock,
+        )
         worker = PolicyWorker(config.policy, actions, self.alerts, self.clock, self._stop)
         worker.load(config.policy)
         return worker
@@ -289,6 +301,7 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+        self._collectors.wake()
         self._dirty.set()
         if self.server is not None:
             self.server.shutdown()
@@ -349,6 +362,7 @@ class Agent:
             self._views.history.resize(new.history_size)
             self.stalls.configure(self._stall_params(new))
             self._collectors.reconfigure(lambda spec: spec.section_of(new))
+            self.sync.configure(new.sync)
         with self._published.render_lock:  # not while a render is using the old set
             self.exporter.configure(new.nfs.operations)
 

@@ -2,9 +2,11 @@
 
 A worker runs its source's ``collect()``, keeps the facts, records how it went (a status per collector, its changes
 logged once, a failure that goes on logged again with backoff, every failure counted) and waits the source's interval,
-until the agent stops. Whatever a source or the worker loop raises
-becomes that collector's failure and the loop goes on. A reload may switch a source off (closed, its facts dropped)
-or on again (made anew); a collection that ends after its source was switched off is dropped.
+until the agent stops, or until it is asked to collect soon (``collect_soon``: the sync action, waiting for a
+checkpoint it asked a run for, has the checkpoint scan run again rather than at its interval). Whatever a source or
+the worker loop raises becomes that collector's failure and the loop goes on. A reload may switch a source off
+(closed, its facts dropped) or on again (made anew); a collection that ends after its source was switched off is
+dropped.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec
@@ -36,6 +38,9 @@ STALLED_MIN_SECONDS = 300.0
 STALLED_INTERVALS = 10
 """A collect() in flight longer than the larger of STALLED_MIN_SECONDS and STALLED_INTERVALS intervals is reported
 as a failure: sources keep their own deadlines, so only a bug or a hang they did not foresee gets there."""
+SOON_MIN_SECONDS = 2.0
+"""A collection asked for with ``collect_soon`` starts at least this long after the last one started, however often
+it is asked for: an action repeating fast never has a source (a checkpoint walk) run back to back."""
 
 
 @dataclass
@@ -63,6 +68,10 @@ class SourceState:
     next_failure_log: float = 0.0
     """When (the Collectors' clock) a failure that goes on is logged again."""
     failure_log_wait: float = FAILURE_LOG_FIRST_SECONDS
+    soon: threading.Event = field(default_factory=threading.Event)
+    """Set to end the worker's wait early (``collect_soon``, and the agent's stop)."""
+    started: float | None = None
+    """time.monotonic() when its last collection started."""
 
 
 def given(source: Source[Any]) -> SourceState:
@@ -164,7 +173,22 @@ class Collectors:
         for st in list(self.states):
             self.collect_once(st)
 
+    def collect_soon(self, name: str) -> bool:
+        """Have source ``name`` collect again without waiting out its interval (no sooner than SOON_MIN_SECONDS after
+        its last collection started; one in flight is followed by another). False: no such source runs."""
+        with self.lock:
+            found = [st for st in self.states if st.source.name == name and not st.paused]
+        for st in found:
+            st.soon.set()
+        return bool(found)
+
+    def wake(self) -> None:
+        """End every worker's wait now (the agent's stop: a worker waits on its own event, not on ``stop``)."""
+        for st in self.states:
+            st.soon.set()
+
     def close(self) -> None:
+        self.wake()
         for st in self.states:
             try:
                 st.source.close()
@@ -185,10 +209,19 @@ class Collectors:
                 except BaseException as err:
                     wait = FALLBACK_INTERVAL_SECONDS
                     self.record(st, st.source.name, f"worker error: {describe(err)}", 0.0, None, None)
-                self.stop.wait(wait)
+                self._rest(st, wait)
         finally:
             if not self.stop.is_set():  # only a failing Event could get here; say so rather than go quiet
                 self.record(st, st.source.name, "worker stopped", 0.0, None, None)
+
+    def _rest(self, st: SourceState, seconds: float) -> None:
+        """Wait ``seconds``, or less when asked to collect soon; never past the agent's stop."""
+        if self.stop.is_set():
+            return
+        if st.soon.wait(seconds) and not self.stop.is_set():
+            st.soon.clear()
+            since = time.monotonic() - st.started if st.started is not None else SOON_MIN_SECONDS
+            self.stop.wait(max(0.0, SOON_MIN_SECONDS - since))
 
     def collect_once(self, st: SourceState) -> float:
         """Run the source once and record its status; the seconds to wait before the next run."""
@@ -198,7 +231,7 @@ class Collectors:
             return 1.0
         src = st.source  # a reload may have replaced it
         started = time.monotonic()
-        st.collecting_since = started
+        st.collecting_since = st.started = started
         error: str | None = None
         facts: Any = None
         try:

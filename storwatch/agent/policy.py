@@ -18,10 +18,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from storwatch.actions.alertbook import AlertBook
-from storwatch.actions.base import Action
+from storwatch.actions.base import Action, ActionRequest
+from storwatch.actions.checkpoint_sync import SyncAction
 from storwatch.actions.runner import ActionRunner
+from storwatch.actions.sync_jobs import SyncJobs
 from storwatch.analysis.view import View
 from storwatch.config import PolicyConfig
+from storwatch.exporter.area import SyncMetrics
 from storwatch.exporter.policy import PolicyMetrics
 from storwatch.policy.engine import Engine
 from storwatch.policy.load import PolicyError, load_policy
@@ -32,6 +35,12 @@ log = logging.getLogger(__name__)
 
 SHIPPED_DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "policies", "default.yaml")
 """The default set as the source tree and the container image hold it (beside the package)."""
+
+
+def _at_risk(request: ActionRequest) -> float:
+    """A request's rank: its run's GPU-seconds at risk (unknown and other kinds last; infinity first)."""
+    value = request.entity.fields.get("gpu_seconds_at_risk") if request.entity.kind == "run" else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else -1.0
 
 
 def policy_files(config: PolicyConfig) -> list[str]:
@@ -56,6 +65,9 @@ class PolicyWorker:
         self.engine = Engine(None, budget_seconds=config.budget_seconds)
         self.builder = EntityBuilder()
         self.runner = ActionRunner(actions, clock=clock)
+        sync = actions.get("sync")
+        self.syncs: SyncJobs | None = sync.jobs if isinstance(sync, SyncAction) else None
+        """The copies the sync action started (None: sync.destinations is empty)."""
         self.enabled = config.enabled
         self._lock = threading.Lock()
         """Held while the engine evaluates, loads or reports (the worker, a reload, an HTTP thread)."""
@@ -115,6 +127,9 @@ class PolicyWorker:
                 return 0
             requests = self.engine.evaluate(self.builder.build(view, self.alerts.current()), view.timestamp)
             self.evaluations += 1
+        # When a drain makes every run fire in one View, the runs with the most GPU-seconds at risk go first: each
+        # action's lane, and the copy worker's queue behind sync, take requests in the order they come.
+        requests.sort(key=_at_risk, reverse=True)
         for request in requests:
             self.runner.submit(request)
         return len(requests)
@@ -174,7 +189,29 @@ class PolicyWorker:
                 }
                 for r in reversed(self.runner.recent())
             ],
+            "syncs": [
+                {
+                    "job": j.job_id,
+                    "rule": j.rule,
+                    "run": printable(j.run),
+                    "why": printable(j.why),
+                    "source": printable(j.source),
+                    "destination": printable(j.destination),
+                    "state": j.state,
+                    "queued_at": j.queued_at,
+                    "started_at": j.started_at,
+                    "finished_at": j.finished_at,
+                    "deadline_at": j.deadline_at,
+                    "seconds": j.seconds,
+                    "bytes": j.bytes,
+                    "detail": printable(j.detail),
+                }
+                for j in (self.syncs.jobs() if self.syncs is not None else [])
+            ],
         }
+
+    def sync_metrics(self) -> SyncMetrics:
+        return self.syncs.metrics() if self.syncs is not None else SyncMetrics()
 
     def close(self) -> None:
         self._wake.set()

@@ -1,7 +1,8 @@
 """The agent's own area: its build and platform, how each collector's last run went, how configuration reloads went,
 what the Alertmanager receiver took, and its process's CPU, memory and file descriptors (storwatch_build_info,
 storwatch_platform_info, storwatch_collector_*, storwatch_parse_errors_total, storwatch_config_*,
-storwatch_alertmanager_*, process_*).
+storwatch_alertmanager_*, process_*), and the policy's and the sync action's figures (storwatch_policy_*,
+storwatch_sync_*).
 
 Two functions, because the scrape opens with the build and platform and closes with the rest: ``info_families`` and
 ``health_families``."""
@@ -16,6 +17,7 @@ from storwatch.analysis.view import View
 from storwatch.exporter import catalog
 from storwatch.exporter.area import AlertmanagerCounts, ExportState
 from storwatch.exporter.policy import families as policy_families
+from storwatch.exporter.sync import families as sync_families
 from storwatch.exporter.text import Family
 
 
@@ -44,6 +46,8 @@ def health_families(view: View | None, state: ExportState) -> Iterator[Family]:
         yield from _alertmanager(state.alertmanager)
     if state.policy is not None:
         yield from policy_families(state.policy())
+    if state.sync is not None:
+        yield from sync_families(state.sync())
     if state.process is not None:
         # prometheus_client writes these (catalog.PROCESS_*: its names and help, checked against it by the tests).
         for metric in state.process.collect():

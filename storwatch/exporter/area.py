@@ -87,6 +87,8 @@ class ExportState:
         """The Alertmanager receiver's counts, exported as storwatch_alertmanager_* (left out without them)."""
         self.policy: Callable[[], PolicyMetrics] | None = None
         """The policy worker's figures at render time, exported as storwatch_policy_* (left out without it)."""
+        self.sync: Callable[[], SyncMetrics] | None = None
+        """The sync action's copies at render time, exported as storwatch_sync_* (left out without it)."""
         self._kept: dict[type[object], object] = {}
         self.configure(nfs_operations)
 
@@ -130,3 +132,18 @@ class PolicyMetrics:
     """The policy the agent started with counts as a success: it would not have started otherwise."""
     actions: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     """Actions run, by (rule, action, result): the action runner's counts."""
+
+
+@dataclass(frozen=True)
+class SyncMetrics:
+    """What the sync action's copies did (storwatch.actions.sync_jobs), for storwatch_sync_*."""
+
+    bytes_total: int = 0
+    """Bytes of the copies that completed, verified, since the agent started."""
+    in_progress: int = 0
+    """Copies queued or running now."""
+    last_success: Mapping[str, float] = field(default_factory=dict)
+    """By run label: when its last copy completed, verified (UNIX seconds)."""
+    duration_buckets: tuple[tuple[float, int], ...] = ()
+    """The completed copies' durations: (upper bound, cumulative count), ``inf`` last."""
+    duration_sum: float = 0.0

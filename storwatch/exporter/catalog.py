@@ -27,7 +27,7 @@ from storwatch.sources.probe import PROBE_OPS
 from storwatch.vocabulary import PLATFORMS, Durability, Severity
 
 MetricType = Literal["gauge", "counter", "histogram"]
-AreaName = Literal["agent", "mounts", "io", "nfs", "lustre", "gpu", "checkpoints", "kube", "access", "policy"]
+AreaName = Literal["agent", "mounts", "io", "nfs", "lustre", "gpu", "checkpoints", "kube", "access", "policy", "sync"]
 WrittenBy = Literal["storwatch", "prometheus_client"]
 
 
@@ -903,8 +903,36 @@ POLICY_ACTIONS = _counter(
     "storwatch_policy_actions_total",
     "Actions the rules asked for, by rule, action and result.",
     RULE,
-    Label("action", "one per action the agent has (log, event, webhook, request_checkpoint; storwatch/actions)"),
+    Label("action", "one per action the agent has (log, event, webhook, request_checkpoint, sync; storwatch/actions)"),
     Label("result", "the outcomes of an action", ACTION_OUTCOMES),
+)
+
+# -- sync: the verified copies the sync action made (storwatch/actions/sync_jobs.py)
+
+SYNC_RUN = Label(
+    "run",
+    f"one per checkpoint run copied since the agent started, at most {MAX_RUNS} (the runs copied longest ago "
+    "forgotten first), each named by its path below its root",
+)
+SYNC_BYTES = _counter(
+    "sync",
+    "storwatch_sync_bytes_total",
+    "Bytes of the checkpoint copies that completed, verified, since the agent started.",
+)
+SYNC_IN_PROGRESS = _gauge(
+    "sync", "storwatch_sync_in_progress", "Checkpoint copies queued or running in the copy worker now."
+)
+SYNC_LAST_SUCCESS = _gauge(
+    "sync",
+    "storwatch_sync_last_success_timestamp_seconds",
+    "Unix time the run's last checkpoint copy completed, verified.",
+    SYNC_RUN,
+)
+SYNC_DURATION = _metric(
+    "histogram",
+    "sync",
+    "storwatch_sync_duration_seconds",
+    "How long each completed checkpoint copy took, from its start in the copy worker to its verified end.",
 )
 
 # -- agent: its collectors, reloads and process (the scrape closes with them)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from storwatch.actions.base import ENTITY_KINDS, SEVERITIES, EntityKind, FieldValue, Severity
+from storwatch.actions.base import ACTION_NAMES, ENTITY_KINDS, SEVERITIES, EntityKind, FieldValue, Severity
 from storwatch.policy.cel import DEFAULT_BOUNDS, RESERVED, Bounds, CelError, Expression, compile_expression, expand
 from storwatch.policy.schema import SCHEMA
 
@@ -33,7 +33,7 @@ def _names_only(params: Mapping[str, object]) -> list[str]:
     return []
 
 
-ACTION_NAMES_ONLY: ActionChecks = {name: _names_only for name in ("log", "event", "webhook", "request_checkpoint")}
+ACTION_NAMES_ONLY: ActionChecks = {name: _names_only for name in ACTION_NAMES}
 """The actions a policy may name, their params not checked here: what ``policy check`` uses until the actions
 package's checks are passed in (the agent passes each action's ``check``)."""
 

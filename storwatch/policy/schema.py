@@ -10,6 +10,7 @@ any entity stays within the bounds the CEL wrapper assumes (storwatch.policy.cel
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from storwatch.policy.cel import MAX_LIST_ITEMS
 
 if TYPE_CHECKING:
     from storwatch.analysis.view import MountView, View
+    from storwatch.sources.kubevolumes import ClusterObjects, PodInfo
 
 FieldType = Literal["bool", "int", "double", "string", "list<string>", "map<string, string>"]
 MAX_STRING_CHARS = 4096
@@ -177,7 +179,27 @@ _RUN = Kind(
             True,
         ),
         _f("pod_seconds_left", "double", "Seconds until that pod is killed; null when it is not being deleted.", True),
+        _f(
+            "pod_grace_seconds",
+            "double",
+            "That pod's grace period (deletionGracePeriodSeconds once it is being deleted, else its "
+            "terminationGracePeriodSeconds): how long it has from SIGTERM to SIGKILL; null for no pod or none given.",
+            True,
+        ),
         _f("node_draining", "bool", "This node is being drained; null off Kubernetes or before the API answers.", True),
+        _f(
+            "namespace",
+            "string",
+            "The namespace of the pod whose volume holds it, else of the pod of its writer; null for no known pod.",
+            True,
+        ),
+        _f("pod", "string", "The name of that pod; null for no known pod.", True),
+        _f(
+            "checkpoint",
+            "string",
+            "The name of its newest complete checkpoint (a file or directory in the run); null without one.",
+            True,
+        ),
     ),
 )
 
@@ -507,12 +529,20 @@ def _run_entities(view: View) -> list[Entity]:
         mount = rv.mount
         terminating: bool | None = None
         seconds_left: float | None = None
-        if mount is not None and kube is not None and kube.enabled:
-            ref = volume_ref(mount.mount, kube.cluster)
-            pod = kube.cluster.pod_for_uid(ref.pod_uid) if ref is not None and ref.pod_uid else None
+        grace: float | None = None
+        pod: PodInfo | None = None
+        if kube is not None and kube.enabled:
+            if mount is not None:
+                ref = volume_ref(mount.mount, kube.cluster)
+                pod = kube.cluster.pod_for_uid(ref.pod_uid) if ref is not None and ref.pod_uid else None
+            if pod is None and rec is not None and rec.workload:
+                # A run outside any pod's volume (a hostPath onto the root disk, as /home on Together): the pod of
+                # the process that writes it is the one whose end takes the run's writer away.
+                pod = _pod_named(kube.cluster, rec.workload)
             if pod is not None:
                 seconds_left = pod.seconds_left(view.timestamp)
                 terminating = seconds_left is not None
+                grace = pod.grace_seconds if pod.grace_seconds is not None else pod.termination_grace_seconds
         rp = rec.recovery_point_seconds if rec is not None else None
         durable = (
             rec is not None
@@ -549,11 +579,34 @@ def _run_entities(view: View) -> list[Entity]:
             "orphaned_temp_bytes": run.orphaned_temp_bytes,
             "pod_terminating": terminating,
             "pod_seconds_left": _double(seconds_left),
+            "pod_grace_seconds": _double(grace),
             "node_draining": draining,
+            "namespace": _s(pod.namespace) if pod is not None else None,
+            "pod": _s(pod.name) if pod is not None else None,
+            "checkpoint": _s(os.path.basename(newest_complete.path.rstrip("/"))) if newest_complete else None,
         }
         pids = tuple(dict.fromkeys((*rv.writers, *run.writing_pids)))
-        out.append(Entity("run", rv.label, fields, run_dir=run.path, writer_pids=pids, run_root=run.root))
+        out.append(
+            Entity(
+                "run",
+                rv.label,
+                fields,
+                run_dir=run.path,
+                writer_pids=pids,
+                run_root=run.root,
+                checkpoint_path=newest_complete.path if newest_complete else None,
+                checkpoint_mtime=newest_complete.mtime if newest_complete else None,
+            )
+        )
     return out
+
+
+def _pod_named(cluster: ClusterObjects, workload: str) -> PodInfo | None:
+    """The pod a workload name (``namespace/name``) names; None for a Slurm job, a process or an unknown pod."""
+    namespace, sep, name = workload.partition("/")
+    if not sep or not name or ":" in namespace:
+        return None
+    return next((p for p in cluster.pods.values() if p.namespace == namespace and p.name == name), None)
 
 
 def _gpu_entities(view: View, shares: Mapping[str, float | None]) -> list[Entity]:

@@ -82,11 +82,19 @@ def _volume_info(vol: Obj, pod_name: str) -> VolumeInfo:
     return VolumeInfo(name, OTHER)
 
 
+def _seconds(value: object) -> float | None:
+    """A grace period from the API: a whole number of seconds, never negative (``bool`` is no number here)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
+        return None
+    return float(value)
+
+
 def pod_info(obj: Obj) -> PodInfo:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
     grace = meta.get("deletionGracePeriodSeconds")
+    termination = spec.get("terminationGracePeriodSeconds")
     name = str(meta.get("name", ""))
     return PodInfo(
         uid=str(meta.get("uid", "")).lower(),
@@ -96,7 +104,8 @@ def pod_info(obj: Obj) -> PodInfo:
         owner_kind=owner.get("kind") if owner else None,
         owner_name=owner.get("name") if owner else None,
         deletion_timestamp=parse_time(meta.get("deletionTimestamp")),
-        grace_seconds=float(grace) if isinstance(grace, (int, float)) else None,
+        grace_seconds=_seconds(grace),
+        termination_grace_seconds=_seconds(termination),
         volumes=tuple(_volume_info(v, name) for v in spec.get("volumes") or []),
         phase=str((obj.get("status") or {}).get("phase") or ""),
         labels=dict(meta.get("labels") or {}),

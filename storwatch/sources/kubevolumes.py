@@ -165,7 +165,10 @@ class PodInfo:
     deletion_timestamp: float | None = None
     """``metadata.deletionTimestamp`` as a UNIX time: set when deletion (eviction, drain) began."""
     grace_seconds: float | None = None
-    """``metadata.deletionGracePeriodSeconds``: SIGTERM to SIGKILL."""
+    """``metadata.deletionGracePeriodSeconds``: SIGTERM to SIGKILL, set once deletion began."""
+    termination_grace_seconds: float | None = None
+    """``spec.terminationGracePeriodSeconds``: the grace its deletion will give (the API's default, 30, when the
+    spec omits it and the server filled it in; None where the object holds none)."""
     volumes: tuple[VolumeInfo, ...] = ()
     phase: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)

@@ -4,6 +4,7 @@ asset, so it renders the same in a browser, in curl and in a screenshot test."""
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from typing import Any
 
 from storwatch.classify import KERNEL_INTERFACE_DIRS
@@ -37,8 +38,8 @@ def render_status_page(data: dict[str, Any]) -> str:
             "<td class='num'>{used}</td><td class='num'>{size}</td><td class='num'>{avail}</td>"
             "<td class='state'>{state}</td></tr>".format(
                 cls="stuck" if m["stuck"] else "",
-                mp=e(m["mountpoint"]),
-                dev=e(m["device"]),
+                mp=shown(m["mountpoint"]),
+                dev=shown(m["device"]),
                 fs=e(m["fstype"]),
                 dur=e(m["durability"]),
                 reason=e(m["reason"]),
@@ -83,7 +84,7 @@ def render_status_page(data: dict[str, Any]) -> str:
             continue
         io_rows.append(
             "<tr><td class='mountpoint'>{}</td><td>{}</td>{}<td class='num'>{}</td></tr>".format(
-                e(m["mountpoint"]),
+                shown(m["mountpoint"]),
                 e(m["io"]["device"] or ("nfs" if m["io"]["nfs"] else "-")),
                 "".join(f"<td class='num'>{c}</td>" for c in cells),
                 e(probe_cell),
@@ -277,6 +278,29 @@ def _policy_section(policy: dict[str, Any] | None, now: float | None) -> str:
 <th>Detail</th></tr></thead>
 <tbody>
 {chr(10).join(done)}
+</tbody></table>
+{_syncs_table(policy.get("syncs") or [], ago)}"""
+
+
+def _syncs_table(syncs: list[dict[str, Any]], ago: Callable[[float | None], str]) -> str:
+    """The checkpoint copies the sync action made: what made each, where from and to, and what became of it."""
+    if not syncs:
+        return ""
+    e = html.escape
+    rows = [
+        f"<tr class='{e(j['state'])}'><td class='num'>{e(ago(j['queued_at']))}</td><td>{e(j['rule'])}</td>"
+        f"<td class='mountpoint'>{e(j['run'])}</td><td class='mountpoint'>{e(j['source'])}</td>"
+        f"<td class='mountpoint'>{e(j['destination'])}</td><td>{e(j['state'])}</td>"
+        f"<td class='num'>{e(human_bytes(j['bytes']))}</td>"
+        f"<td class='num'>{'-' if j['seconds'] is None else e(human_seconds(j['seconds']))}</td>"
+        f"<td>{e(j['why'])}</td><td>{e(j['detail'])}</td></tr>"
+        for j in syncs[:POLICY_ACTIONS_SHOWN]
+    ]
+    return f"""<h3>Checkpoint copies</h3>
+<table id="policy-syncs"><thead><tr><th>When</th><th>Rule</th><th>Run</th><th>From</th><th>To</th><th>State</th>
+<th>Bytes</th><th>Took</th><th>Why</th><th>Detail</th></tr></thead>
+<tbody>
+{chr(10).join(rows)}
 </tbody></table>"""
 
 

@@ -1,0 +1,47 @@
+"""``python -m storwatch.mixin [--check] [--root DIR]``: write alerts/ and dashboards/ from storwatch/mixin/, or with
+``--check`` exit 1 naming each file that differs from what the code makes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from storwatch.mixin.dashboards import dashboards
+from storwatch.mixin.rules import prometheus_rule, rules_file
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def generated() -> dict[str, str]:
+    """Every generated file, by its path below the repository's root."""
+    files = {"alerts/storwatch.rules.yaml": rules_file(), "alerts/prometheusrule.yaml": prometheus_rule()}
+    files.update({f"dashboards/{name}": text for name, text in dashboards().items()})
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m storwatch.mixin", description=__doc__)
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file differs")
+    ap.add_argument("--root", type=Path, default=REPO_ROOT, help="the repository's root (default: this checkout)")
+    args = ap.parse_args(argv)
+    stale = []
+    for rel, text in generated().items():
+        path = args.root / rel
+        try:
+            current = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            current = None
+        if current == text:
+            continue
+        stale.append(rel)
+        if not args.check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    for rel in stale:
+        print(f"{'differs' if args.check else 'wrote'}: {rel}", file=sys.stderr)
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""The checked-in alerts/ and dashboards/: what the code in storwatch/mixin makes, every expression parsed by
+promql-parser and naming only metrics the agent exports (with labels they carry), every alert complete and with its
+runbook section, every dashboard as the issue asks (timeseries, units, variables, fixed uids, links); and promtool's
+own checks and unit tests, which must also catch a rule that drifts from them."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from storwatch.config import FindingsConfig
+from storwatch.exporter.catalog import CATALOG, MetricSpec
+from storwatch.mixin.__main__ import generated, main
+from storwatch.mixin.rules import alerts, rules_file
+from storwatch.mixin.thresholds import SITE, THRESHOLDS
+from tests.mixin_exprs import (
+    DASHBOARDS,
+    PROMETHEUS_OWN,
+    REPO_ROOT,
+    RULES_FILE,
+    Expression,
+    dashboard_expressions,
+    recorded_names,
+    rule_expressions,
+    rule_groups,
+    selectors,
+)
+
+RUNBOOK = REPO_ROOT / "docs" / "runbook.md"
+PROMTOOL_TESTS = REPO_ROOT / "alerts" / "tests" / "storwatch.rules.test.yaml"
+TARGET_LABELS = frozenset({"cluster", "node", "instance", "job"})
+"""Labels Prometheus adds to every series of an agent (alerts/ and README's scrape configuration)."""
+SPECS: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOG}
+EXPRESSIONS = rule_expressions() + dashboard_expressions()
+
+
+def sample_names(spec: MetricSpec) -> set[str]:
+    if spec.type == "histogram":
+        return {f"{spec.name}_bucket", f"{spec.name}_count", f"{spec.name}_sum"}
+    return {spec.name}
+
+
+EXPORTED = {name: spec for spec in CATALOG for name in sample_names(spec)}
+
+
+def test_regenerating_changes_nothing(tmp_path: Path) -> None:
+    for rel, text in generated().items():
+        assert (REPO_ROOT / rel).read_text(encoding="utf-8") == text, f"{rel}: run python -m storwatch.mixin"
+    assert main(["--check"]) == 0
+    # --check sees a drifted file (and writes nothing)
+    (tmp_path / "alerts").mkdir()
+    (tmp_path / "alerts" / "storwatch.rules.yaml").write_text("groups: []\n")
+    assert main(["--check", "--root", str(tmp_path)]) == 1
+    assert (tmp_path / "alerts" / "storwatch.rules.yaml").read_text() == "groups: []\n"
+
+
+def test_the_prometheus_rule_holds_the_rules_file() -> None:
+    doc = yaml.safe_load((REPO_ROOT / "alerts" / "prometheusrule.yaml").read_text(encoding="utf-8"))
+    assert (doc["apiVersion"], doc["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    assert doc["spec"]["groups"] == rule_groups()
+
+
+@pytest.mark.parametrize("expr", EXPRESSIONS, ids=[e.where for e in EXPRESSIONS])
+def test_every_expression_names_exported_metrics_and_their_labels(expr: Expression) -> None:
+    recorded = recorded_names()
+    found = selectors(expr.promql)
+    assert found, expr
+    for sel in found:
+        if sel.metric in recorded or sel.metric in PROMETHEUS_OWN:
+            labels = TARGET_LABELS
+            spec = None
+        else:
+            assert sel.metric in EXPORTED, f"{expr.where}: {sel.metric} is not in storwatch/exporter/catalog.py"
+            spec = EXPORTED[sel.metric]
+            labels = TARGET_LABELS | set(spec.label_names) | ({"le"} if spec.type == "histogram" else set())
+        for label, op, value in sel.matchers:
+            assert label in labels, f"{expr.where}: {sel.metric} has no label {label!r}"
+            if spec is not None and label in spec.label_names and op == "=" and spec.label(label).values is not None:
+                assert value in spec.values(label), f"{expr.where}: {sel.metric}{{{label}={value!r}}} is never written"
+
+
+def test_a_misspelt_metric_is_caught() -> None:
+    """The check above is live: a selector's name and labels are read from the parsed expression."""
+    (sel,) = selectors('sum by (x) (rate(storwatch_gpu_stall_second_total{cause="io"}[5m]))')
+    assert sel.metric == "storwatch_gpu_stall_second_total" and sel.metric not in EXPORTED
+    assert sel.matchers == (("cause", "=", "io"),)
+
+
+def test_every_recording_rule_is_read_by_an_alert_or_a_dashboard() -> None:
+    read = {s.metric for e in EXPRESSIONS for s in selectors(e.promql)}
+    assert recorded_names() <= read
+
+
+def runbook_sections() -> dict[str, str]:
+    text = RUNBOOK.read_text(encoding="utf-8")
+    parts = re.split(r"^## (\S+)\n", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_every_alert_is_complete_and_has_its_runbook_section() -> None:
+    sections = runbook_sections()
+    rules = [r for g in rule_groups() for r in g["rules"] if "alert" in r]  # type: ignore[attr-defined]
+    assert {r["alert"] for r in rules} == set(sections), "one runbook section per alert, and none other"
+    for rule in rules:
+        name = rule["alert"]
+        assert re.fullmatch(r"\d+[smh]", rule["for"]), name
+        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
+        notes = rule["annotations"]
+        assert set(notes) == {"summary", "description", "runbook_url"}, name
+        assert notes["summary"].endswith(".") and "{{" not in notes["summary"], name
+        assert "{{ $labels." in notes["description"] or name == "StorwatchAgentAbsent", name
+        assert notes["runbook_url"] == f"{SITE.runbook_url}#{name.lower()}", name
+        section = sections[name]
+        for part in ("**What it means.**", "**Confirm.**", "**What to do.**", "```promql"):
+            assert part in section, f"runbook section {name} lacks {part}"
+        assert f"**Severity** {rule['labels']['severity']}, after {rule['for']}." in section, name
+    # the issue's list of alerts, at least
+    assert {
+        "StorwatchImportantDataOnlyOnEphemeralStorage",
+        "StorwatchRecoveryPointOverBudget",
+        "StorwatchCheckpointIncomplete",
+        "StorwatchCheckpointCorrupt",
+        "StorwatchMountStuck",
+        "StorwatchGPUStallShareHigh",
+        "StorwatchCheckpointWillNotFit",
+        "StorwatchNodeDrainingWithEphemeralCheckpoints",
+        "StorwatchCollectorFailing",
+        "StorwatchAgentAbsent",
+        "StorwatchNVMLDown",
+    } <= set(sections)
+
+
+def test_alerts_about_a_node_keep_its_label() -> None:
+    """The agent's Alertmanager receiver takes only alerts whose node label is its own: an aggregation must keep it."""
+    for a in alerts():
+        if a.name == "StorwatchAgentAbsent":
+            continue
+        for m in re.finditer(r"\b(sum|max|min|count|avg) by \(([^)]*)\)", a.expr):
+            assert "node" in m.group(2).split(", "), f"{a.name}: {m.group(0)} drops the node label"
+
+
+def test_the_budget_is_the_agents() -> None:
+    """The recovery-point alert and the agent's critical findings use one budget."""
+    assert THRESHOLDS.rpo_budget_seconds == FindingsConfig().rpo_budget_seconds
+
+
+@pytest.mark.parametrize("path", sorted(DASHBOARDS.glob("*.json")), ids=lambda p: p.name)
+def test_dashboards_are_as_the_issue_asks(path: Path) -> None:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert doc["uid"] == path.stem and doc["title"].startswith("storwatch / ")
+    variables = {v["name"]: v for v in doc["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert "cluster" in variables
+    if path.stem != "storwatch-fleet":
+        assert "node" in variables
+        assert any(link.get("url") == "http://${instance}/status" for link in doc["links"]), "no link to /status"
+    assert any(link.get("url") == SITE.runbook_url for link in doc["links"]), "no link to the runbook"
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(set(ids)) == len(ids)
+    panels = [p for p in doc["panels"] if p["type"] != "row"]
+    assert panels
+    for panel in panels:
+        assert panel["type"] == "timeseries", panel["title"]
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{panel['title']}: no unit"
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert panel["targets"] and all(t["datasource"] == panel["datasource"] for t in panel["targets"])
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool not found on PATH (Debian package 'prometheus')")
+    return path
+
+
+@pytest.mark.realpart
+def test_promtool_checks_the_rules(promtool: str) -> None:
+    check = subprocess.run([promtool, "check", "rules", str(RULES_FILE)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"SUCCESS: {len(rule_expressions())} rules found" in check.stdout
+
+
+@pytest.mark.realpart
+def test_promtool_unit_tests_pass_and_cover_every_alert(promtool: str) -> None:
+    tests = yaml.safe_load(PROMTOOL_TESTS.read_text(encoding="utf-8"))
+    fired: set[str] = set()
+    quiet: set[str] = set()
+    for group in tests["tests"]:
+        for case in group.get("alert_rule_test", []):
+            (fired if case["exp_alerts"] else quiet).add(case["alertname"])
+    names = {a.name for a in alerts()}
+    assert fired == names and quiet == names, "each alert needs a firing and a quiet case"
+    run = subprocess.run(
+        [promtool, "test", "rules", PROMTOOL_TESTS.name],
+        cwd=PROMTOOL_TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.realpart
+def test_promtool_unit_tests_catch_a_drifted_threshold(promtool: str, tmp_path: Path) -> None:
+    """The unit tests can fail: rules made with a stall share of 0.6 no longer fire for a GPU stalled half the time."""
+    import dataclasses
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "storwatch.rules.yaml").write_text(rules_file(dataclasses.replace(THRESHOLDS, stall_share=0.6)))
+    shutil.copy(PROMTOOL_TESTS, tmp_path / "tests" / PROMTOOL_TESTS.name)
+    run = subprocess.run(
+        [promtool, "test", "rules", PROMTOOL_TESTS.name],
+        cwd=tmp_path / "tests",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert "StorwatchGPUStallShareHigh" in run.stdout + run.stderr
