@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         ("http_load", "http_load.py", []),
         ("policy_eval", "policy_eval.py", []),
         ("idle_cpu", "idle_cpu.py", ["--seconds", "120", "--warmup", "30"]),
+        ("sync_vs_cp", "sync_vs_cp.py", ["--runs", "3"]),
     ):
         rc, others[name] = run_one(script, extra, out, name)
         if rc != 0:
@@ -158,6 +159,12 @@ def summarise_others(r: dict[str, dict[str, Any] | None]) -> None:
                 f"  HTTP, 1,000 slow clients: a normal scrape max {sl['max'] * 1000:.1f} ms, {sl['errors']} errors, "
                 f"{sl['fds_max']} fds at most (target < 100 ms, 0 errors)  {mark(hl['slow']['pass'])}"
             )
+    for label, f in (r.get("sync_vs_cp") or {}).items():
+        print(
+            f"  storwatch sync, {label}: {f['ratio_cp_then_sync']:.2f}x cp -r then sync (target >= 1.0)  "
+            f"{mark(f['ratio_cp_then_sync'] >= 1.0)}, {f['ratio_dd']:.2f}x dd oflag=direct (target >= 0.7)  "
+            f"{mark(f['ratio_dd'] >= 0.7)}"
+        )
     if (ck := r.get("checkpoint_scan")) is not None:
         print(
             f"  checkpoint scan / find: full {ck['full_over_find']:.2f} (target <= 1.5)  {mark(ck['full_pass'])}, "

@@ -4,17 +4,19 @@ where it may go, and the helper process that makes it so that a destination that
 **The copy** (:func:`copy_verified`). DEST is the copy's own final path: when it does not exist this is what
 ``cp -r SRC DEST`` makes. The source is read once, each chunk hashed (xxh3-128) as it is read; the copy is written
 under a temporary name in DEST's directory (``.NAME.storwatch-sync-TOKEN.tmp``), with ``O_DIRECT`` where the
-filesystem takes it, and read back past the page cache (``O_DIRECT`` reads; where the filesystem has no direct I/O,
-``fsync`` then ``POSIX_FADV_DONTNEED`` then a plain read), its hash compared with the source's. A range is read back
-once its write has reached the device (an ``O_DIRECT`` write has returned), so the read-back of a large file runs
-beside its writing; every file is ``fsync``\\ ed before its verdict and the copy is never renamed into place before
-every file is verified. Completeness markers (DCP ``.metadata``, torchsnapshot ``.snapshot_metadata``, Orbax
-``commit_success.txt`` and ``_CHECKPOINT_METADATA``, Megatron ``latest_checkpointed_iteration.txt``, DeepSpeed
-``latest``) are written after every other file. Then the directories are ``fsync``\\ ed, the manifest (every entry
-with its size, mode, times and hash; the source; when) is put beside the copy as ``NAME.storwatch-sync.json``, the
-copy renamed into place (``renameat2(RENAME_NOREPLACE)``; an earlier copy of ours is exchanged atomically with
-``RENAME_EXCHANGE`` where the filesystem can, else moved aside first, leaving DEST briefly absent) and DEST's
-directory ``fsync``\\ ed. So DEST is always either absent, the earlier verified copy, or the new one complete.
+filesystem takes it (a file's last block padded, then cut back with ``ftruncate``), and read back past the page
+cache (``O_DIRECT`` reads; where the filesystem has no direct I/O, fsync then ``POSIX_FADV_DONTNEED`` then a plain
+read), its hash compared with the source's. A range is read back as soon as its write has reached the device (its
+``O_DIRECT`` write returned: a later read of it goes to the device), so the read-back runs beside the writing; files
+are fsynced on a thread of their own while the next is written, every file is fsynced before its verdict, and the
+copy is never renamed into place before every file is verified. Completeness markers (DCP ``.metadata``,
+torchsnapshot ``.snapshot_metadata``, Orbax ``commit_success.txt`` and ``_CHECKPOINT_METADATA``, Megatron
+``latest_checkpointed_iteration.txt``, DeepSpeed ``latest``) are written after every other file is verified and
+fsynced. Then the directories are fsynced, the manifest (every entry with its size, mode, times and hash; the source;
+when) is put beside the copy as ``NAME.storwatch-sync.json``, the copy renamed into place
+(``renameat2(RENAME_NOREPLACE)``; an earlier copy of ours is exchanged atomically with ``RENAME_EXCHANGE`` where the
+filesystem can, else moved aside first, leaving DEST briefly absent) and DEST's directory fsynced. So DEST is always
+either absent, the earlier verified copy, or the new one complete.
 
 The copy aborts, and nothing appears at DEST, when the source changes while it is read (a file's size, mtime, ctime
 or inode before and after it is read, and the whole tree listed again at the end), when DEST's filesystem lacks the
@@ -83,10 +85,12 @@ from storwatch.config import SyncConfig, sync_template_problem
 HASH_NAME = "xxh3_128"
 """The hash of every file, read and read back: xxh3-128 hashes far faster than any disk writes (BENCHMARKS.md), so
 it never limits the copy; BLAKE3 and SHA-256 would, at about a gigabyte a second on one core."""
-CHUNK = 8 << 20
-"""Bytes read, written and read back at a time (a multiple of every logical block size)."""
-BUFFERS = 4
-"""Chunks in flight between the reader and the writer: the copy's memory is (BUFFERS + 1) * CHUNK."""
+CHUNK = 16 << 20
+"""Bytes read, written and read back at a time (a multiple of every logical block size). 16 MiB copied a 2 GiB
+file faster than 8 MiB here (BENCHMARKS.md): fewer, larger O_DIRECT writes between the read-backs."""
+BUFFERS = 2
+"""Chunks between the reader and the writer (one filled while the other is written): the copy's memory is
+(BUFFERS + 1) * CHUNK, 48 MiB, within the DaemonSet's memory limit beside the agent."""
 MARKERS = frozenset(
     {
         ".metadata",  # torch.distributed.checkpoint
@@ -573,26 +577,35 @@ class _FileJob:
     error: str | None = None
 
 
+BLOCK = 4096
+"""The alignment of O_DIRECT offsets, lengths and buffers: a multiple of every logical block size in use."""
+
+
 class _Pipeline:
-    """A writer thread and a verifier thread behind the reader (the copy's own thread). The writer writes chunks as
-    the reader hands them over and, at a file's end, applies its metadata and fsyncs it; the verifier reads each
-    range back as soon as it is on the device (an O_DIRECT write returned), and the rest once the file is fsynced
-    and its cached pages dropped, then compares the hashes. The first failure in either thread is kept (``check()``
-    raises it) and both then only drain their queues, so nobody waits on them; ``shutdown()`` returns once neither
-    touches a descriptor any more."""
+    """Three threads behind the reader (the copy's own thread): a writer, a syncer and a verifier.
+
+    The writer writes chunks as the reader hands them over (with O_DIRECT, a file's last partial chunk padded to a
+    whole block and the file cut back to its size with ftruncate) and, at a file's end, applies its metadata and
+    hands it to the syncer, going on at once with the next file. The syncer fsyncs each file. The verifier reads each
+    range back as soon as it is on the device (its O_DIRECT write returned) and, once the file is fsynced, compares
+    the hashes; a file written through the page cache (a filesystem without direct I/O) is read back whole after its
+    fsync and POSIX_FADV_DONTNEED. The first failure in any thread is kept (``check()`` raises it) and they then
+    only drain their queues, so nobody waits on them; ``shutdown()`` returns once none touches a descriptor."""
 
     def __init__(self, apply_meta: Callable[[_FileJob], None]) -> None:
         self.free: queue.Queue[mmap.mmap] = queue.Queue()
         for _ in range(BUFFERS):
             self.free.put(mmap.mmap(-1, CHUNK))
         self._write_q: queue.Queue[tuple[str, _FileJob, int, mmap.mmap | None, int] | None] = queue.Queue()
-        self._verify_q: queue.Queue[tuple[str, _FileJob, int, int] | None] = queue.Queue()
+        self._sync_q: queue.Queue[_FileJob | None] = queue.Queue()
+        self._verify_q: queue.Queue[tuple[str, _FileJob, int] | None] = queue.Queue()
         self._apply_meta = apply_meta
         self.failure: BaseException | None = None
         self._aborted = False
         self._ended = False
         self._threads = [
             threading.Thread(target=self._writer, name="sync-writer", daemon=True),
+            threading.Thread(target=self._syncer, name="sync-fsync", daemon=True),
             threading.Thread(target=self._verifier, name="sync-verifier", daemon=True),
         ]
         for t in self._threads:
@@ -616,7 +629,7 @@ class _Pipeline:
         self._write_q.put(("close", job, 0, None, 0))
 
     def finish(self, stop: Callable[[], bool]) -> None:
-        """Wait until every file handed over is written and verified."""
+        """Wait until every file handed over is written, fsynced and verified."""
         if not self._ended:
             self._ended = True
             self._write_q.put(None)
@@ -629,7 +642,7 @@ class _Pipeline:
         self.check()
 
     def shutdown(self) -> None:
-        """Stop both threads, skipping what is left, and wait until they have (a thread stuck in the kernel on a
+        """Stop the threads, skipping what is left, and wait until they have (a thread stuck in the kernel on a
         hung destination holds this, in the helper process that the worker kills)."""
         self._aborted = True
         if not self._ended:
@@ -642,7 +655,7 @@ class _Pipeline:
         while True:
             item = self._write_q.get()
             if item is None:
-                self._verify_q.put(None)
+                self._sync_q.put(None)
                 return
             what, job, offset, buf, n = item
             try:
@@ -652,14 +665,13 @@ class _Pipeline:
                 elif what == "data":
                     assert buf is not None
                     self._write_chunk(job, offset, buf, n)
-                    if job.direct and n % 4096 == 0:
-                        self._verify_q.put(("range", job, offset, n))
+                    if job.direct:
+                        self._verify_q.put(("range", job, n))
                 else:
+                    if job.direct and job.size % BLOCK:
+                        os.ftruncate(job.fd, job.size)  # the padding of the last block goes
                     self._apply_meta(job)
-                    os.fsync(job.fd)
-                    if not job.direct:
-                        os.posix_fadvise(job.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                    self._verify_q.put(("close", job, 0, 0))
+                    self._sync_q.put(job)
             except BaseException as err:
                 self._fail(err)
                 if what == "close":
@@ -670,17 +682,35 @@ class _Pipeline:
 
     @staticmethod
     def _write_chunk(job: _FileJob, offset: int, buf: mmap.mmap, n: int) -> None:
+        length = n
+        if job.direct and n % BLOCK:
+            length = n + BLOCK - n % BLOCK  # O_DIRECT writes whole blocks: the file's end is padded, then cut
+            buf[n:length] = bytes(length - n)
         view = memoryview(buf)
         try:
-            if job.direct and n % 4096:
-                # The tail is not a whole number of blocks: written through the page cache, fsynced, read back.
-                flags = fcntl.fcntl(job.fd, fcntl.F_GETFL)
-                fcntl.fcntl(job.fd, fcntl.F_SETFL, flags & ~_O_DIRECT)
             done = 0
-            while done < n:
-                done += os.pwrite(job.fd, view[done:n], offset + done)
+            while done < length:
+                done += os.pwrite(job.fd, view[done:length], offset + done)
         finally:
             view.release()
+
+    def _syncer(self) -> None:
+        while True:
+            job = self._sync_q.get()
+            if job is None:
+                self._verify_q.put(None)
+                return
+            try:
+                if self._skipping():
+                    job.done.set()
+                    continue
+                os.fsync(job.fd)
+                if not job.direct:
+                    os.posix_fadvise(job.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                self._verify_q.put(("close", job, 0))
+            except BaseException as err:
+                self._fail(err)
+                job.done.set()
 
     def _verifier(self) -> None:
         buf = mmap.mmap(-1, CHUNK)
@@ -690,7 +720,7 @@ class _Pipeline:
                 item = self._verify_q.get()
                 if item is None:
                     return
-                what, job, _offset, n = item
+                what, job, n = item
                 try:
                     if self._skipping():
                         continue
@@ -723,8 +753,8 @@ class _Pipeline:
 
     @staticmethod
     def _read_back(job: _FileJob, view: memoryview, n: int) -> None:
-        # An O_DIRECT read needs a whole number of blocks: ask for the chunk rounded up, take what the file has.
-        want = (n + 4095) & ~4095 if job.direct else n
+        # An O_DIRECT read needs whole blocks: the chunk rounded up is asked for, and what the file holds is taken.
+        want = n + (-n % BLOCK) if job.direct else n
         got = os.preadv(job.verify_fd, [view[:want]], job.verified)
         if got < n:
             raise _Abort(
@@ -732,10 +762,6 @@ class _Pipeline:
             )
         job.hasher.update(view[:n])
         job.verified += n
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# The destination's directory: our leftovers, manifests, retention
 
 
 _MEMORY_FS = frozenset({0x01021994, 0x858458F6})

@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 import struct
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from storwatch.analysis.findings import find
 from storwatch.analysis.stall_feed import StallFeed
@@ -307,3 +309,23 @@ def sync_checkpoint(top: Path, shards: int = 6, shard_bytes: int = 3 << 20, seed
     os.chmod(top / "shards", 0o750)
     os.chmod(top / "model.bin", 0o640)
     return top
+
+
+def sync_tree(top: Path) -> dict[str, tuple[Any, ...]]:
+    """Every entry below ``top`` (never following a link): its kind, mode, and content or target."""
+    out: dict[str, tuple[Any, ...]] = {}
+    st = os.lstat(top)
+    if stat.S_ISREG(st.st_mode):
+        return {".": ("file", stat.S_IMODE(st.st_mode), top.read_bytes())}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(top))
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("link", os.readlink(path))
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", stat.S_IMODE(st.st_mode))
+            else:
+                out[rel] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
+    return out

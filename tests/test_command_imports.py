@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.builders import sync_checkpoint
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 AGENT_ONLY = (
@@ -72,6 +74,7 @@ def loaded(modules: set[str], *packages: str) -> list[str]:
         pytest.param(("agent", "--help"), id="agent-help"),
         pytest.param(("plan", "--help"), id="plan-help"),
         pytest.param(("policy", "--help"), id="policy-help"),
+        pytest.param(("sync", "--help"), id="sync-help"),
     ],
 )
 def test_help_imports_only_the_parser(args: tuple[str, ...], tmp_path: Path) -> None:
@@ -139,3 +142,12 @@ def test_scan_leaves_a_source_that_is_off_unloaded(tmp_path: Path) -> None:
     proc, modules = run_command(*scan_args(tmp_path, config), home=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert loaded(modules, *AGENT_ONLY, *CLIENTS) == []
+
+
+def test_sync_imports_nothing_of_the_agent_and_no_client(tmp_path: Path) -> None:
+    src = sync_checkpoint(tmp_path / "src", shards=1, shard_bytes=1000)
+    (tmp_path / "dst").mkdir()
+    proc, modules = run_command("sync", str(src), str(tmp_path / "dst" / "ck"), home=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "storwatch.sync" in modules
+    assert loaded(modules, *AGENT_ONLY, *CLIENTS, "storwatch.analysis", "storwatch.registry", "yaml") == []

@@ -37,30 +37,11 @@ from storwatch.sync import (
 )
 from tests.builders import SYNC_LEFTOVER as LEFTOVER
 from tests.builders import sync_checkpoint as make_checkpoint
+from tests.builders import sync_tree as tree
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WAIT = 60.0
 """How long a test waits for a helper's copy at most: a bound against hanging, generous for a loaded machine."""
-
-
-def tree(top: Path) -> dict[str, tuple[Any, ...]]:
-    """Every entry below ``top`` (never following a link): its kind, mode, and content or target."""
-    out: dict[str, tuple[Any, ...]] = {}
-    st = os.lstat(top)
-    if stat.S_ISREG(st.st_mode):
-        return {".": ("file", stat.S_IMODE(st.st_mode), top.read_bytes())}
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            rel = str(path.relative_to(top))
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = ("link", os.readlink(path))
-            elif stat.S_ISDIR(st.st_mode):
-                out[rel] = ("dir", stat.S_IMODE(st.st_mode))
-            else:
-                out[rel] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
-    return out
 
 
 def leftovers(directory: Path) -> list[str]:
@@ -487,20 +468,19 @@ def test_stop_aborts_and_removes_the_temporaries(tmp_path: Path) -> None:
 
 
 def test_a_verification_mismatch_fails_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The read-back is what decides: a copy whose bytes on disk differ from what was read fails, and is removed.
-    The difference is made by flipping a byte of the copy on disk after it was written, before it is read back."""
+    """The read-back is what decides: a copy whose bytes read back differ from what was read fails, and is removed.
+    The difference is made where a device would make it: in what a read of the copy returns."""
     src = make_checkpoint(tmp_path / "src", shards=1, shard_bytes=1000)
     (tmp_path / "dst").mkdir()
-    real_fsync = os.fsync
+    real_preadv = os.preadv
 
-    def fsync_then_damage(fd: int) -> None:
-        real_fsync(fd)
-        st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_size == (src / "model.bin").stat().st_size:
-            os.pwrite(fd, b"\xff", st.st_size - 10)  # in the tail, which is read back after this fsync
-            real_fsync(fd)
+    def preadv_then_flip(fd: int, buffers: list[memoryview], offset: int) -> int:
+        got = real_preadv(fd, buffers, offset)
+        if offset == sync.CHUNK and os.readlink(f"/proc/self/fd/{fd}").endswith("/model.bin"):
+            buffers[0][100] ^= 0xFF
+        return got
 
-    monkeypatch.setattr(sync.os, "fsync", fsync_then_damage)
+    monkeypatch.setattr(sync.os, "preadv", preadv_then_flip)
     result = copy_verified(str(src), str(tmp_path / "dst" / "ck"))
     assert result.outcome == "failed" and "model.bin: read back past the page cache" in (result.error or "")
     assert os.listdir(tmp_path / "dst") == []

@@ -1,0 +1,160 @@
+"""``storwatch sync SRC DEST`` as a user runs it: its exit statuses, its JSON, its progress line on a terminal (a real
+pseudo-terminal) and none when not on one, and what the command imports."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from storwatch.sync import MANIFEST_SUFFIX
+from tests.builders import sync_checkpoint as make_checkpoint
+from tests.builders import sync_tree as tree
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WAIT = 120.0
+
+
+def storwatch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "storwatch", *args],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        cwd=cwd or REPO_ROOT,
+        check=False,
+    )
+
+
+def test_a_verified_copy_exits_0_and_a_second_run_is_unchanged(tmp_path: Path) -> None:
+    src = make_checkpoint(tmp_path / "src", shards=2, shard_bytes=1 << 20)
+    (tmp_path / "dst").mkdir()
+    first = storwatch("sync", str(src), str(tmp_path / "dst" / "ck"), "--json")
+    assert first.returncode == 0, first.stderr
+    (result,) = json.loads(first.stdout)
+    assert result["ok"] is True and result["outcome"] == "verified" and result["manifest"].endswith(MANIFEST_SUFFIX)
+    assert first.stderr == ""  # no progress line: stderr is not a terminal
+    assert tree(tmp_path / "dst" / "ck") == tree(src)
+    # Relative paths, from where the command runs; the line form.
+    again = storwatch("sync", "src", "dst/ck", cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout.startswith("UNCHANGED  "), again.stdout + again.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(("{tmp}/src",), "SRC and DEST are both needed", id="no-dest"),
+        pytest.param(("{tmp}/missing", "{tmp}/dst/x"), "no such file or directory", id="no-src"),
+        pytest.param(("{tmp}/src", "{tmp}/nodir/x"), "no such directory", id="no-dest-dir"),
+        pytest.param(("{tmp}/src", "{tmp}/dst/theirs"), "is not a copy storwatch made", id="not-ours"),
+        pytest.param(
+            ("{tmp}/src", "{tmp}/dst/x", "--config", "{tmp}/c.yaml"), "not below an allowlisted", id="outside"
+        ),
+        pytest.param(("{tmp}/src", "{tmp}/durable/../dst/x", "--config", "{tmp}/c.yaml"), "not below", id="dotdot"),
+        pytest.param(("{tmp}/src", "{tmp}/dst/x", "--keep", "-1"), "must be a whole number", id="bad-keep"),
+        pytest.param(("{tmp}/src", "{tmp}/dst/x", "--config", "{tmp}/bad.yaml"), "sync.template", id="bad-config"),
+    ],
+)
+def test_usage_errors_and_refusals_exit_2_with_nothing_written(
+    args: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    make_checkpoint(tmp_path / "src", shards=1, shard_bytes=1000)
+    for name in ("dst", "durable", "dst/theirs"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "c.yaml").write_text(f"sync:\n  destinations: [{tmp_path / 'durable'}]\n")
+    (tmp_path / "bad.yaml").write_text("sync:\n  template: '../{pod}'\n")
+    out = storwatch("sync", *(a.format(tmp=tmp_path) for a in args))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stdout + out.stderr
+    assert sorted(os.listdir(tmp_path / "dst")) == ["theirs"] and os.listdir(tmp_path / "durable") == []
+
+
+def test_a_copy_allowed_below_a_configured_root_makes_the_directories(tmp_path: Path) -> None:
+    src = make_checkpoint(tmp_path / "src", shards=1, shard_bytes=1000)
+    (tmp_path / "durable").mkdir()
+    (tmp_path / "c.yaml").write_text(f"sync:\n  destinations: [{tmp_path / 'durable'}]\n  keep: 1\n")
+    dest = tmp_path / "durable" / "ns" / "pod" / "step-1"
+    out = storwatch("sync", "--config", str(tmp_path / "c.yaml"), str(src), str(dest))
+    assert out.returncode == 0 and out.stdout.startswith("VERIFIED   "), out.stdout + out.stderr
+    (src / "latest").write_text("global_step2\n")
+    out = storwatch("sync", "--config", str(tmp_path / "c.yaml"), str(src), str(dest.with_name("step-2")))
+    assert out.returncode == 0 and "removed (keep-N): " + str(dest) in out.stdout, out.stdout
+    assert sorted(os.listdir(dest.parent)) == ["step-2", "step-2" + MANIFEST_SUFFIX]
+
+
+def test_a_source_changing_under_the_copy_exits_1(tmp_path: Path) -> None:
+    """A writer still appending to the source while the copy reads it (paced slow with --bandwidth)."""
+    src = tmp_path / "growing.bin"
+    src.write_bytes(os.urandom(8 << 20))
+    (tmp_path / "dst").mkdir()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "storwatch",
+            "sync",
+            str(src),
+            str(tmp_path / "dst" / "g"),
+            "--bandwidth",
+            "2M",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    try:
+        while proc.poll() is None:
+            with open(src, "ab") as f:
+                f.write(b"x" * 4096)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, out + err
+    (result,) = json.loads(out)
+    assert result["outcome"] == "source_changed"
+    assert os.listdir(tmp_path / "dst") == []
+
+
+def test_the_progress_line_shows_on_a_terminal(tmp_path: Path) -> None:
+    src = tmp_path / "model.pt"
+    src.write_bytes(os.urandom(12 << 20))
+    (tmp_path / "dst").mkdir()
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "storwatch", "sync", str(src), str(tmp_path / "dst" / "m"), "--bandwidth", "6M"],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    os.close(slave)
+    shown = b""
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], WAIT)
+            if not ready:
+                break
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the terminal's other end closed: the command is done
+                break
+            if not chunk:
+                break
+            shown += chunk
+        out = proc.communicate(timeout=WAIT)[0]
+    finally:
+        proc.kill()
+        os.close(master)
+    assert proc.returncode == 0 and out.startswith("VERIFIED"), out
+    text = shown.decode(errors="replace")
+    assert "\r" in text and "MiB / 12.00 MiB" in text and "MB/s" in text and "ETA 0:00:" in text, text
