@@ -184,7 +184,11 @@ def test_stall_seconds_match_the_loops_own_blocked_time(
     stalls = p.having("rect", "stall")
     writes = p.having("rect", "write")
     assert len(writes) == SAVES and len(stalls) >= SAVES, (len(writes), len(stalls))
-    assert all("checkpoint_write" in s["class"].split() for s in stalls)
+    assert sum("checkpoint_write" in s["class"].split() for s in stalls) >= SAVES
+    # A loaded machine may put a moment between the loop's GPU going idle and atomic_save taking its start time:
+    # that moment is outside the write, and the rule calls it io_contention on the slow mount. Only a sliver.
+    other = sum(v for (cause, _), v in found.items() if cause != "checkpoint_write")
+    assert other <= 0.05 * blocked, found
     assert p.having("polyline", "util") and p.having("polyline", "memory") and p.having("polyline", "latency")
     (finding,) = [f for f in status["findings"] if f["run"] == "llama/run1"]
     assert [li["data-id"] for li in p.having("li", "finding")] == [finding["id"]]

@@ -35,7 +35,7 @@ def _children(pid: int) -> list[int]:
         try:
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 kids += [int(x) for x in f.read().split()]
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue  # a thread that ended between the listing and the read (its children are its process's)
     return kids
 

@@ -670,7 +670,7 @@ def _wait_gone(pid: int) -> None:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
             return True
 
     _wait_for(gone, f"helper {pid} to end")
