@@ -1,5 +1,5 @@
-"""A certificate authority and certificates made by the openssl CLI for tests that speak TLS (the webhook action's
-receiver). The same recipe as tests/test_tls.py's, which predates this module."""
+"""A certificate authority and certificates made by the openssl CLI for the tests that speak TLS (the agent's own
+server, the webhook action's receiver)."""
 
 from __future__ import annotations
 

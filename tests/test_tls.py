@@ -10,7 +10,6 @@ import http.client
 import json
 import shutil
 import ssl
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.agentproc import AgentProcess, Response, fetch, running_agent, wait_until
+from tests.pki import make_ca, make_leaf
 
 pytestmark = pytest.mark.realpart
 
@@ -38,42 +38,6 @@ class Pki:
     rogue_client_cert: Path
     """Signed by a second CA that the agent does not trust."""
     rogue_client_key: Path
-
-
-def openssl(*args: str | Path) -> None:
-    cmd = ["openssl", *(str(a) for a in args)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0, f"{' '.join(cmd)}:\n{result.stderr}"
-
-
-EC_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-
-
-def make_ca(directory: Path, name: str) -> tuple[Path, Path]:
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    openssl(
-        "req", "-x509", *EC_KEY, "-keyout", key, "-out", cert, "-days", "2", "-subj", f"/CN={name}",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-    )  # fmt: skip
-    return cert, key
-
-
-def make_leaf(directory: Path, name: str, ca: tuple[Path, Path], extensions: str) -> tuple[Path, Path]:
-    cert, key, csr, ext = (directory / f"{name}.{s}" for s in ("crt", "key", "csr", "ext"))
-    ext.write_text(
-        "basicConstraints=critical,CA:FALSE\n"
-        "keyUsage=critical,digitalSignature\n"
-        "subjectKeyIdentifier=hash\n"
-        "authorityKeyIdentifier=keyid\n" + extensions,
-        encoding="ascii",
-    )
-    openssl("req", "-new", *EC_KEY, "-keyout", key, "-out", csr, "-subj", f"/CN={name}")
-    openssl(
-        "x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-CAcreateserial",
-        "-out", cert, "-days", "2", "-extfile", ext,
-    )  # fmt: skip
-    return cert, key
 
 
 @pytest.fixture(scope="module")
