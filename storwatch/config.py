@@ -607,15 +607,14 @@ def _build(
 
 
 @functools.cache
-def _bounded_loader() -> type[yaml.SafeLoader]:
+def bounded_loader(max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> type[yaml.SafeLoader]:
     """SafeLoader's composer with bounds, made on first use: yaml is imported only to read a file (the commands that
-    take the defaults never load it)."""
+    take the defaults never load it). Nesting past ``max_depth`` (which would exhaust the stack: the composer
+    recurses) or more than ``max_nodes`` nodes is a YAML error at the line where it happens. The configuration and
+    the policy files are read through it."""
     import yaml
 
     class BoundedLoader(yaml.SafeLoader):
-        """SafeLoader's composer with bounds: nesting past MAX_DEPTH (which would exhaust the stack: the composer
-        recurses) or more than MAX_NODES nodes is a YAML error at the line where it happens."""
-
         def __init__(self, stream: str) -> None:
             super().__init__(stream)
             self._depth = 0
@@ -625,8 +624,8 @@ def _bounded_loader() -> type[yaml.SafeLoader]:
             self._depth += 1
             self._nodes += 1
             try:
-                if self._depth > MAX_DEPTH or self._nodes > MAX_NODES:
-                    what = f"nested deeper than {MAX_DEPTH} levels" if self._depth > MAX_DEPTH else "too many nodes"
+                if self._depth > max_depth or self._nodes > max_nodes:
+                    what = f"nested deeper than {max_depth} levels" if self._depth > max_depth else "too many nodes"
                     mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
                     raise yaml.composer.ComposerError(None, None, what, mark)
                 return super().compose_node(parent, index)
@@ -651,7 +650,7 @@ def _parse_config(text: str, where: str, sections: Mapping[str, type] | None) ->
     import yaml
 
     try:
-        node = yaml.compose(text, Loader=_bounded_loader())
+        node = yaml.compose(text, Loader=bounded_loader())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

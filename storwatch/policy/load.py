@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from storwatch.actions.base import ACTION_NAMES, ENTITY_KINDS, SEVERITIES, EntityKind, FieldValue, Severity
+from storwatch.config import bounded_loader
 from storwatch.policy.cel import DEFAULT_BOUNDS, RESERVED, Bounds, CelError, Expression, compile_expression, expand
 from storwatch.policy.schema import SCHEMA
 
@@ -160,33 +161,8 @@ def _frozen(value: object) -> object:
 
 
 def _loader() -> type[yaml.SafeLoader]:
-    import yaml
-
-    class BoundedLoader(yaml.SafeLoader):
-        """SafeLoader's composer, bounded: the composer recurses, so depth is what keeps the stack."""
-
-        def __init__(self, stream: str) -> None:
-            super().__init__(stream)
-            self._depth = 0
-            self._nodes = 0
-
-        def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
-            self._depth += 1
-            self._nodes += 1
-            try:
-                if self._depth > MAX_YAML_DEPTH or self._nodes > MAX_YAML_NODES:
-                    what = (
-                        f"nested deeper than {MAX_YAML_DEPTH} levels"
-                        if self._depth > MAX_YAML_DEPTH
-                        else "too many nodes"
-                    )
-                    mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                    raise yaml.composer.ComposerError(None, None, what, mark)
-                return super().compose_node(parent, index)
-            finally:
-                self._depth -= 1
-
-    return BoundedLoader
+    """The configuration's bounded SafeLoader, at a policy file's bounds."""
+    return bounded_loader(MAX_YAML_DEPTH, MAX_YAML_NODES)
 
 
 class _Errors:
