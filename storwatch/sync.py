@@ -1453,7 +1453,7 @@ class _Copy:
             "host": os.uname().nodename,
             "entries": [self.manifest_entry(e) for e in entries],
         }
-        data = json.dumps(manifest, indent=1).encode()
+        data = json.dumps(manifest, indent=1, allow_nan=False).encode()
         fd = os.open(
             self.tmp_manifest,
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -1849,7 +1849,7 @@ class SyncWorker:
         assert proc.stdin is not None
         try:
             # One short line: it fits the pipe's buffer, so this never blocks on a helper that does not read.
-            proc.stdin.write((json.dumps(request) + "\n").encode())
+            proc.stdin.write((json.dumps(request, allow_nan=False) + "\n").encode())
             proc.stdin.flush()
         except OSError:
             pass  # the helper died at once: its reader says so
@@ -1919,7 +1919,7 @@ def helper_main() -> None:
 
     def emit(message: Mapping[str, Any]) -> None:
         with contextlib.suppress(OSError):
-            out.write((json.dumps(message) + "\n").encode())
+            out.write((json.dumps(message, allow_nan=False) + "\n").encode())
             out.flush()
 
     def progress(done: int, total: int) -> None:

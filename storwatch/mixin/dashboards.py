@@ -577,5 +577,5 @@ def dashboards(th: Thresholds = THRESHOLDS, site: Site = SITE) -> dict[str, str]
         # Fixed panel ids (the builder leaves rows at 0 and panels without one), so links to a panel keep working.
         for number, panel in enumerate(doc["panels"], start=1):
             panel["id"] = number
-        out[name] = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+        out[name] = json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
     return out
