@@ -308,7 +308,8 @@ def test_metric_to_alert_to_alertmanager_to_agent_action(real_mounts: Enter[Any]
         )
         loop = subprocess.Popen(  # the job: on gpu-node-1's only GPU, writing onto its tmpfs
             [sys.executable, "-m", "tests.training_loop", str(ram / "llama" / "run1"), str(script_a),
-             str(tmp_path / "loop.json"), "--saves", "500", "--compute", "0.8", "--mib", "1"],
+             str(tmp_path / "loop.json"), "--saves", "500", "--compute", "0.8", "--mib", "1", "--keep", "8",
+             "--fsync-seconds", "0.5"],
             cwd=REPO_ROOT,
             stdout=subprocess.DEVNULL,
             stderr=stack.enter_context((tmp_path / "loop.log").open("w")),
@@ -330,14 +331,16 @@ def test_metric_to_alert_to_alertmanager_to_agent_action(real_mounts: Enter[Any]
         # Every alert but those that cannot hold fires in Prometheus.
         expected = {g["alert"] for grp in shipped for g in grp["rules"] if "alert" in g} - set(NOT_HOLDING)
 
-        def firing() -> set[str] | None:
-            assert loop.poll() is None, f"the training loop ended: {(tmp_path / 'loop.log').read_text()[-3000:]}"
+        def firing() -> set[str] | bool | None:
+            if loop.poll() is not None:
+                return True  # ends the wait: the job died, and what it printed is the failure's cause
             alerts = get_json(f"{prom}/api/v1/alerts")["data"]["alerts"]
             names = {x["labels"]["alertname"] for x in alerts if x["state"] == "firing"}
             return names if expected <= names else None
 
         try:
             wait_until(firing, timeout=75, interval=1.0, what="every alert firing")
+            assert loop.poll() is None, f"the training loop ended: {(tmp_path / 'loop.log').read_text()[-3000:]}"
         except AssertionError as err:
             now = get_json(f"{prom}/api/v1/alerts")["data"]["alerts"]
             raise AssertionError(f"{err}\nfiring: {sorted({x['labels']['alertname'] for x in now})}\n{logs()}") from err

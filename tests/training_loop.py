@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import stat
 import sys
 import threading
 import time
@@ -72,6 +74,22 @@ class FakeGPU:
         os.replace(tmp, self.script)  # a new inode: the library reads it again
 
 
+def slow_disk(seconds: float) -> None:
+    """Make every regular file's fsync in this process take ``seconds`` more, as on a disk slow to flush.
+
+    For a loop on tmpfs, where a save of a few MiB is over in milliseconds: the agent confirms a writer by seeing it
+    hold the checkpoint open (it looks every 0.25 s), and a save that short is seldom seen. The file stays open
+    through the wait, exactly as it does while a slow device flushes; only the device is simulated."""
+    real = os.fsync
+
+    def fsync(fd: Any) -> None:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            time.sleep(seconds)
+        real(fd)
+
+    os.fsync = fsync
+
+
 def _fsynced(path: str, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -125,7 +143,11 @@ def main() -> None:
     ap.add_argument("--compute", type=float, default=1.5)
     ap.add_argument("--mib", type=int, default=16)
     ap.add_argument("--writer", choices=("atomic", "plain", "trainer", "dcp"), default="atomic")
+    ap.add_argument("--keep", type=int, default=0, help="remove all but the newest N checkpoints (0: keep all)")
+    ap.add_argument("--fsync-seconds", type=float, default=0.0, help="each file's fsync takes this long at least")
     args = ap.parse_args()
+    if args.fsync_seconds:
+        slow_disk(args.fsync_seconds)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
@@ -152,6 +174,12 @@ def main() -> None:
         blocked += time.perf_counter() - started
         gpu.phase(97)
         saves.append({"start": start, "end": end, "path": path})
+        if args.keep and len(saves) > args.keep:  # as the Trainer's save_total_limit does
+            old = saves[-args.keep - 1]["path"]
+            if os.path.isdir(old):
+                shutil.rmtree(old)
+            else:
+                os.unlink(old)
     # computing on for a moment, then the job ends (its "GPU" keeps no process)
     time.sleep(args.compute)
     gpu.stop.set()
