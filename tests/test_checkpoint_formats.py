@@ -347,7 +347,9 @@ def test_two_hundred_sound_checkpoints_pass(tmp_path: Path) -> None:
             obj = {"epoch": i, "global_step": i * 10, "state_dict": state, "optimizer_states": [{"lr": 0.1}]}
         path = tmp_path / f"ckpt{i}{suffixes[i % 4]}"
         torch.save(obj, path)
-        result = check(str(path), deep=i % 10 == 0)
+        # A deep check loads the file in a torch subprocess (up to 10 s each on a busy machine): the first four, one
+        # of each suffix and both layouts (i % 4); the quick checks see all 200.
+        result = check(str(path), deep=i < 4)
         assert result.verdict == "complete", result
         assert result.format == "torch-zip"
 
