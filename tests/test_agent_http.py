@@ -569,7 +569,10 @@ def test_sighup_applies_checkpoint_roots(tmp_path: Path) -> None:
     def roots(*paths: Path) -> str:
         return (
             "tick_seconds: 0.2\nkube: {enabled: false}\n"
-            f"checkpoints: {{roots: {json.dumps([str(p) for p in paths])}, kubelet: false, interval_seconds: 0.3}}\n"
+            # No deep checks: each loads torch in a subprocess, seconds on a busy machine, which the new root's walk
+            # would wait behind.
+            f"checkpoints: {{roots: {json.dumps([str(p) for p in paths])}, kubelet: false, interval_seconds: 0.3, "
+            "deep_per_scan: 0}\n"
         )
 
     def paths(data: dict[str, Any]) -> set[str]:
