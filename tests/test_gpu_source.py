@@ -479,6 +479,8 @@ def test_init_failure_retries_with_backoff_then_comes_up(nvml: FakeNVML, run_sou
         f = facts(answer)
         assert f["nvml_up"] is False and "kernel driver is not loaded" in f["error"]
         assert answer["failure"] == f["error"]  # no driver: the collector fails, with the reason
+        # and its worker sleeps until the retry is due rather than every --interval (1 s)
+        assert 3000 < answer["interval"] <= 3600
     assert nvml.counts()["init_attempts"] == 1
     waiting.stop()
 
@@ -488,6 +490,7 @@ def test_init_failure_retries_with_backoff_then_comes_up(nvml: FakeNVML, run_sou
     nvml.write_script(EIGHT_GPUS)
     answer = wait_for(lambda: (a := proc.collect()) and facts(a)["nvml_up"] and a, 30, "NVML to come up")
     assert len(facts(answer)["gpus"]) == 8
+    assert answer["interval"] == 1.0  # up: the configured pace again
     counts = nvml.counts()
     assert counts["init"] == 1 and counts["init_attempts"] >= 2
     assert proc.stop().count("NVML unavailable") == 1

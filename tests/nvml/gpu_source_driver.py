@@ -1,10 +1,11 @@
 """Runs one GPUSource and answers commands on stdin with JSON lines on stdout; it logs to stderr.
 
-Commands: ``collect`` (one collect(): the facts, how long it took in wall and CPU seconds, and how many threads the
-process has), ``close``, ``sleep SECONDS``, ``quit`` (exit without closing), and with --manual-clock ``ticks N STEP``:
-N runs through the agent's own collector worker (storwatch.agent.collectors), the manual clock moved STEP seconds
-after each; the answer lists nvmlInit's attempts so far after each run, and the collector's failure count. Started by
-tests/nvml GPUSourceProcess with LD_LIBRARY_PATH naming the fake libnvidia-ml.so.1, or none.
+Commands: ``collect`` (one collect(): the facts, how long it took in wall and CPU seconds, how many threads the
+process has, and the source's interval_seconds after it), ``close``, ``sleep SECONDS``, ``quit`` (exit without
+closing), and with --manual-clock ``ticks N STEP``: N runs through the agent's own collector worker
+(storwatch.agent.collectors), the manual clock moved STEP seconds after each; the answer lists nvmlInit's attempts
+so far after each run, and the collector's failure count. Started by tests/nvml GPUSourceProcess with
+LD_LIBRARY_PATH naming the fake libnvidia-ml.so.1, or none.
 
 Options: --interval S, --call-timeout S, --samples-interval S (how often the sample buffers are read; 0, the default
 here, every collect, so that each collect shows what the fake scripted since the last), --init-backoff S (the first
@@ -77,6 +78,7 @@ def main() -> int:
                         "wall": wall,
                         "cpu": cpu,
                         "threads": threading.active_count(),
+                        "interval": source.interval_seconds,
                     }
                 )
             elif cmd == "close":

@@ -56,7 +56,7 @@ class GPUSource:
     ) -> None:
         """``init_backoff_seconds``: the wait before the first retry of a failed nvmlInit (it doubles up to
         INIT_BACKOFF_MAX_SECONDS), timed by ``monotonic``."""
-        self.interval_seconds = interval_seconds
+        self._interval = interval_seconds
         self.call_timeout_seconds = call_timeout_seconds
         self.clock = clock
         self._sampler = Sampler(clock, init_backoff_seconds, samples_interval_seconds, monotonic)
@@ -66,9 +66,25 @@ class GPUSource:
 
     def configure(self, settings: GPUSettings) -> None:
         """Take a reloaded configuration (the agent calls this on SIGHUP); effective from the next collect()."""
-        self.interval_seconds = settings.interval_seconds
+        self._interval = settings.interval_seconds
         self.call_timeout_seconds = settings.call_timeout_seconds
         self._sampler.buffered_read_seconds = settings.samples_interval_seconds
+
+    @property
+    def interval_seconds(self) -> float:
+        """The configured interval; while nvmlInit fails, the wait until its retry is due, if that is longer.
+
+        Before the retry is due a collection could only repeat the last failure (no driver, no GPU to sample), so the
+        worker sleeps until then: on a node without GPUs the source wakes at the backoff's pace (doubling to 300 s),
+        not every second. A driver that loads is found at the same retry either way."""
+        nvml = self._sampler.nvml
+        if nvml.initialised or nvml.init_error is None:
+            return self._interval
+        return max(self._interval, nvml.retry_in())
+
+    @interval_seconds.setter
+    def interval_seconds(self, seconds: float) -> None:
+        self._interval = seconds
 
     def collect(self) -> GPUFacts:
         """One tick's facts, within call_timeout_seconds whatever NVML does; never raises for NVML's sake."""
