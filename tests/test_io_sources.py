@@ -12,7 +12,7 @@ from storwatch.config import DiskIOConfig, NFSConfig
 from storwatch.paths import HostPaths
 from storwatch.sources import UnusableInput
 from storwatch.sources.diskio import DiskIOSource
-from storwatch.sources.nfs import NFSSource
+from storwatch.sources.nfs import NO_NFS_INTERVAL_SECONDS, NFSSource
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -224,9 +224,20 @@ def test_mountstats_without_nfs_mounts_is_a_success_with_nothing_to_report(tmp_p
     _, source = _mountstats_of(
         tmp_path, b"device rootfs mounted on / with fstype rootfs\ndevice proc mounted on /proc with fstype proc\n"
     )
+    assert source.interval_seconds == 1.0  # before the first read: the configured pace
     stats = source.collect()
     assert dict(stats.mounts) == {} and stats.deltas == {}
     assert source.parse_errors == 0
+    assert source.interval_seconds == NO_NFS_INTERVAL_SECONDS  # no NFS mount to time: read less often
+
+
+def test_nfs_source_reads_at_its_interval_while_an_nfs_mount_is_there(tmp_path: Path) -> None:
+    path, source = _mountstats_of(tmp_path, b"device rootfs mounted on / with fstype rootfs\n")
+    source.collect()
+    assert source.interval_seconds == NO_NFS_INTERVAL_SECONDS
+    path.write_bytes((FIXTURES / "mountstats" / "nfsv3").read_bytes())  # a mount came
+    assert source.collect().mounts
+    assert source.interval_seconds == 1.0
 
 
 def test_mountstats_parse_errors_count_bad_lines_of_reads_and_of_tables(tmp_path: Path) -> None:

@@ -104,12 +104,17 @@ def _op_delta(prev: OperationTimes, cur: OperationTimes) -> OpDelta | None:
     )
 
 
+NO_NFS_INTERVAL_SECONDS = 5.0
+"""How often mountstats is read while the last read found no NFS mount (a node without NFS)."""
+
+
 class NFSSource:
     name = "nfs"
 
     def __init__(self, paths: HostPaths, config: NFSConfig, clock: Callable[[], float] = time.time) -> None:
         self.paths = paths
         self.clock = clock
+        self._nfs_seen = True  # until a read says otherwise
         self.configure(config)
         self._bad_lines = OnceLog(log)
         self.parse_errors = 0
@@ -123,7 +128,19 @@ class NFSSource:
         """By (mountpoint, procedure): its line at the last read, and what it parsed to."""
 
     def configure(self, config: NFSConfig) -> None:
-        self.interval_seconds = config.interval_seconds
+        self._interval = config.interval_seconds
+
+    @property
+    def interval_seconds(self) -> float:
+        """The configured interval while the last read found an NFS mount; else at least NO_NFS_INTERVAL_SECONDS.
+
+        A node without NFS has nothing here to time, so the file is read at that slower pace (the first read after
+        a mount appears starts its counters; its first latency window comes one read later, as for any new mount)."""
+        return self._interval if self._nfs_seen else max(self._interval, NO_NFS_INTERVAL_SECONDS)
+
+    @interval_seconds.setter
+    def interval_seconds(self, seconds: float) -> None:
+        self._interval = seconds
 
     def _log_bad_lines(self, errors: list[MountStatsError]) -> None:
         # Called by collect() and, for tables read when first used, by whichever thread uses them.
@@ -158,6 +175,7 @@ class NFSSource:
             if delta is not None:
                 deltas.setdefault(mountpoint, {})[name] = delta
         self._last = now
+        self._nfs_seen = bool(found)
         return NFSStats(self.clock(), _Tables(data, self._reader, self._reader_lock), deltas)
 
     def _check(self, path: str, data: bytes) -> None:
