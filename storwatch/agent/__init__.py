@@ -63,6 +63,9 @@ GPU_OFF_REASON = BY_NAME["gpu"].off_reason(GPUConfig(enabled=False))
 STOP_JOIN_SECONDS = 2.0
 """How long stop() waits for the agent's threads, all together (each sleeps on the stop event, so they end at once
 unless one is inside a collect(), which no hung mount can hold: those calls run in the helper process)."""
+SIGNAL_WAIT_SECONDS = 5.0
+"""The main thread's longest wait between two looks at the flags the signal handlers set: a signal ends the wait at
+once (the wakeup fd); this bounds the case SignalInbox.wait describes, a handler run only after the wait's return."""
 
 
 class Agent:
@@ -386,7 +389,9 @@ class Agent:
         try:
             self.start()
             while not inbox.stop_signal:
-                inbox.wait(1.0)
+                # A signal wakes this wait (the wakeup fd), so its timeout is only a backstop: a longer one is
+                # fewer idle wake-ups, not a slower stop or reload.
+                inbox.wait(SIGNAL_WAIT_SECONDS)
                 if inbox.hup and not inbox.stop_signal:
                     inbox.hup = False  # a SIGHUP from here on asks for one more reload, after this one
                     log.info("received SIGHUP, reloading the configuration")
