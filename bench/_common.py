@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,11 +121,41 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def family_cpu_seconds(pid: int) -> tuple[float, float]:
-    """CPU seconds of a process alone (utime + stime), and of its whole family: itself, every live descendant, and
-    every child that ended and was waited for (cutime + cstime of the one that waited), so a short-lived helper's
-    CPU is counted too. (0.0, 0.0) when the process is gone."""
-    own = family = 0.0
+@dataclass(frozen=True)
+class ProcessSample:
+    name: str
+    """What it runs: the script or module of a Python process, else its command's name."""
+    cpu_seconds: float
+    """utime + stime."""
+    ended_children_cpu_seconds: float
+    """cutime + cstime: its children that ended and were waited for (a short-lived helper's CPU lands here)."""
+    rss_kib: int
+
+
+def process_name(pid: int) -> str:
+    """``python -m storwatch agent`` -> ``storwatch``, ``python -I -S /x/_blocking_worker.py`` ->
+    ``_blocking_worker.py``, ``python -I -c "...from storwatch._checkpoint_worker import main..."`` ->
+    ``storwatch._checkpoint_worker``, ``sleep 5`` -> ``sleep``."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return "?"
+    for i, arg in enumerate(args[1:], 1):
+        if arg == "-m" and i + 1 < len(args):
+            return args[i + 1]
+        if arg == "-c" and i + 1 < len(args):
+            imported = re.search(r"from ([\w.]+) import", args[i + 1])
+            return imported.group(1) if imported else "python -c"
+        if arg.endswith(".py"):
+            return os.path.basename(arg)
+    return os.path.basename(args[0]) if args and args[0] else "?"
+
+
+def family(pid: int) -> dict[int, ProcessSample]:
+    """A process and every live descendant (its helper processes, and theirs), by PID; empty when it is gone. The
+    CPU of the whole family, short-lived helpers included, is the sum of both CPU fields over all of them."""
+    out = {}
     for p in [pid, *descendants(pid)]:
         try:
             with open(f"/proc/{p}/stat") as f:
@@ -132,15 +164,12 @@ def family_cpu_seconds(pid: int) -> tuple[float, float]:
             continue
         fields = data[data.rindex(")") + 2 :].split()
         utime, stime, cutime, cstime = (int(v) / CLK_TCK for v in fields[11:15])  # fields 14 to 17 of proc(5)
-        family += utime + stime + cutime + cstime
-        if p == pid:
-            own = utime + stime
-    return own, family
+        out[p] = ProcessSample(process_name(p), utime + stime, cutime + cstime, rss_kib(p) or 0)
+    return out
 
 
-def family_rss_kib(pid: int) -> int:
-    """VmRSS of a process and every live descendant, summed, in KiB (0 when it is gone)."""
-    return sum(rss_kib(p) or 0 for p in [pid, *descendants(pid)])
+def family_cpu_seconds(samples: dict[int, ProcessSample]) -> float:
+    return sum(s.cpu_seconds + s.ended_children_cpu_seconds for s in samples.values())
 
 
 def cmdline(pid: int) -> str:
@@ -327,18 +356,26 @@ def measure_agent(
     bench with a large tree waits for its first full walk), wait ``warmup`` seconds, scrape once unmeasured (the
     first scrape writes everything once: not the steady state), then for ``seconds`` scrape every
     ``scrape_interval`` seconds (0: never) and measure the CPU of the agent and of its helper processes
-    (:func:`family_cpu_seconds`, helpers that ended included) as a share of one core. The RSS of the agent and its
-    helpers together is sampled twice a second from the start, so its maximum covers start-up too. Returns the
-    figures and the body of a last scrape, taken after the window."""
+    (:func:`family`, helpers that ended included) as a share of one core, in all and by process name. The RSS of
+    the agent and its helpers together is sampled twice a second from the start, so its maximum covers start-up
+    too (and the maximum of each process name's). Returns the figures and the body of a last scrape, taken after
+    the window."""
     url = f"http://127.0.0.1:{port}"
     stop = threading.Event()
     rss_max = [0]
+    rss_max_by_name: dict[str, int] = {}
     scrapes: list[float] = []
     scrape_errors: list[str] = []
 
     def watch_rss() -> None:
         while True:
-            rss_max[0] = max(rss_max[0], family_rss_kib(proc.pid))
+            by_name: dict[str, int] = {}
+            for pid, sample in family(proc.pid).items():
+                name = "agent" if pid == proc.pid else sample.name
+                by_name[name] = by_name.get(name, 0) + sample.rss_kib
+            rss_max[0] = max(rss_max[0], sum(by_name.values()))
+            for name, kib in by_name.items():
+                rss_max_by_name[name] = max(rss_max_by_name.get(name, 0), kib)
             if stop.wait(0.5):
                 return
 
@@ -375,9 +412,9 @@ def measure_agent(
             get(f"{url}/metrics")
         threads[2].start()
         s0 = steal_ticks()
-        (a0, f0), w0 = family_cpu_seconds(proc.pid), time.monotonic()
+        before, w0, start_unix = family(proc.pid), time.monotonic(), time.time()
         time.sleep(seconds)
-        (a1, f1), w1 = family_cpu_seconds(proc.pid), time.monotonic()
+        after, w1, end_unix = family(proc.pid), time.monotonic(), time.time()
         s1 = steal_ticks()
         if proc.poll() is not None:
             raise HarnessError(f"the agent exited ({proc.returncode}) during the measurement")
@@ -390,12 +427,27 @@ def measure_agent(
                 t.join(15)
     wall = w1 - w0
     cpus = os.cpu_count() or 1
+    total = family_cpu_seconds(after) - family_cpu_seconds(before)
+    by_name: dict[str, float] = {}  # each live process's CPU in the window; what is left is that of helpers that ended
+    for pid, sample in after.items():
+        name = "agent" if pid == proc.pid else sample.name
+        earlier = before[pid].cpu_seconds if pid in before else 0.0
+        by_name[name] = by_name.get(name, 0.0) + sample.cpu_seconds - earlier
+    ended = total - sum(by_name.values())
+    if abs(ended) >= 1 / CLK_TCK:  # below a clock tick it is the rounding of the others
+        by_name["helpers that ended"] = ended
+    own = by_name.get("agent", 0.0)
     steal = (s1 - s0) / CLK_TCK / wall / cpus if s0 is not None and s1 is not None else None
     return {
-        "cpu_share_of_one_core": (f1 - f0) / wall,
-        "agent_cpu_share": (a1 - a0) / wall,
-        "helper_cpu_share": (f1 - f0 - (a1 - a0)) / wall,
+        "cpu_share_of_one_core": total / wall,
+        "agent_cpu_share": own / wall,
+        "helper_cpu_share": (total - own) / wall,
+        "processes": {
+            name: {"cpu_share": cpu / wall, "rss_max_bytes": rss_max_by_name.get(name, 0) * 1024}
+            for name, cpu in sorted(by_name.items())
+        },
         "seconds": wall,
+        "window_unix": [start_unix, end_unix],
         "warmup_seconds": warmup,
         "ready_seconds": ready_seconds,
         "settle_seconds": settle_seconds,
