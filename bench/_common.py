@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: percentiles, /proc readings, free ports, starting and stopping processes.
+"""Helpers shared by the benchmarks: percentiles, /proc readings, free ports, starting and stopping processes, and
+an agent measured over a window while it is scraped.
 
 Standard library only, so the benchmarks run with any Python 3.10+, the project's virtual environment included.
 """
@@ -8,11 +9,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +108,68 @@ def children(pid: int) -> list[int]:
         except OSError:
             continue
     return sorted(set(found))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (its helper processes, and theirs), found through :func:`children`."""
+    found: list[int] = []
+    todo = children(pid)
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children(child))
+    return found
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    name: str
+    """What it runs: the script or module of a Python process, else its command's name."""
+    cpu_seconds: float
+    """utime + stime."""
+    ended_children_cpu_seconds: float
+    """cutime + cstime: its children that ended and were waited for (a short-lived helper's CPU lands here)."""
+    rss_kib: int
+
+
+def process_name(pid: int) -> str:
+    """``python -m storwatch agent`` -> ``storwatch``, ``python -I -S /x/_blocking_worker.py`` ->
+    ``_blocking_worker.py``, ``python -I -c "...from storwatch._checkpoint_worker import main..."`` ->
+    ``storwatch._checkpoint_worker``, ``sleep 5`` -> ``sleep``."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return "?"
+    for i, arg in enumerate(args[1:], 1):
+        if arg == "-m" and i + 1 < len(args):
+            return args[i + 1]
+        if arg == "-c" and i + 1 < len(args):
+            imported = re.search(r"from ([\w.]+) import", args[i + 1])
+            return imported.group(1) if imported else "python -c"
+        if arg.endswith(".py"):
+            return os.path.basename(arg)
+    return os.path.basename(args[0]) if args and args[0] else "?"
+
+
+def family(pid: int) -> dict[int, ProcessSample]:
+    """A process and every live descendant (its helper processes, and theirs), by PID; empty when it is gone. The
+    CPU of the whole family, short-lived helpers included, is the sum of both CPU fields over all of them."""
+    out = {}
+    for p in [pid, *descendants(pid)]:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(")") + 2 :].split()
+        utime, stime, cutime, cstime = (int(v) / CLK_TCK for v in fields[11:15])  # fields 14 to 17 of proc(5)
+        out[p] = ProcessSample(process_name(p), utime + stime, cutime + cstime, rss_kib(p) or 0)
+    return out
+
+
+def family_cpu_seconds(samples: dict[int, ProcessSample]) -> float:
+    return sum(s.cpu_seconds + s.ended_children_cpu_seconds for s in samples.values())
 
 
 def cmdline(pid: int) -> str:
@@ -238,6 +305,160 @@ def kill_pid_if_alive(pid: int, grace: float = 2.0) -> str:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     return "left behind, killed (SIGKILL)"
+
+
+# -- an agent under measurement
+
+
+def get(url: str, timeout: float = 10.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        body: bytes = resp.read()
+        return body
+
+
+def series_count(body: str) -> int:
+    """Samples in an exposition (every line that is not blank and not a comment)."""
+    return sum(1 for line in body.splitlines() if line and not line.startswith("#"))
+
+
+def wait_ready(proc: subprocess.Popen[Any], port: int, timeout: float) -> float:
+    """Wait until the agent answers /readyz with 200; the seconds that took. HarnessError when it exits first or the
+    deadline passes."""
+    start = time.monotonic()
+    while True:
+        if proc.poll() is not None:
+            raise HarnessError(f"the agent exited ({proc.returncode}) before it was ready")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - start
+        except OSError:  # not listening yet, or 503 until its first View
+            pass
+        if time.monotonic() - start > timeout:
+            raise HarnessError(f"the agent was not ready within {timeout:g} s")
+        time.sleep(0.2)
+
+
+def measure_agent(
+    proc: subprocess.Popen[Any],
+    port: int,
+    *,
+    seconds: float,
+    warmup: float,
+    scrape_interval: float,
+    tick: Callable[[int], None] | None = None,
+    ready_timeout: float = 15.0,
+    settled: Callable[[], bool] | None = None,
+    settle_timeout: float = 600.0,
+) -> tuple[dict[str, Any], str]:
+    """A started agent, measured: wait for /readyz, call ``tick(n)`` once a second from then on (a bench moving its
+    synthetic counters), wait until ``settled()`` says its start-up work is done (asked every 10 s, when given; a
+    bench with a large tree waits for its first full walk), wait ``warmup`` seconds, scrape once unmeasured (the
+    first scrape writes everything once: not the steady state), then for ``seconds`` scrape every
+    ``scrape_interval`` seconds (0: never) and measure the CPU of the agent and of its helper processes
+    (:func:`family`, helpers that ended included) as a share of one core, in all and by process name. The RSS of
+    the agent and its helpers together is sampled twice a second from the start, so its maximum covers start-up
+    too (and the maximum of each process name's). Returns the figures and the body of a last scrape, taken after
+    the window."""
+    url = f"http://127.0.0.1:{port}"
+    stop = threading.Event()
+    rss_max = [0]
+    rss_max_by_name: dict[str, int] = {}
+    scrapes: list[float] = []
+    scrape_errors: list[str] = []
+
+    def watch_rss() -> None:
+        while True:
+            by_name: dict[str, int] = {}
+            for pid, sample in family(proc.pid).items():
+                name = "agent" if pid == proc.pid else sample.name
+                by_name[name] = by_name.get(name, 0) + sample.rss_kib
+            rss_max[0] = max(rss_max[0], sum(by_name.values()))
+            for name, kib in by_name.items():
+                rss_max_by_name[name] = max(rss_max_by_name.get(name, 0), kib)
+            if stop.wait(0.5):
+                return
+
+    def ticker() -> None:
+        n = 1
+        while tick is not None and not stop.wait(1.0):
+            tick(n)
+            n += 1
+
+    def scraper() -> None:
+        while scrape_interval > 0 and not stop.wait(scrape_interval):
+            t0 = time.monotonic()
+            try:
+                get(f"{url}/metrics")
+                scrapes.append(time.monotonic() - t0)
+            except OSError as err:
+                scrape_errors.append(f"{type(err).__name__}: {err}")
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (watch_rss, ticker, scraper)]
+    try:
+        threads[0].start()
+        started = time.monotonic()
+        ready_seconds = wait_ready(proc, port, ready_timeout)
+        threads[1].start()
+        while settled is not None and not settled():
+            if proc.poll() is not None:
+                raise HarnessError(f"the agent exited ({proc.returncode}) during its start-up work")
+            if time.monotonic() - started > settle_timeout:
+                raise HarnessError(f"the agent had not done its start-up work within {settle_timeout:g} s")
+            time.sleep(10.0)
+        settle_seconds = time.monotonic() - started
+        time.sleep(warmup)
+        if scrape_interval > 0:
+            get(f"{url}/metrics")
+        threads[2].start()
+        s0 = steal_ticks()
+        before, w0, start_unix = family(proc.pid), time.monotonic(), time.time()
+        time.sleep(seconds)
+        after, w1, end_unix = family(proc.pid), time.monotonic(), time.time()
+        s1 = steal_ticks()
+        if proc.poll() is not None:
+            raise HarnessError(f"the agent exited ({proc.returncode}) during the measurement")
+        body = get(f"{url}/metrics").decode()
+        rss_end = rss_kib(proc.pid)
+    finally:
+        stop.set()
+        for t in threads:
+            if t.is_alive():
+                t.join(15)
+    wall = w1 - w0
+    cpus = os.cpu_count() or 1
+    total = family_cpu_seconds(after) - family_cpu_seconds(before)
+    by_name: dict[str, float] = {}  # each live process's CPU in the window; what is left is that of helpers that ended
+    for pid, sample in after.items():
+        name = "agent" if pid == proc.pid else sample.name
+        earlier = before[pid].cpu_seconds if pid in before else 0.0
+        by_name[name] = by_name.get(name, 0.0) + sample.cpu_seconds - earlier
+    ended = total - sum(by_name.values())
+    if abs(ended) >= 1 / CLK_TCK:  # below a clock tick it is the rounding of the others
+        by_name["helpers that ended"] = ended
+    own = by_name.get("agent", 0.0)
+    steal = (s1 - s0) / CLK_TCK / wall / cpus if s0 is not None and s1 is not None else None
+    return {
+        "cpu_share_of_one_core": total / wall,
+        "agent_cpu_share": own / wall,
+        "helper_cpu_share": (total - own) / wall,
+        "processes": {
+            name: {"cpu_share": cpu / wall, "rss_max_bytes": rss_max_by_name.get(name, 0) * 1024}
+            for name, cpu in sorted(by_name.items())
+        },
+        "seconds": wall,
+        "window_unix": [start_unix, end_unix],
+        "warmup_seconds": warmup,
+        "ready_seconds": ready_seconds,
+        "settle_seconds": settle_seconds,
+        "series": series_count(body),
+        "scrapes": len(scrapes),
+        "scrape_seconds": summary(scrapes) if scrapes else None,
+        "scrape_errors": scrape_errors,
+        "rss_bytes": (rss_end or 0) * 1024 or None,
+        "family_rss_max_bytes": rss_max[0] * 1024 or None,
+        "steal_share": steal,
+    }, body
 
 
 def write_json(path: str | None, data: dict[str, Any]) -> None:

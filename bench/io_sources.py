@@ -23,9 +23,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,10 @@ from bench._common import (
     ROOT,
     VENV_BIN,
     HarnessError,
-    children,
     cpu_seconds,
     free_port,
+    measure_agent,
     reference_cpu_ms,
-    rss_kib,
-    steal_ticks,
     summary,
     terminate,
     verdict,
@@ -73,11 +71,17 @@ def diskstats_text(devices: int, tick: int) -> str:
 BUSY = [64]  # how many NFS mounts do I/O every tick (set from --busy-nfs)
 
 
-def mountstats_text(mounts: int, tick: int) -> str:
+def nfs_mountpoints(mounts: int) -> list[str]:
+    """Where the NFS mounts are mounted unless a bench says otherwise (at_scale.py: on pods' volume directories)."""
+    return [f"/mnt/nfs{m}" for m in range(mounts)]
+
+
+def mountstats_text(mounts: int, tick: int, mountpoints: Sequence[str] | None = None) -> str:
+    where = mountpoints or nfs_mountpoints(mounts)
     out = ["device proc mounted on /proc with fstype proc", "device /dev/nvme0n1p1 mounted on / with fstype ext4"]
     for m in range(mounts):
         mtick = tick if m < BUSY[0] else 0  # an idle mount's counters stand still
-        out.append(f"device 10.0.0.{m % 250 + 1}:/export/vol{m} mounted on /mnt/nfs{m} with fstype nfs4 statvers=1.1")
+        out.append(f"device 10.0.0.{m % 250 + 1}:/export/vol{m} mounted on {where[m]} with fstype nfs4 statvers=1.1")
         out.append("\topts:\trw,vers=4.2,rsize=1048576,wsize=1048576,namlen=255,acregmin=3,acregmax=60,hard,proto=tcp")
         out.append("\tage:\t86400")
         out.append("\tcaps:\tcaps=0x3ffbffff,wtmult=512,dtsize=1048576,bsize=0,namlen=255")
@@ -94,30 +98,33 @@ def mountstats_text(mounts: int, tick: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def make_tree(devices: int, mounts: int) -> Path:
-    root = Path(tempfile.mkdtemp(prefix="storwatch-bench-io-"))
+def make_tree(devices: int, mounts: int, mountpoints: Sequence[str] | None = None, parent: str | None = None) -> Path:
+    """The synthetic tree (``proc``, ``sys``, and ``root``: the host's /) in a new temporary directory (in
+    ``parent`` when given); ``mountpoints``: one per NFS mount (default :func:`nfs_mountpoints`)."""
+    where = mountpoints or nfs_mountpoints(mounts)
+    root = Path(tempfile.mkdtemp(prefix="storwatch-bench-io-", dir=parent))
     proc = root / "proc"
     (proc / "1").mkdir(parents=True)
     os.symlink("1", proc / "self")  # node_exporter's procfs reads /proc/self as a link to a PID directory
     # The GPU node's mounts, and the NFS mounts of mountstats, so that the View joins each one's I/O as on a real node.
     nfs_lines = "".join(
-        f"{2000 + m} 1 0:{500 + m} / /mnt/nfs{m} rw,relatime shared:{900 + m} - nfs4 "
+        f"{2000 + m} 1 0:{500 + m} / {where[m]} rw,relatime shared:{900 + m} - nfs4 "
         f"10.0.0.{m % 250 + 1}:/export/vol{m} rw,vers=4.2,rsize=1048576,wsize=1048576,hard,proto=tcp\n"
         for m in range(mounts)
     )
     (proc / "1" / "mountinfo").write_bytes(GPU_NODE_MOUNTINFO.read_bytes() + nfs_lines.encode())
-    write_tick(proc, devices, mounts, 0)
+    write_tick(proc, devices, mounts, 0, where)
     (root / "sys").mkdir()
     for m in range(mounts):
-        (root / "root" / "mnt" / f"nfs{m}").mkdir(parents=True)  # statvfs answers for them
+        (root / "root" / where[m].lstrip("/")).mkdir(parents=True)  # statvfs answers for them
     (root / "root").mkdir(exist_ok=True)
     return root
 
 
-def write_tick(proc: Path, devices: int, mounts: int, tick: int) -> None:
+def write_tick(proc: Path, devices: int, mounts: int, tick: int, mountpoints: Sequence[str] | None = None) -> None:
     for path, text in (
         (proc / "diskstats", diskstats_text(devices, tick)),
-        (proc / "1" / "mountstats", mountstats_text(mounts, tick)),
+        (proc / "1" / "mountstats", mountstats_text(mounts, tick, mountpoints)),
     ):
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
@@ -207,63 +214,18 @@ def agent_cpu(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    stop = threading.Event()
-
-    def writer() -> None:
-        tick = 1
-        while not stop.wait(1.0):
-            write_tick(root / "proc", devices, mounts, tick)
-            tick += 1
-
-    scrapes: list[float] = []
-
-    def scraper() -> None:
-        while scrape_interval > 0 and not stop.wait(scrape_interval):
-            t0 = time.monotonic()
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-            scrapes.append(time.monotonic() - t0)
-
-    thread = threading.Thread(target=writer, daemon=True)
-    scrape_thread = threading.Thread(target=scraper, daemon=True)
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise HarnessError("the agent did not become ready")
-            time.sleep(0.2)
-        thread.start()
-        time.sleep(3)  # past start-up imports and the first rounds
-        if scrape_interval > 0:  # the first scrape parses and writes everything once: not the steady state
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-        scrape_thread.start()
-        helpers = children(proc.pid)  # the blocking-call helper: its CPU is the agent's too
-        s0 = steal_ticks()
-        c0, h0, w0 = cpu_seconds(proc.pid) or 0.0, sum(cpu_seconds(p) or 0.0 for p in helpers), time.monotonic()
-        time.sleep(seconds)
-        c1, h1, w1 = cpu_seconds(proc.pid) or 0.0, sum(cpu_seconds(p) or 0.0 for p in helpers), time.monotonic()
-        s1 = steal_ticks()
-        cpus = os.cpu_count() or 1
-        steal = (s1 - s0) / os.sysconf("SC_CLK_TCK") / (w1 - w0) / cpus if s0 is not None and s1 is not None else None
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
-        return {
-            "cpu_share_of_one_core": (c1 - c0 + h1 - h0) / (w1 - w0),
-            "agent_cpu_share": (c1 - c0) / (w1 - w0),
-            "helper_cpu_share": (h1 - h0) / (w1 - w0),
-            "seconds": w1 - w0,
-            "series": series,
-            "scrapes": len(scrapes),
-            "scrape_seconds": summary(scrapes) if scrapes else None,
-            "rss_bytes": (rss_kib(proc.pid) or 0) * 1024 or None,
-            "steal_share": steal,
-        }
+        # 3 s of warm-up: past start-up imports and the first rounds.
+        figures, _ = measure_agent(
+            proc,
+            port,
+            seconds=seconds,
+            warmup=3.0,
+            scrape_interval=scrape_interval,
+            tick=lambda n: write_tick(root / "proc", devices, mounts, n),
+        )
+        return figures
     finally:
-        stop.set()
         terminate(proc)
 
 
