@@ -25,6 +25,10 @@ INIT_TIMEOUT_SECONDS = 30.0
 """How long nvmlInit may take before it counts as stuck: without persistence mode it wakes every GPU (seconds each)."""
 
 
+RETRY_MARGIN_SECONDS = 0.05
+"""While nvmlInit fails, the worker wakes this long after the retry is due, never before it."""
+
+
 class GPUSettings(Protocol):
     """What :meth:`GPUSource.configure` reads from a configuration section (a frozen dataclass will do)."""
 
@@ -60,6 +64,9 @@ class GPUSource:
         self.call_timeout_seconds = call_timeout_seconds
         self.clock = clock
         self._sampler = Sampler(clock, init_backoff_seconds, samples_interval_seconds, monotonic)
+        self._monotonic = monotonic
+        self._started: float | None = None
+        """When the last collect() began, by ``monotonic`` (the clock of nvmlInit's backoff)."""
         self._worker = DeadlineWorker("gpu-nvml")
         self._closed = False
         self._stuck_logged = False
@@ -78,9 +85,12 @@ class GPUSource:
         worker sleeps until then: on a node without GPUs the source wakes at the backoff's pace (doubling to 300 s),
         not every second. A driver that loads is found at the same retry either way."""
         nvml = self._sampler.nvml
-        if nvml.initialised or nvml.init_error is None:
+        if nvml.initialised or nvml.init_error is None or self._started is None:
             return self._interval
-        return max(self._interval, nvml.retry_in())
+        # From the start of the last collection, as the worker counts it: the retry_in() of now would wake the worker
+        # early by the collection's length, for one more run that finds the retry not due (a failure counted twice).
+        # RETRY_MARGIN_SECONDS: the worker's own start is a hair before this one, so it would wake a hair early.
+        return max(self._interval, nvml.next_init - self._started + RETRY_MARGIN_SECONDS)
 
     @interval_seconds.setter
     def interval_seconds(self, seconds: float) -> None:
@@ -90,6 +100,7 @@ class GPUSource:
         """One tick's facts, within call_timeout_seconds whatever NVML does; never raises for NVML's sake."""
         if self._closed:
             return GPUFacts(self.clock(), False, None, "source closed", ())
+        self._started = self._monotonic()
         outcome = self._worker.run(self._sampler.sample, self.call_timeout_seconds)
         if outcome is None:
             return self._stuck_facts()
@@ -138,4 +149,4 @@ class GPUSource:
         self._worker.stop()
 
 
-__all__ = ["INIT_TIMEOUT_SECONDS", "GPUSettings", "GPUSource"]
+__all__ = ["INIT_TIMEOUT_SECONDS", "RETRY_MARGIN_SECONDS", "GPUSettings", "GPUSource"]
