@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 LISTEN ?= :9477
+# Two pytest workers, a test file each at a time (module fixtures start once); PYTEST_WORKERS= runs them one by one.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
 
 .PHONY: run test test-fast lint bench system-deps clean
 
@@ -44,10 +46,10 @@ test: $(STAMP) system-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra $(PYTEST_WORKERS)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -ra -m 'not realpart and not slow'
+	$(BIN)/python -m pytest -q -ra $(PYTEST_WORKERS) -m 'not realpart and not slow'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
