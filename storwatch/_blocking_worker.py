@@ -7,7 +7,9 @@ it runs and answers ``ID ok VALUES...``, ``ID json TEXT`` (an operation that ans
 agent can always exit, and a hung mount costs it nothing but one thread here. Threads are kept for the next requests
 once their call returns (a thread started per call cost about 0.3 ms of CPU, 27 ms for each round of statvfs on a
 node with 90 mounts); the agent bounds the calls in flight, and so the threads. It exits as soon as its standard input
-closes, stuck threads or not. Other helpers (``_checkpoint_worker.py``) add their operations and call :func:`serve`.
+closes, stuck threads or not. Other helpers (``_checkpoint_worker.py``) add their operations and call :func:`serve`,
+which first writes ``0 ready``: the agent counts its calls' deadlines from then, so a helper slow to start on a busy
+node does not make every mount of its first round look stuck.
 """
 
 import contextlib
@@ -21,6 +23,8 @@ import zlib
 from collections.abc import Callable, Mapping
 
 _out_lock = threading.Lock()
+READY = "0 ready"
+"""The line a helper writes once it reads requests (request IDs start at 1)."""
 
 
 def _statvfs(path: bytes) -> list[str]:
@@ -212,6 +216,7 @@ def serve(ops: Mapping[str, Callable[..., list[str] | str]] | None = None) -> No
     if ops is not None:
         OPS.update(ops)
     threads = _Threads()
+    _reply(READY)
     for raw in sys.stdin.buffer:
         parts = raw.decode("ascii", "replace").split()
         if len(parts) < 2:

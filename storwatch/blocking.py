@@ -30,12 +30,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO
 
 log = logging.getLogger(__name__)
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_blocking_worker.py")
 FORGET_SECONDS = 3600.0
 """What the pool remembers of a key (answered in time or late) is forgotten this long after it was last asked for."""
+HELPER_START_SECONDS = 30.0
+"""How long a new helper may take to say it is ready (an interpreter starting on a node whose CPUs are all busy) before
+calls are sent to it anyway. The calls' deadlines count from its answer: its start is not theirs."""
 MIN_KEYS_KEPT = 256
 """Keys remembered, at least, whatever their age: past twice this, or twice the largest round asked for, the keys
 asked for longest ago go first (pod volumes mounted and unmounted every second must not pile up for an hour)."""
@@ -93,6 +97,8 @@ class BlockingCalls:
         self._late: dict[str, bool] = {}  # key -> whether its last finished call came back past its deadline
         self._asked: dict[str, float] = {}  # key -> when it was last asked for
         self._largest_round = 0
+        self._start_waited = 0.0
+        """Seconds spent waiting for a new helper to be ready, not yet added to a round's end."""
         self._stuck_slots = 0
         self._next_forget = 0.0
         self._proc: subprocess.Popen[bytes] | None = None
@@ -115,16 +121,32 @@ class BlockingCalls:
             close_fds=True,
         )
         self._proc = proc
-        threading.Thread(target=self._read_replies, args=(proc,), name="blocking-replies", daemon=True).start()
+        ready = threading.Event()
+        threading.Thread(target=self._read_replies, args=(proc, ready), name="blocking-replies", daemon=True).start()
+        # With the lock held: no call goes to the helper, and no deadline starts, before it reads requests (or
+        # exits: its reader then sets ``ready`` too, and the calls fail as sent to a helper that is gone).
+        began = self._clock()
+        if not ready.wait(HELPER_START_SECONDS):
+            log.warning("blocking-call helper not ready after %.0f s; sending to it anyway", HELPER_START_SECONDS)
+        self._start_waited += self._clock() - began
         return proc
 
-    def _read_replies(self, proc: subprocess.Popen[bytes]) -> None:
+    def _read_replies(self, proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
         assert proc.stdout is not None
-        for raw in proc.stdout:
+        try:
+            self._read_from(proc.stdout, ready)
+        finally:
+            ready.set()  # a helper that exited before it was ready: nobody waits on it any longer
+
+    def _read_from(self, stdout: IO[bytes], ready: threading.Event) -> None:
+        for raw in stdout:
             parts = raw.decode("utf-8", "surrogateescape").rstrip("\n").split(" ", 2)
             if len(parts) < 2:
                 continue
             req_id, status = parts[0], parts[1]
+            if req_id == "0" and status == "ready":
+                ready.set()
+                continue
             rest = parts[2] if len(parts) > 2 else ""
             if status == "ok":
                 outcome = CallOutcome(values=tuple(rest.split(" ")) if rest else (), text=rest)
@@ -223,6 +245,8 @@ class BlockingCalls:
                 now = self._clock()
                 upcoming = self._admit_stuck(now)
                 queue = self._send(op, requests, queue, now, timeout)
+                round_end += self._start_waited  # a helper's start is not the round's time either
+                self._start_waited = 0.0
                 if self._closed:
                     break
                 # Worth waiting for: calls still within their deadline, and keys waiting only for a working slot.
@@ -279,6 +303,7 @@ class BlockingCalls:
         if not chosen:
             return left
         proc = self._ensure_worker()  # before the new calls are counted: a restart fails only the old ones
+        now = self._clock()  # a new helper's start, waited for above, is not the calls' time
         lines = []
         for key in chosen:
             args = requests[key]

@@ -153,3 +153,25 @@ def test_keys_of_unmounted_mounts_do_not_pile_up(pool: BlockingCalls) -> None:
         assert all(o.values for o in out.values())
     assert pool.remembered() <= 2 * MIN_KEYS_KEPT
     assert pool.remembered() >= MIN_KEYS_KEPT // 2  # the recent ones are still known (their order of service)
+
+
+def test_a_helper_slow_to_start_is_waited_for_and_its_start_is_not_the_calls_time(tmp_path: Path) -> None:
+    """On a node whose CPUs are all busy, a new helper's interpreter can take seconds to start. Its first round is
+    still answered in time: the deadlines (and the round) count from the helper's ``ready``, not from its start."""
+    script = tmp_path / "worker.py"
+    script.write_text("import time\ntime.sleep(1.5)  # a slow start, three deadlines long\n" + WORKER)
+    calls = BlockingCalls(command=[sys.executable, "-I", str(script)])
+    try:
+        out = calls.call_many("answer", {"ok": ["ok"]}, timeout=0.5)
+        assert out["ok"].values == ("ok",) and not out["ok"].stuck, out
+    finally:
+        calls.close()
+
+
+def test_a_helper_that_exits_before_it_is_ready_fails_the_calls_at_once(tmp_path: Path) -> None:
+    calls = BlockingCalls(command=[sys.executable, "-I", "-c", "pass"])
+    try:
+        out = calls.call_many("answer", {"ok": ["ok"]}, timeout=0.5, wait=60)
+        assert out["ok"].values is None and out["ok"].error, out
+    finally:
+        calls.close()
