@@ -552,3 +552,25 @@ def test_a_first_save_in_progress_is_tied_to_its_gpu_by_the_pid_its_temporary_ca
     assert state.totals == {}  # held: the save has not ended
     assert [(s.cause, s.run) for s in state.current][:1] == [("checkpoint_write", "r")]
     assert sum(s.seconds for s in state.current if s.gpu == "0") == pytest.approx(6.0)
+
+
+def test_a_write_whose_times_are_revised_is_one_write() -> None:
+    """A checkpoint first timed from its open files, then from its verified event line, is one write: the revised
+    span replaces the first, in the stall tracker and in /status's timeline (found as two rectangles for one save)."""
+    from storwatch.analysis.timeline import Timeline
+
+    tracker = StallTracker(StallParams(settle_seconds=30.0))
+    tracker.add_gpu([GPUReading("0", t, t + 1, 0.0, True) for t in range(20)])
+    first = WriteSpan("run", "/s", 2.3, 7.0, frozenset({"0"}), "/s/run/ckpt-1.pt")
+    revised = WriteSpan("run", "/s", 2.0, 7.0, frozenset({"0"}), "/s/run/ckpt-1.pt")
+    tracker.add_spans([first])
+    tracker.add_spans([revised])
+    assert sum(s.seconds for s in tracker.settle(100.0)) == pytest.approx(5.0)
+    timeline = Timeline()
+    timeline.add_writes([first])
+    timeline.add_writes([revised])
+    assert list(timeline._writes.values()) == [revised]
+    # Two checkpoints of one run that start together stay two writes.
+    other = WriteSpan("run", "/s", 2.0, 7.0, frozenset({"0"}), "/s/run/ckpt-2.pt")
+    timeline.add_writes([other])
+    assert len(timeline._writes) == 2

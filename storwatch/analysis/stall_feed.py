@@ -58,7 +58,7 @@ def write_spans(rv: RunView, gpus: frozenset[str], since: float) -> tuple[list[W
         return [], []
     mp = rv.mount.mount.mountpoint
     done = [
-        WriteSpan(rv.label, mp, c.write_start, c.write_start + c.write_seconds, gpus)
+        WriteSpan(rv.label, mp, c.write_start, c.write_start + c.write_seconds, gpus, c.path)
         for c in rv.run.checkpoints
         if c.write_start is not None and c.write_seconds is not None and c.write_start + c.write_seconds >= since
     ]

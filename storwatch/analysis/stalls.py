@@ -94,6 +94,14 @@ class WriteSpan:
     end: float | None
     gpus: frozenset[str]
     """The GPUs whose work writes this run (its writer's process, or its pod's)."""
+    checkpoint: str | None = None
+    """The checkpoint written (its path), when known: a write whose timing is revised (first from the open files,
+    then from its verified event line) stays one write."""
+
+    @property
+    def key(self) -> tuple[str, str | float]:
+        """One write: the run and its checkpoint, or, for a write not tied to one, the run and its start."""
+        return (self.run, self.checkpoint if self.checkpoint is not None else self.start)
 
 
 @dataclass(frozen=True)
@@ -261,7 +269,7 @@ class StallTracker:
         self._settled_until: dict[str, float] = {}
         self._high: deque[Judged] = deque()
         self._baselines: dict[tuple[str, Op], Baseline] = {}
-        self._spans: dict[tuple[str, float], WriteSpan] = {}
+        self._spans: dict[tuple[str, str | float], WriteSpan] = {}
         self._writing: tuple[WriteSpan, ...] = ()
 
     def add_gpu(self, readings: Iterable[GPUReading]) -> None:
@@ -283,10 +291,11 @@ class StallTracker:
                 self._high.append(j)
 
     def add_spans(self, finished: Iterable[WriteSpan]) -> None:
-        """Finished writes (from event logs); seeing one again changes nothing."""
+        """Finished writes (from event logs); seeing one again changes nothing, and a write seen again with revised
+        times replaces what was known of it (for the GPU time not yet settled)."""
         for s in finished:
             if s.end is not None:
-                self._spans[(s.run, s.start)] = s
+                self._spans[s.key] = s
 
     def writing(self, spans: Iterable[WriteSpan]) -> None:
         """The writes in progress now (``end`` None, ``start`` when first seen), replacing the last call's: each holds

@@ -110,7 +110,7 @@ class Timeline:
         self._memory: dict[str, _Buckets] = {}
         self._latency: dict[str, _Buckets] = {}
         self._stalls: dict[str, deque[Stall]] = {}
-        self._writes: dict[tuple[str, float], WriteSpan] = {}
+        self._writes: dict[tuple[str, str | float], WriteSpan] = {}
 
     def add_gpu(self, gpu: str, t: float, utilization: float | None, memory_ratio: float | None) -> None:
         """A GPU's utilisation sample (each of the driver's, not a mean of several: the bucket keeps their lowest
@@ -131,9 +131,9 @@ class Timeline:
     def add_writes(self, spans: Iterable[WriteSpan]) -> None:
         for s in spans:
             if s.end is not None:
-                self._writes[(s.run, s.start)] = s
+                self._writes[s.key] = s
         if len(self._writes) > MAX_SPANS:
-            for key in sorted(self._writes, key=lambda k: k[1])[: len(self._writes) - MAX_SPANS]:
+            for key in sorted(self._writes, key=lambda k: self._writes[k].start)[: len(self._writes) - MAX_SPANS]:
                 del self._writes[key]
 
     def forget(self, mountpoints: Iterable[str]) -> None:
