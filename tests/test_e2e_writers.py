@@ -73,6 +73,7 @@ def test_a_job_that_never_imports_storwatch_is_timed_and_charged(
     )
     result = tmp_path / "result.json"
     env = {"LD_LIBRARY_PATH": str(lib.parent), "FAKE_NVML_SCRIPT": str(script)}
+    go = tmp_path / "go"
     with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=env, timeout=30) as agent:
         loop = subprocess.Popen(
             [
@@ -83,12 +84,25 @@ def test_a_job_that_never_imports_storwatch_is_timed_and_charged(
                 str(script),
                 str(result),
                 *("--saves", str(SAVES), "--compute", "2", "--mib", "48", "--writer", writer),
+                *("--start-file", str(go)),
             ],
             cwd=REPO_ROOT,
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         )
+
+        # A real job saves minutes after it starts, long after the agent has found its process: the first save of a
+        # job the agent has not found yet is timed by birth and mtime alone, which leave out the fsync. So the job
+        # computes until the agent lists it as a workload (its open files then looked at every 0.25 s).
+        def found() -> bool:
+            workloads = json.loads(agent.fetch("/api/status").body).get("workloads", ())
+            return loop.poll() is None and any(w["pid"] == loop.pid for w in workloads)
+
+        try:
+            wait_until(found, timeout=60, interval=0.2, what="the job's process known to the agent")
+        finally:
+            go.touch()
         # While the job runs, its run is tied to the GPU its process holds: GPU-seconds at risk (node-local mount).
         risk_seen: list[tuple[dict[str, Any], list[tuple[dict[str, str], float]]]] = []
         deadline = time.monotonic() + 300

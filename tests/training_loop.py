@@ -145,6 +145,11 @@ def main() -> None:
     ap.add_argument("--writer", choices=("atomic", "plain", "trainer", "dcp"), default="atomic")
     ap.add_argument("--keep", type=int, default=0, help="remove all but the newest N checkpoints (0: keep all)")
     ap.add_argument("--fsync-seconds", type=float, default=0.0, help="each file's fsync takes this long at least")
+    ap.add_argument(
+        "--start-file",
+        help="hold the GPU (computing) but start the first step only once this file exists (at most 120 s): the "
+        "test lets the job go once the agent knows its process, as it would long before a real job's first save",
+    )
     args = ap.parse_args()
     if args.fsync_seconds:
         slow_disk(args.fsync_seconds)
@@ -157,6 +162,12 @@ def main() -> None:
     saves = []
     step = 0
     gpu = FakeGPU(args.script)
+    if args.start_file:
+        gate = time.monotonic() + 120
+        while not os.path.exists(args.start_file):
+            if time.monotonic() > gate:
+                sys.exit(f"{args.start_file} did not appear within 120 s")
+            time.sleep(0.05)
     for i in range(args.saves):
         until = time.monotonic() + args.compute
         while time.monotonic() < until:
