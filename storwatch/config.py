@@ -364,6 +364,12 @@ class Config:
     """How often a View is made of them and published (/metrics, /status and /api/status serve the newest); at least
     one tick apart. Each View costs the agent's CPU whether or not anyone reads it: a large node scraped every 15 s
     or more can take 5 (BENCHMARKS.md)."""
+    quiet_seconds: float = number(15.0, 0.0, 3600)
+    """On a quiet node (no GPU process for ``quiet_after_seconds``), ticks, Views, the policy's evaluations and the
+    diskstats and process reads come this often instead (when longer than their own interval); 0: never quiet. The
+    first GPU process the GPU source reports, or a reload, ends it at once."""
+    quiet_after_seconds: float = number(60.0, 0.0, 86_400)
+    """How long a node goes without a GPU process (or a reload, or the start) before it is quiet."""
     history_size: int = number(300, 1, 86_400, why="a day at one tick a second")
     paths: PathsConfig = field(default_factory=PathsConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)

@@ -14,7 +14,7 @@ import importlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
 from storwatch.config import (
@@ -29,6 +29,7 @@ from storwatch.config import (
 )
 from storwatch.config import load_config as _load_config
 from storwatch.config import parse_config as _parse_config
+from storwatch.pace import Pace
 from storwatch.paths import HostPaths
 from storwatch.sources import FactsKey, Source, access, lustre
 from storwatch.sources.access import ACCESS, AccessConfig
@@ -71,6 +72,9 @@ class SourceContext:
     """Another source's newest facts (None before it reports)."""
     subscribe: Callable[[Callable[[View], None]], None]
     """Have a callable told of each View the agent publishes, on its ticker (`storwatch scan` publishes none)."""
+    pace: Pace = field(default_factory=Pace)
+    """The agent's pace: the sources that follow it (diskstats, processes) read slower while the node is quiet
+    (storwatch/pace.py); never quiet unless the agent configures it."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,7 @@ def _mounts(ctx: SourceContext, section: MountsConfig) -> MountSource:
 
 
 def _diskio(ctx: SourceContext, section: DiskIOConfig) -> DiskIOSource:
-    return DiskIOSource(ctx.paths, section, ctx.clock)
+    return DiskIOSource(ctx.paths, section, ctx.clock, pace=ctx.pace.stretch)
 
 
 def _nfs(ctx: SourceContext, section: NFSConfig) -> NFSSource:
@@ -290,7 +294,7 @@ def _gpu_pids(ctx: SourceContext) -> list[int]:
 
 
 def _processes(ctx: SourceContext, section: GPUConfig) -> ProcessSource:
-    return ProcessSource(ctx.paths, lambda: _gpu_pids(ctx), section.interval_seconds)
+    return ProcessSource(ctx.paths, lambda: _gpu_pids(ctx), section.interval_seconds, pace=ctx.pace.stretch)
 
 
 SOURCES: tuple[SourceSpec[Any, Any], ...] = (

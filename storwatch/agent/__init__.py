@@ -38,10 +38,12 @@ from storwatch.config import Config, ConfigError, GPUConfig
 from storwatch.exporter import AlertmanagerCounts, ConfigReloads, Exporter
 from storwatch.history import History
 from storwatch.kubeclient import KubeClient
+from storwatch.pace import Pace
 from storwatch.printable import Lines
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas
 from storwatch.snapshot import Snapshot
 from storwatch.sources import FactsKey, Source
+from storwatch.sources.gpu import GPUS, GPUFacts
 from storwatch.sources.kubevolumes import KubeVolumeEvidence
 from storwatch.vocabulary import CollectorStatus, Platform
 from storwatch.web import NotCached, StatusHTTPServer
@@ -61,6 +63,8 @@ running or off."""
 GPU_OFF_REASON = BY_NAME["gpu"].off_reason(GPUConfig(enabled=False))
 """Why the GPU and process collectors are off when ``gpu.enabled`` is false."""
 STOP_JOIN_SECONDS = 2.0
+PACED_SOURCES = ("diskstats", "processes")
+"""The sources that read at the quiet pace on a quiet node (their factories give them the agent's Pace)."""
 """How long stop() waits for the agent's threads, all together (each sleeps on the stop event, so they end at once
 unless one is inside a collect(), which no hung mount can hold: those calls run in the helper process)."""
 SIGNAL_WAIT_SECONDS = 5.0
@@ -116,7 +120,10 @@ class Agent:
         """Set to make a View at the next tick whenever it falls (a reload's new configuration shows at once)."""
         self._last_view: float | None = None
         """time.monotonic() of the last View made."""
-        context = SourceContext(config.host_paths(), clock, self.latest, self.subscribe)
+        self.pace = Pace(config.quiet_seconds, config.quiet_after_seconds)
+        """Full pace while GPUs work, the quiet pace on a node without a GPU process (storwatch/pace.py)."""
+        self._was_quiet = False
+        context = SourceContext(config.host_paths(), clock, self.latest, self.subscribe, self.pace)
         states = Collectors.made(lambda spec: spec.section_of(config), context) if sources is None else []
         self._collectors = Collectors(
             states if sources is None else [given(s) for s in sources], context, clock, self._stop, self._reported
@@ -127,6 +134,7 @@ class Agent:
         self.policy = self._policy_worker(config)
         self.exporter.state.policy = self.policy.metrics
         self.exporter.state.sync = self.policy.sync_metrics
+        self.exporter.state.tick_interval = lambda: self.pace.stretch(self.config.tick_seconds)
         self.subscribe(self.policy.offer)
         self.server = server
         log.info("platform %s (%s)", self.platform.name, self.platform.detected_by)
@@ -162,6 +170,15 @@ class Agent:
     def _reported(self) -> None:
         if self._published.view is None:
             self._dirty.set()  # until the first tick, every first report may complete it
+        elif self.pace.quiet and _gpu_busy(self._collectors.latest(GPUS)):
+            self._pace_work()  # a GPU process on a quiet node: full pace now, not at the next quiet tick
+
+    def _pace_work(self) -> None:
+        """A sign of work: full pace from now; when the node was quiet, the ticker and the paced sources wake."""
+        if self.pace.work():
+            self._dirty.set()
+            for name in PACED_SOURCES:
+                self._collectors.collect_soon(name)
 
     # -- the parts, for tools and tests
 
@@ -248,6 +265,9 @@ class Agent:
     def _tick(self, make_view: bool) -> View | None:
         snap, ready = self._snapshot()
         self._views.observe(snap, time.monotonic())
+        if _gpu_busy(snap.gpus):
+            self._pace_work()
+        self._log_pace()
         if not make_view:
             return None
         with self._collectors.lock:
@@ -257,11 +277,24 @@ class Agent:
         self._last_view = time.monotonic()
         return view
 
+    def _log_pace(self) -> None:
+        quiet = self.pace.quiet
+        if quiet != self._was_quiet:
+            self._was_quiet = quiet
+            if quiet:
+                log.info(
+                    "quiet: no GPU process for %.0f s; ticking, and reading diskstats and GPU processes, every %.0f s",
+                    self.pace.quiet_after_seconds,
+                    self.pace.stretch(self.config.tick_seconds),
+                )
+            else:
+                log.info("full pace again (a GPU process or a reload): ticking every %.1f s", self.config.tick_seconds)
+
     def _run_ticker(self) -> None:
         started = time.monotonic()
         frozen = False
         while not self._stop.is_set():
-            self._dirty.wait(self.config.tick_seconds)
+            self._dirty.wait(self.pace.stretch(self.config.tick_seconds))
             self._dirty.clear()
             if self._stop.is_set():
                 break
@@ -366,6 +399,10 @@ class Agent:
             self.stalls.configure(self._stall_params(new))
             self._collectors.reconfigure(lambda spec: spec.section_of(new))
             self.sync.configure(new.sync)
+            was_quiet = self.pace.quiet
+            self.pace.configure(new.quiet_seconds, new.quiet_after_seconds)  # a reload is work: full pace first
+            for name in PACED_SOURCES if was_quiet else ():
+                self._collectors.collect_soon(name)
         with self._published.render_lock:  # not while a render is using the old set
             self.exporter.configure(new.nfs.operations)
 
@@ -402,3 +439,8 @@ class Agent:
                 inbox.ignore_all()
             self.stop()
             inbox.close()
+
+
+def _gpu_busy(facts: GPUFacts | None) -> bool:
+    """Whether NVML names a process on any GPU (what keeps the agent at full pace)."""
+    return facts is not None and any(g.processes for g in facts.gpus)

@@ -73,6 +73,7 @@ class PolicyWorker:
         """Held while the engine evaluates, loads or reports (the worker, a reload, an HTTP thread)."""
         self._latest: View | None = None
         self._wake = threading.Event()
+        self._closed = False
         self._thread: threading.Thread | None = None
         self.evaluations = 0
 
@@ -109,11 +110,11 @@ class PolicyWorker:
         return self._thread
 
     def _run(self) -> None:
-        while not self.stop.is_set():
-            self._wake.wait(1.0)
+        while not self.stop.is_set() and not self._closed:
+            self._wake.wait()  # each View offered, and close(), wake it
             self._wake.clear()
             view, self._latest = self._latest, None
-            if view is None or self.stop.is_set():
+            if view is None or self.stop.is_set() or self._closed:
                 continue
             try:
                 self.evaluate(view)
@@ -214,6 +215,7 @@ class PolicyWorker:
         return self.syncs.metrics() if self.syncs is not None else SyncMetrics()
 
     def close(self) -> None:
+        self._closed = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(2.0)

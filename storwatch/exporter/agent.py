@@ -42,6 +42,10 @@ def health_families(view: View | None, state: ExportState) -> Iterator[Family]:
         last = catalog.CONFIG_LAST_RELOAD_SUCCESS.family()
         last.add((), 1 if reloads.last_success else 0)
         yield from (errors, last)
+    if state.tick_interval is not None:
+        tick = catalog.TICK_INTERVAL.family()
+        tick.add((), state.tick_interval())
+        yield tick
     if state.alertmanager is not None:
         yield from _alertmanager(state.alertmanager)
     if state.policy is not None:

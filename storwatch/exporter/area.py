@@ -89,6 +89,8 @@ class ExportState:
         """The policy worker's figures at render time, exported as storwatch_policy_* (left out without it)."""
         self.sync: Callable[[], SyncMetrics] | None = None
         """The sync action's copies at render time, exported as storwatch_sync_* (left out without it)."""
+        self.tick_interval: Callable[[], float] | None = None
+        """The agent's tick interval now (storwatch/pace.py), exported as storwatch_tick_interval_seconds."""
         self._kept: dict[type[object], object] = {}
         self.configure(nfs_operations)
 

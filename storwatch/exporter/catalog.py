@@ -981,6 +981,12 @@ CONFIG_LAST_RELOAD_SUCCESS = _gauge(
     "storwatch_config_last_reload_success",
     "1 when the last configuration reload succeeded (or none was asked for), 0 when it failed.",
 )
+TICK_INTERVAL = _gauge(
+    "agent",
+    "storwatch_tick_interval_seconds",
+    "Seconds between the agent's ticks now: tick_seconds, or quiet_seconds on a node without a GPU process for "
+    "quiet_after_seconds (Views, diskstats and GPU process reads follow the same pace).",
+)
 
 
 def _process(typ: MetricType, name: str, help_: str) -> MetricSpec:
