@@ -98,7 +98,9 @@ class BlockingCalls:
         self._asked: dict[str, float] = {}  # key -> when it was last asked for
         self._largest_round = 0
         self._start_waited = 0.0
-        """Seconds spent waiting for a new helper to be ready, not yet added to a round's end."""
+        """Seconds spent starting a new helper and waiting for it to be ready, not yet added to a round's end."""
+        self._gone: subprocess.Popen[bytes] | None = None
+        """The last helper whose output ended (it exited, or closed it): calls sent to it are failed at once."""
         self._stuck_slots = 0
         self._next_forget = 0.0
         self._proc: subprocess.Popen[bytes] | None = None
@@ -125,10 +127,8 @@ class BlockingCalls:
         threading.Thread(target=self._read_replies, args=(proc, ready), name="blocking-replies", daemon=True).start()
         # With the lock held: no call goes to the helper, and no deadline starts, before it reads requests (or
         # exits: its reader then sets ``ready`` too, and the calls fail as sent to a helper that is gone).
-        began = self._clock()
         if not ready.wait(HELPER_START_SECONDS):
             log.warning("blocking-call helper not ready after %.0f s; sending to it anyway", HELPER_START_SECONDS)
-        self._start_waited += self._clock() - began
         return proc
 
     def _read_replies(self, proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
@@ -137,6 +137,11 @@ class BlockingCalls:
             self._read_from(proc.stdout, ready)
         finally:
             ready.set()  # a helper that exited before it was ready: nobody waits on it any longer
+            with self._lock:
+                self._gone = proc
+                if self._proc is proc:  # its calls will never be answered: they fail now, not at their deadline
+                    self._fail_all("helper process exited")
+                    self._lock.notify_all()
 
     def _read_from(self, stdout: IO[bytes], ready: threading.Event) -> None:
         for raw in stdout:
@@ -302,8 +307,11 @@ class BlockingCalls:
                 chosen.append(key)
         if not chosen:
             return left
+        before = self._proc
         proc = self._ensure_worker()  # before the new calls are counted: a restart fails only the old ones
-        now = self._clock()  # a new helper's start, waited for above, is not the calls' time
+        if proc is not before:  # a new helper's start, waited for there, is not the calls' time, nor the round's
+            started, now = now, self._clock()
+            self._start_waited += now - started
         lines = []
         for key in chosen:
             args = requests[key]
@@ -318,6 +326,8 @@ class BlockingCalls:
             proc.stdin.flush()
         except OSError as err:
             self._fail_all(f"helper process unreachable: {err}")
+        if self._gone is proc:  # it exited after it was started (or ready), before these calls were written
+            self._fail_all("helper process exited")
         return left
 
     @property
