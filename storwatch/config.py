@@ -366,8 +366,8 @@ class Config:
     or more can take 5 (BENCHMARKS.md)."""
     quiet_seconds: float = number(15.0, 0.0, 3600)
     """On a quiet node (no GPU process for ``quiet_after_seconds``), ticks, Views, the policy's evaluations and the
-    diskstats and process reads come this often instead (when longer than their own interval); 0: never quiet. The
-    first GPU process the GPU source reports, or a reload, ends it at once."""
+    paced sources' reads (diskstats, NFS, Lustre, GPU processes, access, kube) come this often instead, when longer
+    than their own interval; 0: never quiet. The first GPU process the GPU source reports, or a reload, ends it."""
     quiet_after_seconds: float = number(60.0, 0.0, 86_400)
     """How long a node goes without a GPU process (or a reload, or the start) before it is quiet."""
     history_size: int = number(300, 1, 86_400, why="a day at one tick a second")

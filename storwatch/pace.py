@@ -1,11 +1,11 @@
 """The agent's pace: every second while GPUs work, at the scrape's pace on a quiet node.
 
-The one-second tick, the one-second diskstats reads and the process reads exist to attribute GPU time to storage
-stalls as they happen. On a node where no GPU process has run for ``quiet_after_seconds`` there is no GPU time to
-attribute, and the agent slows to ``quiet_seconds`` (15 s, Prometheus's usual scrape interval): ticks, Views, the
-policy's evaluations (it judges each View), and the diskstats and process reads. The first GPU process the GPU source
-reports ends it at once, as does a reload. Sources with their own pace (mounts, checkpoints, NFS, probes, the GPU
-source itself) keep it.
+The one-second tick and the one-second reads of diskstats, mountstats and the GPU processes exist to attribute GPU
+time to storage stalls as they happen. On a node where no GPU process has run for ``quiet_after_seconds`` there is no
+GPU time to attribute, and the agent slows to ``quiet_seconds`` (15 s, Prometheus's usual scrape interval): ticks,
+Views, the policy's evaluations (it judges each View), and the sources the registry declares ``paced`` (those whose
+facts only feed the Views). The first GPU process the GPU source reports ends it at once, as does a reload. The
+sources that find what is new or stuck (mounts, checkpoints, probes) and the GPU source keep their own pace.
 
 Quiet is worked out from the monotonic clock each time it is asked, so there is no state to keep in step between the
 threads that ask (the ticker, the source workers): only the moment of the last sign of work.

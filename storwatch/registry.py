@@ -73,8 +73,8 @@ class SourceContext:
     subscribe: Callable[[Callable[[View], None]], None]
     """Have a callable told of each View the agent publishes, on its ticker (`storwatch scan` publishes none)."""
     pace: Pace = field(default_factory=Pace)
-    """The agent's pace: the sources that follow it (diskstats, processes) read slower while the node is quiet
-    (storwatch/pace.py); never quiet unless the agent configures it."""
+    """The agent's pace, which the workers of ``paced`` sources wait by (storwatch/pace.py); never quiet unless the
+    agent configures it."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,11 @@ class SourceSpec(Generic[C, F]):
     has)."""
     metrics: ExporterArea | None = None
     """The exporter area that writes its facts as metric families (storwatch/exporter/), if any."""
+    paced: bool = False
+    """Its worker waits by the agent's pace: at least ``quiet_seconds`` between collections while the node is quiet
+    (storwatch/pace.py), and woken when it ends. For sources whose facts serve the GPU-time join and the Views, which
+    a quiet node makes every ``quiet_seconds`` anyway; not for those that find what is new or stuck (mounts,
+    checkpoints, probes) nor the GPU source, whose first process ends quiet."""
 
     def off_reason(self, section: C) -> str | None:
         """Why ``section`` switches the source off, or None while it leaves it on."""
@@ -140,7 +145,7 @@ def _mounts(ctx: SourceContext, section: MountsConfig) -> MountSource:
 
 
 def _diskio(ctx: SourceContext, section: DiskIOConfig) -> DiskIOSource:
-    return DiskIOSource(ctx.paths, section, ctx.clock, pace=ctx.pace.stretch)
+    return DiskIOSource(ctx.paths, section, ctx.clock)
 
 
 def _nfs(ctx: SourceContext, section: NFSConfig) -> NFSSource:
@@ -294,13 +299,15 @@ def _gpu_pids(ctx: SourceContext) -> list[int]:
 
 
 def _processes(ctx: SourceContext, section: GPUConfig) -> ProcessSource:
-    return ProcessSource(ctx.paths, lambda: _gpu_pids(ctx), section.interval_seconds, pace=ctx.pace.stretch)
+    return ProcessSource(ctx.paths, lambda: _gpu_pids(ctx), section.interval_seconds)
 
 
 SOURCES: tuple[SourceSpec[Any, Any], ...] = (
     SourceSpec("mounts", "mounts", MountsConfig, MOUNTS, _mounts, metrics=ExporterArea("mounts")),
-    SourceSpec("diskstats", "diskio", DiskIOConfig, DISKIO, _diskio, scan="sampled", metrics=ExporterArea("io")),
-    SourceSpec("nfs", "nfs", NFSConfig, NFS, _nfs, scan="sampled", metrics=ExporterArea("nfs")),
+    SourceSpec(
+        "diskstats", "diskio", DiskIOConfig, DISKIO, _diskio, scan="sampled", metrics=ExporterArea("io"), paced=True
+    ),
+    SourceSpec("nfs", "nfs", NFSConfig, NFS, _nfs, scan="sampled", metrics=ExporterArea("nfs"), paced=True),
     SourceSpec(
         "probe", "probes", ProbesConfig, PROBES, _probe, scan="never", metrics=ExporterArea("io", "probe_families")
     ),
@@ -314,14 +321,40 @@ SOURCES: tuple[SourceSpec[Any, Any], ...] = (
         scan_off=_no_checkpoint_roots,
         metrics=ExporterArea("checkpoints"),
     ),
-    SourceSpec("kube", "kube", KubeConfig, KUBE, _kube, "enabled", scan_once=_scan_kube, metrics=ExporterArea("kube")),
-    SourceSpec("gpu", "gpu", GPUConfig, GPUS, _gpu, "enabled", scan_once=_scan_gpu, metrics=ExporterArea("gpu")),
-    SourceSpec("processes", "gpu", GPUConfig, CONTAINERS, _processes, "enabled"),
     SourceSpec(
-        "lustre", "lustre", LustreConfig, LUSTRE, lustre.make, "enabled", "sampled", metrics=ExporterArea("lustre")
+        "kube",
+        "kube",
+        KubeConfig,
+        KUBE,
+        _kube,
+        "enabled",
+        scan_once=_scan_kube,
+        metrics=ExporterArea("kube"),
+        paced=True,
+    ),
+    SourceSpec("gpu", "gpu", GPUConfig, GPUS, _gpu, "enabled", scan_once=_scan_gpu, metrics=ExporterArea("gpu")),
+    SourceSpec("processes", "gpu", GPUConfig, CONTAINERS, _processes, "enabled", paced=True),
+    SourceSpec(
+        "lustre",
+        "lustre",
+        LustreConfig,
+        LUSTRE,
+        lustre.make,
+        "enabled",
+        "sampled",
+        metrics=ExporterArea("lustre"),
+        paced=True,
     ),
     SourceSpec(
-        "access", "access", AccessConfig, ACCESS, access.make, "enabled", "never", metrics=ExporterArea("access")
+        "access",
+        "access",
+        AccessConfig,
+        ACCESS,
+        access.make,
+        "enabled",
+        "never",
+        metrics=ExporterArea("access"),
+        paced=True,
     ),
 )
 """Every source, in the order their collectors are reported (a source whose factory reads another's facts comes

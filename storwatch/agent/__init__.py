@@ -63,8 +63,8 @@ running or off."""
 GPU_OFF_REASON = BY_NAME["gpu"].off_reason(GPUConfig(enabled=False))
 """Why the GPU and process collectors are off when ``gpu.enabled`` is false."""
 STOP_JOIN_SECONDS = 2.0
-PACED_SOURCES = ("diskstats", "processes")
-"""The sources that read at the quiet pace on a quiet node (their factories give them the agent's Pace)."""
+PACED_SOURCES = tuple(spec.name for spec in SOURCES if spec.paced)
+"""The sources whose workers wait by the agent's pace (woken when a quiet node gets work)."""
 """How long stop() waits for the agent's threads, all together (each sleeps on the stop event, so they end at once
 unless one is inside a collect(), which no hung mount can hold: those calls run in the helper process)."""
 SIGNAL_WAIT_SECONDS = 5.0
@@ -283,8 +283,9 @@ class Agent:
             self._was_quiet = quiet
             if quiet:
                 log.info(
-                    "quiet: no GPU process for %.0f s; ticking, and reading diskstats and GPU processes, every %.0f s",
+                    "quiet: no GPU process for %.0f s; ticking, and reading %s, every %.0f s",
                     self.pace.quiet_after_seconds,
+                    ", ".join(PACED_SOURCES),
                     self.pace.stretch(self.config.tick_seconds),
                 )
             else:

@@ -247,6 +247,8 @@ class Collectors:
         # Asked after the collection: a source may set its pace by what it saw (the access source looks again soon
         # while a GPU workload is there).
         interval, interval_error = usable_interval(src.interval_seconds)
+        if st.spec is not None and st.spec.paced:
+            interval = self.context.pace.stretch(interval)  # slower while the node is quiet (storwatch/pace.py)
         try:
             off = src.off_reason if isinstance(src, MayBeOff) else None
             parse_errors = src.parse_errors if isinstance(src, CountsParseErrors) else None

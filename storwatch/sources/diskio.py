@@ -71,13 +71,10 @@ class DiskIOSource:
         config: DiskIOConfig,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
-        pace: Callable[[float], float] | None = None,
     ) -> None:
         self.paths = paths
         self.clock = clock
         self.monotonic = monotonic
-        self._pace = pace
-        """The agent's pace (storwatch/pace.py): the configured interval, or longer while the node is quiet."""
         self.configure(config)
         self._prev: dict[str, DiskStats] = {}
         self._prev_mono = 0.0
@@ -86,17 +83,7 @@ class DiskIOSource:
         """Lines of /proc/diskstats that could not be parsed, counted at every read that holds them."""
 
     def configure(self, config: DiskIOConfig) -> None:
-        self._interval = config.interval_seconds
-
-    @property
-    def interval_seconds(self) -> float:
-        """``diskio.interval_seconds``, or the quiet pace while no GPU works on the node (the latency windows then take
-        one delta per quiet interval, as a Prometheus rate over a scrape interval would)."""
-        return self._interval if self._pace is None else self._pace(self._interval)
-
-    @interval_seconds.setter
-    def interval_seconds(self, seconds: float) -> None:
-        self._interval = seconds
+        self.interval_seconds = config.interval_seconds
 
     def collect(self) -> DiskIO:
         path, data = read_first_named((self.paths.proc("diskstats"),), "diskstats")

@@ -40,17 +40,9 @@ CONTAINERS: FactsKey[ProcessFacts] = FactsKey("containers")
 class ProcessSource:
     name = "processes"
 
-    def __init__(
-        self,
-        paths: HostPaths,
-        pids: Callable[[], Iterable[int]],
-        interval_seconds: float = 1.0,
-        pace: Callable[[float], float] | None = None,
-    ) -> None:
+    def __init__(self, paths: HostPaths, pids: Callable[[], Iterable[int]], interval_seconds: float = 1.0) -> None:
         self.paths = paths
         self.pids = pids
-        self._pace = pace
-        """The agent's pace (storwatch/pace.py): the configured interval, or longer while the node is quiet."""
         self.interval_seconds = interval_seconds
         self._known: dict[int, tuple[ContainerRef | None, SlurmJob | None]] = {}
         self._bad_lines = OnceLog(log)
@@ -58,17 +50,7 @@ class ProcessSource:
         """Lines of <pid>/cgroup files that could not be parsed (each file is read once per process)."""
 
     def configure(self, settings: object) -> None:
-        self.interval_seconds = float(getattr(settings, "interval_seconds", self._interval))
-
-    @property
-    def interval_seconds(self) -> float:
-        """``gpu.interval_seconds``, or the quiet pace while no GPU process has run for a while (there is none to
-        attribute; the first one the GPU source reports wakes this source at once)."""
-        return self._interval if self._pace is None else self._pace(self._interval)
-
-    @interval_seconds.setter
-    def interval_seconds(self, seconds: float) -> None:
-        self._interval = seconds
+        self.interval_seconds = float(getattr(settings, "interval_seconds", self.interval_seconds))
 
     def owner(self, pid: int) -> tuple[ContainerRef | None, SlurmJob | None]:
         """The process's container and Slurm job, from one read of its cgroup file."""
