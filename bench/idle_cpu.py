@@ -2,10 +2,11 @@
 """The cost of an agent on an idle node: storwatch at its defaults next to node_exporter with all its default
 collectors, both scraped every 15 s, in one run on one machine.
 
-Each server is started on a free loopback port with no configuration (storwatch: ``storwatch agent``; node_exporter:
-the binary's built-in default collectors), warmed up (``--warmup`` seconds, past the agent's first mount and
-checkpoint rounds), then scraped every ``--scrape-interval`` seconds (one ``GET /metrics`` each, as Prometheus does)
-for ``--seconds``. Measured over that window for each process and its children (the agent's helper processes):
+Each server is started on a free loopback port with no configuration (storwatch: ``storwatch agent``; node_exporter: the
+binary's built-in default collectors), warmed up (``--warmup`` seconds, past the agent's first mount and checkpoint
+rounds and past ``quiet_after_seconds``, 60 s: an idle node is a quiet one, storwatch/pace.py), then scraped every
+``--scrape-interval`` seconds (one ``GET /metrics`` each, as Prometheus does) for ``--seconds``.
+Measured over that window for each process and its children (the agent's helper processes):
 time on a CPU from ``/proc/PID/task/TID/schedstat`` (nanoseconds, finer than the 10 ms clock tick of
 ``/proc/PID/stat``, which matters at a few hundredths of a percent) as a share of one core, and wake-ups per second
 (voluntary context switches: each a thread leaving a sleep). For the agent, per thread, named by ``py-spy dump``
@@ -16,7 +17,7 @@ so that a change is measured against what it changes on the same machine at the 
 
 Target: storwatch (agent and helpers) at most node_exporter's CPU (ratio <= 1.0).
 
-Usage: .venv/bin/python bench/idle_cpu.py [--seconds 300] [--scrape-interval 15] [--warmup 40] [--baseline DIR]
+Usage: .venv/bin/python bench/idle_cpu.py [--seconds 300] [--scrape-interval 15] [--warmup 75] [--baseline DIR]
                                           [--json FILE]
 """
 
@@ -130,7 +131,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--scrape-interval", type=float, default=15.0)
-    ap.add_argument("--warmup", type=float, default=40.0)
+    ap.add_argument("--warmup", type=float, default=75.0)
     ap.add_argument("--baseline", type=Path, help="another checkout's root, run beside this one")
     ap.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or "")
     ap.add_argument("--json")

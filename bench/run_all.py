@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         ("checkpoint_scan", "checkpoint_scan.py", []),
         ("http_load", "http_load.py", []),
         ("policy_eval", "policy_eval.py", []),
-        ("idle_cpu", "idle_cpu.py", ["--seconds", "120", "--warmup", "30"]),
+        ("idle_cpu", "idle_cpu.py", ["--seconds", "120", "--warmup", "75"]),
         ("sync_vs_cp", "sync_vs_cp.py", ["--runs", "3"]),
     ):
         rc, others[name] = run_one(script, extra, out, name)
