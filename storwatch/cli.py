@@ -911,8 +911,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     # The same one-shot collection as `scan`: with checkpoint roots to search (configured, or the kubelet's pod
-    # volumes), their walk, whose complete checkpoints give the size to plan for.
-    view = scan_view(config, 0.3, 0.0)
+    # volumes), their walk, whose complete checkpoints give the size to plan for. A mount's statvfs gets what the
+    # agent gives it (mounts.statvfs_timeout_seconds, 1 s), not scan's quick 0.3 s: a mount called stuck is not
+    # measured at all, and on a node whose CPUs are all busy a healthy statvfs can take longer than 0.3 s to answer.
+    view = scan_view(config, config.mounts.statvfs_timeout_seconds, 0.0)
     paths = config.host_paths()
     roots = default_roots(paths, config.checkpoints.roots, config.checkpoints.kubelet)
     size = checkpoint_size(view, args.checkpoint_bytes, roots, paths)

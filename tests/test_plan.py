@@ -237,7 +237,7 @@ def test_progress_is_shown_on_a_terminal_and_not_in_a_pipe(real_mounts: Enter[An
     tmpfs = real_mounts(tmpfs_mount(tmp_path / "tmpfs", size="256m"))
     args = ("--mount", str(tmpfs.mountpoint), "--rounds", "2", "--checkpoint-bytes", "1G")
     rc, stdout, shown = run_on_a_terminal(*args)
-    assert rc == 0, shown
+    assert rc == 0, (shown, stdout)
     assert f"measuring {tmpfs.mountpoint}: round 1 of 2" in shown and "round 2 of 2" in shown, shown
     assert shown.endswith("\r\x1b[K"), repr(shown[-200:])  # the progress line is cleared before the result
     assert stdout.startswith("checkpoint size 1.0 GiB")
