@@ -495,12 +495,15 @@ class StatusHTTPServer:
                 answer = None
             if answer is None:
                 answer = _Answer(500, b"internal error\n", close=True)
-            self._done.put((conn, req, answer))
-            self._wake()
+            # Idle again before the answer can reach the client: its next request, sent as soon as the answer
+            # arrives, finds this worker at the top of the idle stack (a busy machine could otherwise run the loop
+            # and the client before this thread, and hand the request to another worker and its arena).
             with self._idle_lock:
                 next_job = self._backlog.popleft() if self._backlog else None
                 if next_job is None:
                     self._idle.append(index)
+            self._done.put((conn, req, answer))
+            self._wake()
             job = next_job if next_job is not None else inbox.get()
 
     # -- the loop (one thread owns every connection)
