@@ -50,14 +50,22 @@ def host_path(paths: HostPaths, local: str) -> str:
 
 def mount_locator(mounts: tuple[MountView, ...], paths: HostPaths) -> Callable[[str], MountView | None]:
     """The mount a path (as this process reaches it, under the host root) is on: the longest mountpoint that is a
-    prefix of it."""
-    local = sorted(((paths.root(mv.mount.mountpoint).rstrip("/"), mv) for mv in mounts), key=lambda t: -len(t[0]))
+    prefix of it (a path's own directories looked up from the deepest, not every mount tried: a View asks this of
+    each of hundreds of runs)."""
+    local: dict[str, MountView] = {}
+    for mv in mounts:
+        local.setdefault(paths.root(mv.mount.mountpoint).rstrip("/"), mv)
 
     def mount_of(path: str) -> MountView | None:
-        for prefix, mv in local:
-            if path == prefix or path.startswith(prefix + "/") or prefix == "":
+        prefix = path
+        while True:
+            mv = local.get(prefix)
+            if mv is not None:
                 return mv
-        return None
+            cut = prefix.rfind("/")
+            if cut < 0:
+                return local.get("")
+            prefix = prefix[:cut]
 
     return mount_of
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -134,18 +134,27 @@ def _pod_of(path: str) -> str | None:
     return where.pod_uid if where is not None else None
 
 
-def _durable_place(pod_uid: str | None, mounts: Iterable[MountView]) -> str | None:
+def _durable_places(mounts: Iterable[MountView]) -> Callable[[str | None], str | None]:
+    """Where a pod's important data belongs (by its pod's UID, None for no pod): a durable volume of the same pod;
+    off the pod, the node's own durable mounts (network storage) first, then any pod's durable volume (on Together's
+    Kubernetes nodes, data written to the node's /home belongs beside the PVC the same team's pods mount). The
+    mounts are sorted out once for a View's findings, not once per run."""
     durable = [mv for mv in mounts if not mv.verdict.durability.ephemeral and not mv.mount.readonly]
-    if pod_uid is not None:
-        for mv in durable:
-            if _pod_of(mv.mount.mountpoint) == pod_uid:
-                return mv.mount.mountpoint
-    # Off the pod: the node's own durable mounts (network storage) first, then a pod's durable volume (on Together's
-    # Kubernetes nodes, data written to the node's /home belongs beside the PVC the same team's pods mount).
+    by_pod: dict[str, str] = {}
+    off_pod: str | None = None
     for mv in durable:
-        if _pod_of(mv.mount.mountpoint) is None and mv.mount.fstype not in ("proc", "sysfs"):
-            return mv.mount.mountpoint
-    return next((mv.mount.mountpoint for mv in durable), None)
+        pod = _pod_of(mv.mount.mountpoint)
+        if pod is not None:
+            by_pod.setdefault(pod, mv.mount.mountpoint)
+        elif off_pod is None and mv.mount.fstype not in ("proc", "sysfs"):
+            off_pod = mv.mount.mountpoint
+    fallback = off_pod if off_pod is not None else next((mv.mount.mountpoint for mv in durable), None)
+
+    def place(pod_uid: str | None) -> str | None:
+        mine = by_pod.get(pod_uid) if pod_uid is not None else None
+        return mine if mine is not None else fallback
+
+    return place
 
 
 def dataset_findings(
@@ -155,11 +164,12 @@ def dataset_findings(
     the host calls it). A warning: a dataset can often be fetched again, but a node-local copy is lost with the node,
     and a processed one may exist nowhere else."""
     out = []
+    durable_place = _durable_places(mounts)
     for d, mv, where_label in datasets:
         if mv is None or not mv.verdict.durability.ephemeral:
             continue
         where = mv.mount.mountpoint
-        move_to = _durable_place(_pod_of(d.path), mounts)
+        move_to = durable_place(_pod_of(d.path))
         sentence = (
             f"{d.files} dataset shard{'s' if d.files != 1 else ''}, {_gib(d.bytes)}, in {where_label}, only on "
             f"{mv.verdict.durability.value} storage {where}"
@@ -211,6 +221,7 @@ def find(
             if known is None or newest.mtime > known.mtime:
                 durable_newest[rv.id.below_root] = _Dated(newest.mtime)
     out: list[Finding] = []
+    durable_place = _durable_places(mounts)
     for rv in runs:
         mv = rv.mount
         complete = rv.run.complete
@@ -222,7 +233,7 @@ def find(
         durable = durable_newest.get(rv.id.below_root)  # a copy: the same path below another root
         durable_age = None if durable is None else checkpoint_age_seconds(durable, now)
         pod_uid = _pod_of(rv.run.path)
-        move_to = _durable_place(pod_uid, mounts)
+        move_to = durable_place(pod_uid)
         # The training only this node holds. A date in the future (newest here, or the copy) makes it unknown: it
         # counts neither as fresh nor as stale. Without a durable copy the run's work before its oldest checkpoint
         # here is unknown, so the span of those here is a lower bound.

@@ -13,6 +13,7 @@ names the field, never a value taken on trust). Standard library only: the helpe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import types
@@ -35,9 +36,10 @@ class RunId:
     path: str
     """The run's directory: the root itself, or a directory below it."""
 
-    @property
+    @functools.cached_property
     def below_root(self) -> str:
-        """The run's directory as a path below its root (the root's own name for the root itself)."""
+        """The run's directory as a path below its root (the root's own name for the root itself); worked out once
+        per RunId (every View labels and joins each run by it)."""
         if self.path == self.root:
             return os.path.basename(self.root.rstrip("/")) or "/"
         return os.path.relpath(self.path, self.root)

@@ -200,7 +200,7 @@ class Engine:
         for done, entity in enumerate(entities):
             start = self.timer()
             try:
-                held = rule.expression.evaluate({**lists, **entity.fields})
+                held = rule.expression.evaluate(entity.fields, lists)  # a field hides a list's name
             except EvalError as err:
                 held = False
                 state.errors_total += 1

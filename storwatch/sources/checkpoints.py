@@ -25,6 +25,7 @@ when it first saw each checkpoint, a write timed by watching, and the writer PID
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -104,13 +105,15 @@ class RunState:
     """Incomplete checkpoints unchanged for longer than the settle window (or dated implausibly far ahead): cut short,
     and nothing writes them any more."""
 
-    @property
+    @functools.cached_property
     def id(self) -> RunId:
-        """The run's key on this node: its root and its directory."""
+        """The run's key on this node: its root and its directory (one RunId per RunState, so what it works out once,
+        such as its path below the root, is worked out once)."""
         return RunId(self.root, self.path)
 
-    @property
+    @functools.cached_property
     def complete(self) -> tuple[Checkpoint, ...]:
+        """Oldest first; worked out once per RunState (each View asks it of every run several times)."""
         return tuple(c for c in self.checkpoints if c.verdict == "complete")
 
     @property

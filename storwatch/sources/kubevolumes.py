@@ -105,6 +105,8 @@ OBJECT_STORE_DRIVERS = frozenset(
 # <kubelet root>/pods/<uid>/volumes/<plugin>/<dir>[/mount]: the kubelet root is /var/lib/kubelet by default and moved
 # by --root-dir (microk8s, some distros), so only the part from "pods/" on is fixed. A UID is a UUID; a static pod's
 # is the 32-hex-digit config hash. CSI publishes into a "mount" directory below the PV's directory.
+PARSED_PATHS_KEPT = 2048
+"""Paths whose answer parse_kubelet_volume_path keeps (a few hundred KB at a path's usual length)."""
 _KUBELET_VOLUME = re.compile(
     r"(?:^|/)pods/(?P<uid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32})"
     r"/(?P<area>volumes|volume-subpaths)/(?P<plugin>[^/]+)/(?P<dir>[^/]+)(?P<rest>/.*)?$"
@@ -126,8 +128,10 @@ class KubeletVolumePath:
     """Under ``volume-subpaths/<volume>/<container>/<index>``: a subPath bind mount of the volume."""
 
 
+@functools.lru_cache(maxsize=PARSED_PATHS_KEPT)
 def parse_kubelet_volume_path(path: str) -> KubeletVolumePath | None:
-    """The pod and volume a kubelet volume path belongs to, or ``None`` when the path is not one."""
+    """The pod and volume a kubelet volume path belongs to, or ``None`` when the path is not one. Kept for the last
+    PARSED_PATHS_KEPT paths: every View asks it of each run, mount and finding again."""
     m = _KUBELET_VOLUME.search(path)
     if m is None:
         return None
