@@ -362,8 +362,15 @@ class Config:
     """How often the newest facts are taken, kept in History and fed to the latency windows and the stall tracker."""
     view_seconds: float = number(1.0, 0.1, 3600)
     """How often a View is made of them and published (/metrics, /status and /api/status serve the newest); at least
-    one tick apart. Each View costs the agent's CPU whether or not anyone reads it: a large node scraped every 15 s
-    or more can take 5 (BENCHMARKS.md)."""
+    one tick apart. Each View costs the agent's CPU whether or not anyone reads it: ``view_cpu_share`` stretches the
+    interval on a node where that cost is large (BENCHMARKS.md)."""
+    view_cpu_share: float = number(0.005, 0.0, 1.0)
+    """The share of one core that making Views and judging them with the policy may take: where a View costs more
+    than this over ``view_seconds`` (a node with hundreds of runs, mounts and pods), Views come that much less often,
+    at most ``view_max_seconds`` apart (storwatch/pace.py ViewBudget); a reload, a drain or a pod's deletion still
+    makes one at once. 0: a View every ``view_seconds`` whatever it costs."""
+    view_max_seconds: float = number(15.0, 0.1, 3600)
+    """The longest ``view_cpu_share`` may stretch the interval between Views."""
     quiet_seconds: float = number(15.0, 0.0, 3600)
     """On a quiet node (no GPU process for ``quiet_after_seconds``), ticks, Views, the policy's evaluations and the
     paced sources' reads (diskstats, NFS, Lustre, GPU processes, access, kube) come this often instead, when longer

@@ -52,3 +52,39 @@ class Pace:
     def stretch(self, seconds: float) -> float:
         """The interval a paced loop waits now: ``seconds``, or ``quiet_seconds`` while quiet, whichever is longer."""
         return max(seconds, self.quiet_seconds) if self.quiet else seconds
+
+
+class ViewBudget:
+    """How often a View comes: every ``view_seconds``, or less often on a node where making one and judging it with
+    the policy costs more than ``share`` of a core over that interval.
+
+    A View's cost grows with what the node holds (hundreds of runs, mounts and pods: bench/at_scale.py), and it is
+    paid whether or not anyone reads the View. Its CPU seconds (the ticker's making and publishing, the policy
+    worker's judging), smoothed over the last Views, set the interval: ``cost / share``, between ``view_seconds`` and
+    ``longest`` (15 s by default, Prometheus's usual scrape interval). A small node's View costs a few milliseconds
+    and keeps its one second. What must not wait (a reload, the node drained, a pod deleted) asks for a View at once
+    all the same (the agent's ``_view_now``). ``share`` 0 turns the budget off."""
+
+    SMOOTHING = 0.3
+    """The weight of the newest View's cost in the running figure."""
+
+    def __init__(self, share: float = 0.0, longest: float = 15.0) -> None:
+        self.share = share
+        self.longest = longest
+        self.cost: float | None = None
+        """CPU seconds a View takes, smoothed; None before the first."""
+
+    def configure(self, share: float, longest: float) -> None:
+        self.share = share
+        self.longest = longest
+
+    def spent(self, cpu_seconds: float) -> None:
+        """One View's CPU seconds, making and judging it."""
+        cpu_seconds = max(0.0, cpu_seconds)
+        self.cost = cpu_seconds if self.cost is None else self.cost + self.SMOOTHING * (cpu_seconds - self.cost)
+
+    def interval(self, seconds: float) -> float:
+        """The interval between Views now, for the configured ``seconds``."""
+        if self.share <= 0 or self.cost is None:
+            return seconds
+        return max(seconds, min(self.longest, self.cost / self.share))

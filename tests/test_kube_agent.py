@@ -186,3 +186,34 @@ def test_api_server_gone_and_back(tmp_path: Path) -> None:
                 30,
                 "the kube collector's success",
             )
+
+
+def test_a_stretched_view_interval_still_shows_a_drain_at_once(tmp_path: Path) -> None:
+    """view_cpu_share so small that every View is over it: Views come view_max_seconds (an hour) apart, and the ticks
+    go on; the node drained changes the Kubernetes facts, and that makes a View at the next tick, not in an hour."""
+    cfg = _tree(tmp_path)
+    cfg.write_text(cfg.read_text() + "view_cpu_share: 0.000000001\nview_max_seconds: 3600\n")
+    with fake_kube_api() as api:
+        for obj in k8s_node_objects():
+            api.add(obj)
+        env = {"KUBECONFIG": str(api.kubeconfig(tmp_path)), "NODE_NAME": NODE, "LD_LIBRARY_PATH": str(tmp_path)}
+        with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=env) as agent:
+            _until(lambda: _status(agent)["kubernetes"]["api_up"], 30, "the API's objects in a View")
+            metrics = agent.fetch("/metrics").body.decode()
+            shown = [line for line in metrics.splitlines() if line.startswith("storwatch_view_interval")]
+            assert shown == ["storwatch_view_interval_seconds 3600.0"]
+            assert "storwatch_node_cordoned 0.0" in metrics
+            first = _status(agent)["generated_at"]
+            time.sleep(1.5)  # more than seven ticks of 0.2 s, and nothing in the API changed
+            assert _status(agent)["generated_at"] == first
+
+            api.modify(
+                "Node",
+                NODE,
+                spec={
+                    "unschedulable": True,
+                    "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+                },
+            )
+            _until(lambda: "storwatch_node_cordoned 1.0" in agent.fetch("/metrics").body.decode(), 30, "cordon")
+            assert _status(agent)["generated_at"] > first

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storwatch.pace import Pace
+from storwatch.pace import Pace, ViewBudget
 
 
 def test_quiet_only_after_quiet_after_seconds_without_work() -> None:
@@ -55,3 +55,37 @@ def test_the_default_pace_of_a_source_context_is_never_quiet() -> None:
 
     ctx = SourceContext(HostPaths(), lambda: 0.0, lambda key: None, lambda consumer: None)
     assert ctx.pace.quiet_seconds == 0 and not ctx.pace.quiet
+
+
+def test_a_view_budget_keeps_view_seconds_until_a_view_costs_more_than_its_share() -> None:
+    budget = ViewBudget(0.005, 15.0)
+    assert budget.interval(1.0) == 1.0  # no View measured yet
+    budget.spent(0.002)  # a small node's View: 0.2 % of a core at one a second
+    assert budget.interval(1.0) == 1.0
+    budget = ViewBudget(0.005, 15.0)
+    budget.spent(0.025)  # a large node's: 25 ms, 2.5 % at one a second
+    assert budget.interval(1.0) == 5.0  # 25 ms every 5 s is 0.5 %
+    assert budget.interval(10.0) == 10.0  # a configured interval longer than the budget's stays
+    budget.spent(10.0)
+    assert budget.interval(1.0) == 15.0  # never past the longest
+
+
+def test_a_view_budget_follows_the_cost_smoothed() -> None:
+    budget = ViewBudget(0.01, 60.0)
+    budget.spent(0.1)
+    assert budget.interval(1.0) == 10.0
+    budget.spent(0.0)  # one cheap View moves the figure by SMOOTHING of the difference, not all the way
+    assert budget.cost is not None and abs(budget.cost - 0.1 * (1 - ViewBudget.SMOOTHING)) < 1e-12
+    for _ in range(60):
+        budget.spent(0.0)
+    assert budget.interval(1.0) == 1.0
+    budget.spent(-1.0)  # a clock that went back counts as nothing, not as a credit
+    assert budget.cost is not None and budget.cost >= 0.0
+
+
+def test_a_zero_share_turns_the_budget_off() -> None:
+    budget = ViewBudget(0.0, 15.0)
+    budget.spent(100.0)
+    assert budget.interval(1.0) == 1.0
+    budget.configure(0.005, 2.0)
+    assert budget.interval(1.0) == 2.0

@@ -38,7 +38,7 @@ from storwatch.config import Config, ConfigError, GPUConfig
 from storwatch.exporter import AlertmanagerCounts, ConfigReloads, Exporter
 from storwatch.history import History
 from storwatch.kubeclient import KubeClient
-from storwatch.pace import Pace
+from storwatch.pace import Pace, ViewBudget
 from storwatch.printable import Lines
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas
 from storwatch.snapshot import Snapshot
@@ -122,6 +122,10 @@ class Agent:
         """time.monotonic() of the last View made."""
         self.pace = Pace(config.quiet_seconds, config.quiet_after_seconds)
         """Full pace while GPUs work, the quiet pace on a node without a GPU process (storwatch/pace.py)."""
+        self.view_budget = ViewBudget(config.view_cpu_share, config.view_max_seconds)
+        """The interval between Views, stretched where one costs much (storwatch/pace.py)."""
+        self._view_kube: tuple[object, object] | None = None
+        """The Kubernetes objects (pods and the rest, this Node) the last View was made with."""
         self._was_quiet = False
         context = SourceContext(config.host_paths(), clock, self.latest, self.subscribe, self.pace)
         states = Collectors.made(lambda spec: spec.section_of(config), context) if sources is None else []
@@ -135,6 +139,7 @@ class Agent:
         self.exporter.state.policy = self.policy.metrics
         self.exporter.state.sync = self.policy.sync_metrics
         self.exporter.state.tick_interval = lambda: self.pace.stretch(self.config.tick_seconds)
+        self.exporter.state.view_interval = self._view_interval
         self.subscribe(self.policy.offer)
         self.server = server
         log.info("platform %s (%s)", self.platform.name, self.platform.detected_by)
@@ -268,14 +273,26 @@ class Agent:
         if _gpu_busy(snap.gpus):
             self._pace_work()
         self._log_pace()
+        kube = None if snap.kube is None else (snap.kube.cluster, snap.kube.node)
+        if kube is not None and self._view_kube is not None and not _same(kube, self._view_kube):
+            make_view = True  # a pod deleted, the node drained: the policy must not wait for a stretched interval
         if not make_view:
             return None
         with self._collectors.lock:
             classifier, platform, config = self.classifier, self.platform, self.config
+        started = time.thread_time()
         view = self._views.make(snap, ready, classifier, platform, config)
+        # The View's cost: making it here, and the policy's judging of the last one (on its thread). Counted before
+        # it is published, so its scrape shows the interval it leads to.
+        self.view_budget.spent(time.thread_time() - started + self.policy.last_cpu_seconds)
         self._published.publish(view)
         self._last_view = time.monotonic()
+        self._view_kube = kube
         return view
+
+    def _view_interval(self) -> float:
+        """Seconds between Views now: view_seconds, stretched by the View's cost, or the quiet pace's."""
+        return self.pace.stretch(self.view_budget.interval(self.config.view_seconds))
 
     def _log_pace(self) -> None:
         quiet = self.pace.quiet
@@ -301,8 +318,9 @@ class Agent:
                 break
             if not self._collectors.all_reported() and time.monotonic() - started < STARTUP_GRACE_SECONDS:
                 continue  # a first View with every source in it, unless one of them is slow to start
-            # A View every view_seconds (the first at once, and after a reload or a stop request).
-            due = self._last_view is None or time.monotonic() - self._last_view >= self.config.view_seconds - 0.01
+            # A View every view_seconds, or as the View's budget stretches it (the first at once, and after a reload
+            # or a stop request).
+            due = self._last_view is None or time.monotonic() - self._last_view >= self._view_interval() - 0.01
             try:
                 self._tick(make_view=due or self._view_now.is_set())
                 self._view_now.clear()
@@ -402,6 +420,7 @@ class Agent:
             self.sync.configure(new.sync)
             was_quiet = self.pace.quiet
             self.pace.configure(new.quiet_seconds, new.quiet_after_seconds)  # a reload is work: full pace first
+            self.view_budget.configure(new.view_cpu_share, new.view_max_seconds)
             for name in PACED_SOURCES if was_quiet else ():
                 self._collectors.collect_soon(name)
         with self._published.render_lock:  # not while a render is using the old set
@@ -445,3 +464,8 @@ class Agent:
 def _gpu_busy(facts: GPUFacts | None) -> bool:
     """Whether NVML names a process on any GPU (what keeps the agent at full pace)."""
     return facts is not None and any(g.processes for g in facts.gpus)
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    """The same objects, one by one (the Kubernetes source keeps its objects while no watch event changed them)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -76,6 +77,8 @@ class PolicyWorker:
         self._closed = False
         self._thread: threading.Thread | None = None
         self.evaluations = 0
+        self.last_cpu_seconds = 0.0
+        """The CPU time the last View's judging took (the View's budget counts it: storwatch/pace.py)."""
 
     def load(self, config: PolicyConfig) -> bool:
         """Load the policy ``config`` names; on a problem keep the last good one (none at start), log every error
@@ -126,7 +129,9 @@ class PolicyWorker:
         with self._lock:
             if not self.enabled:
                 return 0
+            started = time.thread_time()
             requests = self.engine.evaluate(self.builder.build(view, self.alerts.current()), view.timestamp)
+            self.last_cpu_seconds = time.thread_time() - started
             self.evaluations += 1
         # When a drain makes every run fire in one View, the runs with the most GPU-seconds at risk go first: each
         # action's lane, and the copy worker's queue behind sync, take requests in the order they come.

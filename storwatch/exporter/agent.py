@@ -46,6 +46,10 @@ def health_families(view: View | None, state: ExportState) -> Iterator[Family]:
         tick = catalog.TICK_INTERVAL.family()
         tick.add((), state.tick_interval())
         yield tick
+    if state.view_interval is not None:
+        views = catalog.VIEW_INTERVAL.family()
+        views.add((), state.view_interval())
+        yield views
     if state.alertmanager is not None:
         yield from _alertmanager(state.alertmanager)
     if state.policy is not None:

@@ -91,6 +91,8 @@ class ExportState:
         """The sync action's copies at render time, exported as storwatch_sync_* (left out without it)."""
         self.tick_interval: Callable[[], float] | None = None
         """The agent's tick interval now (storwatch/pace.py), exported as storwatch_tick_interval_seconds."""
+        self.view_interval: Callable[[], float] | None = None
+        """Seconds between Views now (storwatch/pace.py ViewBudget), exported as storwatch_view_interval_seconds."""
         self._kept: dict[type[object], object] = {}
         self.configure(nfs_operations)
 

@@ -987,6 +987,12 @@ TICK_INTERVAL = _gauge(
     "Seconds between the agent's ticks now: tick_seconds, or quiet_seconds on a node without a GPU process for "
     "quiet_after_seconds (Views, diskstats and GPU process reads follow the same pace).",
 )
+VIEW_INTERVAL = _gauge(
+    "agent",
+    "storwatch_view_interval_seconds",
+    "Seconds between the agent's Views now: view_seconds, longer where a View costs more than view_cpu_share of a "
+    "core over it (at most view_max_seconds), or quiet_seconds on a quiet node.",
+)
 
 
 def _process(typ: MetricType, name: str, help_: str) -> MetricSpec:
