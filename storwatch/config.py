@@ -377,7 +377,10 @@ class Config:
     than their own interval; 0: never quiet. The first GPU process the GPU source reports, or a reload, ends it."""
     quiet_after_seconds: float = number(60.0, 0.0, 86_400)
     """How long a node goes without a GPU process (or a reload, or the start) before it is quiet."""
-    history_size: int = number(300, 1, 86_400, why="a day at one tick a second")
+    history_size: int = number(30, 1, 86_400, why="a day at one tick a second")
+    """Snapshots kept in History (the last 30 s at one tick a second). Nothing in the agent reads History today: the
+    latency windows and the stall tracker keep what they need themselves. Each snapshot held about 80 KB on
+    bench/at_scale.py's node, so the former default of 300 held some 25 MB for no reader."""
     paths: PathsConfig = field(default_factory=PathsConfig)
     tls: TLSConfig = field(default_factory=TLSConfig)
     mounts: MountsConfig = field(default_factory=MountsConfig)

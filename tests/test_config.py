@@ -42,7 +42,7 @@ def test_defaults_without_a_file() -> None:
     assert config.platform == "auto"
     assert config.log_level == "info"
     assert config.tick_seconds == 1.0
-    assert config.history_size == 300
+    assert config.history_size == 30
     assert config.paths == PathsConfig("/proc", "/sys", "/")
     assert config.tls == TLSConfig("", "", "")
     assert config.mounts == MountsConfig(10.0, 1.0, 16, (), ())
