@@ -110,6 +110,10 @@ class OverrideConfig:
     reason: str = ""
 
 
+DEFAULT_MAX_MOUNT_SERIES = 256
+"""mounts.max_series's default."""
+
+
 @dataclass(frozen=True)
 class MountsConfig:
     interval_seconds: float = number(10.0, 0.1, 3600)
@@ -122,6 +126,12 @@ class MountsConfig:
     max_stuck: int = number(128, 0, 4096)
     """At most this many statvfs calls past their deadline left waiting in the helper (threads: max_inflight +
     max_stuck); while that many are stuck, only mounts that answered in time last round are called."""
+    max_series: int = number(DEFAULT_MAX_MOUNT_SERIES, 1, 100_000)
+    """At most this many mounts get series of their own (the ``mountpoint`` label grows with pods: each pod's token,
+    secret and volume mounts are mounts of the node). Past it, mounts lose their series in this order: read-only
+    and idle ones first, then idle writable ones, then those with I/O; a stuck mount, or one holding checkpoints or
+    important data, goes last. The rest are counted in storwatch_mount_series_dropped, and stay in /status, the
+    policy and every sum."""
 
 
 @dataclass(frozen=True)

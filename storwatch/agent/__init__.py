@@ -107,6 +107,7 @@ class Agent:
             exporter_areas(),
             process_metrics=process_metrics,
             nfs_operations=config.nfs.operations,
+            max_mount_series=config.mounts.max_series,
             reloads=self.reloads,
             alertmanager=counts,
         )
@@ -424,7 +425,7 @@ class Agent:
             for name in PACED_SOURCES if was_quiet else ():
                 self._collectors.collect_soon(name)
         with self._published.render_lock:  # not while a render is using the old set
-            self.exporter.configure(new.nfs.operations)
+            self.exporter.configure(new.nfs.operations, new.mounts.max_series)
 
     def _reload_failed(self, message: str) -> bool:
         self.reloads.failed()

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from prometheus_client import ProcessCollector
 
 from storwatch.analysis.view import View
-from storwatch.config import DEFAULT_NFS_OPERATIONS
+from storwatch.config import DEFAULT_MAX_MOUNT_SERIES, DEFAULT_NFS_OPERATIONS
 from storwatch.exporter.area import AlertmanagerCounts, Area, ConfigReloads, ExportState
 from storwatch.exporter.text import Family, render_text
 
@@ -33,15 +33,16 @@ class Exporter:
         nfs_operations: Iterable[str] = DEFAULT_NFS_OPERATIONS,
         reloads: ConfigReloads | None = None,
         alertmanager: AlertmanagerCounts | None = None,
+        max_mount_series: int = DEFAULT_MAX_MOUNT_SERIES,
     ) -> None:
         """``reloads``: the agent's reload record, exported as storwatch_config_* (left out without it);
         ``alertmanager``: the Alertmanager receiver's counts, as storwatch_alertmanager_* (likewise)."""
         process = ProcessCollector(registry=None) if process_metrics else None
-        self.state = ExportState(nfs_operations, reloads, process, alertmanager)
+        self.state = ExportState(nfs_operations, reloads, process, alertmanager, max_mount_series)
         self.areas = tuple(areas)
 
-    def configure(self, nfs_operations: Iterable[str]) -> None:
-        self.state.configure(nfs_operations)
+    def configure(self, nfs_operations: Iterable[str], max_mount_series: int = DEFAULT_MAX_MOUNT_SERIES) -> None:
+        self.state.configure(nfs_operations, max_mount_series)
 
     def families(self, view: View | None) -> Iterator[Family]:
         """Every area's families for ``view``, in order (None: the agent is starting, and has no View yet)."""

@@ -10,8 +10,8 @@ from typing import TypeVar, cast
 
 from prometheus_client import ProcessCollector
 
-from storwatch.analysis.view import View
-from storwatch.config import ALL_NFS_OPERATIONS, DEFAULT_NFS_OPERATIONS
+from storwatch.analysis.view import MountView, View
+from storwatch.config import ALL_NFS_OPERATIONS, DEFAULT_MAX_MOUNT_SERIES, DEFAULT_NFS_OPERATIONS
 from storwatch.exporter.text import Family
 
 _Kept = TypeVar("_Kept")
@@ -78,6 +78,7 @@ class ExportState:
         reloads: ConfigReloads | None = None,
         process: ProcessCollector | None = None,
         alertmanager: AlertmanagerCounts | None = None,
+        max_mount_series: int = DEFAULT_MAX_MOUNT_SERIES,
     ) -> None:
         self.reloads = reloads
         """The agent's reload record, exported as storwatch_config_* (left out without it)."""
@@ -94,14 +95,25 @@ class ExportState:
         self.view_interval: Callable[[], float] | None = None
         """Seconds between Views now (storwatch/pace.py ViewBudget), exported as storwatch_view_interval_seconds."""
         self._kept: dict[type[object], object] = {}
-        self.configure(nfs_operations)
+        self._unexported: tuple[View, frozenset[str]] | None = None
+        self.configure(nfs_operations, max_mount_series)
 
-    def configure(self, nfs_operations: Iterable[str]) -> None:
+    def configure(self, nfs_operations: Iterable[str], max_mount_series: int = DEFAULT_MAX_MOUNT_SERIES) -> None:
         """New settings (a reload): what the areas kept was written under the old ones, and goes."""
+        self.max_mount_series = max_mount_series
+        self._unexported = None
         names = tuple(dict.fromkeys(nfs_operations))
         self.nfs_operations: tuple[str, ...] | None = None if ALL_NFS_OPERATIONS in names else names
         """The NFS procedures exported per operation, in the order their lines are written; None for all of them."""
         self._kept = {}
+
+    def unexported_mounts(self, view: View) -> frozenset[str]:
+        """The mountpoints of ``view`` left without series of their own by ``max_mount_series``
+        (:func:`unexported_mounts`); worked out once per View, for every area that writes mount series."""
+        done = self._unexported
+        if done is None or done[0] is not view:
+            done = self._unexported = (view, unexported_mounts(view, self.max_mount_series))
+        return done[1]
 
     def kept(self, kind: type[_Kept]) -> _Kept:
         """The area's memory of type ``kind``: made empty on first use and after every :meth:`configure`."""
@@ -109,6 +121,27 @@ class ExportState:
         if memory is None:
             memory = self._kept[kind] = kind()
         return cast(_Kept, memory)
+
+
+def unexported_mounts(view: View, limit: int) -> frozenset[str]:
+    """The mountpoints that get no series of their own when the View holds more than ``limit`` mounts: the mounts an
+    operator least needs to see go first. Kept first: stuck mounts, then those holding a run or important data,
+    then those with I/O (a device's counters, NFS statistics or a probe), then writable ones, then the rest; in the
+    mount table's order within each (so the same mounts keep their series from one View to the next)."""
+    if len(view.mounts) <= limit:
+        return frozenset()
+    holding = {rv.mount.mount.mountpoint for rv in view.checkpoints if rv.mount is not None}
+    holding.update(f.mountpoint for f in view.findings)
+    holding.update(mp for mp, _kind in view.left_out.important_bytes)
+
+    def rank(item: tuple[int, MountView]) -> tuple[bool, bool, bool, bool, int]:
+        i, mv = item
+        io = mv.io
+        busy = io.counters is not None or io.nfs is not None or io.probe is not None
+        return (not mv.stuck, mv.mount.mountpoint not in holding, not busy, mv.mount.readonly, i)
+
+    ranked = sorted(enumerate(view.mounts), key=rank)
+    return frozenset(mv.mount.mountpoint for _, mv in ranked[limit:])
 
 
 Area = Callable[[View | None, ExportState], Iterable[Family]]

@@ -112,7 +112,11 @@ def _counter(area: AreaName, name: str, help_: str, *labels: Label) -> MetricSpe
 
 # -- labels shared by several metrics
 
-MOUNTPOINT = Label("mountpoint", "one per mount in the node's mount table (its path, escaped where not UTF-8)")
+MOUNTPOINT = Label(
+    "mountpoint",
+    "one per mount in the node's mount table (its path, escaped where not UTF-8), at most mounts.max_series (256); "
+    "the rest counted in storwatch_mount_series_dropped",
+)
 BLOCK_DEVICE = Label("device", "one per block device in diskstats that has been read or written")
 COLLECTOR = Label("collector", "one per source declared in storwatch/registry.py (SOURCES)")
 GPU = Label("gpu", "one per GPU on the node (its NVML index)")
@@ -126,7 +130,7 @@ RUN = Label(
 ROOT = Label("root", "one per checkpoint root (checkpoints.roots, the kubelet's pod volumes) and mount below one")
 DURABILITIES = tuple(d.value for d in Durability)
 DURABILITY = Label("durability", "the durability classes", DURABILITIES)
-NFS_MOUNTPOINT = Label("mountpoint", "one per NFS mount of the node")
+NFS_MOUNTPOINT = Label("mountpoint", "one per NFS mount of the node with series (mounts.max_series)")
 NFS_OPERATION = Label(
     "operation",
     f"the procedures in nfs.operations that the mount has called ({len(DEFAULT_NFS_OPERATIONS)} by default; "
@@ -196,6 +200,12 @@ MOUNT_STUCK_SECONDS = _gauge(
     MOUNTPOINT,
 )
 MOUNT_READONLY = _gauge("mounts", "storwatch_mount_readonly", "1 when the mount is read-only.", MOUNTPOINT)
+MOUNT_SERIES_DROPPED = _gauge(
+    "mounts",
+    "storwatch_mount_series_dropped",
+    "Mounts of the node's mount table without series of their own, past mounts.max_series: read-only and idle ones "
+    "first; they stay in /status, the policy and every sum.",
+)
 
 # -- io: block devices (named as node_exporter names them, so dashboards carry over)
 

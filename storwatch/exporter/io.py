@@ -118,7 +118,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     if view is None:
         return
     yield from _disks(view)
-    yield from _mount_io(view)
+    yield from _mount_io(view, state.unexported_mounts(view))
 
 
 def _disks(view: View) -> Iterator[Family]:
@@ -141,7 +141,7 @@ def _disks(view: View) -> Iterator[Family]:
     yield from (*counters, in_flight, util)
 
 
-def _mount_io(view: View) -> Iterator[Family]:
+def _mount_io(view: View, left_out: frozenset[str]) -> Iterator[Family]:
     device = catalog.MOUNT_DEVICE_INFO.family()
     counters = {spec: spec.family() for spec in _MOUNT_COUNTERS}
     latency = catalog.MOUNT_LATENCY.family()
@@ -152,6 +152,8 @@ def _mount_io(view: View) -> Iterator[Family]:
         for window in ("1m", "1h")
     )
     for mv in view.mounts:
+        if mv.mount.mountpoint in left_out:
+            continue
         mp = display_path(mv.mount.mountpoint)
         io = mv.io
         block = mv.mount.block
@@ -191,7 +193,10 @@ def probe_families(view: View | None, state: ExportState) -> Iterator[Family]:
     stuck = catalog.PROBE_STUCK.family()
     last = catalog.PROBE_LAST_TIMESTAMP.family()
     any_probe = False
+    left_out = state.unexported_mounts(view)  # a probed mount ranks above an idle one: it is cut only past the rest
     for mv in view.mounts:
+        if mv.mount.mountpoint in left_out:
+            continue
         probe = mv.io.probe
         if probe is None:
             continue

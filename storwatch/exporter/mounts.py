@@ -29,8 +29,13 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     stuck_for = catalog.MOUNT_STUCK_SECONDS.family()
     readonly = catalog.MOUNT_READONLY.family()
     by_class = [(d, durability.labels_template({"durability": d.value})) for d in _DURABILITIES]
+    left_out = state.unexported_mounts(view)
+    dropped = catalog.MOUNT_SERIES_DROPPED.family()
+    dropped.add((), len(left_out))
     for mv in view.mounts:
         m, verdict = mv.mount, mv.verdict
+        if m.mountpoint in left_out:
+            continue
         mp = display_path(m.mountpoint)
         # One label set for the eight families labelled by mountpoint alone (catalog.MOUNTPOINT).
         labels = size.labels_for((mp,))
@@ -47,4 +52,4 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
         stuck.add_text(labels, 1 if mv.stuck else 0)
         stuck_for.add_text(labels, m.stuck_seconds)
         readonly.add_text(labels, 1 if m.readonly else 0)
-    yield from (info, durability, size, free, avail, files, files_free, stuck, stuck_for, readonly)
+    yield from (info, durability, size, free, avail, files, files_free, stuck, stuck_for, readonly, dropped)

@@ -137,7 +137,10 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     memory = state.kept(WrittenLines)
     out = {spec.name: spec.family() for spec in _NFS_COUNTERS}
     written: dict[str, _MountText] = {}
+    left_out = state.unexported_mounts(view)
     for mountpoint, nfs in sorted(view.nfs.mounts.items()):
+        if mountpoint in left_out:
+            continue
         text = memory.mounts.get(mountpoint)
         if text is None or text.mount != nfs:
             text = _mount_text(display_path(mountpoint), nfs, text, state.nfs_operations)
