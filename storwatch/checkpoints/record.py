@@ -18,6 +18,7 @@ import math
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
@@ -147,13 +148,152 @@ class WireError(ValueError):
 
 
 def to_wire(record: Any) -> dict[str, Any]:
-    """A record as plain data for JSON."""
-    return dataclasses.asdict(record)
+    """A record as plain data for JSON (what ``dataclasses.asdict`` gives, without its deep copies: a unit's answer
+    holds thousands of records, sent every scan)."""
+    return typing.cast(dict[str, Any], _plain(record))
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _plain(value: Any) -> Any:
+    kind = type(value)
+    names = _FIELD_NAMES.get(kind)
+    if names is None and dataclasses.is_dataclass(kind):
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    if names is not None:
+        return {name: _plain(getattr(value, name)) for name in names}
+    if kind is tuple or kind is list:
+        return [_plain(v) for v in value]
+    if kind is dict:
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def from_wire(cls: type[T], data: Any, where: str = "") -> T:
-    """``cls`` (a dataclass of this module) from plain data, every field checked against its declared type."""
-    return typing.cast(T, _decode(cls, data, where or cls.__name__))
+    """``cls`` (a dataclass of this module) from plain data, every field checked against its declared type. Read by
+    a decoder made once per type; where it finds a mismatch, the answer is read again field by field for the error,
+    which names the field."""
+    try:
+        return typing.cast(T, _decoder(cls)(data))
+    except _Mismatch:
+        pass
+    _decode(cls, data, where or cls.__name__)  # raises the WireError that names the field
+    raise WireError(f"{where or cls.__name__}: does not have the declared shape")
+
+
+class _Mismatch(Exception):
+    """A value without its declared type, found by a made decoder (from_wire then finds which one)."""
+
+
+_DECODERS: dict[Any, Callable[[Any], Any]] = {}
+
+
+def _decoder(kind: Any) -> Callable[[Any], Any]:
+    """A function that reads plain data as ``kind``, checking as ``_decode`` does, and raises _Mismatch."""
+    made = _DECODERS.get(kind)
+    if made is None:
+        made = _DECODERS[kind] = _make_decoder(kind)
+    return made
+
+
+def _make_decoder(kind: Any) -> Callable[[Any], Any]:
+    origin = get_origin(kind)
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        hints = get_type_hints(kind)
+        cls = kind
+        spec = [
+            (
+                f.name,
+                _decoder(hints[f.name]),
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            )
+            for f in dataclasses.fields(kind)
+        ]
+
+        def record(value: Any) -> Any:
+            if not isinstance(value, dict):
+                raise _Mismatch
+            args = {}
+            for name, read, required in spec:
+                if name in value:
+                    args[name] = read(value[name])
+                elif required:
+                    raise _Mismatch
+            return cls(**args)
+
+        return record
+    if origin in (typing.Union, types.UnionType):
+        options = get_args(kind)
+        nullable = type(None) in options
+        readers = [_decoder(o) for o in options if o is not type(None)]
+
+        def union(value: Any) -> Any:
+            if value is None and nullable:
+                return None
+            for read in readers:
+                try:
+                    return read(value)
+                except _Mismatch:
+                    continue
+            raise _Mismatch
+
+        return union
+    if origin is tuple:
+        read_item = _decoder(get_args(kind)[0])
+
+        def sequence(value: Any) -> Any:
+            if not isinstance(value, list | tuple):
+                raise _Mismatch
+            return tuple(read_item(v) for v in value)
+
+        return sequence
+    if origin is dict:
+        read_key, read_value = (_decoder(a) for a in get_args(kind))
+
+        def mapping(value: Any) -> Any:
+            if not isinstance(value, dict):
+                raise _Mismatch
+            return {read_key(k): read_value(v) for k, v in value.items()}
+
+        return mapping
+    if kind is bool:
+
+        def boolean(value: Any) -> Any:
+            if not isinstance(value, bool):
+                raise _Mismatch
+            return value
+
+        return boolean
+    if kind is int:
+
+        def integer(value: Any) -> Any:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _Mismatch
+            return value
+
+        return integer
+    if kind is float:
+
+        def number(value: Any) -> Any:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise _Mismatch
+            return float(value)
+
+        return number
+    if kind is str:
+
+        def text(value: Any) -> Any:
+            if not isinstance(value, str):
+                raise _Mismatch
+            return value
+
+        return text
+
+    def unknown(value: Any) -> Any:
+        raise _Mismatch
+
+    return unknown
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
