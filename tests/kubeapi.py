@@ -221,6 +221,12 @@ class FakeKubeAPI:
                     obj[key] = value
             return self.add(obj)
 
+    def cordon(self, node: str, taint: str = "node.kubernetes.io/unschedulable") -> Obj:
+        """What ``kubectl drain`` does to the Node first: unschedulable, with ``taint`` (NoSchedule)."""
+        return self.modify(
+            "Node", node, spec={"unschedulable": True, "taints": [{"key": taint, "effect": "NoSchedule"}]}
+        )
+
     def delete(self, kind: str, name: str, namespace: str = "") -> None:
         with self.lock:
             obj = self.objects[kind].pop((namespace, name))

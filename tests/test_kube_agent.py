@@ -128,23 +128,9 @@ def test_agent_maps_volumes_pods_and_sees_a_drain(tmp_path: Path) -> None:
 
             # kubectl drain: cordon and the unschedulable taint; seen through the node watch (no relist).
             lists = api.count_requests("/api/v1/nodes", watch=False)
-            api.modify(
-                "Node",
-                NODE,
-                spec={
-                    "unschedulable": True,
-                    "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
-                },
-            )
+            api.cordon(NODE)
             _until(lambda: "storwatch_node_cordoned 1.0" in agent.fetch("/metrics").body.decode(), 30, "cordon")
-            api.modify(
-                "Node",
-                NODE,
-                spec={
-                    "unschedulable": True,
-                    "taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}],
-                },
-            )
+            api.cordon(NODE, "ToBeDeletedByClusterAutoscaler")
             _until(lambda: "storwatch_node_draining 1.0" in agent.fetch("/metrics").body.decode(), 30, "drain")
             assert api.count_requests("/api/v1/nodes", watch=False) == lists
 
@@ -207,13 +193,6 @@ def test_a_stretched_view_interval_still_shows_a_drain_at_once(tmp_path: Path) -
             time.sleep(1.5)  # more than seven ticks of 0.2 s, and nothing in the API changed
             assert _status(agent)["generated_at"] == first
 
-            api.modify(
-                "Node",
-                NODE,
-                spec={
-                    "unschedulable": True,
-                    "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
-                },
-            )
+            api.cordon(NODE)
             _until(lambda: "storwatch_node_cordoned 1.0" in agent.fetch("/metrics").body.decode(), 30, "cordon")
             assert _status(agent)["generated_at"] > first

@@ -86,14 +86,7 @@ def test_a_drain_asks_for_a_checkpoint_and_copies_it_verified_within_the_grace_p
                 # The node drains: cordoned with the drain's taint, the trainer pod given its grace period.
                 deleted = time.time()
                 deadline = deleted + GRACE_SECONDS
-                api.modify(
-                    "Node",
-                    NODE,
-                    spec={
-                        "unschedulable": True,
-                        "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
-                    },
-                )
+                api.cordon(NODE)
                 api.modify(
                     "Pod",
                     "trainer-0",

@@ -187,6 +187,12 @@ class _Mismatch(Exception):
 
 
 _DECODERS: dict[Any, Callable[[Any], Any]] = {}
+_SCALARS: dict[Any, Callable[[Any], bool]] = {
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+}
+"""What a value read as each scalar type must be (as _decode checks it); a float is also converted."""
 
 
 def _decoder(kind: Any) -> Callable[[Any], Any]:
@@ -257,22 +263,6 @@ def _make_decoder(kind: Any) -> Callable[[Any], Any]:
             return {read_key(k): read_value(v) for k, v in value.items()}
 
         return mapping
-    if kind is bool:
-
-        def boolean(value: Any) -> Any:
-            if not isinstance(value, bool):
-                raise _Mismatch
-            return value
-
-        return boolean
-    if kind is int:
-
-        def integer(value: Any) -> Any:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise _Mismatch
-            return value
-
-        return integer
     if kind is float:
 
         def number(value: Any) -> Any:
@@ -281,14 +271,15 @@ def _make_decoder(kind: Any) -> Callable[[Any], Any]:
             return float(value)
 
         return number
-    if kind is str:
+    ok = _SCALARS.get(kind)
+    if ok is not None:
 
-        def text(value: Any) -> Any:
-            if not isinstance(value, str):
+        def scalar(value: Any) -> Any:
+            if not ok(value):
                 raise _Mismatch
             return value
 
-        return text
+        return scalar
 
     def unknown(value: Any) -> Any:
         raise _Mismatch
