@@ -249,9 +249,12 @@ class BlockingCalls:
             while True:
                 now = self._clock()
                 upcoming = self._admit_stuck(now)
-                queue = self._send(op, requests, queue, now, timeout)
-                round_end += self._start_waited  # a helper's start is not the round's time either
-                self._start_waited = 0.0
+                if now < round_end:
+                    # Once the round is over, a call started now could not be reported in it: it would only hold
+                    # a working slot into the next round, ahead of the keys that answer in time there.
+                    queue = self._send(op, requests, queue, now, timeout)
+                    round_end += self._start_waited  # a helper's start is not the round's time either
+                    self._start_waited = 0.0
                 if self._closed:
                     break
                 # Worth waiting for: calls still within their deadline, and keys waiting only for a working slot.
