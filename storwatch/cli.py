@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from storwatch import __version__
@@ -686,11 +686,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> Any:
+def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0, first_mounts: Iterable[str] = ()) -> Any:
     """Collect every source the registry lets `scan` collect, once and synchronously, and build the View.
 
     With ``sample_seconds`` > 0 the sampled sources (diskstats, NFS) are read twice that far apart, so the View has
     the latency of that one interval (view_to_dict labels it ``sample``, not as the agent's minute and hour windows).
+    ``first_mounts``: mountpoints whose statvfs goes out before the others' (plan's --mount: MountSource.first).
     """
     import logging
 
@@ -701,6 +702,7 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
     from storwatch.registry import SOURCES, SourceContext
     from storwatch.snapshot import Snapshot
     from storwatch.sources.kubevolumes import KubeVolumeEvidence
+    from storwatch.sources.mounts import MountSource
     from storwatch.vocabulary import CollectorStatus
 
     log = logging.getLogger("storwatch")
@@ -731,6 +733,8 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0) -> An
                 value = spec.scan_once(ctx, section)
             else:
                 source = first.get(spec.name) or spec.make(ctx, section)
+                if isinstance(source, MountSource) and first_mounts:
+                    source.first = frozenset(os.path.normpath(m) for m in first_mounts)
                 try:
                     value = source.collect()
                 finally:
@@ -917,7 +921,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # volumes), their walk, whose complete checkpoints give the size to plan for. A mount's statvfs gets what the
     # agent gives it (mounts.statvfs_timeout_seconds, 1 s), not scan's quick 0.3 s: a mount called stuck is not
     # measured at all, and on a node whose CPUs are all busy a healthy statvfs can take longer than 0.3 s to answer.
-    view = scan_view(config, config.mounts.statvfs_timeout_seconds, 0.0)
+    view = scan_view(config, config.mounts.statvfs_timeout_seconds, 0.0, () if args.all else args.mount)
     paths = config.host_paths()
     roots = default_roots(paths, config.checkpoints.roots, config.checkpoints.kubelet)
     size = checkpoint_size(view, args.checkpoint_bytes, roots, paths)

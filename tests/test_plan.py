@@ -24,7 +24,7 @@ import pytest
 
 from storwatch.analysis.rpo import daly_interval
 from storwatch.plan import BLOCK, CPU_BUSY, DEFAULT_CHECKPOINT_BYTES, MIN_SIZE, TierPlan, format_plan
-from tests.realmounts import loop_ext4_mount, tmpfs_mount
+from tests.realmounts import fuse_mount, loop_ext4_mount, tmpfs_mount
 
 T = TypeVar("T")
 Enter = Callable[[ContextManager[T]], T]
@@ -304,3 +304,19 @@ def test_the_plan_arithmetic_and_what_cannot_be_measured(real_mounts: Enter[Any]
     assert rows[str(ro.mountpoint)]["error"] == "read-only, stuck or not storage"
     assert rows[str(tmp_path / "not-a-mount")]["error"] == "not a mount"
     assert not any(ok.mountpoint.iterdir())  # its test file and directory are gone
+
+
+@pytest.mark.realpart
+def test_the_mounts_asked_for_are_measured_whatever_hangs_before_them_in_the_table(
+    real_mounts: Enter[Any], tmp_path: Path
+) -> None:
+    """20 hung FUSE mounts listed before the one asked for (more than the statvfs pool's 16 working slots): its
+    statvfs goes out first, so it is measured, not called stuck, within plan's one round (a neighbour's hung mounts
+    once made this command skip the mount it was asked to measure)."""
+    for i in range(20):
+        real_mounts(fuse_mount(tmp_path / f"hung{i:02}", block_statfs=True))
+    tmpfs = real_mounts(tmpfs_mount(tmp_path / "tmpfs", size="256m"))
+    out = run_plan("--mount", str(tmpfs.mountpoint), "--rounds", "1", "--checkpoint-bytes", "1G", "--json")
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["mounts"]
+    assert row["mountpoint"] == str(tmpfs.mountpoint) and row["test_bytes"] > 0, row

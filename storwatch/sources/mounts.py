@@ -87,6 +87,11 @@ class MountSource:
         every read."""
         self.devices = BlockDevices(paths)
 
+    first: frozenset[str] = frozenset()
+    """Mountpoints (normalised, as the host names them) whose statvfs goes out before the others': `storwatch plan
+    --mount`'s, so the mounts it is asked to measure are measured whatever hangs elsewhere in the table (with more
+    hung mounts listed before them than the pool has working slots, one round would end before reaching them)."""
+
     def configure(self, config: MountsConfig) -> None:
         self.config = config
         self.interval_seconds = config.interval_seconds
@@ -131,6 +136,8 @@ class MountSource:
         """The mounts, as a MountFacts (its ``failure`` says when a mount was left unmeasured by a limit)."""
         path, data = self.read_mountinfo_named()
         infos = self.visible_mounts(data, path)
+        if self.first:  # their calls go out before the others' (a fresh pool calls new keys in request order)
+            infos = sorted(infos, key=lambda i: os.path.normpath(i.mountpoint) not in self.first)
         requests = {info.mountpoint: (self.paths.root(info.mountpoint),) for info in infos}
         outcomes = self.calls.call_many("statvfs", requests, self.config.statvfs_timeout_seconds)
         mounts = []
