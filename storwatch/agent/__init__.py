@@ -274,9 +274,12 @@ class Agent:
         if _gpu_busy(snap.gpus):
             self._pace_work()
         self._log_pace()
+        # The Kubernetes source keeps its objects while no watch event changed them: new ones (a pod deleted, the
+        # node drained) make a View now, so the policy does not wait for a stretched interval.
         kube = None if snap.kube is None else (snap.kube.cluster, snap.kube.node)
-        if kube is not None and self._view_kube is not None and not _same(kube, self._view_kube):
-            make_view = True  # a pod deleted, the node drained: the policy must not wait for a stretched interval
+        last = self._view_kube
+        if kube is not None and last is not None and (kube[0] is not last[0] or kube[1] is not last[1]):
+            make_view = True
         if not make_view:
             return None
         with self._collectors.lock:
@@ -465,8 +468,3 @@ class Agent:
 def _gpu_busy(facts: GPUFacts | None) -> bool:
     """Whether NVML names a process on any GPU (what keeps the agent at full pace)."""
     return facts is not None and any(g.processes for g in facts.gpus)
-
-
-def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
-    """The same objects, one by one (the Kubernetes source keeps its objects while no watch event changed them)."""
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
