@@ -15,7 +15,9 @@ Operations (the path hex-encoded, the parameters a hex-encoded JSON object; each
 
 ``ckpt_scan UNIT PARAMS``
     Walk UNIT (``skip``: directories not to enter), cheap-check new and changed candidates, read each run's event
-    log, find the temporaries whose writer is gone, and answer the unit's runs (``UnitAnswer``). A check that raises
+    log, find the temporaries whose writer is gone, and answer the unit's runs (``UnitAnswer``): all of them, or,
+    when ``have`` names the last answer sent for the unit, those that changed since and the paths of those gone (an
+    unchanged run is neither written nor read again). A check that raises
     makes only its candidate ``corrupt`` (``unknown`` when it is no known format), with the exception in the reason,
     and is counted by kind.
 ``ckpt_deep PATH PARAMS``
@@ -24,8 +26,10 @@ Operations (the path hex-encoded, the parameters a hex-encoded JSON object; each
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import stat
 import sys
 import threading
@@ -122,12 +126,18 @@ class _Unit:
     """Checkpoint path -> (its size and mtime, its birth and change times) for the files event lines name."""
     rejected_lines: set[int] = field(default_factory=set)
     """Event lines already dropped and counted (hashes), so a log read again counts each once."""
+    sent_seq: int = 0
+    sent_runs: dict[str, Run] = field(default_factory=dict)
+    """The runs of the last answer, numbered ``sent_seq``: the next answer sends only what changed from it when the
+    agent says it holds that one."""
     round: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _units: dict[str, _Unit] = {}
 _units_lock = threading.Lock()
+_answer_numbers = itertools.count(random.SystemRandom().getrandbits(48) + 1)
+"""Answer numbers from a random start: one this process gives is never one an earlier helper gave the agent."""
 
 
 def _unit(path: str, params: dict[str, Any]) -> _Unit:
@@ -354,12 +364,23 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
         unit.events = {r: e for r, e in unit.events.items() if r in runs}
         unit.births = {p: b for p, b in unit.births.items() if p in verdicts}
         temps = _temps(result, now)
+        whole = tuple(
+            Run(run, tuple(runs.get(run, ())), tuple(sorted(temps.get(run, ()), key=lambda t: t.path)))
+            for run in sorted(runs.keys() | temps.keys())
+        )
+        seq, base, sent = next(_answer_numbers), 0, whole
+        gone: tuple[str, ...] = ()
+        if unit.sent_seq and params.get("have") == unit.sent_seq:
+            base, before = unit.sent_seq, unit.sent_runs
+            sent = tuple(r for r in whole if before.get(r.path) != r)
+            gone = tuple(sorted(before.keys() - {r.path for r in whole}))
+        unit.sent_seq, unit.sent_runs = seq, {r.path: r for r in whole}
         answer = UnitAnswer(
             root=unit.scanner.roots[0],
-            runs=tuple(
-                Run(run, tuple(runs.get(run, ())), tuple(sorted(temps.get(run, ()), key=lambda t: t.path)))
-                for run in sorted(runs.keys() | temps.keys())
-            ),
+            runs=sent,
+            seq=seq,
+            base=base,
+            gone=gone,
             truncated=result.truncated,
             truncated_reason=result.truncated_reason,
             truncated_detail=result.truncated_detail,

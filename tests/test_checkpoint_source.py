@@ -4,6 +4,7 @@ checkpoint, and orphaned temporaries. Every source here runs its real helper pro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -487,3 +488,55 @@ def test_two_roots_with_the_same_folder_names_stay_two_runs_through_the_whole_pa
         Platform("g", "t"),
     ).checkpoints
     assert alone.id.below_root == "ckpts/plain" and view_a.label == "ckpts/plain"
+
+
+def test_a_rescan_sends_only_the_runs_that_changed(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """The helper answers a rescan with the runs that changed since the answer the source holds, and the paths of
+    those gone; the source's runs are then what a whole answer gives (compared with a new source's), and an
+    unchanged run keeps its state (the same object, so what the View works out per run is kept). An answer number
+    the helper did not give last gets a whole answer."""
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        torch_like_zip(tmp_path / name / "step-1.pt")
+        set_mtime(tmp_path / name / "step-1.pt", 1000.0)
+    clock = Clock(5000.0)
+    source = make_source([str(tmp_path)], clock=clock, deep_per_scan=0)
+    answers: list[dict[str, Any]] = []
+    call_many = source.calls.call_many
+
+    def spy(op: str, requests: Any, *args: Any, **kwargs: Any) -> Any:
+        outcomes = call_many(op, requests, *args, **kwargs)
+        answers.extend(json.loads(o.text) for o in outcomes.values() if op == "ckpt_scan" and o.text is not None)
+        return outcomes
+
+    source.calls.call_many = spy  # type: ignore[method-assign]
+
+    def sent() -> tuple[bool, list[str], list[str]]:
+        last = answers[-1]
+        return bool(last["base"]), [os.path.basename(r["path"]) for r in last["runs"]], last["gone"]
+
+    first = source.collect()
+    assert sent() == (False, ["a", "b", "c"], [])
+    second = source.collect()
+    assert sent() == (True, [], [])
+    assert all(x is y for x, y in zip(first.runs, second.runs, strict=True))
+
+    torch_like_zip(tmp_path / "b" / "step-2.pt")
+    set_mtime(tmp_path / "b" / "step-2.pt", 2000.0)
+    for f in (tmp_path / "c").iterdir():
+        f.unlink()
+    (tmp_path / "c").rmdir()
+    third = source.collect()
+    assert sent() == (True, ["b"], [str(tmp_path / "c")])
+    assert [os.path.basename(r.path) for r in third.runs] == ["a", "b"]
+    assert third.runs[0] is first.runs[0]
+    assert [c.mtime for c in third.runs[1].checkpoints] == [1000.0, 2000.0]
+    assert third.runs == make_source([str(tmp_path)], clock=clock, deep_per_scan=0).collect().runs
+
+    (unit,) = source._units
+    source._units[unit] = dataclasses.replace(source._units[unit], seq=source._units[unit].seq + 1)
+    fourth = source.collect()
+    assert sent() == (False, ["a", "b"], [])
+    assert fourth.runs == third.runs

@@ -11,7 +11,17 @@ from typing import Any
 
 import pytest
 
-from storwatch.checkpoints.record import Checkpoint, DeepAnswer, Run, Temp, UnitAnswer, WireError, from_wire, to_wire
+from storwatch.checkpoints.record import (
+    Checkpoint,
+    DeepAnswer,
+    Run,
+    Temp,
+    UnitAnswer,
+    WireError,
+    applied,
+    from_wire,
+    to_wire,
+)
 from storwatch.checkpoints.scan import DatasetDir
 
 
@@ -116,3 +126,25 @@ def test_a_number_that_is_not_finite_is_refused() -> None:
     data["runs"][0]["checkpoints"][1]["mtime"] = None
     with pytest.raises(WireError, match=r"checkpoints\[1\]\.mtime"):
         from_wire(UnitAnswer, data)
+
+
+def test_a_change_is_applied_only_to_the_answer_it_was_made_from() -> None:
+    """A rescan's answer names the answer it changes (``base``): its runs replace those of the same path, ``gone``
+    ones go, every other run keeps its record (the same object); a change from another answer is refused."""
+    held = dataclasses.replace(_answer(), seq=7)
+    run_3 = dataclasses.replace(held.runs[3], temps=())
+    new_run = Run("/ckpt/run-new", (held.runs[0].checkpoints[0],))
+    change = dataclasses.replace(held, runs=(run_3, new_run), seq=8, base=7, gone=("/ckpt/run-5", "/ckpt/never-there"))
+    whole = applied(held, from_wire(UnitAnswer, _wire(change)))
+    assert whole.seq == 8 and whole.base == 0 and whole.gone == ()
+    paths = [r.path for r in whole.runs]
+    assert paths == sorted(paths) and "/ckpt/run-5" not in paths and "/ckpt/run-new" in paths
+    assert len(whole.runs) == len(held.runs)  # one gone, one new
+    by_path = {r.path: r for r in whole.runs}
+    assert by_path["/ckpt/run-3"] == run_3
+    assert by_path["/ckpt/run-4"] is held.runs[4]
+    assert applied(held, held) is held  # a whole answer stands for itself
+    with pytest.raises(WireError, match="changes answer 7, and 6 is held"):
+        applied(dataclasses.replace(held, seq=6), change)
+    with pytest.raises(WireError, match="none is held"):
+        applied(None, change)

@@ -133,6 +133,31 @@ class UnitAnswer:
     datasets: tuple[DatasetDir, ...] = ()
     unreadable: int = 0
     unreadable_paths: tuple[str, ...] = ()
+    seq: int = 0
+    """This answer's number: the agent sends back the one it holds (``have``), and the next answer may then be a
+    change from it."""
+    base: int = 0
+    """0: ``runs`` are all the unit's runs. Else the answer numbered ``base`` with ``runs`` in place of those of the
+    same path, and ``gone`` removed: a run unchanged since the answer the agent holds is not sent again (2,500
+    checkpoints of a node at scale were written, sent and read every scan)."""
+    gone: tuple[str, ...] = ()
+    """With ``base``: the runs of that answer that are no longer there."""
+
+
+def applied(held: UnitAnswer | None, answer: UnitAnswer) -> UnitAnswer:
+    """The unit's whole answer: ``answer`` itself when it is whole, else ``held`` (the answer numbered
+    ``answer.base``) with its changes. A run that did not change keeps its record (the same object). WireError when
+    the change is from an answer other than ``held``."""
+    if not answer.base:
+        return answer
+    if held is None or held.seq != answer.base:
+        raise WireError(f"the answer changes answer {answer.base}, and {held.seq if held else 'none'} is held")
+    runs = {r.path: r for r in held.runs}
+    for path in answer.gone:
+        runs.pop(path, None)
+    for run in answer.runs:
+        runs[run.path] = run
+    return dataclasses.replace(answer, runs=tuple(runs[p] for p in sorted(runs)), base=0, gone=())
 
 
 @dataclass(frozen=True)

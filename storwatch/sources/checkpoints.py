@@ -39,7 +39,7 @@ from storwatch._checkpoint_worker import command as worker_command
 from storwatch.blocking import BlockingCalls
 from storwatch.checkpoints.events import REJECT_REASONS as EVENT_REJECT_REASONS
 from storwatch.checkpoints.limits import DeepLimits
-from storwatch.checkpoints.record import Checkpoint, DeepAnswer, RunId, UnitAnswer, from_wire
+from storwatch.checkpoints.record import Checkpoint, DeepAnswer, Run, RunId, UnitAnswer, applied, from_wire
 from storwatch.checkpoints.scan import MAX_DATASET_DIRS, DatasetDir
 from storwatch.config import CheckpointsConfig
 from storwatch.paths import HostPaths
@@ -252,7 +252,10 @@ class CheckpointSource:
         self._round = 0
         self._seen: dict[str, _Seen] = {}
         self._units: dict[str, UnitAnswer] = {}
-        """Each unit's last answer: kept while a later walk is stuck or still within its deadline."""
+        """Each unit's last answer, whole (the helper's changes applied): kept while a later walk is stuck or still
+        within its deadline; its number goes with the next request, so the helper sends only what changed."""
+        self._states: dict[str, tuple[Run, RunState]] = {}
+        """Run path -> the helper's record of it and the state made from it, for a run the helper did not change."""
         self._deep_pending: dict[str, tuple[str, str]] = {}
         """Deep checks sent and not answered yet: key -> (checkpoint path, unit)."""
         self._deep_stuck: set[str] = set()
@@ -329,16 +332,20 @@ class CheckpointSource:
                 "skip": skip,
                 "round": self._round,
                 "limits": self._limits_param(),
+                "have": held.seq if (held := self._units.get(unit)) is not None else 0,
             }
             requests[unit] = (unit, json.dumps(params, allow_nan=False).encode().hex())
         wait = min(settings.timeout_seconds, settings.max_seconds + WAIT_MARGIN_SECONDS)
         outcomes = self.calls.call_many("ckpt_scan", requests, settings.timeout_seconds, wait=wait)
         fresh: set[str] = set()
+        changed: list[Run] = []
         for unit, outcome in outcomes.items():
             if outcome.text is not None:
                 try:
                     before = self._units.get(unit)
-                    self._units[unit] = answer = from_wire(UnitAnswer, json.loads(outcome.text))
+                    sent = from_wire(UnitAnswer, json.loads(outcome.text))
+                    self._units[unit] = answer = applied(before, sent)
+                    changed.extend(sent.runs)
                     fresh.add(unit)
                     for reason, count in answer.check_errors.items():
                         self._check_errors[reason if reason in self._check_errors else "other"] += count
@@ -360,14 +367,16 @@ class CheckpointSource:
         root_of = dict(plan)
         resolved = {root: self._units[root].root for root in self.roots if root in self._units}
 
-        # Every checkpoint of every unit (this round's answer, or the last one), tracked over time.
+        # Every checkpoint of every unit (this round's answer, or the last one), tracked over time: those in runs
+        # the helper sent this round (a run it did not send again is as it was).
+        for run in changed:
+            for c in run.checkpoints:
+                self._track(c, now)
         unit_of: dict[str, str] = {}
         for unit, answer in self._units.items():
             for run in answer.runs:
                 for c in run.checkpoints:
                     unit_of.setdefault(c.path, unit)
-                    if unit in fresh:
-                        self._track(c, now)
         if not any(r.truncated for r in self._units.values()):
             self._seen = {p: s for p, s in self._seen.items() if p in unit_of}
         runs = self._runs(root_of, resolved, now)
@@ -495,9 +504,18 @@ class CheckpointSource:
         seen and how long its write took, and whose writes the kernel backs."""
         runs: dict[str, RunState] = {}
         seen_writing: dict[str, float] = {}
+        states_now: dict[str, tuple[Run, RunState]] = {}
         for unit, answer in self._units.items():
             root = root_of.get(unit, unit)
             for run in answer.runs:
+                kept = self._states.get(run.path)
+                if kept is not None and kept[0] is run and kept[1].root == resolved.get(root, root):
+                    # The helper's same record, with nothing in it that changes with time (saves in progress, a
+                    # writer's claim): the same state, so what the View caches per run stays.
+                    states_now[run.path] = kept
+                    known = runs.get(run.path)
+                    runs[run.path] = kept[1] if known is None else _merged(known, kept[1])
+                    continue
                 states = tuple(
                     sorted((self._state(c, run.path) for c in run.checkpoints), key=lambda c: (c.mtime, c.path))
                 )
@@ -522,9 +540,12 @@ class CheckpointSource:
                     since,
                     tuple(sorted(writers)),
                 )
+                if not run.temps and not any(c.claimed_pid is not None for c in run.checkpoints):
+                    states_now[run.path] = (run, made)
                 known = runs.get(run.path)
                 runs[run.path] = made if known is None else _merged(known, made)
         self._writing_seen = seen_writing
+        self._states = states_now
         return tuple(runs[p] for p in sorted(runs))
 
     def _backed(self, pid: int, run: str) -> bool:
