@@ -417,7 +417,7 @@ def test_the_score_goes_through_the_feeds_joins(monkeypatch: pytest.MonkeyPatch)
     stalls, state = world.replay()
     assert score(world, stalls).recall >= 0.95
     assert {gpu for gpu, _, _ in state.totals} == {"0", "1", "2"}
-    monkeypatch.setattr(stall_feed, "run_gpus", lambda *_: frozenset())
+    monkeypatch.setattr(stall_feed.GpuHolders, "of_run", lambda *_: frozenset())
     stalls, state = world.replay()
     assert score(world, stalls).recall < 0.5 and not any(cause == "checkpoint_write" for _, _, cause in state.totals)
 

@@ -68,28 +68,40 @@ def headroom_bytes(rv: RunView) -> int | None:
     return usage.avail_bytes - math.ceil(newest.allocated_bytes * HEADROOM_MARGIN)
 
 
-def run_gpus(rv: RunView, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod]) -> frozenset[str]:
-    """The GPUs (by NVML index) whose work writes the run: those with a process of the pod whose volume holds the run
-    (on Kubernetes: the run's path is under that pod's kubelet volume directory), or, for a run outside any pod's
-    volume, those with the process its event log names as the writer, or the writer of a save in progress (its
-    temporary's name carries it; off Kubernetes PIDs are the host's), or seen with its checkpoint files open for
-    writing (analysis/writes.py)."""
-    if gpus is None:
-        return frozenset()
-    where = parse_kubelet_volume_path(rv.run.path)
-    writers = {c.writer_pid for c in rv.run.checkpoints if c.writer_pid is not None}
-    writers |= set(rv.run.writing_pids) | set(rv.writers)
-    held = set()
-    for g in gpus.gpus:
-        for p in g.processes:
-            if where is None:
-                mine = p.pid in writers
-            else:
+class GpuHolders:
+    """The GPUs (by NVML index) each pod and each process holds, worked out once per View: :meth:`of_run` is asked
+    for every run (hundreds on a large node), and each answer is then a lookup."""
+
+    def __init__(self, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod]) -> None:
+        self.by_pod: dict[str, set[str]] = {}
+        self.by_pid: dict[int, set[str]] = {}
+        for g in gpus.gpus if gpus is not None else ():
+            index = str(g.index)
+            for p in g.processes:
+                self.by_pid.setdefault(p.pid, set()).add(index)
                 pod = pods.get(p.pid)
-                mine = pod is not None and pod.pod_uid == where.pod_uid
-            if mine:
-                held.add(str(g.index))
-    return frozenset(held)
+                if pod is not None and pod.pod_uid is not None:
+                    self.by_pod.setdefault(pod.pod_uid, set()).add(index)
+
+    def of_run(self, rv: RunView) -> frozenset[str]:
+        """The GPUs whose work writes the run: those with a process of the pod whose volume holds the run (on
+        Kubernetes: the run's path is under that pod's kubelet volume directory), or, for a run outside any pod's
+        volume, those with the process its event log names as the writer, or the writer of a save in progress (its
+        temporary's name carries it; off Kubernetes PIDs are the host's), or seen with its checkpoint files open for
+        writing (analysis/writes.py)."""
+        where = parse_kubelet_volume_path(rv.run.path)
+        if where is not None:
+            return frozenset(self.by_pod.get(where.pod_uid, ()))
+        if not self.by_pid:
+            return frozenset()
+        writers = {c.writer_pid for c in rv.run.checkpoints if c.writer_pid is not None}
+        writers |= set(rv.run.writing_pids) | set(rv.writers)
+        return frozenset(g for pid in writers for g in self.by_pid.get(pid, ()))
+
+
+def run_gpus(rv: RunView, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod]) -> frozenset[str]:
+    """The GPUs whose work writes the run (:meth:`GpuHolders.of_run`), for one run."""
+    return GpuHolders(gpus, pods).of_run(rv)
 
 
 def run_workload(rv: RunView, pods: Mapping[int, ProcessPod], jobs: Mapping[int, SlurmJob]) -> str | None:
@@ -170,7 +182,7 @@ def recoveries(
     runs = tuple(runs)
     rates = tier_rates(runs)
     pods, jobs = pods or {}, jobs or {}
+    holders = GpuHolders(gpus, pods)
     return tuple(
-        run_recovery(rv, now, mtbf_seconds, len(run_gpus(rv, gpus, pods)), run_workload(rv, pods, jobs), rates)
-        for rv in runs
+        run_recovery(rv, now, mtbf_seconds, len(holders.of_run(rv)), run_workload(rv, pods, jobs), rates) for rv in runs
     )

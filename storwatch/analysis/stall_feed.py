@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 
 from storwatch.analysis.pods import ProcessPod
-from storwatch.analysis.rpo import run_gpus
+from storwatch.analysis.rpo import GpuHolders
 from storwatch.analysis.stalls import (
     GPUReading,
     LatencyReading,
@@ -169,8 +169,9 @@ class StallFeed:
         writing: list[WriteSpan] = []
         with self._lock:
             since = self.tracker.settled_before() - self.tracker.params.settle_seconds
+        holders = GpuHolders(gpus, pods)
         for rv in runs:
-            held = run_gpus(rv, gpus, pods)
+            held = holders.of_run(rv)
             d, w = write_spans(rv, held, since)
             done += d
             writing += w
