@@ -370,14 +370,22 @@ class Config:
     log_level: str = "info"
     tick_seconds: float = number(1.0, 0.1, 3600)
     """How often the newest facts are taken, kept in History and fed to the latency windows and the stall tracker."""
+    tick_cpu_share: float = number(0.002, 0.0, 1.0)
+    """The share of one core the second-by-second work may take: a tick, and the reads of the paced sources that
+    come every tick (diskstats, NFS, the GPU processes' cgroups). Where one round of it costs more than this over
+    ``tick_seconds`` (a node with a hundred busy mounts and devices), ticks and those reads come that much less often,
+    at most ``tick_max_seconds`` apart (storwatch/pace.py); stalls are then accounted, and latency windows fed, over
+    those intervals. 0: a tick every ``tick_seconds`` whatever it costs."""
+    tick_max_seconds: float = number(5.0, 0.1, 3600)
+    """The longest ``tick_cpu_share`` may stretch the interval between ticks."""
     view_seconds: float = number(1.0, 0.1, 3600)
     """How often a View is made of them and published (/metrics, /status and /api/status serve the newest); at least
     one tick apart. Each View costs the agent's CPU whether or not anyone reads it: ``view_cpu_share`` stretches the
     interval on a node where that cost is large (BENCHMARKS.md)."""
-    view_cpu_share: float = number(0.005, 0.0, 1.0)
+    view_cpu_share: float = number(0.002, 0.0, 1.0)
     """The share of one core that making Views and judging them with the policy may take: where a View costs more
     than this over ``view_seconds`` (a node with hundreds of runs, mounts and pods), Views come that much less often,
-    at most ``view_max_seconds`` apart (storwatch/pace.py ViewBudget); a reload, a drain or a pod's deletion still
+    at most ``view_max_seconds`` apart (storwatch/pace.py CpuBudget); a reload, a drain or a pod's deletion still
     makes one at once. 0: a View every ``view_seconds`` whatever it costs."""
     view_max_seconds: float = number(15.0, 0.1, 3600)
     """The longest ``view_cpu_share`` may stretch the interval between Views."""

@@ -7,12 +7,18 @@ Views, the policy's evaluations (it judges each View), and the sources the regis
 facts only feed the Views). The first GPU process the GPU source reports ends it at once, as does a reload. The
 sources that find what is new or stuck (mounts, checkpoints, probes) and the GPU source keep their own pace.
 
+At full pace the second-by-second work has a budget (``tick_cpu_share`` of a core): on a node where one round of it
+(a tick, and the paced sources' reads that come every tick) costs more, ticks and those reads come that much less
+often, at most ``tick_max_seconds`` apart (:class:`CpuBudget`). Stalls are then accounted, and latency windows fed,
+over those longer intervals; a node of ordinary size keeps its second.
+
 Quiet is worked out from the monotonic clock each time it is asked, so there is no state to keep in step between the
 threads that ask (the ticker, the source workers): only the moment of the last sign of work.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -26,17 +32,30 @@ class Pace:
         quiet_seconds: float = 0.0,
         quiet_after_seconds: float = 60.0,
         monotonic: Callable[[], float] = time.monotonic,
+        *,
+        tick_seconds: float = 1.0,
+        budget: CpuBudget | None = None,
     ) -> None:
         self.monotonic = monotonic
         self._last_work = monotonic()
-        self.configure(quiet_seconds, quiet_after_seconds)
+        self.budget = budget if budget is not None else CpuBudget()
+        """The second-by-second work's budget: what a tick and each paced source's read at most a tick apart cost."""
+        self.configure(quiet_seconds, quiet_after_seconds, tick_seconds)
 
-    def configure(self, quiet_seconds: float, quiet_after_seconds: float) -> None:
+    def configure(self, quiet_seconds: float, quiet_after_seconds: float, tick_seconds: float = 1.0) -> None:
         """New settings (start-up, a reload); a reload also counts as work, so the new settings apply at full pace
-        first."""
+        first, and the work's cost is measured again."""
         self.quiet_seconds = quiet_seconds
         self.quiet_after_seconds = quiet_after_seconds
+        self.tick_seconds = tick_seconds
+        self.budget.forget()
         self.work()
+
+    def spent(self, part: str, cpu_seconds: float, interval: float) -> None:
+        """One round of a paced part (``tick``, or a source) took ``cpu_seconds``; it counts in the budget when it
+        comes every tick (``interval``, its own, at most ``tick_seconds``): slower sources are not the second's work."""
+        if interval <= self.tick_seconds:
+            self.budget.spent(cpu_seconds, part)
 
     def work(self) -> bool:
         """A sign of work (a GPU process seen, a reload): full pace for at least ``quiet_after_seconds`` from now.
@@ -50,41 +69,60 @@ class Pace:
         return self.quiet_seconds > 0 and self.monotonic() - self._last_work >= self.quiet_after_seconds
 
     def stretch(self, seconds: float) -> float:
-        """The interval a paced loop waits now: ``seconds``, or ``quiet_seconds`` while quiet, whichever is longer."""
-        return max(seconds, self.quiet_seconds) if self.quiet else seconds
+        """The interval a paced loop waits now: ``seconds``, or, whichever is longer, ``quiet_seconds`` while quiet,
+        else the tick as the budget stretches it where the second-by-second work costs more than its share."""
+        if self.quiet:
+            return max(seconds, self.quiet_seconds)
+        tick = self.budget.interval(self.tick_seconds)
+        return max(seconds, tick) if tick > self.tick_seconds else seconds
 
 
-class ViewBudget:
-    """How often a View comes: every ``view_seconds``, or less often on a node where making one and judging it with
-    the policy costs more than ``share`` of a core over that interval.
+class CpuBudget:
+    """How often a piece of periodic work comes: every ``seconds`` it is asked for, or less often where one round of
+    it costs more than ``share`` of a core over that interval.
 
-    A View's cost grows with what the node holds (hundreds of runs, mounts and pods: bench/at_scale.py), and it is
-    paid whether or not anyone reads the View. Its CPU seconds (the ticker's making and publishing, the policy
-    worker's judging), smoothed over the last Views, set the interval: ``cost / share``, between ``view_seconds`` and
-    ``longest`` (15 s by default, Prometheus's usual scrape interval). A small node's View costs a few milliseconds
-    and keeps its one second. What must not wait (a reload, the node drained, a pod deleted) asks for a View at once
-    all the same (the agent's ``_view_now``). ``share`` 0 turns the budget off."""
+    The work's cost grows with what the node holds (hundreds of runs, mounts and pods: bench/at_scale.py), and it is
+    paid whether or not anyone reads what it makes. The CPU seconds of one round (each ``part`` smoothed over its last
+    rounds, then summed) set the interval: ``cost / share``, between ``seconds`` and ``longest``. Two budgets use it:
+    the View's (its making by the ticker and its judging by the policy worker), and the second-by-second work's (the
+    tick's feeding of the latency windows and the stall tracker, and the one-second reads of the paced sources: see
+    :class:`Pace`). A small node's round costs a few milliseconds and keeps its pace. ``share`` 0 turns the budget
+    off."""
 
     SMOOTHING = 0.3
-    """The weight of the newest View's cost in the running figure."""
+    """The weight of the newest round's cost in each part's running figure."""
 
     def __init__(self, share: float = 0.0, longest: float = 15.0) -> None:
         self.share = share
         self.longest = longest
-        self.cost: float | None = None
-        """CPU seconds a View takes, smoothed; None before the first."""
+        self._parts: dict[str, float] = {}
+        self._lock = threading.Lock()  # parts are spent from the ticker and the source workers
 
     def configure(self, share: float, longest: float) -> None:
         self.share = share
         self.longest = longest
 
-    def spent(self, cpu_seconds: float) -> None:
-        """One View's CPU seconds, making and judging it."""
+    def spent(self, cpu_seconds: float, part: str = "") -> None:
+        """The CPU seconds one round of ``part`` took."""
         cpu_seconds = max(0.0, cpu_seconds)
-        self.cost = cpu_seconds if self.cost is None else self.cost + self.SMOOTHING * (cpu_seconds - self.cost)
+        with self._lock:
+            before = self._parts.get(part)
+            self._parts[part] = cpu_seconds if before is None else before + self.SMOOTHING * (cpu_seconds - before)
+
+    def forget(self) -> None:
+        """Start the figures again (a reload: the parts and their costs may have changed)."""
+        with self._lock:
+            self._parts = {}
+
+    @property
+    def cost(self) -> float | None:
+        """CPU seconds one round takes, its parts smoothed and summed; None before the first."""
+        with self._lock:
+            return sum(self._parts.values()) if self._parts else None
 
     def interval(self, seconds: float) -> float:
-        """The interval between Views now, for the configured ``seconds``."""
-        if self.share <= 0 or self.cost is None:
+        """The interval between rounds now, for the configured ``seconds``."""
+        cost = self.cost
+        if self.share <= 0 or cost is None:
             return seconds
-        return max(seconds, min(self.longest, self.cost / self.share))
+        return max(seconds, min(self.longest, cost / self.share))

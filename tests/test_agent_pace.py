@@ -28,7 +28,9 @@ GPU = "gpu 0 uuid=GPU-00000000-aaaa-bbbb-cccc-000000000000 name=NVIDIA_H100_80GB
 POD_UID = "17fdde9d-3dd3-4c7b-a4cb-601d19e3597e"  # tests/fixtures/cgroup/containerd-cgroupfs-v1
 
 
-def _config(tmp_path: Path) -> Path:
+def _config(tmp_path: Path, more: str = "tick_cpu_share: 0\nview_cpu_share: 0\n") -> Path:
+    """The agent's config; ``more`` is added to it (by default neither the second's work nor the View has a CPU
+    budget, so full pace is a tick and a View every TICK however busy the machine is)."""
     proc = tmp_path / "proc"
     (proc / "1").mkdir(parents=True)
     shutil.copy(FIXTURES / "gpu-node" / "proc" / "1" / "mountinfo", proc / "1" / "mountinfo")
@@ -43,7 +45,7 @@ def _config(tmp_path: Path) -> Path:
         "mounts: {interval_seconds: 5, statvfs_timeout_seconds: 0.2}\n"
         f"diskio: {{interval_seconds: {TICK}}}\n"
         f"gpu: {{interval_seconds: {TICK}, call_timeout_seconds: 1.0}}\n"
-        "kube: {enabled: false}\n"
+        "kube: {enabled: false}\n" + more
     )
     return cfg
 
@@ -107,3 +109,25 @@ def test_a_node_without_gpu_processes_goes_quiet_and_the_first_process_wakes_it(
         for times in (views, reads):
             gaps = [b - a for a, b in itertools.pairwise(times)]
             assert gaps and min(gaps) < QUIET / 2, (times, gaps)
+
+
+def test_the_seconds_work_over_its_budget_stretches_ticks_and_paced_reads(tmp_path: Path) -> None:
+    """A node at work (a GPU process) whose second-by-second work costs more than tick_cpu_share of a core (here a
+    share no round fits in): ticks, Views and the diskstats reads come tick_max_seconds apart, not every TICK, and
+    the exported tick interval says so."""
+    try:
+        lib = build_fake_nvml(tmp_path / "nvml")
+    except FakeNVMLUnavailable as err:
+        pytest.skip(str(err))
+    fake = FakeNVML(lib.parent, tmp_path)
+    fake.write_script(GPU + "proc 0 pid=4103 used=1073741824\n")
+    stretched = 1.0
+    cfg = _config(tmp_path, f"tick_cpu_share: 0.000000001\ntick_max_seconds: {stretched}\n")
+    with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=fake.env()) as agent:
+        wait_until(lambda: _tick_interval(agent) == stretched, timeout=30, what="the stretched tick interval")
+        views, reads = _seen_over(agent, 4 * stretched + 1)
+        assert len(views) >= 3 and len(reads) >= 3, (views, reads)
+        for times in (views, reads):
+            gaps = [b - a for a, b in itertools.pairwise(times[1:])]
+            assert min(gaps) >= stretched - 0.15, (times, gaps)
+        assert "quiet:" not in agent.stderr_text()

@@ -72,7 +72,7 @@ def rich_scrape() -> str:
     counts.alerts("stored", 2)
     exporter = Exporter(exporter_areas(), process_metrics=True, reloads=ConfigReloads(), alertmanager=counts)
     exporter.state.tick_interval = lambda: 15.0  # a quiet node's pace (storwatch/pace.py)
-    exporter.state.view_interval = lambda: 5.0  # a large node's View (storwatch/pace.py ViewBudget)
+    exporter.state.view_interval = lambda: 5.0  # a large node's View (storwatch/pace.py CpuBudget)
     return exporter.render(rich_view()).decode("utf-8") + policy_scrape() + sync_scrape()
 
 

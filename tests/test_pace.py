@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storwatch.pace import Pace, ViewBudget
+from storwatch.pace import CpuBudget, Pace
 
 
 def test_quiet_only_after_quiet_after_seconds_without_work() -> None:
@@ -58,11 +58,11 @@ def test_the_default_pace_of_a_source_context_is_never_quiet() -> None:
 
 
 def test_a_view_budget_keeps_view_seconds_until_a_view_costs_more_than_its_share() -> None:
-    budget = ViewBudget(0.005, 15.0)
+    budget = CpuBudget(0.005, 15.0)
     assert budget.interval(1.0) == 1.0  # no View measured yet
     budget.spent(0.002)  # a small node's View: 0.2 % of a core at one a second
     assert budget.interval(1.0) == 1.0
-    budget = ViewBudget(0.005, 15.0)
+    budget = CpuBudget(0.005, 15.0)
     budget.spent(0.025)  # a large node's: 25 ms, 2.5 % at one a second
     assert budget.interval(1.0) == 5.0  # 25 ms every 5 s is 0.5 %
     assert budget.interval(10.0) == 10.0  # a configured interval longer than the budget's stays
@@ -71,11 +71,11 @@ def test_a_view_budget_keeps_view_seconds_until_a_view_costs_more_than_its_share
 
 
 def test_a_view_budget_follows_the_cost_smoothed() -> None:
-    budget = ViewBudget(0.01, 60.0)
+    budget = CpuBudget(0.01, 60.0)
     budget.spent(0.1)
     assert budget.interval(1.0) == 10.0
     budget.spent(0.0)  # one cheap View moves the figure by SMOOTHING of the difference, not all the way
-    assert budget.cost is not None and abs(budget.cost - 0.1 * (1 - ViewBudget.SMOOTHING)) < 1e-12
+    assert budget.cost is not None and abs(budget.cost - 0.1 * (1 - CpuBudget.SMOOTHING)) < 1e-12
     for _ in range(60):
         budget.spent(0.0)
     assert budget.interval(1.0) == 1.0
@@ -84,8 +84,42 @@ def test_a_view_budget_follows_the_cost_smoothed() -> None:
 
 
 def test_a_zero_share_turns_the_budget_off() -> None:
-    budget = ViewBudget(0.0, 15.0)
+    budget = CpuBudget(0.0, 15.0)
     budget.spent(100.0)
     assert budget.interval(1.0) == 1.0
     budget.configure(0.005, 2.0)
     assert budget.interval(1.0) == 2.0
+
+
+def test_a_budget_sums_its_parts_each_smoothed_on_its_own() -> None:
+    budget = CpuBudget(0.002, 5.0)
+    budget.spent(0.001, "tick")
+    budget.spent(0.002, "nfs")
+    assert budget.cost == 0.003 and budget.interval(1.0) == 1.5
+    budget.spent(0.0, "nfs")  # nfs's figure moves, the tick's does not
+    assert budget.cost is not None and abs(budget.cost - (0.001 + 0.002 * (1 - CpuBudget.SMOOTHING))) < 1e-12
+    budget.forget()
+    assert budget.cost is None and budget.interval(1.0) == 1.0
+
+
+def test_the_seconds_work_over_its_share_stretches_ticks_and_the_paced_reads() -> None:
+    """A tick and the paced reads that come every tick make one round of the second's work: over tick_cpu_share,
+    they all wait longer, up to tick_max_seconds; slower sources keep their own interval and do not count, and the
+    quiet pace still applies."""
+    now = [0.0]
+    pace = Pace(15.0, 60.0, monotonic=lambda: now[0], tick_seconds=1.0, budget=CpuBudget(0.002, 5.0))
+    pace.spent("tick", 0.0005, 1.0)
+    pace.spent("diskstats", 0.0005, 1.0)
+    assert pace.stretch(1.0) == 1.0 and pace.stretch(0.5) == 0.5  # 0.1 % of a core: within the share
+    pace.spent("nfs", 0.002, 1.0)
+    assert pace.stretch(1.0) == 1.5  # 3 ms a round: every 1.5 s is 0.2 %
+    assert pace.stretch(0.5) == 1.5 and pace.stretch(5.0) == 5.0
+    pace.spent("access", 1.0, 5.0)  # every 5 s: not the second's work
+    assert pace.stretch(1.0) == 1.5
+    for _ in range(30):
+        pace.spent("nfs", 1.0, 1.0)
+    assert pace.stretch(1.0) == 5.0  # never past tick_max_seconds
+    now[0] = 60.0
+    assert pace.quiet and pace.stretch(1.0) == 15.0
+    pace.configure(15.0, 60.0, 1.0)  # a reload: full pace, the cost measured again
+    assert pace.stretch(1.0) == 1.0

@@ -38,7 +38,7 @@ from storwatch.config import Config, ConfigError, GPUConfig
 from storwatch.exporter import AlertmanagerCounts, ConfigReloads, Exporter
 from storwatch.history import History
 from storwatch.kubeclient import KubeClient
-from storwatch.pace import Pace, ViewBudget
+from storwatch.pace import CpuBudget, Pace
 from storwatch.printable import Lines
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas
 from storwatch.snapshot import Snapshot
@@ -121,9 +121,14 @@ class Agent:
         """Set to make a View at the next tick whenever it falls (a reload's new configuration shows at once)."""
         self._last_view: float | None = None
         """time.monotonic() of the last View made."""
-        self.pace = Pace(config.quiet_seconds, config.quiet_after_seconds)
+        self.pace = Pace(
+            config.quiet_seconds,
+            config.quiet_after_seconds,
+            tick_seconds=config.tick_seconds,
+            budget=CpuBudget(config.tick_cpu_share, config.tick_max_seconds),
+        )
         """Full pace while GPUs work, the quiet pace on a node without a GPU process (storwatch/pace.py)."""
-        self.view_budget = ViewBudget(config.view_cpu_share, config.view_max_seconds)
+        self.view_budget = CpuBudget(config.view_cpu_share, config.view_max_seconds)
         """The interval between Views, stretched where one costs much (storwatch/pace.py)."""
         self._view_kube: tuple[object, object] | None = None
         """The Kubernetes objects (pods and the rest, this Node) the last View was made with."""
@@ -269,8 +274,10 @@ class Agent:
         return view
 
     def _tick(self, make_view: bool) -> View | None:
+        started = time.thread_time()
         snap, ready = self._snapshot()
         self._views.observe(snap, time.monotonic())
+        self.pace.spent("tick", time.thread_time() - started, self.config.tick_seconds)  # the second's work
         if _gpu_busy(snap.gpus):
             self._pace_work()
         self._log_pace()
@@ -423,7 +430,9 @@ class Agent:
             self._collectors.reconfigure(lambda spec: spec.section_of(new))
             self.sync.configure(new.sync)
             was_quiet = self.pace.quiet
-            self.pace.configure(new.quiet_seconds, new.quiet_after_seconds)  # a reload is work: full pace first
+            # a reload is work: full pace first
+            self.pace.configure(new.quiet_seconds, new.quiet_after_seconds, new.tick_seconds)
+            self.pace.budget.configure(new.tick_cpu_share, new.tick_max_seconds)
             self.view_budget.configure(new.view_cpu_share, new.view_max_seconds)
             for name in PACED_SOURCES if was_quiet else ():
                 self._collectors.collect_soon(name)

@@ -234,6 +234,7 @@ class Collectors:
         st.collecting_since = st.started = started
         error: str | None = None
         facts: Any = None
+        cpu_started = time.thread_time()
         try:
             facts = src.collect()
             # A source may answer and still have failed (a stuck NVML call): its facts say so and are kept.
@@ -248,7 +249,10 @@ class Collectors:
         # while a GPU workload is there).
         interval, interval_error = usable_interval(src.interval_seconds)
         if st.spec is not None and st.spec.paced:
-            interval = self.context.pace.stretch(interval)  # slower while the node is quiet (storwatch/pace.py)
+            # A read every tick is part of the second's work, whose budget may stretch it; slower still while the
+            # node is quiet (storwatch/pace.py).
+            self.context.pace.spent(src.name, time.thread_time() - cpu_started, interval)
+            interval = self.context.pace.stretch(interval)
         try:
             off = src.off_reason if isinstance(src, MayBeOff) else None
             parse_errors = src.parse_errors if isinstance(src, CountsParseErrors) else None

@@ -93,7 +93,7 @@ class ExportState:
         self.tick_interval: Callable[[], float] | None = None
         """The agent's tick interval now (storwatch/pace.py), exported as storwatch_tick_interval_seconds."""
         self.view_interval: Callable[[], float] | None = None
-        """Seconds between Views now (storwatch/pace.py ViewBudget), exported as storwatch_view_interval_seconds."""
+        """Seconds between Views now (storwatch/pace.py CpuBudget), exported as storwatch_view_interval_seconds."""
         self._kept: dict[type[object], object] = {}
         self._unexported: tuple[View, frozenset[str]] | None = None
         self.configure(nfs_operations, max_mount_series)

@@ -994,8 +994,9 @@ CONFIG_LAST_RELOAD_SUCCESS = _gauge(
 TICK_INTERVAL = _gauge(
     "agent",
     "storwatch_tick_interval_seconds",
-    "Seconds between the agent's ticks now: tick_seconds, or quiet_seconds on a node without a GPU process for "
-    "quiet_after_seconds (Views, diskstats and GPU process reads follow the same pace).",
+    "Seconds between the agent's ticks now: tick_seconds, longer on a node where a tick and the reads that come with "
+    "it cost more than tick_cpu_share of a core (at most tick_max_seconds), or quiet_seconds on a node without a GPU "
+    "process for quiet_after_seconds (diskstats, NFS and GPU process reads follow the same pace).",
 )
 VIEW_INTERVAL = _gauge(
     "agent",
