@@ -33,6 +33,7 @@ import random
 import stat
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,6 +325,7 @@ def _temps(result: ScanResult, now: float) -> dict[str, list[Temp]]:
 
 
 def scan_unit(path_bytes: bytes, params_hex: str) -> str:
+    cpu_started = time.thread_time()
     params = json.loads(bytes.fromhex(params_hex))
     path = os.fsdecode(path_bytes)
     unit = _unit(path, params)
@@ -381,6 +383,7 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
             seq=seq,
             base=base,
             gone=gone,
+            cpu_seconds=time.thread_time() - cpu_started,
             truncated=result.truncated,
             truncated_reason=result.truncated_reason,
             truncated_detail=result.truncated_detail,

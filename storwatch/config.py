@@ -200,6 +200,13 @@ class CheckpointsConfig:
     kubelet: bool = True
     """Search /var/lib/kubelet/pods under the host root when it exists."""
     interval_seconds: float = number(30.0, 0.1, 86400)
+    scan_cpu_share: float = number(0.002, 0.0, 1.0)
+    """The share of one core the scans may take (the helper's walk and checks, and this agent's reading of the
+    answers): where one scan costs more than this over ``interval_seconds`` (a node with hundreds of runs), scans come
+    that much less often, at most ``scan_max_interval_seconds`` apart; a checkpoint asked of a run still has one at
+    once. 0: a scan every ``interval_seconds`` whatever it costs."""
+    scan_max_interval_seconds: float = number(120.0, 0.1, 86400)
+    """The longest ``scan_cpu_share`` may stretch the interval between scans."""
     settle_seconds: float = number(60.0, 0.0, 86400)
     """A Hugging Face Trainer directory is complete once nothing in it changed for this long."""
     mtbf_seconds: float = number(86400.0, 60.0, 2_592_000)

@@ -540,3 +540,32 @@ def test_a_rescan_sends_only_the_runs_that_changed(
     fourth = source.collect()
     assert sent() == (False, ["a", "b"], [])
     assert fourth.runs == third.runs
+
+
+def test_scans_that_cost_more_than_their_share_come_less_often(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """A scan's cost (the helper's CPU for it, which its answer carries, and the source's own) sets how often scans
+    come: within scan_cpu_share they keep interval_seconds; over it (here a share no scan fits in) they stretch to
+    scan_max_interval_seconds. A reload measures again."""
+    torch_like_zip(tmp_path / "step-1.pt")
+    answers: list[dict[str, Any]] = []
+    source = make_source(
+        [str(tmp_path)], deep_per_scan=0, interval_seconds=30.0, scan_cpu_share=1e-9, scan_max_interval_seconds=600.0
+    )
+    call_many = source.calls.call_many
+
+    def spy(op: str, requests: Any, *args: Any, **kwargs: Any) -> Any:
+        outcomes = call_many(op, requests, *args, **kwargs)
+        answers.extend(json.loads(o.text) for o in outcomes.values() if o.text is not None)
+        return outcomes
+
+    source.calls.call_many = spy  # type: ignore[method-assign]
+    assert source.interval_seconds == 30.0  # nothing measured yet
+    source.collect()
+    assert answers and answers[-1]["cpu_seconds"] > 0
+    assert source.interval_seconds == 600.0
+    source.configure(dataclasses.replace(source.settings, scan_cpu_share=1.0))
+    assert source.interval_seconds == 30.0
+    source.collect()
+    assert source.interval_seconds == 30.0  # a whole core: every scan fits

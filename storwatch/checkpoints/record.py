@@ -142,6 +142,8 @@ class UnitAnswer:
     checkpoints of a node at scale were written, sent and read every scan)."""
     gone: tuple[str, ...] = ()
     """With ``base``: the runs of that answer that are no longer there."""
+    cpu_seconds: float = 0.0
+    """The helper's CPU time for this scan (its thread's), for the scans' budget (``checkpoints.scan_cpu_share``)."""
 
 
 def applied(held: UnitAnswer | None, answer: UnitAnswer) -> UnitAnswer:

@@ -42,6 +42,7 @@ from storwatch.checkpoints.limits import DeepLimits
 from storwatch.checkpoints.record import Checkpoint, DeepAnswer, Run, RunId, UnitAnswer, applied, from_wire
 from storwatch.checkpoints.scan import MAX_DATASET_DIRS, DatasetDir
 from storwatch.config import CheckpointsConfig
+from storwatch.pace import CpuBudget
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.sources import FactsKey, checkpoint_key
@@ -238,6 +239,8 @@ class CheckpointSource:
         ``resolve_roots``: the scan roots a (reloaded) section names, as this agent sees them."""
         self.roots = tuple(os.path.normpath(r) for r in roots)
         self.settings = settings if settings is not None else CheckpointsConfig()
+        self.budget = CpuBudget(self.settings.scan_cpu_share, self.settings.scan_max_interval_seconds)
+        """What a scan costs (the helper's CPU for it and this source's), and so how often one comes."""
         self.interval_seconds = self.settings.interval_seconds
         self.limits = DeepLimits.from_config(self.settings)
         """The bounds of every check, sent to the helper with each request."""
@@ -274,6 +277,8 @@ class CheckpointSource:
         forgotten)."""
         self.settings = settings
         self.interval_seconds = settings.interval_seconds
+        self.budget.configure(settings.scan_cpu_share, settings.scan_max_interval_seconds)
+        self.budget.forget()
         self.limits = DeepLimits.from_config(settings)
         if self.resolve_roots is not None:
             roots = tuple(os.path.normpath(r) for r in self.resolve_roots(settings))
@@ -299,6 +304,15 @@ class CheckpointSource:
     # -- collection
 
     @property
+    def interval_seconds(self) -> float:
+        """``interval_seconds``, or longer where a scan costs more than ``scan_cpu_share`` of a core over it."""
+        return self.budget.interval(self._interval)
+
+    @interval_seconds.setter
+    def interval_seconds(self, seconds: float) -> None:
+        self._interval = seconds
+
+    @property
     def off_reason(self) -> str | None:
         """Off where there is nowhere to look: no checkpoints.roots configured and no kubelet pod volumes."""
         return None if self.roots else "no checkpoints.roots configured and no kubelet pod volumes on this node"
@@ -307,6 +321,8 @@ class CheckpointSource:
         if not self.roots:
             return CheckpointFacts(self.clock(), (), False, None, 0.0, ())
         settings = self.settings
+        cpu_started = time.thread_time()
+        helper_cpu = 0.0
         self._round += 1
         now = self.clock()
         self._backed_now = {}
@@ -344,6 +360,7 @@ class CheckpointSource:
                 try:
                     before = self._units.get(unit)
                     sent = from_wire(UnitAnswer, json.loads(outcome.text))
+                    helper_cpu += sent.cpu_seconds if 0 <= sent.cpu_seconds < 3600 else 0.0
                     self._units[unit] = answer = applied(before, sent)
                     changed.extend(sent.runs)
                     fresh.add(unit)
@@ -399,6 +416,8 @@ class CheckpointSource:
             ]
             failure = "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
         truncated = [r for r in self._units.values() if r.truncated]
+        if fresh:
+            self.budget.spent(helper_cpu + time.thread_time() - cpu_started)
         return CheckpointFacts(
             now,
             runs,
