@@ -563,6 +563,8 @@ def test_scans_that_cost_more_than_their_share_come_less_often(
     source.calls.call_many = spy  # type: ignore[method-assign]
     assert source.interval_seconds == 30.0  # nothing measured yet
     source.collect()
+    assert source.interval_seconds == 30.0  # a first walk is start-up, not what a scan costs
+    source.collect()
     assert answers and answers[-1]["cpu_seconds"] > 0
     assert source.interval_seconds == 600.0
     source.configure(dataclasses.replace(source.settings, scan_cpu_share=1.0))

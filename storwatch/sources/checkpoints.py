@@ -322,7 +322,7 @@ class CheckpointSource:
             return CheckpointFacts(self.clock(), (), False, None, 0.0, ())
         settings = self.settings
         cpu_started = time.thread_time()
-        helper_cpu = 0.0
+        helper_cpu, rescans = 0.0, 0
         self._round += 1
         now = self.clock()
         self._backed_now = {}
@@ -360,7 +360,11 @@ class CheckpointSource:
                 try:
                     before = self._units.get(unit)
                     sent = from_wire(UnitAnswer, json.loads(outcome.text))
-                    helper_cpu += sent.cpu_seconds if 0 <= sent.cpu_seconds < 3600 else 0.0
+                    if before is not None and 0 <= sent.cpu_seconds < 3600:
+                        # A rescan: what a scan costs from now on. A unit's first walk checks every file once and
+                        # is start-up (or a new volume), not the steady cost.
+                        helper_cpu += sent.cpu_seconds
+                        rescans += 1
                     self._units[unit] = answer = applied(before, sent)
                     changed.extend(sent.runs)
                     fresh.add(unit)
@@ -416,7 +420,7 @@ class CheckpointSource:
             ]
             failure = "; ".join(parts[:5]) + (f"; and {len(parts) - 5} more" if len(parts) > 5 else "")
         truncated = [r for r in self._units.values() if r.truncated]
-        if fresh:
+        if rescans:
             self.budget.spent(helper_cpu + time.thread_time() - cpu_started)
         return CheckpointFacts(
             now,
