@@ -8,7 +8,7 @@ facts only feed the Views). The first GPU process the GPU source reports ends it
 sources that find what is new or stuck (mounts, checkpoints, probes) and the GPU source keep their own pace.
 
 At full pace the second-by-second work has a budget (``tick_cpu_share`` of a core): on a node where one round of it
-(a tick, and the paced sources' reads that come every tick) costs more, ticks and those reads come that much less
+(a tick, and the reads that come every tick: the paced sources' and the GPU source's) costs more, ticks and those reads come that much less
 often, at most ``tick_max_seconds`` apart (:class:`CpuBudget`). Stalls are then accounted, and latency windows fed,
 over those longer intervals; a node of ordinary size keeps its second.
 
@@ -68,10 +68,11 @@ class Pace:
     def quiet(self) -> bool:
         return self.quiet_seconds > 0 and self.monotonic() - self._last_work >= self.quiet_after_seconds
 
-    def stretch(self, seconds: float) -> float:
-        """The interval a paced loop waits now: ``seconds``, or, whichever is longer, ``quiet_seconds`` while quiet,
-        else the tick as the budget stretches it where the second-by-second work costs more than its share."""
-        if self.quiet:
+    def stretch(self, seconds: float, quiet: bool = True) -> float:
+        """The interval a paced loop waits now: ``seconds``, or, whichever is longer, ``quiet_seconds`` while quiet
+        (unless ``quiet`` is False: a loop that must see the work that ends quiet), else the tick as the budget
+        stretches it where the second-by-second work costs more than its share."""
+        if quiet and self.quiet:
             return max(seconds, self.quiet_seconds)
         tick = self.budget.interval(self.tick_seconds)
         return max(seconds, tick) if tick > self.tick_seconds else seconds

@@ -121,7 +121,12 @@ class SourceSpec(Generic[C, F]):
     """Its worker waits by the agent's pace: at least ``quiet_seconds`` between collections while the node is quiet
     (storwatch/pace.py), and woken when it ends. For sources whose facts serve the GPU-time join and the Views, which
     a quiet node makes every ``quiet_seconds`` anyway; not for those that find what is new or stuck (mounts,
-    checkpoints, probes) nor the GPU source, whose first process ends quiet."""
+    checkpoints, probes) nor the GPU source, whose first process ends quiet. A paced source read every tick is part
+    of the second's work, and its budget (``tick_cpu_share``) stretches it as it stretches the ticks."""
+    budgeted: bool = False
+    """Not paced, but its reads every tick are part of the second's work all the same (the GPU source: its one-second
+    reads feed the stall accounting): they count in that budget and wait as it stretches the ticks, never by the
+    quiet pace."""
 
     def off_reason(self, section: C) -> str | None:
         """Why ``section`` switches the source off, or None while it leaves it on."""
@@ -332,7 +337,9 @@ SOURCES: tuple[SourceSpec[Any, Any], ...] = (
         metrics=ExporterArea("kube"),
         paced=True,
     ),
-    SourceSpec("gpu", "gpu", GPUConfig, GPUS, _gpu, "enabled", scan_once=_scan_gpu, metrics=ExporterArea("gpu")),
+    SourceSpec(
+        "gpu", "gpu", GPUConfig, GPUS, _gpu, "enabled", scan_once=_scan_gpu, metrics=ExporterArea("gpu"), budgeted=True
+    ),
     SourceSpec("processes", "gpu", GPUConfig, CONTAINERS, _processes, "enabled", paced=True),
     SourceSpec(
         "lustre",

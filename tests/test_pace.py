@@ -119,7 +119,9 @@ def test_the_seconds_work_over_its_share_stretches_ticks_and_the_paced_reads() -
     for _ in range(30):
         pace.spent("nfs", 1.0, 1.0)
     assert pace.stretch(1.0) == 5.0  # never past tick_max_seconds
+    assert pace.stretch(1.0, quiet=False) == 5.0  # the GPU source: the budget, never the quiet pace
     now[0] = 60.0
     assert pace.quiet and pace.stretch(1.0) == 15.0
+    assert pace.stretch(1.0, quiet=False) == 5.0
     pace.configure(15.0, 60.0, 1.0)  # a reload: full pace, the cost measured again
     assert pace.stretch(1.0) == 1.0

@@ -248,11 +248,11 @@ class Collectors:
         # Asked after the collection: a source may set its pace by what it saw (the access source looks again soon
         # while a GPU workload is there).
         interval, interval_error = usable_interval(src.interval_seconds)
-        if st.spec is not None and st.spec.paced:
-            # A read every tick is part of the second's work, whose budget may stretch it; slower still while the
-            # node is quiet (storwatch/pace.py).
+        if st.spec is not None and (st.spec.paced or st.spec.budgeted):
+            # A read every tick is part of the second's work, whose budget may stretch it; a paced one is slower
+            # still while the node is quiet (storwatch/pace.py).
             self.context.pace.spent(src.name, time.thread_time() - cpu_started, interval)
-            interval = self.context.pace.stretch(interval)
+            interval = self.context.pace.stretch(interval, quiet=st.spec.paced)
         try:
             off = src.off_reason if isinstance(src, MayBeOff) else None
             parse_errors = src.parse_errors if isinstance(src, CountsParseErrors) else None

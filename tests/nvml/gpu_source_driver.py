@@ -46,6 +46,8 @@ def main() -> int:
         delattr(pynvml, name)
 
     from storwatch.agent.collectors import Collectors, given
+    from storwatch.paths import HostPaths
+    from storwatch.registry import SourceContext
     from storwatch.sources import gpu
 
     now = [1_000_000.0]
@@ -58,7 +60,9 @@ def main() -> int:
         **clocks,
     )
     state = given(source)
-    collectors = Collectors([state], None, lambda: now[0], threading.Event(), lambda: None)  # type: ignore[arg-type]
+    # The agent's context, but for the pace: the default one (no budget, never quiet), so the source waits its own.
+    context = SourceContext(HostPaths(), lambda: now[0], lambda key: None, lambda consumer: None)
+    collectors = Collectors([state], context, lambda: now[0], threading.Event(), lambda: None)
 
     def answer(obj: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(obj) + "\n")
