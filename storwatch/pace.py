@@ -8,9 +8,9 @@ facts only feed the Views). The first GPU process the GPU source reports ends it
 sources that find what is new or stuck (mounts, checkpoints, probes) and the GPU source keep their own pace.
 
 At full pace the second-by-second work has a budget (``tick_cpu_share`` of a core): on a node where one round of it
-(a tick, and the reads that come every tick: the paced sources' and the GPU source's) costs more, ticks and those reads come that much less
-often, at most ``tick_max_seconds`` apart (:class:`CpuBudget`). Stalls are then accounted, and latency windows fed,
-over those longer intervals; a node of ordinary size keeps its second.
+(a tick, and the reads that come every tick: the paced sources' and the GPU source's) costs more, ticks and those
+reads come that much less often, at most ``tick_max_seconds`` apart (:class:`CpuBudget`). Stalls are then accounted,
+and latency windows fed, over those longer intervals; a node of ordinary size keeps its second.
 
 Quiet is worked out from the monotonic clock each time it is asked, so there is no state to keep in step between the
 threads that ask (the ticker, the source workers): only the moment of the last sign of work.
