@@ -74,24 +74,33 @@ def _seen_over(agent: AgentProcess, seconds: float) -> tuple[list[float], list[f
     return views, reads
 
 
-def test_a_node_without_gpu_processes_goes_quiet_and_the_first_process_wakes_it(tmp_path: Path) -> None:
+def _fake_nvml(tmp_path: Path, script: str) -> FakeNVML:
     try:
         lib = build_fake_nvml(tmp_path / "nvml")
     except FakeNVMLUnavailable as err:
         pytest.skip(str(err))
     fake = FakeNVML(lib.parent, tmp_path)
-    fake.write_script(GPU)
+    fake.write_script(script)
+    return fake
+
+
+def _assert_apart(agent: AgentProcess, seconds: float, over: float) -> None:
+    """Views, and diskstats reads, at least ``seconds`` apart over ``over`` seconds (the clock is the agent's own).
+    The first value seen may come from before the pace changed, and one wait begun then may still end a tick later:
+    the gaps are counted from the second value on."""
+    views, reads = _seen_over(agent, over)
+    assert len(views) >= 3 and len(reads) >= 3, (views, reads)
+    for times in (views, reads):
+        gaps = [b - a for a, b in itertools.pairwise(times[1:])]
+        assert min(gaps) >= seconds - 0.15, (times, gaps)
+
+
+def test_a_node_without_gpu_processes_goes_quiet_and_the_first_process_wakes_it(tmp_path: Path) -> None:
+    fake = _fake_nvml(tmp_path, GPU)
     with running_agent("--config", str(_config(tmp_path)), "--listen", "127.0.0.1:0", env=fake.env()) as agent:
         agent.wait_for_stderr("quiet: no GPU process", timeout=30)
         wait_until(lambda: _tick_interval(agent) == QUIET, timeout=10, what="the quiet tick interval exported")
-        views, reads = _seen_over(agent, 3 * QUIET + 2)
-        # Quiet: a View, and a diskstats read, at most every quiet_seconds (the clock is the agent's own). The first
-        # value seen may come from before quiet began, and one wait begun then may still end a tick later: the gaps
-        # are counted from the second value on.
-        assert len(views) >= 3 and len(reads) >= 3, (views, reads)
-        for times in (views, reads):
-            gaps = [b - a for a, b in itertools.pairwise(times[1:])]
-            assert min(gaps) >= QUIET - 0.15, (times, gaps)
+        _assert_apart(agent, QUIET, 3 * QUIET + 2)  # quiet: a View, and a diskstats read, every quiet_seconds
 
         mark = agent.stderr_mark()
         fake.write_script(GPU + "proc 0 pid=4103 used=1073741824\n")
@@ -115,19 +124,10 @@ def test_the_seconds_work_over_its_budget_stretches_ticks_and_paced_reads(tmp_pa
     """A node at work (a GPU process) whose second-by-second work costs more than tick_cpu_share of a core (here a
     share no round fits in): ticks, Views and the diskstats reads come tick_max_seconds apart, not every TICK, and
     the exported tick interval says so."""
-    try:
-        lib = build_fake_nvml(tmp_path / "nvml")
-    except FakeNVMLUnavailable as err:
-        pytest.skip(str(err))
-    fake = FakeNVML(lib.parent, tmp_path)
-    fake.write_script(GPU + "proc 0 pid=4103 used=1073741824\n")
+    fake = _fake_nvml(tmp_path, GPU + "proc 0 pid=4103 used=1073741824\n")
     stretched = 1.0
     cfg = _config(tmp_path, f"tick_cpu_share: 0.000000001\ntick_max_seconds: {stretched}\n")
     with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=fake.env()) as agent:
         wait_until(lambda: _tick_interval(agent) == stretched, timeout=30, what="the stretched tick interval")
-        views, reads = _seen_over(agent, 4 * stretched + 1)
-        assert len(views) >= 3 and len(reads) >= 3, (views, reads)
-        for times in (views, reads):
-            gaps = [b - a for a, b in itertools.pairwise(times[1:])]
-            assert min(gaps) >= stretched - 0.15, (times, gaps)
+        _assert_apart(agent, stretched, 4 * stretched + 1)
         assert "quiet:" not in agent.stderr_text()
