@@ -99,11 +99,6 @@ class GpuHolders:
         return frozenset(g for pid in writers for g in self.by_pid.get(pid, ()))
 
 
-def run_gpus(rv: RunView, gpus: GPUFacts | None, pods: Mapping[int, ProcessPod]) -> frozenset[str]:
-    """The GPUs whose work writes the run (:meth:`GpuHolders.of_run`), for one run."""
-    return GpuHolders(gpus, pods).of_run(rv)
-
-
 def run_workload(rv: RunView, pods: Mapping[int, ProcessPod], jobs: Mapping[int, SlurmJob]) -> str | None:
     """Who writes the run: the pod whose volume holds it, else the process its event log names (by its pod, Slurm
     job or PID)."""

@@ -530,46 +530,47 @@ class CheckpointSource:
         states_now: dict[str, tuple[Run, RunState]] = {}
         for unit, answer in self._units.items():
             root = root_of.get(unit, unit)
+            where = resolved.get(root, root)
             for run in answer.runs:
                 kept = self._states.get(run.path)
-                if kept is not None and kept[0] is run and kept[1].root == resolved.get(root, root):
-                    # The helper's same record, with nothing in it that changes with time (saves in progress, a
-                    # writer's claim): the same state, so what the View caches per run stays.
-                    states_now[run.path] = kept
-                    known = runs.get(run.path)
-                    runs[run.path] = kept[1] if known is None else _merged(known, kept[1])
-                    continue
-                states = tuple(
-                    sorted((self._state(c, run.path) for c in run.checkpoints), key=lambda c: (c.mtime, c.path))
-                )
-                orphans = [t for t in run.temps if not t.writing]
-                writing = [t for t in run.temps if t.writing]
-                since: float | None = None
-                writers: set[int] = set()
-                for t in writing:
-                    # a save in progress: since when this source first saw its temporary
-                    first = seen_writing[t.path] = self._writing_seen.get(t.path, now)
-                    since = first if since is None else min(since, first)
-                    pid = temp_writer_pid(os.path.basename(t.path))
-                    if pid is not None and self._backed(pid, run.path):
-                        writers.add(pid)
-                made = RunState(
-                    run.path,
-                    resolved.get(root, root),
-                    states,
-                    len(orphans),
-                    sum(t.allocated_bytes for t in orphans),
-                    tuple(t.path for t in orphans[:ORPHAN_PATHS_PER_RUN]),
-                    since,
-                    tuple(sorted(writers)),
-                )
+                if kept is not None and kept[0] is run and kept[1].root == where:
+                    made = kept[1]  # the helper's same record: the same state, so the View's per-run caches stay
+                else:
+                    made = self._run_state(run, where, now, seen_writing)
                 if not run.temps and not any(c.claimed_pid is not None for c in run.checkpoints):
+                    # Nothing in it changes with time (a save in progress, a writer's claim): kept for next time.
                     states_now[run.path] = (run, made)
                 known = runs.get(run.path)
                 runs[run.path] = made if known is None else _merged(known, made)
         self._writing_seen = seen_writing
         self._states = states_now
         return tuple(runs[p] for p in sorted(runs))
+
+    def _run_state(self, run: Run, root: str, now: float, seen_writing: dict[str, float]) -> RunState:
+        """The helper's run with what this source adds (``seen_writing`` gets its saves in progress)."""
+        states = tuple(sorted((self._state(c, run.path) for c in run.checkpoints), key=lambda c: (c.mtime, c.path)))
+        orphans = [t for t in run.temps if not t.writing]
+        since: float | None = None
+        writers: set[int] = set()
+        for t in run.temps:
+            if not t.writing:
+                continue
+            # a save in progress: since when this source first saw its temporary
+            first = seen_writing[t.path] = self._writing_seen.get(t.path, now)
+            since = first if since is None else min(since, first)
+            pid = temp_writer_pid(os.path.basename(t.path))
+            if pid is not None and self._backed(pid, run.path):
+                writers.add(pid)
+        return RunState(
+            run.path,
+            root,
+            states,
+            len(orphans),
+            sum(t.allocated_bytes for t in orphans),
+            tuple(t.path for t in orphans[:ORPHAN_PATHS_PER_RUN]),
+            since,
+            tuple(sorted(writers)),
+        )
 
     def _backed(self, pid: int, run: str) -> bool:
         """Whether the kernel backs a tenant's claim that ``pid`` writes ``run`` (sources/writers.py); a refusal is
