@@ -443,6 +443,25 @@ def test_new_marker_turns_listed_dir_into_candidate(aged_tree: Path) -> None:
     assert "plain/weights/a.safetensors" not in found
 
 
+def test_a_listing_inside_a_candidate_keeps_no_file_names_and_is_listed_again_outside(aged_tree: Path) -> None:
+    # Inside a candidate directory the walk needs only totals, so its listings keep no candidate file names (most
+    # of a node's checkpoint files are there). When the directory around it stops being a candidate, such a listing
+    # cannot answer for its files: it is listed again, and its checkpoint file found.
+    write(aged_tree / "dcp/step_1/.metadata", 5)
+    write(aged_tree / "dcp/step_1/extra/w.pt", 20)
+    age_tree(aged_tree)
+    scanner = CheckpointScanner([str(aged_tree)])
+    assert by_path(scanner.scan(), aged_tree)["dcp/step_1"][0] == "dir"
+    inner = str(aged_tree / "dcp/step_1/extra")
+    assert scanner._cache[inner].candidate_files == ()
+    assert scanner._cache[inner].file_bytes == 20
+    (aged_tree / "dcp/step_1/.metadata").unlink()
+    found = by_path(scanner.scan(), aged_tree)
+    assert "dcp/step_1" not in found
+    assert "dcp/step_1/extra/w.pt" in found
+    assert scanner._cache[inner].candidate_files == ("w.pt",)
+
+
 def test_cache_drops_directories_no_longer_seen(aged_tree: Path) -> None:
     scanner = CheckpointScanner([str(aged_tree)])
     scanner.scan()

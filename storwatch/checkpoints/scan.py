@@ -218,7 +218,8 @@ class _Listing:
     subdirs: tuple[str, ...]
     """Names of its subdirectories (symlinks excluded)."""
     candidate_files: tuple[str, ...]
-    """Names of regular files with a candidate suffix."""
+    """Names of regular files with a candidate suffix, kept only where the walk stats them one by one: outside any
+    candidate directory. Inside one (most of a node's checkpoint files) its totals are all it needs."""
     marker: str | None
     """Why it is a candidate directory by its content (``marker X`` / ``suffix .distcp``), else None."""
     file_bytes: int | None
@@ -525,6 +526,8 @@ class CheckpointScanner:
                 return False
             newest = max(listing.mtime_ns, listing.newest_file_ns)
             return newest < listing.listed_wall_ns - int(self.settle_seconds * 1e9)
+        if listing.file_bytes is not None:
+            return False  # listed inside a candidate, which keeps no candidate file names: list it again
         return listing.mtime_ns < listing.listed_wall_ns - int(RACY_SECONDS * 1e9)
 
     def _list(self, fd: int, path: str, mtime_ns: int, inside: bool) -> _Listing:
@@ -559,7 +562,7 @@ class CheckpointScanner:
                     if name.endswith(DCP_SUFFIX):
                         if marker is None:
                             marker = f"suffix {DCP_SUFFIX}"
-                    elif entry.is_file(follow_symlinks=False) and _safe_name(name):
+                    elif not inside and entry.is_file(follow_symlinks=False) and _safe_name(name):
                         candidate_files.append(name)
                 elif (
                     name.endswith(DATASET_SUFFIXES) or _WEBDATASET.fullmatch(name)
@@ -591,7 +594,7 @@ class CheckpointScanner:
             listed_wall_ns=self._wall_ns,
             entries=entries,
             subdirs=tuple(subdirs),
-            candidate_files=tuple(candidate_files),
+            candidate_files=tuple(candidate_files) if marker is None else (),
             marker=marker,
             file_bytes=files.size if inside else None,
             file_allocated=files.allocated if inside else 0,
