@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import calendar
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -497,3 +499,31 @@ def test_pod_info_parses_api_pod() -> None:
 def test_a_grace_period_is_a_number_of_seconds_or_unknown(value: object, seconds: float | None) -> None:
     pod = pod_info({"metadata": {"name": "p", "uid": "u"}, "spec": {"terminationGracePeriodSeconds": value}})
     assert pod.termination_grace_seconds == seconds
+
+
+def test_the_watches_and_events_never_build_the_clients_generated_apis(api: FakeKubeAPI, tmp_path: Path) -> None:
+    # The client's CoreV1Api and StorageV1Api import a model module for every kind the API has (about 20 MB in the
+    # agent); the agent sends its requests through the client's ApiClient. In a process of its own, as the agent.
+    script = f"""
+import sys, time
+from storwatch.actions.kube_events import KubeEvents
+from storwatch.sources.kube import KubeSource
+src = KubeSource(environ={{}}, kubeconfig={str(api.kubeconfig(tmp_path))!r}, node_name={NODE!r})
+src.start()
+deadline = time.monotonic() + {WAIT_SECONDS}
+while not (src.collect().api_up and src.collect().pods) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(" ".join(sorted(p.name for p in src.collect().pods)))
+events = KubeEvents(src.client)
+print(events.post("CheckpointOnEphemeral", "on node storage"))
+print(events.post("CheckpointOnEphemeral", "again"))
+print(sorted(m for m in sys.modules if m.startswith(("kubernetes.client.api.", "kubernetes.client.models."))))
+src.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    pods, created, patched, generated = done.stdout.splitlines()
+    assert pods.split() == ["loader-7d9f", "storwatch-x7k2p", "trainer-0"]
+    assert (created, patched) == ("created", "patched")
+    assert generated == "[]"
+    assert [r.verb for r in api.recorded] == ["create", "patch"]

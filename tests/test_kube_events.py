@@ -59,7 +59,7 @@ def test_events_deduplicated_and_rate_limited(api: FakeKubeAPI, client: KubeClie
     assert created_node.namespace == "default" and created_node.body["involvedObject"]["name"] == NODE
     assert created_node.body["involvedObject"]["kind"] == "Node"
     assert created_node.body["source"] == {"component": "storwatch", "host": NODE}
-    # The client sends the timestamps as RFC 3339 in UTC (this one as +00:00, not Z).
+    # The timestamps are RFC 3339, in UTC.
     assert parse_time(created_node.body["firstTimestamp"]) == T0
     assert created_pod.namespace == "train" and created_pod.body["involvedObject"]["kind"] == "Pod"
     assert created_pod.body["involvedObject"]["namespace"] == "train"

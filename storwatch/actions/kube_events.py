@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from storwatch.kubeclient import KubeClient, format_time
+from storwatch.kubeclient import KubeClient, format_time, path_part
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class KubeEvents:
                 "reportingComponent": self.component,
                 "reportingInstance": client.node_name,
             }
-            client.core.create_namespaced_event(event_ns, body, _request_timeout=client.request_timeout)
+            client.send("POST", f"/api/v1/namespaces/{path_part(event_ns)}/events", body)
             with self._lock:
                 self._posted[key] = _PostedEvent(event_ns, event_name, 1, now, now)
             return "created"
@@ -151,12 +151,11 @@ class KubeEvents:
         """Count one more of ``previous``; False when it is gone from the API (404), raise for any other failure."""
         body = {"count": previous.count + 1, "lastTimestamp": format_time(now), "message": message}
         try:
-            self.client.core.patch_namespaced_event(
-                previous.name,
-                previous.namespace,
+            self.client.send(
+                "PATCH",
+                f"/api/v1/namespaces/{path_part(previous.namespace)}/events/{path_part(previous.name)}",
                 body,
-                _request_timeout=self.client.request_timeout,
-                _content_type="application/merge-patch+json",
+                content_type="application/merge-patch+json",
             )
         except Exception as err:
             if getattr(err, "status", None) == 404:

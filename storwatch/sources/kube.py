@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from storwatch.kubeclient import REQUEST_TIMEOUT, KubeClient, parse_time
+from storwatch.kubeclient import REQUEST_TIMEOUT, ApiError, KubeClient, parse_time
 from storwatch.sources.kubevolumes import (
     CONFIG_MAP,
     DOWNWARD_API,
@@ -171,32 +171,30 @@ class _Watcher:
         self,
         source: KubeSource,
         kind: str,
-        list_fn: Callable[..., Any],
-        kwargs: Mapping[str, Any],
+        path: str,
+        query: Mapping[str, str],
         convert: Callable[[Obj], Any],
         key: Callable[[Obj], str],
     ) -> None:
         self.source = source
         self.state = _WatchState(kind, {})
-        self.list_fn = list_fn
-        self.kwargs = dict(kwargs)
+        self.path = path
+        self.query = dict(query)
         self.convert = convert
         self.key = key
         self._resp: Any = None
         self.thread = threading.Thread(target=self._run, name=f"storwatch-kube-{kind}", daemon=True)
 
-    def _call(self, **extra: Any) -> Any:
-        resp = self.list_fn(
-            **self.kwargs, _preload_content=False, _request_timeout=self.source.request_timeout, **extra
-        )
-        status = getattr(resp, "status", 200)
+    def _call(self, **extra: str) -> Any:
+        resp = self.source.client.request("GET", self.path, {**self.query, **extra}.items())
+        status = resp.status
         if status == 410:
             resp.close()
             raise _Gone()
         if not 200 <= status <= 299:
-            body = resp.data[:200].decode(errors="replace") if hasattr(resp, "data") else ""
+            body = resp.data
             resp.close()
-            raise OSError(f"HTTP {status}: {body}")
+            raise ApiError(status, body)
         return resp
 
     def _relist(self) -> None:
@@ -225,11 +223,9 @@ class _Watcher:
                     yield line
 
     def _watch(self) -> None:
+        since = {"resourceVersion": self.state.resource_version} if self.state.resource_version else {}
         resp = self._call(
-            watch=True,
-            resource_version=self.state.resource_version,
-            timeout_seconds=self.source.watch_timeout_seconds,
-            allow_watch_bookmarks=True,
+            watch="true", timeoutSeconds=str(self.source.watch_timeout_seconds), allowWatchBookmarks="true", **since
         )
         self._resp = resp
         started = time.monotonic()
@@ -354,8 +350,6 @@ class KubeSource:
         self.node_name = client.node_name
         self.enabled = client.enabled
         self.disabled_reason = client.off_reason
-        self.core: Any = client.core
-        self.storage: Any = client.storage
         if client.enabled:
             log.info("kube: watching the API through the %s as node %s", client.where, self.node_name)
         else:
@@ -380,24 +374,14 @@ class KubeSource:
         node_selector = f"metadata.name={self.node_name}"
         self._watchers = [
             _Watcher(
-                self,
-                "pods",
-                self.core.list_pod_for_all_namespaces,
-                {"field_selector": f"spec.nodeName={self.node_name}"},
-                pod_info,
-                uid_key,
+                self, "pods", "/api/v1/pods", {"fieldSelector": f"spec.nodeName={self.node_name}"}, pod_info, uid_key
             ),
+            _Watcher(self, "persistentvolumeclaims", "/api/v1/persistentvolumeclaims", {}, pvc_info, meta_key),
+            _Watcher(self, "persistentvolumes", "/api/v1/persistentvolumes", {}, pv_info, meta_key),
             _Watcher(
-                self,
-                "persistentvolumeclaims",
-                self.core.list_persistent_volume_claim_for_all_namespaces,
-                {},
-                pvc_info,
-                meta_key,
+                self, "storageclasses", "/apis/storage.k8s.io/v1/storageclasses", {}, storage_class_info, meta_key
             ),
-            _Watcher(self, "persistentvolumes", self.core.list_persistent_volume, {}, pv_info, meta_key),
-            _Watcher(self, "storageclasses", self.storage.list_storage_class, {}, storage_class_info, meta_key),
-            _Watcher(self, "nodes", self.core.list_node, {"field_selector": node_selector}, node_info, meta_key),
+            _Watcher(self, "nodes", "/api/v1/nodes", {"fieldSelector": node_selector}, node_info, meta_key),
         ]
         for w in self._watchers:
             w.thread.start()
