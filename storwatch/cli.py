@@ -659,9 +659,9 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from storwatch.agent.arenas import limit_arenas
+    from storwatch.agent.malloc import tune_malloc
 
-    limit_arenas()  # before any thread starts (storwatch/agent/arenas.py)
+    tune_malloc()  # before any thread starts (storwatch/agent/malloc.py)
     from storwatch.agent import Agent
     from storwatch.config import parse_listen
     from storwatch.printable import printable
