@@ -68,7 +68,6 @@ registry (checkpoints/formats).
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import os
@@ -78,7 +77,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from storwatch.checkpoints.formats import REGISTRY
 from storwatch.training import TEMP_MARKER, is_temp_name
@@ -367,8 +366,7 @@ class CheckpointScanner:
                     break
                 merged.setdefault(path, listing)
             self._cache = merged
-        candidates = self._candidates()
-        runs = _group_runs(candidates)
+        candidates, runs = _group_runs(self._candidates())
         self.stats = ScanStats(
             dirs_listed=self._listed,
             dirs_reused=self._reused,
@@ -608,41 +606,34 @@ class CheckpointScanner:
 
     # -- results
 
-    def _candidates(self) -> list[CheckpointCandidate]:
-        dirs = self._dirs
-        out: list[CheckpointCandidate] = []
-        for acc in dirs:
-            out.append(
-                CheckpointCandidate(
-                    path=acc.path,
-                    kind="dir",
-                    root=acc.root,
-                    run="",
-                    reason=acc.reason,
-                    size_bytes=acc.size,
-                    files=acc.files,
-                    mtime=acc.mtime_ns / 1e9,
-                    newest_mtime=acc.newest_ns / 1e9,
-                    allocated_bytes=acc.allocated,
-                )
+    def _candidates(self) -> list[_Found]:
+        """What the walk found, by path: each candidate but its run, which needs them all (_group_runs)."""
+        out = [
+            _Found(
+                acc.path, "dir", acc.root, acc.reason, acc.size, acc.files, acc.mtime_ns, acc.newest_ns, acc.allocated
             )
-        for path, root, reason, st in self._files:
-            out.append(
-                CheckpointCandidate(
-                    path=path,
-                    kind="file",
-                    root=root,
-                    run="",
-                    reason=reason,
-                    size_bytes=st.st_size,
-                    files=1,
-                    mtime=st.st_mtime_ns / 1e9,
-                    newest_mtime=st.st_mtime_ns / 1e9,
-                    allocated_bytes=st.st_blocks * 512,
-                )
-            )
-        out.sort(key=lambda c: c.path)
+            for acc in self._dirs
+        ]
+        out += [
+            _Found(path, "file", root, reason, st.st_size, 1, st.st_mtime_ns, st.st_mtime_ns, st.st_blocks * 512)
+            for path, root, reason, st in self._files
+        ]
+        out.sort(key=lambda f: f.path)
         return out
+
+
+class _Found(NamedTuple):
+    """A candidate as the walk found it, before its run is known."""
+
+    path: str
+    kind: CandidateKind
+    root: str
+    reason: str
+    size_bytes: int
+    files: int
+    mtime_ns: int
+    newest_ns: int
+    allocated_bytes: int
 
 
 def _name_pattern(name: str) -> str:
@@ -669,28 +660,38 @@ def run_of(candidate_path: str, root: str, by_parent: dict[str, int], step_sibli
     return parent
 
 
-def _group_runs(candidates: list[CheckpointCandidate]) -> list[CheckpointRun]:
+def _group_runs(found: list[_Found]) -> tuple[list[CheckpointCandidate], list[CheckpointRun]]:
+    """The candidates, each with its run, in the order found; and the runs, by path."""
     by_parent: dict[str, int] = defaultdict(int)
-    for c in candidates:
-        by_parent[os.path.dirname(c.path)] += 1
+    for f in found:
+        by_parent[os.path.dirname(f.path)] += 1
     # Step directories holding exactly one candidate, counted per (grandparent, name prefix).
     step_siblings: dict[tuple[str, str], int] = defaultdict(int)
     for parent, n in by_parent.items():
         m = _STEP_DIR_NAME.fullmatch(os.path.basename(parent))
         if n == 1 and m is not None:
             step_siblings[(os.path.dirname(parent), m.group(1))] += 1
+    candidates: list[CheckpointCandidate] = []
     grouped: dict[str, list[CheckpointCandidate]] = defaultdict(list)
-    for i, c in enumerate(candidates):
-        run = run_of(c.path, c.root, by_parent, step_siblings)
-        candidates[i] = c = _with_run(c, run)
+    for f in found:
+        run = run_of(f.path, f.root, by_parent, step_siblings)
+        c = CheckpointCandidate(
+            path=f.path,
+            kind=f.kind,
+            root=f.root,
+            run=run,
+            reason=f.reason,
+            size_bytes=f.size_bytes,
+            files=f.files,
+            mtime=f.mtime_ns / 1e9,
+            newest_mtime=f.newest_ns / 1e9,
+            allocated_bytes=f.allocated_bytes,
+        )
+        candidates.append(c)
         grouped[run].append(c)
     runs = [
         CheckpointRun(path=run, root=members[0].root, candidates=tuple(sorted(members, key=lambda c: c.newest_mtime)))
         for run, members in grouped.items()
     ]
     runs.sort(key=lambda r: r.path)
-    return runs
-
-
-def _with_run(c: CheckpointCandidate, run: str) -> CheckpointCandidate:
-    return dataclasses.replace(c, run=run)
+    return candidates, runs
