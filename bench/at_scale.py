@@ -494,7 +494,7 @@ def measure(node: Node, args: argparse.Namespace) -> tuple[dict[str, Any], dict[
 
     try:
         try:
-            figures, _ = measure_agent(
+            figures, body = measure_agent(
                 agent,
                 port,
                 seconds=args.seconds,
@@ -507,6 +507,7 @@ def measure(node: Node, args: argparse.Namespace) -> tuple[dict[str, Any], dict[
             )
         except HarnessError as err:
             raise HarnessError(f"{err}; it had seen: {last_seen[0] if last_seen else 'nothing'}") from None
+        figures["pace_seconds"] = pace_of(body)
         saw = what_it_saw(api_status(port))
         missing = check_saw(saw, expect)
         if not saw["policy_rules"]:
@@ -522,6 +523,19 @@ def measure(node: Node, args: argparse.Namespace) -> tuple[dict[str, Any], dict[
         for pid in helpers:
             kill_pid_if_alive(pid)
     return figures, saw, log_path.read_text(errors="replace")
+
+
+PACE_GAUGES = {"tick": "storwatch_tick_interval_seconds", "view": "storwatch_view_interval_seconds"}
+
+
+def pace_of(body: str) -> dict[str, float | None]:
+    """The agent's pace at the end, from its last scrape: seconds between ticks and between Views."""
+    values = {}
+    for line in body.splitlines():
+        name, _, value = line.partition(" ")
+        if name in PACE_GAUGES.values():
+            values[name] = float(value)
+    return {key: values.get(name) for key, name in PACE_GAUGES.items()}
 
 
 def report(
@@ -557,6 +571,10 @@ def report(
             else "no scrapes"
         )
         + (f", {len(figures['scrape_errors'])} failed" if figures["scrape_errors"] else "")
+        + "; pace at the end: "
+        + ", ".join(
+            f"{key}s {'unknown' if v is None else f'{v:g} s'} apart" for key, v in figures["pace_seconds"].items()
+        )
     )
     print(
         f"{verdict(cpu_ok)}  CPU {share * 100:.2f} % of one core (agent {figures['agent_cpu_share'] * 100:.2f} % + "

@@ -200,7 +200,7 @@ class CheckpointsConfig:
     kubelet: bool = True
     """Search /var/lib/kubelet/pods under the host root when it exists."""
     interval_seconds: float = number(30.0, 0.1, 86400)
-    scan_cpu_share: float = number(0.002, 0.0, 1.0)
+    scan_cpu_share: float = number(0.001, 0.0, 1.0)
     """The share of one core the scans may take (the helper's walk and checks, and this agent's reading of the
     answers): where one scan costs more than this over ``interval_seconds`` (a node with hundreds of runs), scans come
     that much less often, at most ``scan_max_interval_seconds`` apart; a checkpoint asked of a run still has one at
@@ -377,7 +377,7 @@ class Config:
     log_level: str = "info"
     tick_seconds: float = number(1.0, 0.1, 3600)
     """How often the newest facts are taken, kept in History and fed to the latency windows and the stall tracker."""
-    tick_cpu_share: float = number(0.002, 0.0, 1.0)
+    tick_cpu_share: float = number(0.0015, 0.0, 1.0)
     """The share of one core the second-by-second work may take: a tick, and the reads of the paced sources that
     come every tick (diskstats, NFS, the GPU processes' cgroups). Where one round of it costs more than this over
     ``tick_seconds`` (a node with a hundred busy mounts and devices), ticks and those reads come that much less often,
