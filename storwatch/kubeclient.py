@@ -62,6 +62,21 @@ class ApiError(OSError):
         self.status = status
 
 
+ERROR_BODY_BYTES = 4096
+"""The most of an error answer's body read (for its message); the connection is then closed, not reused."""
+
+
+def error_of(resp: Any) -> ApiError:
+    """An answer outside 2xx as an ApiError: the start of its body read, the response closed."""
+    try:
+        body: bytes = resp.read(ERROR_BODY_BYTES)
+    except Exception:  # a connection that broke while reading the error: the status says enough
+        body = b""
+    finally:
+        resp.close()
+    return ApiError(resp.status, body)
+
+
 class KubeClient:
     """A connection to the API server, or the reason there is none (``off_reason``): no credentials, no client
     installed, credentials that do not load. Never raises for any of these. A missing ``NODE_NAME`` falls back to the
@@ -169,12 +184,12 @@ class KubeClient:
     def send(self, method: str, path: str, body: Mapping[str, Any], content_type: str = "application/json") -> bytes:
         """A request whose answer is read whole: its body, or ApiError for a status outside 2xx."""
         resp = self.request(method, path, body=body, content_type=content_type)
+        if not 200 <= resp.status <= 299:
+            raise error_of(resp)
         try:
             data: bytes = resp.data
         finally:
             resp.release_conn()
-        if not 200 <= resp.status <= 299:
-            raise ApiError(resp.status, data)
         return data
 
     def close(self) -> None:
@@ -190,6 +205,7 @@ __all__ = [
     "SERVICE_ACCOUNT_TOKEN",
     "ApiError",
     "KubeClient",
+    "error_of",
     "format_time",
     "parse_time",
     "path_part",

@@ -121,6 +121,11 @@ class FakeKubeAPI:
         self.events: dict[tuple[str, str], Obj] = {}
         self.recorded: list[RecordedEvent] = []
         self.events_status: int | None = None
+        self.refusal_message = ""
+        """Added to the message of every refused Event write (a large one: a server's long error answer)."""
+        self.refusals_read_whole: list[bool] = []
+        """Per refused Event write: whether the client took the whole answer (False: it closed the connection
+        first)."""
         """Answer every Event create and patch with this HTTP status instead (403: the agent's RBAC has no events)."""
         self.requests: list[tuple[str, str]] = []
         """(method, path with query) of every request, for assertions."""
@@ -293,6 +298,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         self.wfile.write(data)
 
+    def _refuse(self, code: int, message: str) -> None:
+        api = self.server_api
+        try:
+            self._send(code, self._status(code, "Refused", message))
+            whole = True
+        except OSError:  # the client closed the connection before taking it all
+            whole = False
+        with api.lock:
+            api.refusals_read_whole.append(whole)
+
     def _status(self, code: int, reason: str, message: str) -> Obj:
         return {
             "kind": "Status",
@@ -411,7 +426,7 @@ class _Handler(BaseHTTPRequestHandler):
             refused = api.events_status
         if refused is not None:
             self._body()
-            self._send(refused, self._status(refused, "Refused", "POST refused by the test"))
+            self._refuse(refused, "POST refused by the test" + api.refusal_message)
             return
         m = _EVENTS.match(urlsplit(self.path).path)
         if not m or m.group("name"):
@@ -436,7 +451,7 @@ class _Handler(BaseHTTPRequestHandler):
             refused = api.events_status
         if refused is not None:
             self._body()
-            self._send(refused, self._status(refused, "Refused", "PATCH refused by the test"))
+            self._refuse(refused, "PATCH refused by the test" + api.refusal_message)
             return
         m = _EVENTS.match(urlsplit(self.path).path)
         if not m or not m.group("name"):

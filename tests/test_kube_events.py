@@ -105,6 +105,25 @@ def test_refused_is_failed_logged_and_not_remembered(
     assert [e["count"] for e in api.events.values()] == [2]
 
 
+def test_a_long_error_answer_is_read_only_in_part_and_its_connection_not_reused(
+    api: FakeKubeAPI, client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="storwatch.actions.kube_events")
+    events = KubeEvents(client, clock=lambda: T0)
+    api.events_status, api.refusal_message = 500, " x" * 16_000_000  # a 32 MB answer
+    assert events.post("CheckpointOnEphemeral", "m") == "failed"
+    [record] = caplog.records
+    assert "500" in record.getMessage() and len(record.getMessage()) < 1000
+    # The rest of that answer was never read: the client closed the connection, and the next request has a new one.
+    deadline = time.monotonic() + 30  # the server's write ends when the client closes: a bound against hanging
+    while not api.refusals_read_whole and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert api.refusals_read_whole == [False]
+    api.events_status, api.refusal_message = None, ""
+    assert events.post("CheckpointOnEphemeral", "m") == "created"
+    assert [e["count"] for e in api.events.values()] == [1]
+
+
 def test_api_away_fails_and_every_request_carries_the_client_timeouts(
     api: FakeKubeAPI, client: KubeClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from storwatch.kubeclient import REQUEST_TIMEOUT, ApiError, KubeClient, parse_time
+from storwatch.kubeclient import REQUEST_TIMEOUT, KubeClient, error_of, parse_time
 from storwatch.sources.kubevolumes import (
     CONFIG_MAP,
     DOWNWARD_API,
@@ -192,9 +192,7 @@ class _Watcher:
             resp.close()
             raise _Gone()
         if not 200 <= status <= 299:
-            body = resp.data
-            resp.close()
-            raise ApiError(status, body)
+            raise error_of(resp)
         return resp
 
     def _relist(self) -> None:
