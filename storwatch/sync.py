@@ -3,13 +3,15 @@ where it may go, and the helper process that makes it so that a destination that
 
 **The copy** (:func:`copy_verified`). DEST is the copy's own final path: when it does not exist this is what
 ``cp -r SRC DEST`` makes. The source is read once, each chunk hashed (xxh3-128) as it is read; the copy is written
-under a temporary name in DEST's directory (``.NAME.storwatch-sync-TOKEN.tmp``), with ``O_DIRECT`` where the
-filesystem takes it (a file's last block padded, then cut back with ``ftruncate``), and read back past the page
-cache (``O_DIRECT`` reads; where the filesystem has no direct I/O, fsync then ``POSIX_FADV_DONTNEED`` then a plain
-read), its hash compared with the source's. A range is read back as soon as its write has reached the device (its
-``O_DIRECT`` write returned: a later read of it goes to the device), so the read-back runs beside the writing; files
-are fsynced on a thread of their own while the next is written, every file is fsynced before its verdict, and the
-copy is never renamed into place before every file is verified. Completeness markers (DCP ``.metadata``,
+under a temporary name in DEST's directory (``.NAME.storwatch-sync-TOKEN.tmp``) through the page cache, as ``cp``
+writes, the kernel asked to start writing each chunk out at once (``sync_file_range``). It is read back past the
+page cache, its hash compared with the source's: a thread a chunk or two behind the writing waits until a chunk is on
+the device, drops it from the page cache (``POSIX_FADV_DONTNEED``: its pages are clean by then) and reads it back,
+so from the device. Writing through the page cache rather than with ``O_DIRECT`` lets the kernel's writeback keep
+many requests in flight: it ran faster than ``dd oflag=direct`` here (BENCHMARKS.md), and needs no alignment. On
+tmpfs and ramfs the page cache is the storage, and the read-back reads it. Files are fsynced on a thread of their
+own while the next is written, every file is fsynced before its verdict, and the copy is never renamed into place
+before every file is verified. Completeness markers (DCP ``.metadata``,
 torchsnapshot ``.snapshot_metadata``, Orbax ``commit_success.txt`` and ``_CHECKPOINT_METADATA``, Megatron
 ``latest_checkpointed_iteration.txt``, DeepSpeed ``latest``) are written after every other file is verified and
 fsynced. Then the directories are fsynced, the manifest (every entry with its size, mode, times and hash; the source;
@@ -86,11 +88,12 @@ HASH_NAME = "xxh3_128"
 """The hash of every file, read and read back: xxh3-128 hashes far faster than any disk writes (BENCHMARKS.md), so
 it never limits the copy; BLAKE3 and SHA-256 would, at about a gigabyte a second on one core."""
 CHUNK = 16 << 20
-"""Bytes read, written and read back at a time (a multiple of every logical block size). 16 MiB copied a 2 GiB
-file faster than 8 MiB here (BENCHMARKS.md): fewer, larger O_DIRECT writes between the read-backs."""
-BUFFERS = 2
-"""Chunks between the reader and the writer (one filled while the other is written): the copy's memory is
-(BUFFERS + 1) * CHUNK, 48 MiB, within the DaemonSet's memory limit beside the agent."""
+"""Bytes read, written and read back at a time."""
+LAG = 2
+"""Chunks written and not yet read back, at most: the reader's lead over the read-back. The copy's memory is two
+chunks (the reader's and the verifier's, 32 MiB), and at most about ``LAG + 2`` chunks of the copy stay in the page
+cache at once, within the DaemonSet's memory limit beside the agent. 16 MiB chunks two ahead copied a 2 GiB file
+faster here than four ahead, or 32 MiB chunks (BENCHMARKS.md)."""
 MARKERS = frozenset(
     {
         ".metadata",  # torch.distributed.checkpoint
@@ -125,7 +128,6 @@ RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
 _O_NOATIME = getattr(os, "O_NOATIME", 0)
 
 
@@ -161,7 +163,7 @@ class SyncResult:
     removed: tuple[str, ...] = ()
     """Older copies removed by keep-N retention."""
     notes: tuple[str, ...] = ()
-    """What is no failure but worth saying (the owner not kept, a filesystem without direct I/O)."""
+    """What is no failure but worth saying (the owner not kept, retention that stopped)."""
     job_id: int | None = None
     started: float = 0.0
     """Wall-clock time the copy started (seconds since the epoch)."""
@@ -566,8 +568,7 @@ class _FileJob:
     fd: int
     """The copy, open for writing."""
     verify_fd: int
-    """The copy, open for reading (O_DIRECT where the filesystem has it), opened before any mode is applied."""
-    direct: bool
+    """The copy, open for reading, opened before any mode is applied."""
     size: int
     expected: str | None = None
     verified: int = 0
@@ -577,36 +578,59 @@ class _FileJob:
     error: str | None = None
 
 
-BLOCK = 4096
-"""The alignment of O_DIRECT offsets, lengths and buffers: a multiple of every logical block size in use."""
+_SYNC_FILE_RANGE_ALL = 1 | 2 | 4
+"""SYNC_FILE_RANGE_WAIT_BEFORE | WRITE | WAIT_AFTER: the range is written out, and on the device, when the call
+returns."""
+_SYNC_FILE_RANGE_WRITE = 2
+"""Start writing the range out, without waiting."""
+
+
+def _libc_function(name: str) -> Any:
+    try:
+        return getattr(ctypes.CDLL(None, use_errno=True), name, None)
+    except OSError:
+        return None
+
+
+_sync_file_range = _libc_function("sync_file_range")
+if _sync_file_range is not None:
+    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+
+
+def _write_out(fd: int, offset: int, n: int, wait: bool) -> None:
+    """Have the kernel write ``n`` bytes of ``fd`` at ``offset`` out of the page cache: start it (``wait`` False), or
+    return once they are on the device (without ``sync_file_range``: start nothing, or wait with fdatasync)."""
+    if _sync_file_range is None:
+        if wait:
+            os.fdatasync(fd)
+        return
+    if _sync_file_range(fd, offset, n, _SYNC_FILE_RANGE_ALL if wait else _SYNC_FILE_RANGE_WRITE) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
 
 
 class _Pipeline:
-    """Three threads behind the reader (the copy's own thread): a writer, a syncer and a verifier.
+    """Two threads behind the reader (the copy's own thread, which reads, hashes and writes each chunk through the
+    page cache, as ``cp`` does, and asks the kernel to start writing it out): a verifier and a syncer.
 
-    The writer writes chunks as the reader hands them over (with O_DIRECT, a file's last partial chunk padded to a
-    whole block and the file cut back to its size with ftruncate) and, at a file's end, applies its metadata and
-    hands it to the syncer, going on at once with the next file. The syncer fsyncs each file. The verifier reads each
-    range back as soon as it is on the device (its O_DIRECT write returned) and, once the file is fsynced, compares
-    the hashes; a file written through the page cache (a filesystem without direct I/O) is read back whole after its
-    fsync and POSIX_FADV_DONTNEED. The first failure in any thread is kept (``check()`` raises it) and they then
-    only drain their queues, so nobody waits on them; ``shutdown()`` returns once none touches a descriptor."""
+    The verifier takes each range written, waits until it is on the device, drops it from the page cache
+    (``POSIX_FADV_DONTNEED``: clean pages go), reads it back (so from the device) and hashes it; at a file's end it
+    compares the hashes and hands the file to the syncer, which fsyncs it while the next is written. The reader is
+    at most ``LAG`` ranges ahead of the read-back. The first failure in any thread is kept (``check()`` raises it)
+    and they then only drain their queues, so nobody waits on them; ``shutdown()`` returns once none touches a
+    descriptor."""
 
-    def __init__(self, apply_meta: Callable[[_FileJob], None]) -> None:
-        self.free: queue.Queue[mmap.mmap] = queue.Queue()
-        for _ in range(BUFFERS):
-            self.free.put(mmap.mmap(-1, CHUNK))
-        self._write_q: queue.Queue[tuple[str, _FileJob, int, mmap.mmap | None, int] | None] = queue.Queue()
+    def __init__(self) -> None:
+        self.buf = mmap.mmap(-1, CHUNK)
+        """The reader's buffer."""
+        self._verify_q: queue.Queue[tuple[str, _FileJob, int, int] | None] = queue.Queue(maxsize=LAG)
         self._sync_q: queue.Queue[_FileJob | None] = queue.Queue()
-        self._verify_q: queue.Queue[tuple[str, _FileJob, int] | None] = queue.Queue()
-        self._apply_meta = apply_meta
         self.failure: BaseException | None = None
         self._aborted = False
         self._ended = False
         self._threads = [
-            threading.Thread(target=self._writer, name="sync-writer", daemon=True),
-            threading.Thread(target=self._syncer, name="sync-fsync", daemon=True),
             threading.Thread(target=self._verifier, name="sync-verifier", daemon=True),
+            threading.Thread(target=self._syncer, name="sync-fsync", daemon=True),
         ]
         for t in self._threads:
             t.start()
@@ -622,17 +646,29 @@ class _Pipeline:
         if self.failure is not None:
             raise self.failure
 
-    def write(self, job: _FileJob, offset: int, buf: mmap.mmap, n: int) -> None:
-        self._write_q.put(("data", job, offset, buf, n))
+    def _hand(self, item: tuple[str, _FileJob, int, int], stop: Callable[[], bool]) -> None:
+        while True:
+            self.check()
+            if stop():
+                raise _Abort("stopped", "stopped before the copy was complete")
+            try:
+                self._verify_q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
-    def close_file(self, job: _FileJob) -> None:
-        self._write_q.put(("close", job, 0, None, 0))
+    def written(self, job: _FileJob, offset: int, n: int, stop: Callable[[], bool]) -> None:
+        """``n`` bytes at ``offset`` were written: start writing them out, and queue their read-back (waiting while
+        ``LAG`` ranges wait for theirs)."""
+        _write_out(job.fd, offset, n, wait=False)
+        self._hand(("range", job, offset, n), stop)
+
+    def close_file(self, job: _FileJob, stop: Callable[[], bool]) -> None:
+        self._hand(("close", job, 0, 0), stop)
 
     def finish(self, stop: Callable[[], bool]) -> None:
-        """Wait until every file handed over is written, fsynced and verified."""
-        if not self._ended:
-            self._ended = True
-            self._write_q.put(None)
+        """Wait until every file handed over is read back, verified and fsynced."""
+        self._end()
         for t in self._threads:
             while t.is_alive():
                 t.join(0.1)
@@ -641,160 +677,103 @@ class _Pipeline:
                     self._fail(_Abort("stopped", "stopped before the copy was complete"))
         self.check()
 
+    def _end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            while True:  # the verifier drains its queue whatever happens, so there is room soon
+                try:
+                    self._verify_q.put(None, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
     def shutdown(self) -> None:
         """Stop the threads, skipping what is left, and wait until they have (a thread stuck in the kernel on a
         hung destination holds this, in the helper process that the worker kills)."""
         self._aborted = True
-        if not self._ended:
-            self._ended = True
-            self._write_q.put(None)
+        self._end()
         for t in self._threads:
             t.join()
 
-    def _writer(self) -> None:
+    def _verifier(self) -> None:
+        # Its buffer is never closed: a failure kept with its traceback may hold a slice of it; it goes with them.
+        view = memoryview(mmap.mmap(-1, CHUNK))
         while True:
-            item = self._write_q.get()
+            item = self._verify_q.get()
             if item is None:
                 self._sync_q.put(None)
                 return
-            what, job, offset, buf, n = item
+            what, job, offset, n = item
             try:
                 if self._skipping():
                     if what == "close":
                         job.done.set()
-                elif what == "data":
-                    assert buf is not None
-                    self._write_chunk(job, offset, buf, n)
-                    if job.direct:
-                        self._verify_q.put(("range", job, n))
+                elif what == "range":
+                    self._read_back(job, view, offset, n)
                 else:
-                    if job.direct and job.size % BLOCK:
-                        os.ftruncate(job.fd, job.size)  # the padding of the last block goes
-                    self._apply_meta(job)
+                    self._compare(job)
                     self._sync_q.put(job)
             except BaseException as err:
                 self._fail(err)
                 if what == "close":
                     job.done.set()
-            finally:
-                if buf is not None:
-                    self.free.put(buf)
 
     @staticmethod
-    def _write_chunk(job: _FileJob, offset: int, buf: mmap.mmap, n: int) -> None:
-        length = n
-        if job.direct and n % BLOCK:
-            length = n + BLOCK - n % BLOCK  # O_DIRECT writes whole blocks: the file's end is padded, then cut
-            buf[n:length] = bytes(length - n)
-        view = memoryview(buf)
-        try:
-            done = 0
-            while done < length:
-                done += os.pwrite(job.fd, view[done:length], offset + done)
-        finally:
-            view.release()
+    def _read_back(job: _FileJob, view: memoryview, offset: int, n: int) -> None:
+        _write_out(job.fd, offset, n, wait=True)
+        os.posix_fadvise(job.fd, offset, n, os.POSIX_FADV_DONTNEED)  # written out, so clean: dropped
+        got = 0
+        while got < n:
+            more = os.preadv(job.verify_fd, [view[got:n]], offset + got)
+            if more == 0:
+                raise _Abort(
+                    "failed", f"{job.entry.path}: reading the copy back gave {offset + got} of {job.size} bytes"
+                )
+            got += more
+        job.hasher.update(view[:n])
+        job.verified += n
+        os.posix_fadvise(job.fd, offset, n, os.POSIX_FADV_DONTNEED)  # what the read brought in goes too
+
+    @staticmethod
+    def _compare(job: _FileJob) -> None:
+        got = job.hasher.hexdigest()
+        length = os.fstat(job.fd).st_size
+        if job.verified != job.size or length != job.size:
+            job.error = f"{job.entry.path}: the copy holds {length} bytes, not the {job.size} written"
+        elif got != job.expected:
+            job.error = (
+                f"{job.entry.path}: read back past the page cache, the copy's {HASH_NAME} {got} differs from the "
+                f"source's {job.expected}"
+            )
+        else:
+            job.entry.digest = got
+        if job.error is not None:
+            raise _Abort("failed", job.error)
 
     def _syncer(self) -> None:
         while True:
             job = self._sync_q.get()
             if job is None:
-                self._verify_q.put(None)
                 return
             try:
-                if self._skipping():
-                    job.done.set()
-                    continue
-                os.fsync(job.fd)
-                if not job.direct:
-                    os.posix_fadvise(job.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                self._verify_q.put(("close", job, 0))
+                if not self._skipping():
+                    os.fsync(job.fd)
             except BaseException as err:
                 self._fail(err)
+            finally:
                 job.done.set()
 
-    def _verifier(self) -> None:
-        buf = mmap.mmap(-1, CHUNK)
-        view = memoryview(buf)
-        try:
-            while True:
-                item = self._verify_q.get()
-                if item is None:
-                    return
-                what, job, n = item
-                try:
-                    if self._skipping():
-                        continue
-                    if what == "range":
-                        self._read_back(job, view, n)
-                        continue
-                    while job.verified < job.size:
-                        self._read_back(job, view, min(CHUNK, job.size - job.verified))
-                    got = job.hasher.hexdigest()
-                    length = os.fstat(job.fd).st_size
-                    if length != job.size:
-                        job.error = f"{job.entry.path}: the copy holds {length} bytes, not the {job.size} written"
-                    elif got != job.expected:
-                        job.error = (
-                            f"{job.entry.path}: read back past the page cache, the copy's {HASH_NAME} {got} differs "
-                            f"from the source's {job.expected}"
-                        )
-                    else:
-                        job.entry.digest = got
-                    if job.error is not None:
-                        self._fail(_Abort("failed", job.error))
-                except BaseException as err:
-                    self._fail(err)
-                finally:
-                    if what == "close":
-                        job.done.set()
-        finally:
-            view.release()
-            buf.close()
 
-    @staticmethod
-    def _read_back(job: _FileJob, view: memoryview, n: int) -> None:
-        # An O_DIRECT read needs whole blocks: the chunk rounded up is asked for, and what the file holds is taken.
-        want = n + (-n % BLOCK) if job.direct else n
-        got = os.preadv(job.verify_fd, [view[:want]], job.verified)
-        if got < n:
-            raise _Abort(
-                "failed", f"{job.entry.path}: reading the copy back gave {job.verified + got} of {job.size} bytes"
-            )
-        job.hasher.update(view[:n])
-        job.verified += n
-
-
-_MEMORY_FS = frozenset({0x01021994, 0x858458F6})
-"""tmpfs and ramfs (statfs f_type): their pages are the storage, so there is no past-the-page-cache to read from, and
-O_DIRECT there costs three times a plain write (BENCHMARKS.md): a copy onto them goes through the page cache."""
-
-
-def _fs_type(fd: int) -> int | None:
-    """The filesystem's magic number (``fstatfs`` f_type, the first word of struct statfs), or None."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        buf = ctypes.create_string_buffer(256)
-        if libc.fstatfs(fd, buf) != 0:
-            return None
-        return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
-    except (OSError, AttributeError):
-        return None
-
-
-def _read_full(fd: int, buf: mmap.mmap) -> int:
-    """Fill ``buf`` from ``fd`` (less only at the end of the file): every chunk but a file's last is whole, so the
-    copy's O_DIRECT writes and reads stay aligned whatever a filesystem's reads return."""
-    view = memoryview(buf)
-    try:
-        n = 0
-        while n < len(buf):
-            got = os.readv(fd, [view[n:]])
-            if got == 0:
-                break
-            n += got
-        return n
-    finally:
-        view.release()
+def _read_full(fd: int, view: memoryview) -> int:
+    """Fill ``view`` from ``fd``, less only at the end of the file (a read may return less than asked): whole chunks
+    are written out and read back as one range each."""
+    n = 0
+    while n < len(view):
+        got = os.readv(fd, [view[n:]])
+        if got == 0:
+            break
+        n += got
+    return n
 
 
 def _renameat2(dir_fd: int, old: str, new: str, flags: int) -> None:
@@ -1019,7 +998,6 @@ class _Copy:
         self.tmp = f".{self.name}{TEMP_TAG}{self.token}.tmp"
         self.tmp_manifest = f".{self.name}{TEMP_TAG}{self.token}.manifest"
         self.read_bytes = 0
-        self.memory_fs = False
 
     def result(self, outcome: str, error: str | None, entries: Sequence[_Entry] = (), **kw: Any) -> SyncResult:
         files = [e for e in entries if e.kind == "file"]
@@ -1145,7 +1123,6 @@ class _Copy:
                 )
             replacing = True
         total = sum(e.st.st_size for e in entries if e.kind == "file")
-        self.memory_fs = _fs_type(dest_dir) in _MEMORY_FS
         vfs = os.fstatvfs(dest_dir)
         free = vfs.f_bavail * vfs.f_frsize
         needed = total + 4096 * len(entries)
@@ -1199,14 +1176,30 @@ class _Copy:
 
     def write_all(self, dest_dir: int, src_parent: int, src_top: int | None, entries: list[_Entry], total: int) -> None:
         is_dir = entries[0].kind == "dir"
-        expect = {e.rel: e.st for e in entries if e.kind == "dir"}
-        src_dirs = _Dirs(src_top, expect) if src_top is not None else None
         tmp_top: int | None = None
         if is_dir:
             os.mkdir(self.tmp, 0o700, dir_fd=dest_dir)
             tmp_top = os.open(self.tmp, _DIR_FLAGS, dir_fd=dest_dir)
+        try:
+            self.write_files(dest_dir, src_parent, src_top, tmp_top, entries, total)
+            self.apply_dir_meta(dest_dir, tmp_top, entries)
+        finally:
+            if tmp_top is not None:
+                os.close(tmp_top)
+
+    def write_files(
+        self,
+        dest_dir: int,
+        src_parent: int,
+        src_top: int | None,
+        tmp_top: int | None,
+        entries: list[_Entry],
+        total: int,
+    ) -> None:
+        expect = {e.rel: e.st for e in entries if e.kind == "dir"}
+        src_dirs = _Dirs(src_top, expect) if src_top is not None else None
         dest_dirs = _Dirs(tmp_top) if tmp_top is not None else None
-        pipeline = _Pipeline(self.apply_file_meta)
+        pipeline = _Pipeline()
         jobs: list[_FileJob] = []
         started = self.clock()
         try:
@@ -1237,12 +1230,12 @@ class _Copy:
                 elif e.rel and e.rel[-1] in MARKERS:
                     later.append(e)
                 else:
-                    jobs.append(self.copy_file(e, src_place, dest_place, pipeline, total, started))
+                    self.copy_file(e, src_place, dest_place, pipeline, total, started, jobs)
             for e in later:
                 # Markers only once every other file is written, read back and fsynced: a reader that trusts a
                 # marker never meets a file still being written, even inside the temporary.
                 self.wait_jobs(jobs, pipeline)
-                jobs.append(self.copy_file(e, src_place, dest_place, pipeline, total, started))
+                self.copy_file(e, src_place, dest_place, pipeline, total, started, jobs)
             pipeline.finish(self.stop)
             self.wait_jobs(jobs, pipeline)
         finally:
@@ -1255,11 +1248,6 @@ class _Copy:
                 src_dirs.close()
             if dest_dirs is not None:
                 dest_dirs.close()
-        try:
-            self.apply_dir_meta(dest_dir, tmp_top, entries)
-        finally:
-            if tmp_top is not None:
-                os.close(tmp_top)
 
     def wait_jobs(self, jobs: Sequence[_FileJob], pipeline: _Pipeline) -> None:
         for job in jobs:
@@ -1277,7 +1265,8 @@ class _Copy:
         pipeline: _Pipeline,
         total: int,
         started: float,
-    ) -> _FileJob:
+        jobs: list[_FileJob],
+    ) -> None:
         sfd, sname = src_place(e.rel)
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         try:
@@ -1293,20 +1282,8 @@ class _Copy:
             self.same(e, before)
             dfd, dname = dest_place(e.rel)
             out = os.open(dname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-            direct = False
             try:
-                if _O_DIRECT and not self.memory_fs:
-                    try:
-                        fcntl.fcntl(out, fcntl.F_SETFL, fcntl.fcntl(out, fcntl.F_GETFL) | _O_DIRECT)
-                        direct = True
-                    except OSError:
-                        if "no direct I/O" not in " ".join(self.notes):
-                            self.notes.append(
-                                "the destination's filesystem has no direct I/O: read back after fsync and "
-                                "POSIX_FADV_DONTNEED"
-                            )
-                vflags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (_O_DIRECT if direct else 0)
-                vfd = os.open(dname, vflags, dir_fd=dfd)
+                vfd = os.open(dname, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
                 vst, ost = os.fstat(vfd), os.fstat(out)
                 if (vst.st_dev, vst.st_ino) != (ost.st_dev, ost.st_ino):
                     os.close(vfd)
@@ -1314,46 +1291,42 @@ class _Copy:
             except BaseException:
                 os.close(out)
                 raise
-            job = _FileJob(e, out, vfd, direct, e.st.st_size)
+            job = _FileJob(e, out, vfd, e.st.st_size)
+            jobs.append(job)  # its descriptors closed with the others, once no thread of the pipeline touches them
             with contextlib.suppress(OSError):
                 os.posix_fadvise(src, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             hasher = xxhash.xxh3_128()
-            offset = 0
-            while True:
-                if self.stop():
-                    raise _Abort("stopped", "stopped before the copy was complete")
-                pipeline.check()
-                try:
-                    buf = pipeline.free.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                try:
-                    n = _read_full(src, buf)
-                except BaseException:
-                    pipeline.free.put(buf)
-                    raise
-                if n == 0:
-                    pipeline.free.put(buf)
-                    break
-                if offset + n > job.size:
-                    pipeline.free.put(buf)
-                    raise _Abort("source_changed", f"{e.path} grew during the copy")
-                view = memoryview(buf)
-                hasher.update(view[:n])
+            view = memoryview(pipeline.buf)
+            try:
+                offset = 0
+                while True:
+                    if self.stop():
+                        raise _Abort("stopped", "stopped before the copy was complete")
+                    pipeline.check()
+                    n = _read_full(src, view)
+                    if n == 0:
+                        break
+                    if offset + n > job.size:
+                        raise _Abort("source_changed", f"{e.path} grew during the copy")
+                    hasher.update(view[:n])
+                    written = 0
+                    while written < n:
+                        written += os.pwrite(out, view[written:n], offset + written)
+                    pipeline.written(job, offset, n, self.stop)
+                    offset += n
+                    self.read_bytes += n
+                    if self.progress is not None:
+                        self.progress(self.read_bytes, total)
+                    self.throttle(started)
+            finally:
                 view.release()
-                pipeline.write(job, offset, buf, n)
-                offset += n
-                self.read_bytes += n
-                if self.progress is not None:
-                    self.progress(self.read_bytes, total)
-                self.throttle(started)
             after = os.fstat(src)
             if offset != job.size:
                 raise _Abort("source_changed", f"{e.path} shrank during the copy ({offset} of {job.size} bytes)")
             self.same(e, after)
             job.expected = hasher.hexdigest()
-            pipeline.close_file(job)
-            return job
+            self.apply_file_meta(job)
+            pipeline.close_file(job, self.stop)
         finally:
             os.close(src)
 

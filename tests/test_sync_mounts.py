@@ -8,7 +8,9 @@ does not end a task waiting for a FUSE answer the daemon already took: state D) 
 
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -17,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from storwatch import sync
 from storwatch.sync import Destinations, SyncWorker, copy_verified
 from tests.builders import sync_checkpoint as make_checkpoint
-from tests.realmounts import fuse_mount, tmpfs_mount
+from tests.realmounts import fuse_mount, loop_ext4_mount, tmpfs_mount
 
 pytestmark = pytest.mark.realpart
 
@@ -114,3 +117,48 @@ def _state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
         return "gone"
+
+
+_FS_IOC_FIEMAP = 0xC020660B
+_FIEMAP_FLAG_SYNC = 1
+
+
+def _physical_offset(fd: int, offset: int) -> int:
+    """Where byte ``offset`` of the file behind ``fd`` lies on its filesystem's device (FIEMAP, one extent asked)."""
+    answer = bytearray(struct.pack("=QQIIII", offset, 1, _FIEMAP_FLAG_SYNC, 0, 1, 0) + bytes(56))
+    fcntl.ioctl(fd, _FS_IOC_FIEMAP, answer)  # the answer is written into the buffer
+    mapped = struct.unpack_from("=I", answer, 20)[0]
+    assert mapped == 1, f"FIEMAP found {mapped} extents at {offset}"
+    logical, physical = struct.unpack_from("=QQ", answer, 32)
+    return physical + offset - logical
+
+
+def test_each_range_is_read_back_from_the_device_not_the_page_cache(
+    tmp_path: Path, real_mounts, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The read-back sees what the device holds. Just before model.bin's second chunk is read back, a byte of it is
+    changed on the device itself (the loop device's image, where FIEMAP places it): a read-back served from the page
+    cache would still find the bytes written and pass; the copy must fail, and leave nothing."""
+    disk = real_mounts(loop_ext4_mount(tmp_path / "ext4", size_mb=96))
+    src = make_checkpoint(tmp_path / "src", shards=1, shard_bytes=1000)
+    real_preadv = os.preadv
+    changed: list[int] = []
+
+    def preadv_after_the_device_changed(fd: int, buffers: list[memoryview], offset: int) -> int:
+        if not changed and offset == sync.CHUNK and os.readlink(f"/proc/self/fd/{fd}").endswith("/model.bin"):
+            where = _physical_offset(fd, offset + 100)
+            with open(disk.image, "r+b") as image:
+                image.seek(where)
+                byte = image.read(1)
+                image.seek(where)
+                image.write(bytes([byte[0] ^ 0xFF]))
+            changed.append(where)
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(sync.os, "preadv", preadv_after_the_device_changed)
+    root = str(disk.mountpoint)
+    result = copy_verified(str(src), f"{root}/ck")
+    assert changed, "model.bin's second chunk was never read back"
+    assert result.outcome == "failed", (result.outcome, result.error)
+    assert "model.bin: read back past the page cache" in (result.error or "")
+    assert sorted(os.listdir(root)) == ["lost+found"]
