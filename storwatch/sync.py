@@ -5,7 +5,7 @@ where it may go, and the helper process that makes it so that a destination that
 ``cp -r SRC DEST`` makes. The source is read once, each chunk hashed (xxh3-128) as it is read; the copy is written
 under a temporary name in DEST's directory (``.NAME.storwatch-sync-TOKEN.tmp``) through the page cache, as ``cp``
 writes, the kernel asked to start writing each chunk out at once (``sync_file_range``). It is read back past the
-page cache, its hash compared with the source's: a thread a chunk or two behind the writing waits until a chunk is on
+page cache, its hash compared with the source's: a thread a chunk behind the writing waits until a chunk is on
 the device, drops it from the page cache (``POSIX_FADV_DONTNEED``: its pages are clean by then) and reads it back,
 so from the device. Writing through the page cache rather than with ``O_DIRECT`` lets the kernel's writeback keep
 many requests in flight: it ran faster than ``dd oflag=direct`` here (BENCHMARKS.md), and needs no alignment. On
@@ -78,22 +78,25 @@ import time
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from storwatch.config import SyncConfig, sync_template_problem
+if TYPE_CHECKING:  # the copy's helper process never reads the configuration: its start-up is the copy's time
+    from storwatch.config import SyncConfig
 
 HASH_NAME = "xxh3_128"
 """The hash of every file, read and read back: xxh3-128 hashes far faster than any disk writes (BENCHMARKS.md), so
 it never limits the copy; BLAKE3 and SHA-256 would, at about a gigabyte a second on one core."""
-CHUNK = 16 << 20
-"""Bytes read, written and read back at a time."""
-LAG = 2
-"""Chunks written and not yet read back, at most: the reader's lead over the read-back. The copy's memory is two
-chunks (the reader's and the verifier's, 32 MiB), and at most about ``LAG + 2`` chunks of the copy stay in the page
-cache at once, within the DaemonSet's memory limit beside the agent. 16 MiB chunks two ahead copied a 2 GiB file
-faster here than four ahead, or 32 MiB chunks (BENCHMARKS.md)."""
+CHUNK = 32 << 20
+"""Bytes read and written at a time: each chunk is written out, waited for and read back as one range."""
+READ_BACK = 8 << 20
+"""Bytes read back at a time (the kernel's readahead keeps the device busy between the reads)."""
+LAG = 1
+"""Chunks written and waiting for their read-back, at most: the reader's lead. The copy's memory is its two buffers
+(CHUNK + READ_BACK, 40 MiB), and at most ``LAG + 2`` chunks of the copy are in the page cache at once (written, or
+being read back), within the DaemonSet's memory limit beside the agent. Of the settings tried, 32 MiB chunks one
+ahead with 8 MiB reads copied fastest here, a 2 GiB file and 64 shards alike (BENCHMARKS.md)."""
 MARKERS = frozenset(
     {
         ".metadata",  # torch.distributed.checkpoint
@@ -324,6 +327,8 @@ class Destinations:
         elif "/" + os.path.normpath(root).strip("/") not in self.roots:
             raise SyncRefused(f"{root!r} is not an allowlisted sync destination ({', '.join(self.roots)})")
         root = "/" + os.path.normpath(root).strip("/")
+        from storwatch.config import sync_template_problem
+
         problem = sync_template_problem(template)
         if problem is not None:
             raise SyncRefused(f"sync template: {problem}")
@@ -599,14 +604,16 @@ if _sync_file_range is not None:
 
 def _write_out(fd: int, offset: int, n: int, wait: bool) -> None:
     """Have the kernel write ``n`` bytes of ``fd`` at ``offset`` out of the page cache: start it (``wait`` False), or
-    return once they are on the device (without ``sync_file_range``: start nothing, or wait with fdatasync)."""
-    if _sync_file_range is None:
-        if wait:
-            os.fdatasync(fd)
-        return
-    if _sync_file_range(fd, offset, n, _SYNC_FILE_RANGE_ALL if wait else _SYNC_FILE_RANGE_WRITE) != 0:
+    return once they are on the device. Where ``sync_file_range`` is missing or refused, nothing is started and a wait
+    is an fdatasync of the whole file."""
+    if _sync_file_range is not None:
+        if _sync_file_range(fd, offset, n, _SYNC_FILE_RANGE_ALL if wait else _SYNC_FILE_RANGE_WRITE) == 0:
+            return
         code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
+        if code not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE):
+            raise OSError(code, os.strerror(code))
+    if wait:
+        os.fdatasync(fd)
 
 
 class _Pipeline:
@@ -697,7 +704,7 @@ class _Pipeline:
 
     def _verifier(self) -> None:
         # Its buffer is never closed: a failure kept with its traceback may hold a slice of it; it goes with them.
-        view = memoryview(mmap.mmap(-1, CHUNK))
+        view = memoryview(mmap.mmap(-1, READ_BACK))
         while True:
             item = self._verify_q.get()
             if item is None:
@@ -724,13 +731,14 @@ class _Pipeline:
         os.posix_fadvise(job.fd, offset, n, os.POSIX_FADV_DONTNEED)  # written out, so clean: dropped
         got = 0
         while got < n:
-            more = os.preadv(job.verify_fd, [view[got:n]], offset + got)
+            want = min(n - got, len(view))
+            more = os.preadv(job.verify_fd, [view[:want]], offset + got)
             if more == 0:
                 raise _Abort(
                     "failed", f"{job.entry.path}: reading the copy back gave {offset + got} of {job.size} bytes"
                 )
+            job.hasher.update(view[:more])
             got += more
-        job.hasher.update(view[:n])
         job.verified += n
         os.posix_fadvise(job.fd, offset, n, os.POSIX_FADV_DONTNEED)  # what the read brought in goes too
 

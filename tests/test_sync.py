@@ -7,6 +7,8 @@ mount (a full filesystem, a hung one, SIGKILLs on tmpfs) are in test_sync_mounts
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import itertools
 import json
 import os
@@ -465,6 +467,38 @@ def test_stop_aborts_and_removes_the_temporaries(tmp_path: Path) -> None:
     result = copy_verified(str(src), str(tmp_path / "dst" / "ck"), stop=stop)
     assert result.outcome == "stopped" and not result.ok
     assert os.listdir(tmp_path / "dst") == []
+
+
+@pytest.mark.parametrize("how", ["missing", "refused"])
+def test_without_sync_file_range_each_read_back_waits_with_fdatasync(
+    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A C library without sync_file_range, or a filesystem that refuses it (EINVAL, ENOSYS, EOPNOTSUPP): the copy
+    still completes, verified, each read-back waiting for the file's data with fdatasync instead."""
+    calls: list[int] = []
+
+    def refused(fd: int, offset: int, n: int, flags: int) -> int:
+        calls.append(flags)
+        ctypes.set_errno(errno.EOPNOTSUPP)
+        return -1
+
+    monkeypatch.setattr(sync, "_sync_file_range", None if how == "missing" else refused)
+    real_fdatasync = os.fdatasync
+    synced: list[int] = []
+
+    def fdatasync(fd: int) -> None:
+        synced.append(fd)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(sync.os, "fdatasync", fdatasync)
+    src = make_checkpoint(tmp_path / "src", shards=1, shard_bytes=1000)
+    (tmp_path / "dst").mkdir()
+    result = copy_verified(str(src), str(tmp_path / "dst" / "ck"))
+    assert result.outcome == "verified", result.error
+    ranges = 3 + 1 + 1 + 1  # model.bin's three chunks, the shard, .metadata and latest (empty has none)
+    assert len(synced) == ranges
+    assert len(calls) == (0 if how == "missing" else 2 * ranges)  # each range: a start, then a wait
+    assert (tmp_path / "dst" / "ck" / "model.bin").read_bytes() == (src / "model.bin").read_bytes()
 
 
 def test_a_verification_mismatch_fails_the_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -139,7 +139,7 @@ def test_each_range_is_read_back_from_the_device_not_the_page_cache(
     """The read-back sees what the device holds. Just before model.bin's second chunk is read back, a byte of it is
     changed on the device itself (the loop device's image, where FIEMAP places it): a read-back served from the page
     cache would still find the bytes written and pass; the copy must fail, and leave nothing."""
-    disk = real_mounts(loop_ext4_mount(tmp_path / "ext4", size_mb=96))
+    disk = real_mounts(loop_ext4_mount(tmp_path / "ext4", size_mb=160))
     src = make_checkpoint(tmp_path / "src", shards=1, shard_bytes=1000)
     real_preadv = os.preadv
     changed: list[int] = []
