@@ -88,15 +88,17 @@ if TYPE_CHECKING:  # the copy's helper process never reads the configuration: it
 HASH_NAME = "xxh3_128"
 """The hash of every file, read and read back: xxh3-128 hashes far faster than any disk writes (BENCHMARKS.md), so
 it never limits the copy; BLAKE3 and SHA-256 would, at about a gigabyte a second on one core."""
-CHUNK = 32 << 20
+CHUNK = 16 << 20
 """Bytes read and written at a time: each chunk is written out, waited for and read back as one range."""
 READ_BACK = 8 << 20
-"""Bytes read back at a time (the kernel's readahead keeps the device busy between the reads)."""
-LAG = 1
+"""Bytes read back at a time, each piece dropped from the page cache once hashed (the kernel's readahead keeps the
+device busy between the reads)."""
+LAG = 2
 """Chunks written and waiting for their read-back, at most: the reader's lead. The copy's memory is its two buffers
-(CHUNK + READ_BACK, 40 MiB), and at most ``LAG + 2`` chunks of the copy are in the page cache at once (written, or
-being read back), within the DaemonSet's memory limit beside the agent. Of the settings tried, 32 MiB chunks one
-ahead with 8 MiB reads copied fastest here, a 2 GiB file and 64 shards alike (BENCHMARKS.md)."""
+(CHUNK + READ_BACK, 24 MiB), and at most ``LAG + 2`` chunks of the copy (64 MiB) are in the page cache at once,
+written or being read back: about 90 MiB in the DaemonSet's memory cgroup beside the agent. Of the settings tried
+here, 16 MiB chunks two ahead and 32 MiB chunks one ahead copied fastest, a 2 GiB file and 64 shards alike, and
+the first holds less (BENCHMARKS.md)."""
 MARKERS = frozenset(
     {
         ".metadata",  # torch.distributed.checkpoint
@@ -628,7 +630,7 @@ class _Pipeline:
     descriptor."""
 
     def __init__(self) -> None:
-        self.buf = mmap.mmap(-1, CHUNK)
+        self.buf = mmap.mmap(-1, CHUNK, flags=mmap.MAP_PRIVATE)
         """The reader's buffer."""
         self._verify_q: queue.Queue[tuple[str, _FileJob, int, int] | None] = queue.Queue(maxsize=LAG)
         self._sync_q: queue.Queue[_FileJob | None] = queue.Queue()
@@ -704,7 +706,7 @@ class _Pipeline:
 
     def _verifier(self) -> None:
         # Its buffer is never closed: a failure kept with its traceback may hold a slice of it; it goes with them.
-        view = memoryview(mmap.mmap(-1, READ_BACK))
+        view = memoryview(mmap.mmap(-1, READ_BACK, flags=mmap.MAP_PRIVATE))
         while True:
             item = self._verify_q.get()
             if item is None:
@@ -738,9 +740,9 @@ class _Pipeline:
                     "failed", f"{job.entry.path}: reading the copy back gave {offset + got} of {job.size} bytes"
                 )
             job.hasher.update(view[:more])
+            os.posix_fadvise(job.fd, offset + got, more, os.POSIX_FADV_DONTNEED)  # what the read brought in goes too
             got += more
         job.verified += n
-        os.posix_fadvise(job.fd, offset, n, os.POSIX_FADV_DONTNEED)  # what the read brought in goes too
 
     @staticmethod
     def _compare(job: _FileJob) -> None:
