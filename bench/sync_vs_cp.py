@@ -10,9 +10,12 @@ the page cache); each copy goes to a fresh path in the same directory, is timed 
 copied files and directories (an fsync of each, what the copy needs to survive a crash); ``cp -r; sync`` runs a plain
 ``sync``, which also waits for the rest of the machine's dirty pages. dd copies each file in turn, one process per
 file. Medians of ``--runs``, with the ratios and a PASS/MISS line per target; ``--hashes`` also measures the hashes
-a copy could use, on one core.
+a copy could use, on one core. ``--cgroup`` (root) then runs storwatch sync once more on each source in a memory
+cgroup of its own with the DaemonSet's 256 MiB limit, and prints its peak (the command, its helper, and the page
+cache they charge: what the copy writes and reads back, and any of the source not already cached) and OOM kills.
 
-Usage: .venv/bin/python bench/sync_vs_cp.py [--dir DIR] [--runs 3] [--hashes] [--json F]   (about 4 GiB in DIR)
+Usage: .venv/bin/python bench/sync_vs_cp.py [--dir DIR] [--runs 3] [--hashes] [--cgroup] [--json F]   (about 4 GiB
+in DIR)
 """
 
 from __future__ import annotations
@@ -107,6 +110,40 @@ def storwatch_sync(src: Path, dest: Path) -> float:
     return seconds
 
 
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+
+
+def sync_in_cgroup(src: Path, dest: Path, limit: int) -> tuple[int, int]:
+    """storwatch sync in a new memory cgroup limited to ``limit`` bytes: its peak bytes and OOM kills."""
+    controllers = CGROUP_V2 / "cgroup.controllers"
+    v2 = controllers.exists() and "memory" in controllers.read_text().split()
+    parent = CGROUP_V2 if v2 else CGROUP_V1
+    group = parent / f"storwatch-bench-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit))
+        subprocess.run(
+            [sys.executable, "-m", "storwatch", "sync", str(src), str(dest), "--json"],
+            cwd=REPO_ROOT,
+            timeout=1800,
+            check=True,
+            capture_output=True,
+            preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
+        )
+        peak = int((group / ("memory.peak" if v2 else "memory.max_usage_in_bytes")).read_text())
+        events = (group / ("memory.events" if v2 else "memory.oom_control")).read_text().splitlines()
+        kills = int(dict(line.split() for line in events).get("oom_kill", 0))
+        return peak, kills
+    finally:
+        for _ in range(100):  # the kernel refuses while the last process is still leaving
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def cp_and_sync(src: Path, dest: Path) -> float:
     t0 = time.monotonic()
     subprocess.run(["cp", "-r", str(src), str(dest)], check=True, timeout=1800)
@@ -172,6 +209,7 @@ def main() -> int:
     parser.add_argument("--shard-size", type=int, default=32 << 20)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--hashes", action="store_true", help="also measure xxh3-128, BLAKE3 and SHA-256")
+    parser.add_argument("--cgroup", action="store_true", help="also: storwatch sync's memory peak in a 256 MiB cgroup")
     parser.add_argument("--json", metavar="F", help="also write the figures to this file (bench/run_all.py)")
     args = parser.parse_args()
     if args.hashes:
@@ -225,6 +263,13 @@ def main() -> int:
                 "ratio_cp_then_sync": ours / cp_all,
                 "ratio_dd": ours / dd,
             }
+            if args.cgroup:
+                warm(src)
+                dest = top / "copy-cgroup"
+                peak, kills = sync_in_cgroup(src, dest, 256 << 20)
+                remove(dest)
+                print(f"  in a 256 MiB memory cgroup: peak {peak / (1 << 20):.0f} MiB, {kills} OOM kills", flush=True)
+                figures[label]["cgroup_peak_bytes"] = peak
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
     return 0
