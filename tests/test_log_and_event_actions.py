@@ -60,6 +60,25 @@ def test_log_at_the_severity_level_and_printable(
 
 
 @pytest.mark.parametrize(
+    ("message", "line"),
+    [
+        ("run home/run1 (trainer, 8 GPUs): 900 s old", "run home/run1 (trainer, 8 GPUs): 900 s old"),
+        ("run home/run1: 900 s old", "run home/run1: 900 s old"),
+        ("900 s old", "run home/run1: 900 s old"),
+        ("run home/run10 is another run", "run home/run1: run home/run10 is another run"),
+    ],
+    ids=["named-first", "named-colon", "not-named", "another-entity"],
+)
+def test_the_entity_is_named_once(message: str, line: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A rule's message that begins by naming its entity (the default rules' do) is not preceded by the same name."""
+    caplog.set_level(logging.DEBUG, logger="storwatch.policy.actions")
+    req = ActionRequest("recovery-point-over-budget", "log", {}, POD_RUN, "warning", message)
+    assert LogAction().run(req, 1).outcome == "ok"
+    [record] = caplog.records
+    assert record.getMessage() == f"rule recovery-point-over-budget firing: {line}"
+
+
+@pytest.mark.parametrize(
     ("rule", "reason"),
     [
         ("ephemeral-only", "EphemeralOnly"),

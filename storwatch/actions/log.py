@@ -17,12 +17,15 @@ LEVELS: Mapping[Severity, int] = {"info": logging.INFO, "warning": logging.WARNI
 
 
 def describe(request: ActionRequest) -> str:
-    """The request in one printable line: rule, transition, entity and message (also what a dry run logs)."""
+    """The request in one printable line: rule, transition, entity and message (also what a dry run logs). A message
+    that already begins by naming its entity ("run llama (...)") is not preceded by the name a second time."""
     entity = request.entity
-    return (
-        f"rule {printable(request.rule)} {request.transition}: {entity.kind} {printable(entity.key)}: "
-        f"{printable(request.message)}"
-    )
+    named = f"{entity.kind} {entity.key}"
+    message = request.message
+    head = f"rule {printable(request.rule)} {request.transition}: "
+    if message == named or message.startswith((named + " ", named + ":")):
+        return head + printable(message)
+    return head + f"{entity.kind} {printable(entity.key)}: {printable(message)}"
 
 
 class LogAction:
