@@ -143,8 +143,9 @@ class _Stub:
         pass
 
 
-def _stalled_agent(clock: _Clock) -> tuple[Agent, _Stub]:
-    """An agent whose GPU 0 (PID 4242) idles while its process writes a checkpoint to /scratch, 20 to 30 s in."""
+def _stalled_agent(clock: _Clock, scan_interval: float = 30.0) -> tuple[Agent, _Stub, _Stub]:
+    """An agent whose GPU 0 (PID 4242) idles while its process writes a checkpoint to /scratch, 20 to 30 s in; its
+    checkpoint scans ``scan_interval`` seconds apart (their source's interval, as the scans' CPU budget paces it)."""
     from storwatch.sources.checkpoints import Checkpoint, CheckpointFacts, RunState
 
     t0 = clock.t
@@ -164,36 +165,36 @@ def _stalled_agent(clock: _Clock) -> tuple[Agent, _Stub]:
     )
     run = RunState("/scratch/run", "/scratch", (write,))
     checkpoints = _Stub("checkpoints", CheckpointFacts(t0, (run,), False, None, 0.0, ("/scratch",)))
+    checkpoints.interval_seconds = scan_interval
     gpu = _Stub("gpu", None)
     mounts = FixedMounts()
     mounts.mounts = (mount("/scratch", "ext4", "/dev/nvme0n1"),)
     config = dataclasses.replace(Config(), listen="127.0.0.1:0", platform="generic")
-    return Agent(config, sources=[mounts, gpu, checkpoints], clock=clock, process_metrics=False), gpu
+    return Agent(config, sources=[mounts, gpu, checkpoints], clock=clock, process_metrics=False), gpu, checkpoints
+
+
+def _gpu_facts(t: float, util: float) -> Any:
+    from storwatch.sources.gpu.facts import GPUFacts, GPUProcess, GPUState
+
+    state = GPUState(
+        0, "GPU-a", "H100", True, utilization_samples=((t, util),), processes=(GPUProcess(4242, 1 << 30, None),)
+    )
+    return GPUFacts(t, True, "550", None, (state,))
 
 
 def test_stall_totals_are_the_same_whether_scraped_every_tick_or_never() -> None:
     """GPU time is settled by the tick, whoever reads the Views: an agent scraped every second and one never
     scraped count the same stall seconds."""
-    from storwatch.sources.gpu.facts import GPUFacts, GPUProcess, GPUState
 
     totals = []
     for scraped in (True, False):
         clock = _Clock(1_800_000_000.0)
         t0 = clock.t
-        agent, gpu = _stalled_agent(clock)
+        agent, gpu, _ = _stalled_agent(clock)
         try:
             for i in range(120):
                 clock.t = t = t0 + i
-                util = 0.02 if 20 <= i < 30 else 0.95
-                state = GPUState(
-                    0,
-                    "GPU-a",
-                    "H100",
-                    True,
-                    utilization_samples=((t, util),),
-                    processes=(GPUProcess(4242, 1 << 30, None),),
-                )
-                gpu.facts = GPUFacts(t, True, "550", None, (state,))
+                gpu.facts = _gpu_facts(t, 0.02 if 20 <= i < 30 else 0.95)
                 agent.collect_now()
                 agent.advance()
                 if scraped:
@@ -206,6 +207,36 @@ def test_stall_totals_are_the_same_whether_scraped_every_tick_or_never() -> None
     assert totals[0] == totals[1]
     ((key, seconds),) = totals[0].items()
     assert "checkpoint_write" in key and seconds == pytest.approx(10.0, abs=1.0)
+
+
+def test_gpu_time_waits_for_scans_the_cpu_budget_spaced_out() -> None:
+    """Scans paced 100 s apart (a busy node's checkpoints.scan_cpu_share): a save that ended at 30 s is first seen
+    by the scan at 90 s, 60 s later, more than the 40 s a 30 s interval allows. Its GPU time must still wait for
+    it, and be charged to the write."""
+    from storwatch.sources.checkpoints import CheckpointFacts, RunState
+
+    clock = _Clock(1_800_000_000.0)
+    t0 = clock.t
+    agent, gpu, checkpoints = _stalled_agent(clock, scan_interval=100.0)
+    seen = checkpoints.facts
+    checkpoints.facts = CheckpointFacts(
+        t0, (RunState("/scratch/run", "/scratch", ()),), False, None, 0.0, ("/scratch",)
+    )
+    try:
+        for i in range(200):
+            clock.t = t = t0 + i
+            if i == 90:
+                checkpoints.facts = seen
+            gpu.facts = _gpu_facts(t, 0.02 if 20 <= i < 30 else 0.95)
+            agent.collect_now()
+            agent.advance()
+        view = agent.current_view()
+        assert view is not None and view.stalls is not None
+        assert view.stalls.settle_seconds == pytest.approx(111.0)  # the interval + 10 s + a tick
+        ((key, seconds),) = view.stalls.totals.items()
+        assert "checkpoint_write" in key and seconds == pytest.approx(10.0, abs=1.0)
+    finally:
+        agent.stop()
 
 
 def test_views_are_made_on_the_ticker_thread_only(tmp_path: Any) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import signal
 import socket
@@ -111,7 +112,8 @@ class Agent:
             reloads=self.reloads,
             alertmanager=counts,
         )
-        self.stalls = StallFeed(self._stall_params(config))
+        self._settling = self._stall_params(config)
+        self.stalls = StallFeed(self._settling)
         self._views = ViewMaker(config, self.stalls, self._kube_evidence)
         self._published = Publisher(self.exporter)
         self._stop = threading.Event()
@@ -175,8 +177,23 @@ class Agent:
         return classifier
 
     @staticmethod
-    def _stall_params(config: Config) -> StallParams:
-        return StallParams(settle_seconds=settle_seconds_for(config.checkpoints.interval_seconds, config.tick_seconds))
+    def _stall_params(config: Config, scan_interval: float | None = None) -> StallParams:
+        interval = config.checkpoints.interval_seconds if scan_interval is None else scan_interval
+        return StallParams(settle_seconds=settle_seconds_for(interval, config.tick_seconds))
+
+    def _settle_after_scans(self, config: Config) -> None:
+        """GPU time is attributed once the checkpoint scan that times the writes in it has come: the settling waits
+        for the scans' interval as paced now (``checkpoints.scan_cpu_share`` stretches it where scans cost more), not
+        as configured. Else a save that ended between two scans further apart than that is settled before its write
+        is known, and its GPU time is never charged to it."""
+        source = next((st.source for st in self._collectors.states if st.source.name == "checkpoints"), None)
+        interval = getattr(source, "interval_seconds", None)
+        if not isinstance(interval, (int, float)) or not math.isfinite(interval) or interval <= 0:
+            interval = None
+        params = self._stall_params(config, interval)
+        if params != self._settling:
+            self._settling = params
+            self.stalls.configure(params)
 
     def _reported(self) -> None:
         if self._published.view is None:
@@ -292,6 +309,7 @@ class Agent:
         with self._collectors.lock:
             classifier, platform, config = self.classifier, self.platform, self.config
         started = time.thread_time()
+        self._settle_after_scans(config)
         view = self._views.make(snap, ready, classifier, platform, config)
         # The View's cost: making it here, and the policy's judging of the last one (on its thread). Counted before
         # it is published, so its scrape shows the interval it leads to.
@@ -426,7 +444,7 @@ class Agent:
             self.alerts.configure(am.max_alerts, am.resolved_keep_seconds, am.firing_ttl_seconds)
             self.alertmanager.configure(receiver)
             self._views.history.resize(new.history_size)
-            self.stalls.configure(self._stall_params(new))
+            self._settle_after_scans(new)
             self._collectors.reconfigure(lambda spec: spec.section_of(new))
             self.sync.configure(new.sync)
             was_quiet = self.pace.quiet
