@@ -593,6 +593,7 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 
 def _libc_function(name: str) -> Any:
+    """The C library's function ``name`` (errno kept for ``ctypes.get_errno``), or None where it has none."""
     try:
         return getattr(ctypes.CDLL(None, use_errno=True), name, None)
     except OSError:
@@ -786,12 +787,13 @@ def _read_full(fd: int, view: memoryview) -> int:
     return n
 
 
+_renameat2_call = _libc_function("renameat2")
+
+
 def _renameat2(dir_fd: int, old: str, new: str, flags: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = getattr(libc, "renameat2", None)
-    if fn is None:
+    if _renameat2_call is None:
         raise OSError(errno.ENOSYS, "renameat2 is not available")
-    if fn(dir_fd, os.fsencode(old), dir_fd, os.fsencode(new), ctypes.c_uint(flags)) != 0:
+    if _renameat2_call(dir_fd, os.fsencode(old), dir_fd, os.fsencode(new), ctypes.c_uint(flags)) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
 

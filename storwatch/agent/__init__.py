@@ -154,7 +154,7 @@ class Agent:
 
     def _policy_worker(self, config: Config) -> PolicyWorker:
         """The policy engine and its actions, the Events posted through the Kubernetes source's connection."""
-        kube = next((st.source for st in self._collectors.states if st.source.name == "kube"), None)
+        kube = self._collectors.source("kube")
         client: KubeClient | None = getattr(kube, "client", None)
         events = KubeEvents(client, clock=self.clock) if client is not None and client.enabled else None
         node = (client.node_name if client is not None else "") or os.environ.get("NODE_NAME") or socket.gethostname()
@@ -186,8 +186,7 @@ class Agent:
         for the scans' interval as paced now (``checkpoints.scan_cpu_share`` stretches it where scans cost more), not
         as configured. Else a save that ended between two scans further apart than that is settled before its write
         is known, and its GPU time is never charged to it."""
-        source = next((st.source for st in self._collectors.states if st.source.name == "checkpoints"), None)
-        interval = getattr(source, "interval_seconds", None)
+        interval = getattr(self._collectors.source("checkpoints"), "interval_seconds", None)
         if not isinstance(interval, (int, float)) or not math.isfinite(interval) or interval <= 0:
             interval = None
         params = self._stall_params(config, interval)

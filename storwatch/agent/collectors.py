@@ -140,6 +140,10 @@ class Collectors:
                 made.append(SourceState(spec.make(context, section), spec.facts, spec))
         return made
 
+    def source(self, name: str) -> Any:
+        """The running source of that collector name, or None."""
+        return next((st.source for st in self.states if st.source.name == name), None)
+
     def latest(self, key: FactsKey[Any] | str) -> Any:
         """A running source's newest facts, by its FactsKey or collector name (None before it reports)."""
         with self.lock:
