@@ -63,9 +63,11 @@ def test_a_job_that_never_imports_storwatch_is_timed_and_charged(
     script.write_text("gpu 0 uuid=GPU-e2e-0000 name=Fake_Trainer util=0 mem_used=0 mem_total=85899345920\n")
     cfg = tmp_path / "storwatch.yaml"
     # The access source at its defaults (a whole pass every 5 s): a save is found by the writer's write counter
-    # between passes, and its end by the look at its open file.
+    # between passes, and its end by the look at its open file, every WATCH_SECONDS. Ticks every 0.1 s with no CPU
+    # budget: the default budget (0.15 % of a core) would stretch them, and those looks, by what a tick costs, which
+    # on a busy machine comes near a save's fsync (then no longer seen open, or its end too vague to time).
     cfg.write_text(
-        "tick_seconds: 0.1\nplatform: generic\n"
+        "tick_seconds: 0.1\ntick_cpu_share: 0\nplatform: generic\n"
         "mounts: {interval_seconds: 1}\nkube: {enabled: false}\n"
         "gpu: {interval_seconds: 0.1, samples_interval_seconds: 0}\n"
         f"checkpoints: {{roots: [{json.dumps(str(disk.mountpoint))}], interval_seconds: 0.5, kubelet: false, "

@@ -128,6 +128,19 @@ def test_a_span_from_birth_to_seen_closed_and_the_cases_that_are_no_duration() -
     timed = timed_by_open_files(born, [_file("/r/step-1.pt", 100.1, 104.0, 104.2, before=99.9)])
     assert timed.write_timed_by == "open_files" and timed.write_start == 100.0
     assert timed.write_seconds == pytest.approx(4.1) and timed.write_bytes_per_second == pytest.approx(1000 / 4.1)
+    # seen open 0.9 s after its birth, past its last change at 100.05 (an fsync), then closed by 101.0: the birth
+    # time's span leaves the fsync out, and the end is known to within 0.05 s: a duration from birth to the middle
+    quick = _ckpt("/r/step-1.pt", 100.05, write_start=100.0, write_seconds=0.05, write_timed_by="birth_mtime")
+    synced = timed_by_open_files(quick, [_file("/r/step-1.pt", 100.1, 100.9, 101.0, before=99.9)])
+    assert synced.write_timed_by == "open_files" and synced.write_seconds == pytest.approx(0.95)
+    # looks too far apart to say when it closed (seen open at 100.9, closed by 102.0): no duration, not the birth
+    # time's 0.05 s, which what was seen contradicts
+    far = timed_by_open_files(quick, [_file("/r/step-1.pt", 100.1, 100.9, 102.0, before=99.9)])
+    assert far.write_seconds is None and far.write_timed_by is None and far.write_bytes_per_second is None, far
+    assert "0.90 s after its birth, past its last change" in str(far.write_untimed_reason), far
+    # seen open only before its last change, looks far apart: nothing contradicts the birth time's span
+    early = _ckpt("/r/step-1.pt", 100.8, write_start=100.0, write_seconds=0.8, write_timed_by="birth_mtime")
+    assert timed_by_open_files(early, [_file("/r/step-1.pt", 100.1, 100.2, 102.0, before=99.9)]) is early
     # an event log's span is exact: kept
     logged = dataclasses.replace(born, write_timed_by="event_log")
     assert timed_by_open_files(logged, [_file("/r/step-1.pt", 100.1, 104.0, 104.2)]) is logged

@@ -107,30 +107,41 @@ def timed_by_open_files(c: Checkpoint, files: Iterable[WrittenFile]) -> Checkpoi
     if not mine or any(f.open for f in mine):
         return c
     assert all(f.closed_by is not None for f in mine)
-    # The close came between the last look that found the file open and the first that found it closed: the middle.
     last = max(mine, key=lambda f: (f.last_open + (f.closed_by or 0.0)) / 2)
-    end = (last.last_open + (last.closed_by or last.last_open)) / 2
-    end_doubt = ((last.closed_by or last.last_open) - last.last_open) / 2
     first = min(mine, key=lambda f: f.first_seen)
+    born_end = None
     if c.write_timed_by == "birth_mtime" and c.write_start is not None and c.write_seconds is not None:
-        start, start_doubt = c.write_start, 0.0
-        end = max(end, c.write_start + c.write_seconds)
+        start, start_doubt, born_end = c.write_start, 0.0, c.write_start + c.write_seconds
     else:
         start = first.first_seen
         start_doubt = first.first_seen - first.looked_before if first.looked_before is not None else math.inf
+    # The save ended after the last look that found its file open (and after its last change, where the birth time
+    # spans it) and before the first look that found it closed: the middle of that.
+    low = last.last_open if born_end is None else max(last.last_open, born_end)
+    high = max(last.closed_by or low, low)
+    end, end_doubt = (low + high) / 2, (high - low) / 2
     seconds = end - start
     doubt = start_doubt + end_doubt
     if not seconds > 0 or doubt > SPAN_TOLERANCE * seconds:
-        if c.write_timed_by is not None:
-            return c  # the birth time's span stands
-        reason = (
-            f"seen open for writing, but its start and end are known only to within {doubt:.2f} s "
-            f"of a {max(seconds, 0.0):.2f} s write (no birth time on this filesystem; looks "
-            f"at the writer's open files came too far apart)"
-            if math.isfinite(doubt)
-            else "seen open for writing only once the write had begun, and this filesystem keeps no birth time"
+        if born_end is not None and last.last_open <= born_end:
+            return c  # nothing seen open after its last change: the birth time's span stands
+        if born_end is not None:
+            # Seen open past its last change (an fsync): the birth time's span leaves that out, so it is no duration.
+            reason = (
+                f"seen open for writing {last.last_open - start:.2f} s after its birth, past its last change, but "
+                f"its end is known only to within {doubt:.2f} s (looks at the writer's open files came too far apart)"
+            )
+        elif math.isfinite(doubt):
+            reason = (
+                f"seen open for writing, but its start and end are known only to within {doubt:.2f} s "
+                f"of a {max(seconds, 0.0):.2f} s write (no birth time on this filesystem; looks "
+                f"at the writer's open files came too far apart)"
+            )
+        else:
+            reason = "seen open for writing only once the write had begun, and this filesystem keeps no birth time"
+        return dataclasses.replace(
+            c, write_seconds=None, write_bytes_per_second=None, write_timed_by=None, write_untimed_reason=reason
         )
-        return dataclasses.replace(c, write_untimed_reason=reason)
     return dataclasses.replace(
         c,
         write_start=start,
