@@ -130,6 +130,9 @@ class FakeKubeAPI:
         self.requests: list[tuple[str, str]] = []
         """(method, path with query) of every request, for assertions."""
         self.port = 0
+        self.serving = False
+        """False once stopped: a request the listener took before it closed is not answered (a server gone away
+        answers nothing), and its watch not opened."""
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._up_timer: threading.Timer | None = None
@@ -151,12 +154,16 @@ class FakeKubeAPI:
         self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="fake-kube-api", daemon=True)
+        with self.lock:
+            self.serving = True
         self._thread.start()
         return self
 
     def stop(self) -> None:
         if self._up_timer is not None:
             self._up_timer.cancel()
+        with self.lock:
+            self.serving = False
         server = self._server
         self._server = None
         if server is not None:
@@ -324,12 +331,21 @@ class _Handler(BaseHTTPRequestHandler):
         data: Obj = json.loads(self.rfile.read(length) or b"{}")
         return data
 
+    def _gone_away(self) -> bool:
+        """The server was stopped after this request's connection was taken: close it unanswered."""
+        if self.server_api.serving:
+            return False
+        self.close_connection = True
+        return True
+
     def do_GET(self) -> None:
         api = self.server_api
         parts = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         with api.lock:
             api.requests.append(("GET", self.path))
+        if self._gone_away():
+            return
         path = parts.path
         namespace: str | None = None
         m = _NS_LIST.match(path)
@@ -373,6 +389,9 @@ class _Handler(BaseHTTPRequestHandler):
         since = int(query.get("resourceVersion") or 0)
         watcher = _Watcher(kind, selector, self.connection)
         with api.lock:
+            # Checked as the watch is added: a stop after this aborts it, one before it means no watch is opened.
+            if self._gone_away():
+                return
             gone = api.gone_next.get(kind, 0) > 0 or (since and since < api.compacted_rv)
             if api.gone_next.get(kind, 0) > 0:
                 api.gone_next[kind] -= 1
@@ -424,6 +443,8 @@ class _Handler(BaseHTTPRequestHandler):
         with api.lock:
             api.requests.append(("POST", self.path))
             refused = api.events_status
+        if self._gone_away():
+            return
         if refused is not None:
             self._body()
             self._refuse(refused, "POST refused by the test" + api.refusal_message)
@@ -449,6 +470,8 @@ class _Handler(BaseHTTPRequestHandler):
         with api.lock:
             api.requests.append(("PATCH", self.path))
             refused = api.events_status
+        if self._gone_away():
+            return
         if refused is not None:
             self._body()
             self._refuse(refused, "PATCH refused by the test" + api.refusal_message)

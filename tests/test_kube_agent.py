@@ -154,6 +154,8 @@ def test_api_server_gone_and_back(tmp_path: Path) -> None:
                 return str(mounts.get(nfs_mount, {}).get("reason", ""))
 
             _until(lambda: "ckpt-shared" in reason(), 30, "the mapping")
+            # Every watch synced first: until then the API shows as down whether or not it is there.
+            _until(lambda: "storwatch_kube_api_up 1.0" in agent.fetch("/metrics").body.decode(), 30, "api_up 1")
             api.go_away(3600)
             _until(lambda: "storwatch_kube_api_up 0.0" in agent.fetch("/metrics").body.decode(), 60, "api_up 0")
             for _ in range(20):  # over several ticks and reconnect attempts
