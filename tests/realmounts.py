@@ -328,43 +328,50 @@ class LoopMount:
         return os.path.basename(self.loop_device)
 
 
+def _backed_by(name: str, image: str) -> bool | None:
+    """Whether loop device ``name`` (e.g. ``loop3``) is attached to ``image``; None when it is attached to nothing.
+    Read from /sys, never from the image's filesystem."""
+    try:
+        with open(f"/sys/block/{name}/loop/backing_file", encoding="utf-8") as fh:
+            backing = fh.read().strip()
+    except OSError:
+        return None
+    backing = backing.removesuffix(" (deleted)")
+    # Once the image's filesystem is lazily unmounted, the kernel shows the path from that filesystem's root only:
+    # match our uniquely named images by name then.
+    unique = os.path.basename(image).startswith(IMAGE_PREFIX)
+    return backing == image or (unique and os.path.basename(backing) == os.path.basename(image))
+
+
 def loop_devices_for(image: str | os.PathLike[str]) -> list[str]:
-    """Loop devices whose backing file is ``image`` (read from /sys, never from the image's filesystem)."""
+    """Loop devices whose backing file is ``image``."""
     target = os.fspath(image)
     found = []
     with contextlib.suppress(FileNotFoundError):
         for name in sorted(os.listdir("/sys/block")):
-            if not name.startswith("loop"):
-                continue
-            try:
-                with open(f"/sys/block/{name}/loop/backing_file", encoding="utf-8") as fh:
-                    backing = fh.read().strip()
-            except OSError:
-                continue
-            backing = backing.removesuffix(" (deleted)")
-            # Once the image's filesystem is lazily unmounted, the kernel shows the path from that
-            # filesystem's root only: match our uniquely named images by name then.
-            unique = os.path.basename(target).startswith(IMAGE_PREFIX)
-            if backing == target or (unique and os.path.basename(backing) == os.path.basename(target)):
+            if name.startswith("loop") and _backed_by(name, target):
                 found.append(f"/dev/{name}")
     return found
 
 
-def _detach_loop(device: str, timeout: float = 10.0) -> None:
+def _detach_loop(device: str, image: str | os.PathLike[str], timeout: float = 10.0) -> None:
+    """Detach ``device`` from ``image``, waiting until it is. Once detached, the device number is free for anyone:
+    another test may attach its own image to it at once, so the wait ends when the device no longer backs ``image``,
+    and a device that backs another image is never detached from it."""
     name = os.path.basename(device)
-    backing = f"/sys/block/{name}/loop/backing_file"
-    if os.path.exists(backing):
+    target = os.fspath(image)
+    if _backed_by(name, target):
         _run(["losetup", "-d", device], check=False)
     # The kernel detaches at once when nothing holds the device, else when the last holder goes (autoclear).
     deadline = time.monotonic() + timeout
-    while os.path.exists(backing):
+    while _backed_by(name, target):
         if time.monotonic() > deadline:
             raise MountError(
                 f"loop device {device} is still attached after {timeout:.0f} s: something still holds its"
                 " (lazily unmounted) filesystem, e.g. an open file; the kernel detaches it when that goes"
             )
         time.sleep(0.05)
-        if int(time.monotonic() * 20) % 10 == 0:  # again now and then (twice a second), not every poll
+        if int(time.monotonic() * 20) % 10 == 0 and _backed_by(name, target):  # again twice a second, not every poll
             _run(["losetup", "-d", device], check=False)
 
 
@@ -420,9 +427,9 @@ def loop_ext4_mount(
         if not loop_device.startswith("/dev/loop"):
             # be safe: detach whatever got attached to this image
             for dev in loop_devices_for(image):
-                stack.callback(_detach_loop, dev)
+                stack.callback(_detach_loop, dev, image)
             raise MountError(f"losetup -f --show printed {loop_device!r}")
-        stack.callback(_detach_loop, loop_device)
+        stack.callback(_detach_loop, loop_device, image)
         cmd = ["mount", "-t", "ext4"]
         if mount_options:
             cmd += ["-o", mount_options]
@@ -452,7 +459,7 @@ def _start_loop_reaper(image: Path, timeout: float = 120.0) -> None:
             devices = loop_devices_for(image)
             for device in devices:
                 with contextlib.suppress(MountError):
-                    _detach_loop(device)
+                    _detach_loop(device, image)
             if devices:
                 return
             time.sleep(0.2)

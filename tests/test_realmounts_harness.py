@@ -18,8 +18,10 @@ from typing import TypeVar
 import pytest
 
 from tests.realmounts import (
+    IMAGE_PREFIX,
     MountError,
     RealPartUnavailable,
+    _detach_loop,
     average_write_latency_ms,
     find_mount,
     fuse_mount,
@@ -83,6 +85,34 @@ def test_loop_ext4_mount(tmp_path: Path) -> None:
     assert not lm.image.exists()
     losetup = subprocess.run(["losetup", "-a"], capture_output=True, text=True, timeout=10, check=True)
     assert os.fspath(lm.image) not in losetup.stdout
+
+
+def test_a_loop_device_number_taken_by_another_image_is_left_alone(tmp_path: Path) -> None:
+    """Once a test's image is detached, its device number is free, and a test running beside it may attach its own
+    image to that number at once: the first test's teardown must then end, and never detach the other's image (held
+    open here, as a mounted one is, so a detach would leave it waiting with autoclear set)."""
+    if os.geteuid() != 0 or not os.path.exists("/dev/loop-control"):
+        pytest.skip("real part unavailable: loop devices need root and /dev/loop-control")
+    ours = tmp_path / f"{IMAGE_PREFIX}ours.img"
+    theirs = tmp_path / f"{IMAGE_PREFIX}theirs.img"
+    for image in (ours, theirs):
+        image.write_bytes(bytes(1 << 20))
+    device = subprocess.run(
+        ["losetup", "-f", "--show", os.fspath(theirs)], capture_output=True, text=True, timeout=30, check=True
+    ).stdout.strip()
+    name = os.path.basename(device)
+    try:
+        holder = os.open(device, os.O_RDONLY)
+        try:
+            _detach_loop(device, ours, timeout=2.0)  # our image is not on it (any more): nothing to wait for
+            assert loop_devices_for(theirs) == [device]
+            with open(f"/sys/block/{name}/loop/autoclear", encoding="ascii") as fh:
+                assert fh.read().strip() == "0"  # never asked to go
+        finally:
+            os.close(holder)
+    finally:
+        _detach_loop(device, theirs)
+    assert loop_devices_for(theirs) == []
 
 
 def test_overlay_mount(tmp_path: Path) -> None:
