@@ -5,9 +5,9 @@ where it may go, and the helper process that makes it so that a destination that
 ``cp -r SRC DEST`` makes. The source is read once, each chunk hashed (xxh3-128) as it is read; the copy is written
 under a temporary name in DEST's directory (``.NAME.storwatch-sync-TOKEN.tmp``) through the page cache, as ``cp``
 writes, the kernel asked to start writing each chunk out at once (``sync_file_range``). It is read back past the
-page cache, its hash compared with the source's: a thread a chunk behind the writing waits until a chunk is on
-the device, drops it from the page cache (``POSIX_FADV_DONTNEED``: its pages are clean by then) and reads it back,
-so from the device. Writing through the page cache rather than with ``O_DIRECT`` lets the kernel's writeback keep
+page cache, its hash compared with the source's: a thread at most LAG chunks behind the writing waits until a chunk
+is on the device, drops it from the page cache (``POSIX_FADV_DONTNEED``: its pages are clean by then) and reads it
+back, so from the device. Writing through the page cache rather than with ``O_DIRECT`` lets the kernel's writeback keep
 many requests in flight: it ran faster than ``dd oflag=direct`` here (BENCHMARKS.md), and needs no alignment. On
 tmpfs and ramfs the page cache is the storage, and the read-back reads it. Files are fsynced on a thread of their
 own while the next is written, every file is fsynced before its verdict, and the copy is never renamed into place

@@ -108,11 +108,11 @@ def timed_by_open_files(c: Checkpoint, files: Iterable[WrittenFile]) -> Checkpoi
         return c
     assert all(f.closed_by is not None for f in mine)
     last = max(mine, key=lambda f: (f.last_open + (f.closed_by or 0.0)) / 2)
-    first = min(mine, key=lambda f: f.first_seen)
     born_end = None
     if c.write_timed_by == "birth_mtime" and c.write_start is not None and c.write_seconds is not None:
         start, start_doubt, born_end = c.write_start, 0.0, c.write_start + c.write_seconds
     else:
+        first = min(mine, key=lambda f: f.first_seen)
         start = first.first_seen
         start_doubt = first.first_seen - first.looked_before if first.looked_before is not None else math.inf
     # The save ended after the last look that found its file open (and after its last change, where the birth time
