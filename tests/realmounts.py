@@ -354,6 +354,45 @@ def loop_devices_for(image: str | os.PathLike[str]) -> list[str]:
     return found
 
 
+def _holders(device: str) -> list[str]:
+    """The processes holding the filesystem on block device ``device`` (a file open, mapped, or their working or
+    root directory on it), each as "PID (NAME, state S, in WCHAN): what". Found by device number, as the paths of a
+    lazily unmounted filesystem no longer say where it was."""
+    try:
+        rdev = os.stat(device).st_rdev
+    except OSError:
+        return []
+    major, minor = os.major(rdev), os.minor(rdev)
+    mapped = f" {major:02x}:{minor:02x} "
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        base = f"/proc/{pid}"
+        what: list[str] = []
+        with contextlib.suppress(OSError):
+            for link in ("cwd", "root"):
+                if os.stat(f"{base}/{link}").st_dev == rdev:
+                    what.append(link)
+            for fd in os.listdir(f"{base}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.stat(f"{base}/fd/{fd}").st_dev == rdev:
+                        what.append(f"fd {fd} {os.readlink(f'{base}/fd/{fd}')}")
+            with open(f"{base}/maps", encoding="utf-8", errors="replace") as fh:
+                what += [f"maps {line.split()[-1]}" for line in fh if mapped in line][:3]
+        if what:
+            state = wchan = comm = "?"
+            with contextlib.suppress(OSError):
+                comm = Path(f"{base}/comm").read_text().strip()
+                state = Path(f"{base}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                wchan = Path(f"{base}/wchan").read_text().strip() or "-"
+            found.append(f"{pid} ({comm}, state {state}, in {wchan}): {', '.join(what[:6])}")
+    return found
+
+
+def _holders_text(device: str) -> str:
+    found = _holders(device)
+    return "; ".join(found) if found else "no process (the kernel itself, e.g. a filesystem still being written out)"
+
+
 def _detach_loop(device: str, image: str | os.PathLike[str], timeout: float = 10.0) -> None:
     """Detach ``device`` from ``image``, waiting until it is. Once detached, the device number is free for anyone:
     another test may attach its own image to it at once, so the wait ends when the device no longer backs ``image``,
@@ -368,7 +407,8 @@ def _detach_loop(device: str, image: str | os.PathLike[str], timeout: float = 10
         if time.monotonic() > deadline:
             raise MountError(
                 f"loop device {device} is still attached after {timeout:.0f} s: something still holds its"
-                " (lazily unmounted) filesystem, e.g. an open file; the kernel detaches it when that goes"
+                " (lazily unmounted) filesystem, e.g. an open file; the kernel detaches it when that goes."
+                f" Holding it now: {_holders_text(device)}"
             )
         time.sleep(0.05)
         if int(time.monotonic() * 20) % 10 == 0 and _backed_by(name, target):  # again twice a second, not every poll

@@ -31,6 +31,7 @@ from tests.realmounts import (
     overlay_mount,
     read_diskstats,
     tmpfs_mount,
+    unmount,
 )
 
 pytestmark = pytest.mark.realpart
@@ -113,6 +114,29 @@ def test_a_loop_device_number_taken_by_another_image_is_left_alone(tmp_path: Pat
     finally:
         _detach_loop(device, theirs)
     assert loop_devices_for(theirs) == []
+
+
+def test_a_loop_device_held_past_the_wait_names_its_holders(tmp_path: Path) -> None:
+    """A filesystem lazily unmounted while files on it are open stays, and its loop device with it: the teardown's
+    error names the processes that hold it (a file open here, a child's working directory), found by the device
+    number, as the paths no longer say where the filesystem was."""
+    with ExitStack() as stack:
+        lm = enter_or_skip(stack, loop_ext4_mount(tmp_path / "held", size_mb=16))
+        (lm.mountpoint / "open.bin").write_bytes(b"x")
+        fd = os.open(lm.mountpoint / "open.bin", os.O_RDONLY)
+        child = subprocess.Popen(["sleep", "60"], cwd=lm.mountpoint)
+        try:
+            unmount(lm.mountpoint, lazy=True)
+            with pytest.raises(MountError) as err:
+                _detach_loop(lm.loop_device, lm.image, timeout=0.5)
+            message = str(err.value)
+            assert re.search(rf"\b{os.getpid()} \([^)]*, state \S+, in [^)]+\): fd {fd} /open.bin", message), message
+            assert re.search(rf"\b{child.pid} \(sleep, state S, in [^)]+\): cwd", message), message
+        finally:
+            child.kill()
+            child.wait()
+            os.close(fd)
+    assert loop_devices_for(lm.image) == []  # both gone: the kernel detached it (autoclear)
 
 
 def test_overlay_mount(tmp_path: Path) -> None:
