@@ -7,10 +7,13 @@ Test modules import these from here and never from one another (tests/test_layou
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import stat
 import struct
+import sys
+import tempfile
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -221,6 +224,11 @@ def own_mount_table(dest: Path, mountpoints: Iterable[str | os.PathLike[str]]) -
 
     The tables are the real ones' lines for those mount points as they are now (make the mounts first), written under
     ``dest``; the namespace is the agent's alone (private propagation), so the host's /proc is left as it is. Root.
+
+    A new mount namespace holds a copy of every mount there is, and a copy keeps its filesystem alive until the
+    namespace goes: a test beside this one (another xdist worker) could then not detach its loop device until this
+    agent had exited. So the namespace first detaches every mount below the temporary directory (where tests make
+    theirs) other than ``mountpoints`` and the directories above them.
     """
     import shutil
 
@@ -247,10 +255,35 @@ def own_mount_table(dest: Path, mountpoints: Iterable[str | os.PathLike[str]]) -
     (dest / "mountinfo").write_bytes(b"".join(line + b"\n" for line in kept))
     (dest / "mountstats").write_bytes(b"".join(blocks))
     unshare = shutil.which("unshare") or "unshare"
-    script = 'mount --bind "$1" /proc/1/mountinfo && mount --bind "$2" /proc/1/mountstats && shift 2 && exec "$@"'
-    # unshare and sh both exec: the agent keeps the PID the test started, and its process group.
-    return [unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-            str(dest / "mountinfo"), str(dest / "mountstats")]  # fmt: skip
+    # unshare and python both exec: the agent keeps the PID the test started, and its process group.
+    return [unshare, "--mount", "--propagation", "private", sys.executable, "-I", "-c", _IN_OWN_NAMESPACE,
+            str(dest / "mountinfo"), str(dest / "mountstats"), tempfile.gettempdir(),
+            json.dumps(sorted(wanted - {"/"}))]  # fmt: skip
+
+
+_IN_OWN_NAMESPACE = """
+import ctypes, json, os, re, sys
+mountinfo, mountstats, top, wanted = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    if getattr(libc, name)(*(os.fsencode(a) if isinstance(a, str) else a for a in args)) != 0:
+        err = ctypes.get_errno()
+        sys.exit(f"own mount table: {name}{args}: {os.strerror(err)}")
+def under(path, above):
+    return path.startswith(above.rstrip("/") + "/")
+def unescape(field):
+    return re.sub(rb"\\\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), field).decode("utf-8", "surrogateescape")
+with open("/proc/self/mountinfo", "rb") as fh:
+    points = {unescape(line.split(b" ")[4]) for line in fh}
+foreign = [p for p in points if under(p, top) and p not in wanted
+           and not any(under(w, p) or under(p, w) for w in wanted)]
+for point in sorted(foreign, key=len, reverse=True):  # the deepest first
+    if libc.umount2(os.fsencode(point), 2) != 0 and ctypes.get_errno() not in (2, 22):  # MNT_DETACH; gone already
+        sys.exit(f"own mount table: umount2({point!r}): {os.strerror(ctypes.get_errno())}")
+call("mount", mountinfo, "/proc/1/mountinfo", None, ctypes.c_ulong(4096), None)  # MS_BIND
+call("mount", mountstats, "/proc/1/mountstats", None, ctypes.c_ulong(4096), None)
+os.execvp(sys.argv[5], sys.argv[5:])
+"""
 
 
 def host_mounts() -> tuple[Mount, ...]:

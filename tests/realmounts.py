@@ -356,8 +356,9 @@ def loop_devices_for(image: str | os.PathLike[str]) -> list[str]:
 
 def _holders(device: str) -> list[str]:
     """The processes holding the filesystem on block device ``device`` (a file open, mapped, or their working or
-    root directory on it), each as "PID (NAME, state S, in WCHAN): what". Found by device number, as the paths of a
-    lazily unmounted filesystem no longer say where it was."""
+    root directory on it), each as "PID (NAME, state S, in WCHAN): what", and the other mount namespaces that still
+    have it mounted. Found by device number, as the paths of a lazily unmounted filesystem no longer say where it
+    was."""
     try:
         rdev = os.stat(device).st_rdev
     except OSError:
@@ -365,10 +366,12 @@ def _holders(device: str) -> list[str]:
     major, minor = os.major(rdev), os.minor(rdev)
     mapped = f" {major:02x}:{minor:02x} "
     found = []
+    namespaces: dict[str, list[str]] = {}
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         base = f"/proc/{pid}"
         what: list[str] = []
         with contextlib.suppress(OSError):
+            namespaces.setdefault(os.readlink(f"{base}/ns/mnt"), []).append(pid)
             for link in ("cwd", "root"):
                 if os.stat(f"{base}/{link}").st_dev == rdev:
                     what.append(link)
@@ -385,6 +388,16 @@ def _holders(device: str) -> list[str]:
                 state = Path(f"{base}/stat").read_text().rsplit(")", 1)[1].split()[0]
                 wchan = Path(f"{base}/wchan").read_text().strip() or "-"
             found.append(f"{pid} ({comm}, state {state}, in {wchan}): {', '.join(what[:6])}")
+    # A mount namespace holds a copy of each mount there was when it was made, and with it the filesystem.
+    own = os.readlink("/proc/self/ns/mnt")
+    for ns, pids in namespaces.items():
+        if ns == own:
+            continue
+        with contextlib.suppress(OSError), open(f"/proc/{pids[0]}/mountinfo", "rb") as fh:
+            points = [line.split(b" ")[4] for line in fh if line.split(b" ")[2] == f"{major}:{minor}".encode()]
+            if points:
+                shown = ", ".join(pids[:5]) + (f" and {len(pids) - 5} more" if len(pids) > 5 else "")
+                found.append(f"the mount namespace {ns} of {shown}: mounted at {points[0].decode(errors='replace')}")
     return found
 
 

@@ -119,24 +119,61 @@ def test_a_loop_device_number_taken_by_another_image_is_left_alone(tmp_path: Pat
 def test_a_loop_device_held_past_the_wait_names_its_holders(tmp_path: Path) -> None:
     """A filesystem lazily unmounted while files on it are open stays, and its loop device with it: the teardown's
     error names the processes that hold it (a file open here, a child's working directory), found by the device
-    number, as the paths no longer say where the filesystem was."""
+    number, as the paths no longer say where the filesystem was, and a mount namespace made while it was mounted."""
     with ExitStack() as stack:
         lm = enter_or_skip(stack, loop_ext4_mount(tmp_path / "held", size_mb=16))
         (lm.mountpoint / "open.bin").write_bytes(b"x")
         fd = os.open(lm.mountpoint / "open.bin", os.O_RDONLY)
         child = subprocess.Popen(["sleep", "60"], cwd=lm.mountpoint)
+        spaced = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "60"])
         try:
+            for _ in range(200):  # until it runs in its own namespace
+                if Path(f"/proc/{spaced.pid}/comm").read_text().strip() == "sleep":
+                    break
+                threading.Event().wait(0.05)
             unmount(lm.mountpoint, lazy=True)
             with pytest.raises(MountError) as err:
                 _detach_loop(lm.loop_device, lm.image, timeout=0.5)
             message = str(err.value)
             assert re.search(rf"\b{os.getpid()} \([^)]*, state \S+, in [^)]+\): fd {fd} /open.bin", message), message
             assert re.search(rf"\b{child.pid} \(sleep, state S, in [^)]+\): cwd", message), message
+            assert re.search(
+                rf"the mount namespace mnt:\[\d+\] of {spaced.pid}: mounted at {lm.mountpoint}", message
+            ), message
         finally:
-            child.kill()
-            child.wait()
+            for proc in (child, spaced):
+                proc.kill()
+                proc.wait()
             os.close(fd)
     assert loop_devices_for(lm.image) == []  # both gone: the kernel detached it (autoclear)
+
+
+def test_an_agents_own_mount_table_holds_no_other_tests_mount(tmp_path: Path) -> None:
+    """The private mount namespace the e2e tests run their agent in (tests/builders.py ``own_mount_table``) would
+    hold a copy of every mount there is, another test's loop device's filesystem among them, and keep it alive until
+    the agent exited: that test's teardown then waited in vain for its loop device. The namespace detaches what is
+    not its own below the temporary directory, so the other's teardown goes through while the agent still runs."""
+    from tests.builders import own_mount_table
+
+    with ExitStack() as stack:
+        ours = enter_or_skip(stack, tmpfs_mount(tmp_path / "ours"))
+        with ExitStack() as others:
+            theirs = enter_or_skip(others, loop_ext4_mount(tmp_path / "theirs", size_mb=16))
+            prefix = own_mount_table(tmp_path / "table", [ours.mountpoint])
+            agent = subprocess.Popen([*prefix, "sleep", "60"])
+            stack.callback(agent.wait)
+            stack.callback(agent.kill)
+            for _ in range(200):  # until the namespace is set up and the command runs
+                if Path(f"/proc/{agent.pid}/comm").read_text().strip() == "sleep":
+                    break
+                threading.Event().wait(0.05)
+            table = Path(f"/proc/{agent.pid}/mountinfo").read_text()
+            assert f" {ours.mountpoint} " in table
+            assert f" {theirs.mountpoint} " not in table
+            assert Path(f"/proc/{agent.pid}/root/proc/1/mountinfo").read_text().count("\n") == 2  # "/" and ours
+        # the other test's teardown (unmount, losetup -d, waiting until the kernel detached it) went through
+        assert loop_devices_for(theirs.image) == []
+        assert agent.poll() is None
 
 
 def test_overlay_mount(tmp_path: Path) -> None:
