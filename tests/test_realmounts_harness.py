@@ -116,6 +116,15 @@ def test_a_loop_device_number_taken_by_another_image_is_left_alone(tmp_path: Pat
     assert loop_devices_for(theirs) == []
 
 
+def _wait_for_exec(proc: subprocess.Popen[bytes], name: str, timeout: float = 10.0) -> None:
+    """Wait until ``proc`` runs the program ``name`` (what started it execs it)."""
+    for _ in range(int(timeout / 0.05)):
+        if Path(f"/proc/{proc.pid}/comm").read_text().strip() == name:
+            return
+        threading.Event().wait(0.05)
+    raise AssertionError(f"pid {proc.pid} did not exec {name} within {timeout:.0f} s")
+
+
 def test_a_loop_device_held_past_the_wait_names_its_holders(tmp_path: Path) -> None:
     """A filesystem lazily unmounted while files on it are open stays, and its loop device with it: the teardown's
     error names the processes that hold it (a file open here, a child's working directory), found by the device
@@ -127,10 +136,7 @@ def test_a_loop_device_held_past_the_wait_names_its_holders(tmp_path: Path) -> N
         child = subprocess.Popen(["sleep", "60"], cwd=lm.mountpoint)
         spaced = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "60"])
         try:
-            for _ in range(200):  # until it runs in its own namespace
-                if Path(f"/proc/{spaced.pid}/comm").read_text().strip() == "sleep":
-                    break
-                threading.Event().wait(0.05)
+            _wait_for_exec(spaced, "sleep")  # it runs in its own namespace
             unmount(lm.mountpoint, lazy=True)
             with pytest.raises(MountError) as err:
                 _detach_loop(lm.loop_device, lm.image, timeout=0.5)
@@ -163,10 +169,7 @@ def test_an_agents_own_mount_table_holds_no_other_tests_mount(tmp_path: Path) ->
             agent = subprocess.Popen([*prefix, "sleep", "60"])
             stack.callback(agent.wait)
             stack.callback(agent.kill)
-            for _ in range(200):  # until the namespace is set up and the command runs
-                if Path(f"/proc/{agent.pid}/comm").read_text().strip() == "sleep":
-                    break
-                threading.Event().wait(0.05)
+            _wait_for_exec(agent, "sleep")  # the namespace is set up and the command runs
             table = Path(f"/proc/{agent.pid}/mountinfo").read_text()
             assert f" {ours.mountpoint} " in table
             assert f" {theirs.mountpoint} " not in table
