@@ -257,32 +257,29 @@ def own_mount_table(dest: Path, mountpoints: Iterable[str | os.PathLike[str]]) -
     unshare = shutil.which("unshare") or "unshare"
     # unshare and python both exec: the agent keeps the PID the test started, and its process group.
     return [unshare, "--mount", "--propagation", "private", sys.executable, "-I", "-c", _IN_OWN_NAMESPACE,
-            str(dest / "mountinfo"), str(dest / "mountstats"), tempfile.gettempdir(),
-            json.dumps(sorted(wanted - {"/"}))]  # fmt: skip
+            str(Path(__file__).resolve().parents[1]), str(dest / "mountinfo"), str(dest / "mountstats"),
+            tempfile.gettempdir(), json.dumps(sorted(wanted - {"/"}))]  # fmt: skip
 
 
 _IN_OWN_NAMESPACE = """
-import ctypes, json, os, re, sys
-mountinfo, mountstats, top, wanted = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-libc = ctypes.CDLL(None, use_errno=True)
-def call(name, *args):
-    if getattr(libc, name)(*(os.fsencode(a) if isinstance(a, str) else a for a in args)) != 0:
-        err = ctypes.get_errno()
-        sys.exit(f"own mount table: {name}{args}: {os.strerror(err)}")
+import errno, json, os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from tests.realmounts import _umount2_detach, read_mountinfo
+mountinfo, mountstats, top, wanted = sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
 def under(path, above):
     return path.startswith(above.rstrip("/") + "/")
-def unescape(field):
-    return re.sub(rb"\\\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), field).decode("utf-8", "surrogateescape")
-with open("/proc/self/mountinfo", "rb") as fh:
-    points = {unescape(line.split(b" ")[4]) for line in fh}
+points = {e.mountpoint for e in read_mountinfo()}
 foreign = [p for p in points if under(p, top) and p not in wanted
            and not any(under(w, p) or under(p, w) for w in wanted)]
 for point in sorted(foreign, key=len, reverse=True):  # the deepest first
-    if libc.umount2(os.fsencode(point), 2) != 0 and ctypes.get_errno() not in (2, 22):  # MNT_DETACH; gone already
-        sys.exit(f"own mount table: umount2({point!r}): {os.strerror(ctypes.get_errno())}")
-call("mount", mountinfo, "/proc/1/mountinfo", None, ctypes.c_ulong(4096), None)  # MS_BIND
-call("mount", mountstats, "/proc/1/mountstats", None, ctypes.c_ulong(4096), None)
-os.execvp(sys.argv[5], sys.argv[5:])
+    try:
+        _umount2_detach(point)
+    except OSError as err:
+        if err.errno not in (errno.ENOENT, errno.EINVAL):  # gone already
+            sys.exit(f"own mount table: cannot detach {point!r}: {err.strerror}")
+for table, over in ((mountinfo, "/proc/1/mountinfo"), (mountstats, "/proc/1/mountstats")):
+    subprocess.run(["mount", "--bind", table, over], check=True)
+os.execvp(sys.argv[6], sys.argv[6:])
 """
 
 

@@ -393,11 +393,15 @@ def _holders(device: str) -> list[str]:
     for ns, pids in namespaces.items():
         if ns == own:
             continue
-        with contextlib.suppress(OSError), open(f"/proc/{pids[0]}/mountinfo", "rb") as fh:
-            points = [line.split(b" ")[4] for line in fh if line.split(b" ")[2] == f"{major}:{minor}".encode()]
+        with contextlib.suppress(OSError):
+            points = [
+                e.mountpoint
+                for e in read_mountinfo(f"/proc/{pids[0]}/mountinfo")
+                if (e.major, e.minor) == (major, minor)
+            ]
             if points:
                 shown = ", ".join(pids[:5]) + (f" and {len(pids) - 5} more" if len(pids) > 5 else "")
-                found.append(f"the mount namespace {ns} of {shown}: mounted at {points[0].decode(errors='replace')}")
+                found.append(f"the mount namespace {ns} of {shown}: mounted at {points[0]}")
     return found
 
 
