@@ -4,7 +4,8 @@
 Usage::
 
     python tests/fusefs.py --backing DIR --mountpoint MNT [--write-delay-ms N] [--block-statfs]
-                           [--block-readdir] [--block-getattr] [--ready-file PATH] [--fsname NAME] [--debug]
+                           [--block-readdir] [--block-getattr] [--no-rename-flags] [--ready-file PATH]
+                           [--fsname NAME] [--debug]
 
 * Every operation is passed through to the same path under ``--backing``.
 * ``--write-delay-ms N`` sleeps N ms in every ``write`` handler: a loop device whose backing image lives
@@ -14,6 +15,10 @@ Usage::
 * ``--block-readdir`` and ``--block-getattr`` make ``readdir`` (listing any directory) or ``getattr`` (a stat of
   anything, the mount's root included) block the same way while ``statfs`` still answers, as s3fs can: statvfs
   says the mount is fine, and a walk of it hangs.
+* ``--no-rename-flags`` answers EINVAL to ``renameat2`` with any flag (``RENAME_NOREPLACE``, ``RENAME_EXCHANGE``),
+  as NFS and many FUSE filesystems do, so that the fallbacks for them are what runs. mfusepy itself drops the flags
+  and renames plainly (an exchange would overwrite), so they are refused here, in the FUSE layer; the mount then
+  also gives the backing files' inode numbers (``use_ino``), as a real filesystem does, so identity checks hold.
 * Runs in the foreground, multithreaded. Once the kernel has sent FUSE_INIT (that is, the filesystem is
   mounted) it writes ``--ready-file`` (atomically) or prints ``ready`` on stdout.
 
@@ -88,8 +93,10 @@ class Passthrough(Operations):  # type: ignore[misc]
         mountpoint: str | None = None,
         block_readdir: bool = False,
         block_getattr: bool = False,
+        use_ino: bool = False,
     ) -> None:
         self.backing = os.path.realpath(backing)
+        self.use_ino = use_ino
         self.mountpoint = mountpoint
         self.write_delay_s = write_delay_s
         self.block_statfs = block_statfs
@@ -198,12 +205,21 @@ class Passthrough(Operations):  # type: ignore[misc]
 
     # -- directories ---------------------------------------------------------------------------------------
 
-    def readdir(self, path: str, fh: int) -> list[str]:
+    def readdir(self, path: str, fh: int) -> list[Any]:
         if self.block_readdir:
             self._unmounted.wait()
             raise FuseOSError(errno.ENOTCONN)
         try:
-            return [".", "..", *os.listdir(self._full(path))]
+            names = [".", "..", *os.listdir(self._full(path))]
+            if not self.use_ino:
+                return names
+            # With use_ino the kernel takes each entry's inode number from here: a name alone would be inode 0,
+            # which readdir(3) skips.
+            out: list[Any] = []
+            for name in names:
+                st = os.lstat(os.path.join(self._full(path), name))
+                out.append((name, {"st_ino": st.st_ino, "st_mode": st.st_mode}, 0))
+            return out
         except OSError as exc:
             raise self._errno(exc) from None
 
@@ -326,6 +342,15 @@ class Passthrough(Operations):  # type: ignore[misc]
         return 0
 
 
+class FlagRefusingFUSE(FUSE):  # type: ignore[misc]
+    """mfusepy's FUSE, refusing ``renameat2`` flags instead of dropping them."""
+
+    def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
+        if flags:
+            return -errno.EINVAL
+        return int(super().rename_fuse_3(old, new, flags))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backing", required=True, help="directory to pass through to")
@@ -334,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-statfs", action="store_true", help="statfs blocks forever (a hung mount)")
     parser.add_argument("--block-readdir", action="store_true", help="readdir blocks forever (statfs answers)")
     parser.add_argument("--block-getattr", action="store_true", help="getattr blocks forever (statfs answers)")
+    parser.add_argument("--no-rename-flags", action="store_true", help="renameat2 with flags answers EINVAL")
     parser.add_argument("--ready-file", default=None, help="written once mounted (else 'ready' on stdout)")
     parser.add_argument("--fsname", default="storwatch-fusefs", help="source shown in the mount table")
     parser.add_argument("--debug", action="store_true", help="libfuse debug output on stderr")
@@ -351,8 +377,10 @@ def main(argv: list[str] | None = None) -> int:
         mountpoint=os.path.realpath(args.mountpoint),
         block_readdir=args.block_readdir,
         block_getattr=args.block_getattr,
+        use_ino=args.no_rename_flags,
     )
-    FUSE(
+    extra = {"use_ino": True} if args.no_rename_flags else {}
+    (FlagRefusingFUSE if args.no_rename_flags else FUSE)(
         ops,
         os.path.realpath(args.mountpoint),
         foreground=True,
@@ -360,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         debug=args.debug,
         fsname=args.fsname,
         subtype="storwatch",
+        **extra,
     )
     return 0
 

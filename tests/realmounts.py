@@ -705,12 +705,14 @@ def fuse_mount(
     debug: bool = False,
     block_readdir: bool = False,
     block_getattr: bool = False,
+    rename_flags: bool = True,
 ) -> Iterator[FuseMount]:
     """Mount ``tests/fusefs.py`` (a passthrough over ``backing``, or over a fresh temporary dir) at ``dir``.
 
     ``write_delay_ms`` sleeps in every write; ``block_statfs`` makes ``statvfs(dir)`` hang in the kernel;
     ``block_readdir`` / ``block_getattr`` make listing / stat'ing anything on it hang while statvfs answers (fill
-    ``backing`` before mounting: nothing on such a mount can be read or written through it).
+    ``backing`` before mounting: nothing on such a mount can be read or written through it); ``rename_flags``
+    False makes ``renameat2`` with a flag fail with EINVAL, as on NFS.
     Waits (up to ``ready_timeout``) until the mount is in /proc/self/mountinfo and the daemon has answered
     FUSE_INIT. Teardown aborts the connection through fusectl, unmounts lazily and stops the daemon, so it
     works for a hung mount too.
@@ -749,6 +751,8 @@ def fuse_mount(
             cmd.append("--block-readdir")
         if block_getattr:
             cmd.append("--block-getattr")
+        if not rename_flags:
+            cmd.append("--no-rename-flags")
         if debug:
             cmd.append("--debug")
         with open(log_path, "wb") as log:
