@@ -313,7 +313,7 @@ def release_cgroup(group: Path, parent: Path) -> None:
             time.sleep(0.1)
 
 
-SYNC_LEFTOVER = re.compile(r"\..+\.storwatch-sync-[0-9a-f]{16}\.(tmp|old|manifest)")
+SYNC_LEFTOVER = re.compile(r"\..+\.storwatch-sync-[0-9a-f]{16}\.(tmp|old|manifest|gone)")
 """The names storwatch sync gives what it writes before the rename (a temporary, the copy it replaces, its manifest's
 temporary): what a killed copy may leave, and the next run removes."""
 

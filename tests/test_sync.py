@@ -149,7 +149,7 @@ def test_a_bad_destination_root_is_refused(roots: str, problem: str) -> None:
 )
 def test_safe_field_makes_any_text_one_valid_component(value: str) -> None:
     text = safe_field(value)
-    assert sync._field_problem("f", text) is None
+    assert sync.destinations.field_problem("f", text) is None
     assert safe_field(value + "!") != text
 
 
@@ -422,7 +422,7 @@ def test_the_destination_directories_below_a_root_are_made_and_never_followed(tm
     assert result.outcome == "refused" and "is a symlink: never followed" in (result.error or "")
     (root / "ns" / "file").write_text("not a directory")
     result = copy_verified(str(src), str(root / "ns" / "file" / "ck"), root=str(root))
-    assert result.outcome == "refused" and "is not a directory" in (result.error or "")
+    assert result.outcome == "refused" and "is a regular file, not a directory" in (result.error or "")
     assert os.listdir(elsewhere) == []
 
 
@@ -482,7 +482,7 @@ def test_without_sync_file_range_each_read_back_waits_with_fdatasync(
         ctypes.set_errno(errno.EOPNOTSUPP)
         return -1
 
-    monkeypatch.setattr(sync, "_sync_file_range", None if how == "missing" else refused)
+    monkeypatch.setattr(sync.pipeline, "_sync_file_range", None if how == "missing" else refused)
     real_fdatasync = os.fdatasync
     synced: list[int] = []
 
@@ -490,7 +490,7 @@ def test_without_sync_file_range_each_read_back_waits_with_fdatasync(
         synced.append(fd)
         real_fdatasync(fd)
 
-    monkeypatch.setattr(sync.os, "fdatasync", fdatasync)
+    monkeypatch.setattr(sync.pipeline.os, "fdatasync", fdatasync)
     src = make_checkpoint(tmp_path / "src", shards=1, shard_bytes=1000)
     (tmp_path / "dst").mkdir()
     result = copy_verified(str(src), str(tmp_path / "dst" / "ck"))
@@ -514,7 +514,7 @@ def test_a_verification_mismatch_fails_the_copy(tmp_path: Path, monkeypatch: pyt
             buffers[0][100] ^= 0xFF
         return got
 
-    monkeypatch.setattr(sync.os, "preadv", preadv_then_flip)
+    monkeypatch.setattr(sync.pipeline.os, "preadv", preadv_then_flip)
     result = copy_verified(str(src), str(tmp_path / "dst" / "ck"))
     assert result.outcome == "failed" and "model.bin: read back past the page cache" in (result.error or "")
     assert os.listdir(tmp_path / "dst") == []

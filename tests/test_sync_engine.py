@@ -22,10 +22,13 @@ from storwatch.agent.collectors import Collectors, SourceState
 from storwatch.config import SyncConfig
 from storwatch.paths import HostPaths
 from storwatch.sources import FactsKey
+from storwatch.sources.kubevolumes import volume_directory
 from tests.agentproc import wait_until
 
 WAIT = 60.0
 POD_DIR = "/var/lib/kubelet/pods/5a1e7c3b-2f4d-4e8a-9b6c-0d1e2f3a4b5c/volumes"
+VOLUME = f"{POD_DIR}/kubernetes.io~empty-dir/scratch"
+"""The pod's emptyDir the run is in, as the host names it."""
 
 
 class Clock:
@@ -41,7 +44,7 @@ def host(tmp_path: Path) -> Path:
     """The host's root as the agent reaches it (--path.rootfs), with a durable root and a run's checkpoint."""
     root = tmp_path / "root"
     (root / "durable").mkdir(parents=True)
-    run = root / "scratch" / "run1"
+    run = root / VOLUME.lstrip("/") / "run1"
     run.mkdir(parents=True)
     (run / "step-100.pt").write_bytes(bytes(range(256)) * 4096)
     return root
@@ -70,7 +73,7 @@ def _done(engine: SyncEngine, job_id: int) -> SyncJob:
 
 
 def _run(host: Path, **fields: Any) -> Entity:
-    ckpt = host / "scratch" / "run1" / "step-100.pt"
+    ckpt = host / VOLUME.lstrip("/") / "run1" / "step-100.pt"
     base: dict[str, Any] = {
         "run": "run1",
         "path": f"{POD_DIR}/kubernetes.io~empty-dir/scratch/run1",
@@ -85,7 +88,7 @@ def _run(host: Path, **fields: Any) -> Entity:
         "run1",
         {**base, **fields},
         run_dir=str(ckpt.parent),
-        run_root=str(host / "scratch"),
+        run_root=str(host / "var/lib/kubelet/pods"),
         checkpoint_path=str(ckpt),
         checkpoint_mtime=ckpt.stat().st_mtime,
     )
@@ -103,11 +106,25 @@ def _request(entity: Entity, transition: Any = "firing", **params: Any) -> Actio
         (f"{POD_DIR}/kubernetes.io~csi/pvc-1/mount/ckpt/llama", "x", "pvc-1/ckpt/llama"),
         (f"{POD_DIR}/kubernetes.io~local-volume/pvc-2/run", "x", "pvc-2/run"),
         ("/home/alice/run1", "alice/run1", "alice/run1"),
+        # A tenant's directory named like a kubelet path, anywhere but below the kubelet's own: no pod's volume.
+        (f"/data/them{POD_DIR}/kubernetes.io~empty-dir/scratch/run1", "them/var/lib/x", "them/var/lib/x"),
+        (f"/var/lib/kubelet/pods/x{POD_DIR}/kubernetes.io~empty-dir/scratch/run1", "y", "y"),
+        (f"{POD_DIR}/kubernetes.io~csi/pvc-1/vol_data.json", "z", "z"),
     ],
-    ids=["empty-dir", "volume-root", "csi-mount", "local-volume", "not-a-pod-volume"],
+    ids=[
+        "empty-dir",
+        "volume-root",
+        "csi-mount",
+        "local-volume",
+        "not-a-pod-volume",
+        "named-like-one",
+        "not-a-uid",
+        "csi-not-mount",
+    ],
 )
 def test_run_names_a_pod_volume_run_by_its_volume(path: str, label: str, expected: str) -> None:
-    assert run_name(Entity("run", label, {"run": label, "path": path})) == expected
+    volume = volume_directory("/var/lib/kubelet/pods", path)
+    assert run_name(Entity("run", label, {"run": label, "path": path}, run_dir=path), volume) == expected
 
 
 def test_a_copy_goes_below_the_root_as_reached_verified_and_counted(
@@ -115,7 +132,9 @@ def test_a_copy_goes_below_the_root_as_reached_verified_and_counted(
 ) -> None:
     clock = Clock()
     engine = _engine(engines, host, clock)
-    action = SyncAction(engine.resolver, engine.jobs, AskedRuns(clock), "gpu-node-1", clock)
+    action = SyncAction(
+        engine.resolver, engine.jobs, AskedRuns(clock), "gpu-node-1", clock, paths=engine.resolver.paths
+    )
     result = action.run(_request(_run(host)), 10.0)
     assert result.outcome == "ok", result
     (job,) = engine.jobs.jobs()
@@ -123,7 +142,7 @@ def test_a_copy_goes_below_the_root_as_reached_verified_and_counted(
     assert job.destination == str(dest)
     done = _done(engine, job.job_id)
     assert done.state == "done" and done.detail.startswith("verified: 1 files"), done
-    assert dest.read_bytes() == (host / "scratch" / "run1" / "step-100.pt").read_bytes()
+    assert dest.read_bytes() == (host / VOLUME.lstrip("/") / "run1" / "step-100.pt").read_bytes()
     metrics = engine.jobs.metrics()
     assert metrics.bytes_total == dest.stat().st_size and metrics.in_progress == 0
     assert list(metrics.last_success) == ["run1"]
@@ -148,7 +167,9 @@ def test_a_destination_that_would_leave_its_root_is_refused_and_nothing_written(
 ) -> None:
     clock = Clock()
     engine = _engine(engines, host, clock)
-    action = SyncAction(engine.resolver, engine.jobs, AskedRuns(clock), "gpu-node-1", clock)
+    action = SyncAction(
+        engine.resolver, engine.jobs, AskedRuns(clock), "gpu-node-1", clock, paths=engine.resolver.paths
+    )
     result = action.run(_request(_run(host, **fields), **params), 10.0)
     assert result.outcome == "failed" and why in result.detail, result
     assert engine.jobs.jobs() == [] and list((host / "durable").iterdir()) == []
@@ -160,7 +181,7 @@ def test_a_reload_changes_the_roots_for_the_next_copy(host: Path, engines: list[
     (host / "fsx").mkdir()
     engine.configure(SyncConfig(destinations=("/fsx",), template="{pod}/{checkpoint}"))
     assert engine.resolver.roots == ("/fsx",)
-    action = SyncAction(engine.resolver, engine.jobs, AskedRuns(clock), "n", clock)
+    action = SyncAction(engine.resolver, engine.jobs, AskedRuns(clock), "n", clock, paths=engine.resolver.paths)
     assert action.check({"destination": "/durable"}) == ["params.destination: /durable is not one of sync.destinations"]
     assert action.run(_request(_run(host)), 10.0).outcome == "ok"
     (job,) = engine.jobs.jobs()
@@ -177,7 +198,7 @@ def test_a_copy_still_going_when_its_pod_is_killed_is_stopped_and_leaves_nothing
     clock = Clock()
     # 1 MiB at 64 KiB/s: the copy runs far longer than the pod's time below.
     engine = _engine(engines, host, clock, bandwidth_bytes_per_second=64 << 10)
-    action = SyncAction(engine.resolver, engine.jobs, AskedRuns(clock), "n", clock)
+    action = SyncAction(engine.resolver, engine.jobs, AskedRuns(clock), "n", clock, paths=engine.resolver.paths)
     # The node drains; the pod is not being deleted yet: the copy has sync.deadline_seconds.
     assert action.run(_request(_run(host)), 10.0).outcome == "ok"
     (job,) = engine.jobs.jobs()
@@ -200,7 +221,7 @@ def test_a_copy_still_going_when_its_pod_is_killed_is_stopped_and_leaves_nothing
 def test_a_new_copy_is_held_to_the_pods_time_left(host: Path, engines: list[SyncEngine]) -> None:
     clock = Clock()
     engine = _engine(engines, host, clock)
-    action = SyncAction(engine.resolver, engine.jobs, AskedRuns(clock), "n", clock)
+    action = SyncAction(engine.resolver, engine.jobs, AskedRuns(clock), "n", clock, paths=engine.resolver.paths)
     result = action.run(_request(_run(host, pod_seconds_left=12.5)), 10.0)
     assert result.outcome == "ok" and result.detail.endswith("within 12 s"), result
     (job,) = engine.jobs.jobs()
@@ -213,11 +234,11 @@ def test_a_new_copy_is_held_to_the_pods_time_left(host: Path, engines: list[Sync
 def test_a_newer_checkpoint_supersedes_the_copy_of_an_older_one(host: Path, engines: list[SyncEngine]) -> None:
     clock = Clock()
     engine = _engine(engines, host, clock, bandwidth_bytes_per_second=64 << 10)
-    action = SyncAction(engine.resolver, engine.jobs, AskedRuns(clock), "n", clock)
+    action = SyncAction(engine.resolver, engine.jobs, AskedRuns(clock), "n", clock, paths=engine.resolver.paths)
     old = _run(host)
     assert action.run(_request(old), 10.0).outcome == "ok"
     wait_until(lambda: engine.jobs.jobs()[0].state == "copying", timeout=WAIT, what="the old copy to start")
-    newer = host / "scratch" / "run1" / "step-200.pt"
+    newer = host / VOLUME.lstrip("/") / "run1" / "step-200.pt"
     newer.write_bytes(b"newer" * 100)
     entity = Entity(
         "run",
@@ -243,7 +264,15 @@ def test_waiting_for_the_checkpoint_asked_for_asks_for_a_scan(host: Path, engine
     engine = _engine(engines, host, clock)
     asked = AskedRuns(clock)
     scans: list[float] = []
-    action = SyncAction(engine.resolver, engine.jobs, asked, "n", clock, rescan=lambda: scans.append(clock.now))
+    action = SyncAction(
+        engine.resolver,
+        engine.jobs,
+        asked,
+        "n",
+        clock,
+        rescan=lambda: scans.append(clock.now),
+        paths=engine.resolver.paths,
+    )
     entity = _run(host, pod_seconds_left=25.0)
     clock.now = (entity.checkpoint_mtime or 0) + 100
     asked.asked(entity.run_dir or "")
@@ -289,5 +318,6 @@ def test_collect_soon_has_a_source_collect_again_before_its_interval() -> None:
 
 
 def test_template_fields_use_the_run_name() -> None:
-    entity = Entity("run", "k", {"run": "k", "path": f"{POD_DIR}/kubernetes.io~empty-dir/scratch/a%b"})
-    assert template_fields(entity, "n")["run"] == "scratch%2Fa%25b"
+    path = f"{POD_DIR}/kubernetes.io~empty-dir/scratch/a%b"
+    entity = Entity("run", "k", {"run": "k", "path": path}, run_dir=path)
+    assert template_fields(entity, "n", volume_directory("/var/lib/kubelet/pods", path))["run"] == "scratch%2Fa%25b"

@@ -155,7 +155,7 @@ def test_each_range_is_read_back_from_the_device_not_the_page_cache(
             changed.append(where)
         return real_preadv(fd, buffers, offset)
 
-    monkeypatch.setattr(sync.os, "preadv", preadv_after_the_device_changed)
+    monkeypatch.setattr(sync.pipeline.os, "preadv", preadv_after_the_device_changed)
     root = str(disk.mountpoint)
     result = copy_verified(str(src), f"{root}/ck")
     assert changed, "model.bin's second chunk was never read back"

@@ -23,7 +23,6 @@ run's pod has less than this left). A resolution asks for nothing (``skipped``).
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,7 +32,10 @@ from storwatch.actions.base import ActionRequest, ActionResult, Entity
 from storwatch.actions.checkpoint_request import AskedRuns
 from storwatch.actions.params import Params
 from storwatch.actions.sync_jobs import SyncJobs
+from storwatch.paths import HostPaths
 from storwatch.printable import printable
+from storwatch.sources.checkpoint_key import KUBELET_PODS
+from storwatch.sources.kubevolumes import VolumeDirectory, volume_directory
 
 TEMPLATE_FIELDS = ("namespace", "pod", "run", "node", "checkpoint")
 """What a destination template may name."""
@@ -80,25 +82,18 @@ def _read(params: Mapping[str, object], roots: tuple[str, ...] | None) -> tuple[
     return SyncParams(destination, template, wait, reserve), p.errors
 
 
-_POD_VOLUME = re.compile(r"/var/lib/kubelet/pods/[^/]+/volumes/(?P<plugin>[^/]+)/(?P<volume>[^/]+)(?P<below>/.*)?$")
-
-
-def run_name(entity: Entity) -> str:
-    """What ``{run}`` names: for a run in a pod's volume, the volume's name and the path below it (``scratch/run1``;
-    ``{namespace}`` and ``{pod}`` name the pod, and its UID is left out so that a StatefulSet's pod, rescheduled,
-    copies into the same directory); else the run's label, its path below its scan root (``alice/run1``)."""
-    path = entity.fields.get("path")
-    found = _POD_VOLUME.search(path) if isinstance(path, str) else None
-    if found is not None:
-        below = found["below"] or ""
-        if found["plugin"] == "kubernetes.io~csi" and (below == "/mount" or below.startswith("/mount/")):
-            below = below[len("/mount") :]  # a CSI volume's files are in its mount/ directory
-        return found["volume"] + below
+def run_name(entity: Entity, volume: VolumeDirectory | None) -> str:
+    """What ``{run}`` names: for a run in a pod's volume (``volume``, found below the kubelet's own pods directory),
+    the volume's name and the path below it (``scratch/run1``; ``{namespace}`` and ``{pod}`` name the pod, and its
+    UID is left out so that a StatefulSet's pod, rescheduled, copies into the same directory); else the run's label,
+    its path below its scan root (``alice/run1``), unique on the node."""
+    if volume is not None:
+        return "/".join((volume.volume.volume_dir_name, *volume.below))
     label = entity.fields.get("run")
     return label if isinstance(label, str) and label else entity.key
 
 
-def template_fields(entity: Entity, node: str) -> dict[str, str]:
+def template_fields(entity: Entity, node: str, volume: VolumeDirectory | None = None) -> dict[str, str]:
     """The run's fields a destination template may name, as text. ``{run}`` (:func:`run_name`) is a path: one
     component of the destination holds it, its ``/`` written ``%2F`` (and ``%`` as ``%25``, so two runs never give
     one name)."""
@@ -111,7 +106,7 @@ def template_fields(entity: Entity, node: str) -> dict[str, str]:
     return {
         "namespace": text("namespace"),
         "pod": text("pod"),
-        "run": (run_name(entity) or UNKNOWN).replace("%", "%25").replace("/", "%2F"),
+        "run": (run_name(entity, volume) or UNKNOWN).replace("%", "%25").replace("/", "%2F"),
         "node": node or UNKNOWN,
         "checkpoint": text("checkpoint"),
     }
@@ -152,15 +147,18 @@ class SyncAction:
         node_name: str,
         clock: Callable[[], float],
         rescan: Callable[[], object] = lambda: None,
+        paths: HostPaths | None = None,
     ) -> None:
         """``resolver`` and ``jobs``: None where there is no copy engine (``storwatch policy check``); with no roots
-        configured every request is ``skipped``. ``rescan``: asks the checkpoint source for a scan now."""
+        configured every request is ``skipped``. ``rescan``: asks the checkpoint source for a scan now. ``paths``:
+        where the host's root is (its kubelet's pods directory names the pod volumes)."""
         self.resolver = resolver
         self.jobs = jobs
         self.asked = asked
         self.node_name = node_name
         self.clock = clock
         self.rescan = rescan
+        self.paths = paths or HostPaths()
 
     def _roots(self) -> tuple[str, ...] | None:
         """The roots a ``destination`` param is held to (None: not known here, or none configured)."""
@@ -204,12 +202,23 @@ class SyncAction:
             return ActionResult("skipped", "its pod's grace period is over: a copy would not end before it is killed")
         deadline = self.resolver.deadline_seconds if left is None else min(self.resolver.deadline_seconds, left)
         template = params.template or self.resolver.template
+        volume = volume_directory(self.paths.root(KUBELET_PODS), entity.run_dir) if entity.run_dir else None
+        fields = template_fields(entity, self.node_name, volume)
         try:
-            destination = self.resolver.resolve(params.destination, template, template_fields(entity, self.node_name))
+            destination = self.resolver.resolve(params.destination, template, fields)
         except ValueError as err:
             return ActionResult("failed", f"refused: {printable(str(err))}")
         job = self.jobs.submit(
-            request.rule, entity.key, request.message, source, destination, mtime, deadline, entity.run_root
+            request.rule,
+            entity.key,
+            request.message,
+            source,
+            destination,
+            mtime,
+            deadline,
+            entity.run_root,
+            run_dir=entity.run_dir,
+            access_root=volume.directory if volume is not None else self.paths.root("/"),
         )
         return ActionResult(
             "ok",

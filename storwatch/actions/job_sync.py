@@ -10,6 +10,7 @@ A job has no namespace or pod: ``{namespace}`` is its owner (the user's name, el
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import socket
@@ -54,6 +55,8 @@ class JobCopy:
     source_root: str
     """The job's directory it was found in, as reached: opened down to the checkpoint without following links."""
     dest: str
+    run_dir: str = ""
+    """The run's directory, as reached: what the copy's manifest records as its run."""
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,14 @@ def plan_job(
         destinations = Destinations([reached])
         owner = job.user or (str(job.uid) if job.uid is not None else "")
         node_name = node if node is not None else socket.gethostname()
+        labels = {run.path: _label(run.root, run.path) for run in facts.runs}
+        taken = collections.Counter(labels.values())
         for run in facts.runs:
-            label = _label(run.root, run.path)
+            label = labels[run.path]
+            if taken[label] > 1:
+                # Two of the job's directories hold a run of this name: each named by its whole path, so that two
+                # runs never map to one destination.
+                label = os.path.relpath(run.path, paths.root("/"))
             newest = run.newest_complete
             if newest is None:
                 skipped.append(f"{label}: no complete checkpoint")
@@ -172,5 +181,5 @@ def plan_job(
             except SyncRefused as err:
                 skipped.append(f"{label}: refused: {err}")
                 continue
-            copies.append(JobCopy(label, newest.path, run.root, dest))
+            copies.append(JobCopy(label, newest.path, run.root, dest, run.path))
     return JobPlan(job, platform, tuple(places), tuple(copies), tuple(skipped), failure)

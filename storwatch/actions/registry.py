@@ -43,7 +43,7 @@ def registry(
         EventAction(events),
         WebhookAction(node_name),
         RequestCheckpointAction(paths, asked=asked),
-        SyncAction(resolver, jobs, asked, node_name, clock, rescan),
+        SyncAction(resolver, jobs, asked, node_name, clock, rescan, paths),
     ]
     return {action.name: action for action in actions}
 

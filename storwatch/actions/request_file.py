@@ -20,44 +20,16 @@ from __future__ import annotations
 import os
 import stat
 
+from storwatch.nofollow import NotFollowed, components, open_below, what
 from storwatch.training import REQUEST_NAME
 
 MAX_TEXT_BYTES = 4096
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_FLAGS = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class Refused(Exception):
     """The request was not placed; the message says what was found and that it was left as it was."""
-
-
-def _what(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device node"
-    return "a regular file" if stat.S_ISREG(mode) else "something that is not a regular file"
-
-
-def _open_dir(dir_fd: int | None, name: str, shown: str) -> int:
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except OSError as err:
-        # O_NOFOLLOW on a link gives ELOOP, O_DIRECTORY on anything else ENOTDIR: say which was found.
-        try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except OSError:
-            raise Refused(f"cannot open the directory {shown}: {err.strerror or err}") from None
-        if not stat.S_ISDIR(st.st_mode):
-            raise Refused(f"{shown} is {_what(st.st_mode)}, not a directory: not followed") from None
-        raise Refused(f"cannot open the directory {shown}: {err.strerror or err}") from None
 
 
 def open_run_dir(run_dir: str, root: str | None) -> int:
@@ -67,26 +39,18 @@ def open_run_dir(run_dir: str, root: str | None) -> int:
     if not os.path.isabs(run_dir):
         raise Refused(f"the run directory {run_dir} is not an absolute path")
     if root is None:
-        return _open_dir(None, run_dir, run_dir)
-    root = os.path.normpath(root)
-    rel = os.path.relpath(run_dir, root)
-    if rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
-        raise Refused(f"the run directory {run_dir} is not under its scan root {root}")
+        top, parts = os.path.dirname(run_dir), [os.path.basename(run_dir)]
+    else:
+        top, below = root, components(root, run_dir)
+        if below is None:
+            raise Refused(f"the run directory {run_dir} is not under its scan root {os.path.normpath(root)}")
+        parts = below
     try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return open_below(top, parts)
+    except NotFollowed as err:
+        raise Refused(str(err)) from None
     except OSError as err:
-        raise Refused(f"cannot open the scan root {root}: {err.strerror or err}") from None
-    shown = root
-    try:
-        for part in [] if rel == os.curdir else rel.split(os.sep):
-            shown = os.path.join(shown, part)
-            below = _open_dir(fd, part, shown)
-            os.close(fd)
-            fd = below
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        raise Refused(f"cannot open the directory {run_dir}: {err.strerror or err}") from None
 
 
 def _renew(dir_fd: int, text: bytes, shown: str) -> None:
@@ -95,7 +59,7 @@ def _renew(dir_fd: int, text: bytes, shown: str) -> None:
 
     def refuse_unless_ours(st: os.stat_result) -> None:
         if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"{_what(st.st_mode)} is at {shown}: not followed, not replaced, left as it is")
+            raise Refused(f"{what(st.st_mode)} is at {shown}: not followed, not replaced, left as it is")
         if st.st_nlink != 1:
             raise Refused(f"a file with {st.st_nlink} links is at {shown}: not one we made, left as it is")
         if st.st_uid != uid:

@@ -94,7 +94,16 @@ class EngineWorker:
         )
         self._lock = threading.Lock()
 
-    def submit(self, src: str, dest: str, *, source_root: str | None, deadline_seconds: float) -> int:
+    def submit(
+        self,
+        src: str,
+        dest: str,
+        *,
+        source_root: str | None,
+        deadline_seconds: float,
+        run_dir: str | None = None,
+        access_root: str | None = None,
+    ) -> int:
         settings = self.resolver.settings
         with self._lock:
             # The allowlist a DEST is checked against in submit: a reload's new roots hold from the next copy on.
@@ -106,6 +115,8 @@ class EngineWorker:
                 keep=settings.section.keep,
                 bandwidth=float(settings.section.bandwidth_bytes_per_second) or None,
                 source_root=source_root,
+                run=run_dir,
+                access_root=access_root,
             )
 
     def status(self) -> list[SyncJob]:

@@ -29,7 +29,16 @@ DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 360
 class Worker(Protocol):
     """What this needs of ``storwatch.sync.SyncWorker``."""
 
-    def submit(self, src: str, dest: str, *, source_root: str | None, deadline_seconds: float) -> int: ...
+    def submit(
+        self,
+        src: str,
+        dest: str,
+        *,
+        source_root: str | None,
+        deadline_seconds: float,
+        run_dir: str | None = None,
+        access_root: str | None = None,
+    ) -> int: ...
 
     def status(self) -> object: ...
 
@@ -127,9 +136,13 @@ class SyncJobs:
         mtime: float,
         deadline_seconds: float,
         source_root: str | None = None,
+        run_dir: str | None = None,
+        access_root: str | None = None,
     ) -> SyncJob:
         """Queue the copy. ``source_root``: a trusted directory above ``source`` (the run's scan root): the copy
-        opens every directory from it down without following a symbolic link."""
+        opens every directory from it down without following a symbolic link. ``run_dir``: the run's directory, which
+        the copy's manifest records (a destination holding another run's copy is refused). ``access_root``: where the
+        source's path starts for who may read the copy (``storwatch.sync.access``)."""
         now = self.clock()
         # A newer checkpoint of the run supersedes an older one still waiting or copying: the worker copies one at a
         # time, and the pod's time is better spent on the newest (the one a drain asked for).
@@ -141,7 +154,14 @@ class SyncJobs:
             ]
         for job in older:
             self._stop(self.worker, job.job_id, f"superseded by the run's newer checkpoint {source}")
-        job_id = self.worker.submit(source, destination, source_root=source_root, deadline_seconds=deadline_seconds)
+        job_id = self.worker.submit(
+            source,
+            destination,
+            source_root=source_root,
+            deadline_seconds=deadline_seconds,
+            run_dir=run_dir,
+            access_root=access_root,
+        )
         job = SyncJob(job_id, rule, run, why, source, destination, mtime, now, now + deadline_seconds)
         with self._lock:
             self._jobs[job_id] = job

@@ -11,6 +11,7 @@ would leave each half unreadable alone.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -139,6 +140,41 @@ def parse_kubelet_volume_path(path: str) -> KubeletVolumePath | None:
     if area == "volume-subpaths":
         return KubeletVolumePath(uid, "", plugin, subpath=True)
     return KubeletVolumePath(uid, plugin, name)
+
+
+@dataclass(frozen=True)
+class VolumeDirectory:
+    """A path inside a pod's volume, found below the kubelet's own pods directory."""
+
+    volume: KubeletVolumePath
+    directory: str
+    """The volume's own directory (a CSI volume's ``mount``), as the caller reached the path: what the pod sees as
+    its mount."""
+    below: tuple[str, ...]
+    """The path's components below that directory."""
+
+
+_POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+
+
+def volume_directory(kubelet_pods: str, path: str) -> VolumeDirectory | None:
+    """The pod volume ``path`` lies in, when it lies below ``kubelet_pods`` (the kubelet's pods directory as the
+    caller reaches it: ``/var/lib/kubelet/pods`` below ``--path.rootfs``) as ``<uid>/volumes/<plugin>/<name>``; None
+    otherwise. Anchored there, never found by searching a path: a tenant's directory named like a kubelet path
+    anywhere else names no pod."""
+    root, full = os.path.normpath(kubelet_pods), os.path.normpath(path)
+    if not full.startswith(root.rstrip("/") + "/"):
+        return None
+    parts = full[len(root.rstrip("/")) + 1 :].split("/")
+    if len(parts) < 4 or _POD_UID.fullmatch(parts[0]) is None or parts[1] != "volumes":
+        return None
+    uid, plugin, name, rest = parts[0], parts[2], parts[3], parts[4:]
+    directory = os.path.join(root, uid, "volumes", plugin, name)
+    if plugin == "kubernetes.io~csi":
+        if not rest or rest[0] != "mount":
+            return None  # the CSI volume's own files (vol_data.json), not its data
+        directory, rest = os.path.join(directory, "mount"), rest[1:]
+    return VolumeDirectory(KubeletVolumePath(uid, plugin, name), directory, tuple(rest))
 
 
 @dataclass(frozen=True)
