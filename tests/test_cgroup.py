@@ -119,6 +119,10 @@ CONTAINERS = [
     pytest.param("slurm-v2-multiple-slurmd", None, None, None, None, id="slurm-v2-multiple-slurmd"),
     pytest.param("slurm-v2-stepd", None, None, None, None, id="slurm-v2-stepd"),
     pytest.param("host-service-v1", None, None, None, None, id="host-service-v1"),
+    # A tenant's process in her own subtree (systemd delegates user@UID.service to her), in cgroups named like a job's.
+    pytest.param("tenant-delegated-v2-stepd-scope", None, None, None, None, id="tenant-delegated-v2-stepd-scope"),
+    pytest.param("tenant-delegated-v2-slurm", None, None, None, None, id="tenant-delegated-v2-slurm"),
+    pytest.param("tenant-delegated-v1-hybrid", None, None, None, None, id="tenant-delegated-v1-hybrid"),
     pytest.param("cgroupns-root", None, None, None, None, id="cgroupns-root"),
     pytest.param("cgroupns-root-v1-hybrid", None, None, None, None, id="cgroupns-root-v1-hybrid"),
 ]  # fmt: skip
@@ -375,24 +379,77 @@ def test_slurm_fixtures_name_their_job(name: str, expected: SlurmJob) -> None:
     assert container_of(entries) is None  # a job's process is in no container
 
 
-@pytest.mark.parametrize("name", ["containerd-systemd-v2", "docker-cgroupfs-v1", "host-process", "host-service-v1"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "containerd-systemd-v2",
+        "docker-cgroupfs-v1",
+        "host-process",
+        "host-service-v1",
+        # job_4242 in cgroups the tenant made below user@1001.service: her word, not Slurm's.
+        "tenant-delegated-v2-stepd-scope",
+        "tenant-delegated-v2-slurm",
+        "tenant-delegated-v1-hybrid",
+    ],
+)
 def test_processes_outside_slurm_have_no_job(name: str) -> None:
     assert slurm_job_of(fixture(name)) is None
 
 
-@pytest.mark.parametrize(
-    ("path", "expected"),
-    [
-        ("/slurm/uid_0/job_1", SlurmJob(1, None, 0)),  # the job's own cgroup
-        ("/system.slice/slurmstepd.scope/job_9/step_interactive/user/task_0", SlurmJob(9, "interactive", None)),
-        ("/../../system.slice/slurmstepd.scope/job_9/step_2", SlurmJob(9, "2", None)),  # seen from a cgroup namespace
-        ("/system.slice/slurmstepd.scope/system", None),  # slurmstepd outside any job
-        ("/slurm/uid_1000", None),
-        ("/user.slice/user-1000.slice/job_5/step_0", None),  # job_ names outside a Slurm root are not Slurm's
-        ("/slurm/uid_1000/job_99999999999/step_0", None),  # not a job ID
-        ("/slurm/uid_1000/job_7/step_weird", SlurmJob(7, None, 1000)),
-    ],
-)
+# cgroup path -> the Slurm job it names. Only Slurm's own layout from the root of the hierarchy names a job: the same
+# names below a subtree someone else controls (systemd's delegation of user@UID.service to its user, a container's
+# own cgroup, a pod) are that someone's choice.
+SLURM_PATHS = [
+    pytest.param("/slurm/uid_0/job_1", SlurmJob(1, None, 0), id="v1-job-cgroup"),
+    pytest.param("/slurm/uid_1000/job_4242/step_0/task_3", SlurmJob(4242, "0", 1000), id="v1-task"),
+    pytest.param("/slurm_gpu-node-017/uid_2001/job_88/step_batch/task_0", SlurmJob(88, "batch", 2001),
+                 id="v1-multiple-slurmd"),
+    pytest.param("/system.slice/slurmstepd.scope/job_9/step_interactive/user/task_0", SlurmJob(9, "interactive", None),
+                 id="v2-interactive"),
+    pytest.param("/system.slice/slurmstepd.scope/job_9", SlurmJob(9, None, None), id="v2-job-cgroup"),
+    pytest.param("/system.slice/gpu-node-017_slurmstepd.scope/job_77/step_extern/user/task_special",
+                 SlurmJob(77, "extern", None), id="v2-multiple-slurmd"),
+    pytest.param("/system.slice/slurmstepd.scope/job_1234567/step_3/slurm", SlurmJob(1234567, "3", None),
+                 id="v2-slurmstepd-of-step"),
+    # Read from a cgroup namespace: the kernel climbs to the common ancestor, then names each cgroup down.
+    pytest.param("/../../system.slice/slurmstepd.scope/job_9/step_2", SlurmJob(9, "2", None), id="v2-cgroupns"),
+    pytest.param("/../slurm/uid_5/job_3/step_0", SlurmJob(3, "0", 5), id="v1-cgroupns"),
+    pytest.param("/slurm/uid_1000/job_7/step_weird", SlurmJob(7, None, 1000), id="v1-unknown-step"),
+    pytest.param("/system.slice/slurmstepd.scope/system", None, id="v2-stepd-waiting-area"),
+    pytest.param("/slurm/uid_1000", None, id="v1-user-cgroup"),
+    pytest.param("/slurm/uid_1000/job_99999999999/step_0", None, id="not-a-job-id"),
+    pytest.param("/slurm/job_5/step_0", None, id="v1-without-uid"),
+    pytest.param("/", None, id="root"),
+    # A tenant's own subtree: systemd delegates user@UID.service to the user (Delegate=yes) on cgroup v2.
+    pytest.param("/user.slice/user-1000.slice/job_5/step_0", None, id="job-under-user-slice"),
+    pytest.param("/user.slice/user-1000.slice/user@1000.service/slurm/job_42", None, id="user-delegated-slurm"),
+    pytest.param("/user.slice/user-1000.slice/user@1000.service/slurm/uid_0/job_42/step_0/task_0", None,
+                 id="user-delegated-v1-layout"),
+    pytest.param("/user.slice/user-1000.slice/user@1000.service/app.slice/slurmstepd.scope/job_42/step_0/user/task_0",
+                 None, id="user-delegated-stepd-scope"),
+    pytest.param("/user.slice/user-1000.slice/user@1000.service/system.slice/slurmstepd.scope/job_42/step_0", None,
+                 id="user-delegated-system-slice"),
+    pytest.param("/user.slice/user-1000.slice/session-3.scope/slurm_x/uid_1000/job_42", None, id="user-session"),
+    pytest.param("/../../../user.slice/user-1000.slice/user@1000.service/app.slice/slurmstepd.scope/job_42", None,
+                 id="user-delegated-from-cgroupns"),
+    # Containers and pods: a container with a writable cgroup mount makes what it likes below its own cgroup.
+    pytest.param("/kubepods/besteffort/pod17fdde9d-3dd3-4c7b-a4cb-601d19e3597e/slurm/job_42", None,
+                 id="kubepods-slurm"),
+    pytest.param("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b5c6f3e_1c9a_4a5e_9c1f_2b7d8e9f0a1b"
+                 ".slice/cri-containerd-451132b560487f8c91e58101aebe00a881ade009a28fd6ee79216f4ddd6b7562.scope"
+                 "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0", None, id="kubepods-stepd-scope"),
+    pytest.param("/docker/f4f0b3caffa8f2c594d1bdd814d4a065d9e517ef0b54ae9b2ff0e46432e0ece0/slurm/uid_0/job_42", None,
+                 id="docker-slurm"),
+    pytest.param("/machine.slice/slurmstepd.scope/job_42", None, id="other-slice"),
+    pytest.param("/system.slice/slurmd.service/slurmstepd.scope/job_42", None, id="below-a-service"),
+    # Where the anchor is not said: read from /system.slice/<unit>'s namespace, or a path that climbs after a name.
+    pytest.param("/../slurmstepd.scope/job_9/step_0", None, id="cgroupns-unanchored"),
+    pytest.param("/system.slice/../user.slice/slurm/uid_0/job_42", None, id="dotdot-after-a-name"),
+    pytest.param("/user.slice/../slurm/uid_0/job_42", None, id="dotdot-back-to-a-root-name"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "expected"), SLURM_PATHS)
 def test_slurm_paths(path: str, expected: SlurmJob | None) -> None:
     assert slurm_job_of_path(path) == expected
 
@@ -408,7 +465,13 @@ def test_gpu_processes_of_slurm_jobs_are_named_by_job_in_the_view_the_scrape_and
     from storwatch.sources.processes import CONTAINERS, ProcessSource
     from storwatch.vocabulary import Platform
 
-    cgroups = {5001: "slurm-v2", 5002: "slurm-v2", 5003: "slurm-v1", 5004: "containerd-systemd-v2"}
+    cgroups = {
+        5001: "slurm-v2",
+        5002: "slurm-v2",
+        5003: "slurm-v1",
+        5004: "containerd-systemd-v2",
+        5005: "tenant-delegated-v2-stepd-scope",  # a tenant's own cgroup named job_4242: not the job's GPU memory
+    }
     for pid, name in cgroups.items():
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "cgroup").write_bytes((FIXTURES / name).read_bytes())
@@ -423,7 +486,13 @@ def test_gpu_processes_of_slurm_jobs_are_named_by_job_in_the_view_the_scrape_and
     def proc(pid: int, used: int) -> GPUProcess:
         return GPUProcess(pid, used, None)
 
-    gpu = GPUState(0, "GPU-0", "H100", True, processes=(proc(5001, 10 << 30), proc(5002, 6 << 30), proc(5003, 1 << 30)))
+    gpu = GPUState(
+        0,
+        "GPU-0",
+        "H100",
+        True,
+        processes=(proc(5001, 10 << 30), proc(5002, 6 << 30), proc(5003, 1 << 30), proc(5005, 2 << 30)),
+    )
     snapshot = Snapshot(1000.0, facts={GPUS.name: GPUFacts(1000.0, True, "550", None, (gpu,)), CONTAINERS.name: facts})
     view = View(snapshot, Platform("together-slurm", "test"))
     text = render_text(gpu_area.families(view, ExportState())).decode().splitlines()

@@ -88,9 +88,16 @@ def assert_truncated(result: CheckResult, size: int) -> None:
     ("layout", "target", "expected"),
     [
         ({"m.pt": b"PK\x03\x04"}, "m.pt", "torch-zip"),
-        ({"m.ckpt": b""}, "m.ckpt", "torch-zip"),
+        ({"m.pt": b"PK\x03"}, "m.pt", "torch-zip"),  # a ZIP cut inside its first signature
         ({"noext": b"PK\x03\x04rest"}, "noext", "torch-zip"),
+        ({"noext": b"PK\x03"}, "noext", None),  # only a torch.save name makes a few bytes of a signature a cut save
         ({"notes.txt": b"hello"}, "notes.txt", None),
+        # Named like torch.save, with bytes of no format: no checkpoint (and so no damaged one).
+        ({"m.ckpt": b""}, "m.ckpt", None),
+        ({"m.pt": bytes(4096)}, "m.pt", None),
+        ({"m.bin": b"just some text\n"}, "m.bin", None),
+        ({"m.pth": b"\x80\x02}q\x00."}, "m.pth", None),  # a pickle, but not torch's: no magic number
+        ({"m.bin": b"GGUF\x03\x00\x00\x00"}, "m.bin", "gguf"),  # another format's bytes under a torch name
         ({"m.safetensors": b""}, "m.safetensors", "safetensors"),
         ({"model.safetensors.index.json": b"{}"}, "model.safetensors.index.json", "safetensors-sharded"),
         ({"d/model.safetensors.index.json": b"{}"}, "d", "safetensors-sharded"),
@@ -109,7 +116,9 @@ def assert_truncated(result: CheckResult, size: int) -> None:
         ({"m.pt": LEGACY_HEAD + b"rest"}, "m.pt", "torch-legacy"),
         ({"m.bin": LEGACY_HEAD}, "m.bin", "torch-legacy"),
         ({"noext": LEGACY_HEAD}, "noext", "torch-legacy"),
-        ({"m.pt": LEGACY_HEAD[:5]}, "m.pt", "torch-zip"),
+        ({"m.pt": LEGACY_HEAD[:5]}, "m.pt", "torch-legacy"),  # cut inside the magic number's pickle
+        ({"m.pt": LEGACY_HEAD[:1]}, "m.pt", "torch-legacy"),
+        ({"noext": LEGACY_HEAD[:5]}, "noext", None),
         ({"d/random_states_0.pkl": b"PK\x03\x04", "d/optimizer.bin": b""}, "d", "accelerate"),
         ({"d/checkpoint_3/random_states_0.pkl": b"PK\x03\x04"}, "d/checkpoint_3", "accelerate"),
     ],
@@ -127,6 +136,80 @@ def test_unknown_is_reported_not_raised(tmp_path: Path) -> None:
     result = check(str(tmp_path / "notes.txt"))
     assert (result.format, result.verdict) == (None, "unknown")
     assert "not a recognised checkpoint format" in result.reason and "no checkpoint found" in result.reason
+
+
+# Bytes that carry no evidence of any checkpoint format: what a tokenised dataset (nanoGPT's train.bin), a blob or a
+# note under a torch.save name holds. 1 MiB each, as issue 36 reported them.
+NOT_CHECKPOINTS = [
+    pytest.param(random.Random(36).randbytes(1 << 20), id="random"),
+    pytest.param(bytes(1 << 20), id="zeros"),
+    pytest.param(b"epoch 3 loss 1.25\n" * 1000, id="text"),
+    pytest.param(b"\x80\x02}q\x00(X\x01\x00\x00\x00aq\x01K\x01u.", id="pickle-not-torch"),
+]
+
+
+@pytest.mark.parametrize("content", NOT_CHECKPOINTS)
+@pytest.mark.parametrize("name", ["x.pt", "x.bin", "x.pth", "x.ckpt", "x.dat"])
+def test_bytes_of_no_format_are_unknown_whatever_the_name(tmp_path: Path, content: bytes, name: str) -> None:
+    """Damage only on evidence: bytes that are not a ZIP, not torch's legacy format and no other format are no
+    checkpoint, never a save cut short ("the file was truncated during writing"), named .pt or .dat alike."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    for deep in (False, True):
+        result = check(str(path), deep=deep)
+        assert (result.format, result.verdict) == (None, "unknown"), result
+        assert "not a checkpoint format" in result.reason or "not a recognised checkpoint format" in result.reason
+        assert "truncated during writing" not in result.reason and "interrupted save" not in result.reason
+    if name != "x.dat":
+        assert check(str(path)).reason.startswith(f"{path} is not a checkpoint format: it is named like a torch.save")
+
+
+def test_an_empty_torch_file_is_a_save_just_begun_until_it_settles(tmp_path: Path) -> None:
+    """torch.save opens its file before it writes a byte: an empty ``.pt`` changed within the settle time may be a
+    save that has just begun (incomplete, which the scan shows as being written); once settled, no save wrote a
+    byte of it, and it is no checkpoint."""
+    for name in ("e.pt", "e.bin"):
+        path = tmp_path / name
+        path.write_bytes(b"")
+        t0 = 1_800_000_000.0
+        os.utime(path, (t0, t0))
+        fresh = check(str(path), now=t0 + 5)
+        assert (fresh.format, fresh.verdict) == (None, "incomplete"), fresh
+        assert fresh.reason.startswith("the file is empty") and "settle time" in fresh.reason
+        assert check(str(path), now=t0 + 20, settle_seconds=30).verdict == "incomplete"
+        settled = check(str(path), now=t0 + 61)
+        assert (settled.format, settled.verdict) == (None, "unknown"), settled
+        assert "not a checkpoint format" in settled.reason and "no damage is claimed" in settled.reason
+        assert check(str(path), now=t0 + 20, settle_seconds=15).verdict == "unknown"
+        # A tenant's mtime a day ahead is no sign of a save going on.
+        assert check(str(path), now=t0 - 86400).verdict == "unknown"
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 4, 30, 100])
+def test_a_zip_cut_anywhere_is_incomplete_even_inside_its_first_signature(tmp_path: Path, cut: int) -> None:
+    path = tmp_path / "model.pt"
+    torch_like_zip(path)
+    path.write_bytes(path.read_bytes()[:cut])
+    result = check(str(path))
+    assert (result.format, result.verdict) == ("torch-zip", "incomplete"), result
+
+
+def test_a_step_directory_member_of_no_format_is_still_not_complete(tmp_path: Path) -> None:
+    """On its own a ``.pt`` of zeros is no checkpoint; inside a settled Hugging Face Trainer directory, which keeps
+    its optimizer with torch.save, it is a file that never got its bytes: the directory is incomplete, as before."""
+    ckpt = tmp_path / "checkpoint-500"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(safetensors_bytes({"w": ("F32", [2], bytes(8))}))
+    (ckpt / "trainer_state.json").write_text("{}")
+    t0 = 1_800_000_000.0
+    for content, says in ((bytes(4096), "holds no torch.save format"), (b"", "optimizer.pt is empty")):
+        (ckpt / "optimizer.pt").write_bytes(content)
+        for p in (*ckpt.iterdir(), ckpt):
+            os.utime(p, (t0, t0))
+        for deep in (False, True):
+            result = check(str(ckpt), now=t0 + 120, deep=deep)
+            assert (result.format, result.verdict) == ("hf-trainer", "incomplete"), result
+            assert says in result.reason, result
 
 
 @pytest.mark.parametrize(
@@ -310,6 +393,32 @@ def test_legacy_torch_save_is_read_and_every_cut_is_incomplete(tmp_path: Path, p
     cut.write_bytes(data.replace(count, (12344).to_bytes(8, "little")))
     result = check(str(cut))
     assert result.verdict == "corrupt" and "12,344 elements where the pickle names 12,345" in result.reason
+
+
+@pytest.mark.realpart
+@needs_torch
+def test_real_saves_cut_in_their_first_bytes_are_still_incomplete(tmp_path: Path) -> None:
+    """Only bytes with no evidence of a format are unknown: a real torch.save cut anywhere, even inside the ZIP's
+    first signature or the legacy magic number's pickle (every protocol torch.save writes it in), is a save cut
+    short, of the format those bytes begin."""
+    assert torch is not None
+    state = {"w": torch.randn(64, 64), "step": 7}
+    saves = []
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    saves.append(("torch-zip", buf.getvalue()))
+    for protocol in (1, 2, 3, 4, 5):
+        buf = io.BytesIO()
+        torch.save(state, buf, _use_new_zipfile_serialization=False, pickle_protocol=protocol)
+        saves.append(("torch-legacy", buf.getvalue()))
+    path = tmp_path / "model.bin"
+    for fmt, data in saves:
+        path.write_bytes(data)
+        assert (check(str(path)).format, check(str(path)).verdict) == (fmt, "complete")
+        for size in (*range(1, 70), len(data) // 2, len(data) - 1):
+            path.write_bytes(data[:size])
+            result = check(str(path))
+            assert (result.format, result.verdict) == (fmt, "incomplete"), (fmt, size, result)
 
 
 @pytest.mark.realpart

@@ -90,6 +90,66 @@ def test_truncated_and_in_progress_checkpoints(tmp_path: Path, make_source: Call
     assert state.newest_complete is not None and state.newest_complete.path == str(good)
 
 
+def test_files_of_no_format_under_checkpoint_names_are_unknown_not_damage(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """The scan takes every ``.pt`` and ``.bin`` for a candidate by its name; a tokenised dataset (train.bin), zeros
+    or a settled empty file under such a name is no checkpoint: unknown, not counted incomplete nor abandoned, and
+    the run's newest complete checkpoint stands. An empty file changed within the settle window is a save that may
+    have just begun: incomplete and being written until it settles."""
+    import random
+
+    run = tmp_path / "run"
+    run.mkdir()
+    good = run / "a.pt"
+    torch_like_zip(good)
+    set_mtime(good, 1000.0)
+    for name, content, t in (
+        ("train.bin", random.Random(5).randbytes(1 << 20), 1500.0),
+        ("zeros.pt", bytes(1 << 20), 1600.0),
+        ("empty.pt", b"", 1700.0),
+    ):
+        (run / name).write_bytes(content)
+        set_mtime(run / name, t)
+    clock = Clock(2100.0)
+    source = make_source([str(tmp_path)], clock=clock, deep_per_scan=0, settle_seconds=60.0)
+
+    def collect() -> tuple[Any, str]:
+        facts = source.collect()
+        view = build_view(
+            Snapshot(timestamp=clock(), checkpoints=facts), Classifier("generic"), Platform("generic", "t")
+        )
+        return facts, Exporter(exporter_areas(), process_metrics=False).render(view).decode()
+
+    facts, text = collect()
+    (state,) = facts.runs
+    verdicts = {os.path.basename(c.path): c.verdict for c in state.checkpoints}
+    assert verdicts == {"a.pt": "complete", "train.bin": "unknown", "zeros.pt": "unknown", "empty.pt": "unknown"}
+    assert "not a checkpoint format" in next(c.reason for c in state.checkpoints if c.path.endswith("train.bin"))
+    assert (state.incomplete, state.corrupt, state.abandoned, state.write_in_progress) == (0, 0, 0, False)
+    assert state.newest_complete is not None and state.newest_complete.path == str(good)
+    assert (
+        'storwatch_checkpoint_incomplete{run="run"} 0.0' in text
+        and 'storwatch_checkpoint_corrupt{run="run"} 0.0' in text
+    )
+
+    starting = run / "b.pt"
+    starting.write_bytes(b"")
+    set_mtime(starting, 2095.0)  # torch.save has opened its file and written nothing yet
+    facts, text = collect()
+    (state,) = facts.runs
+    (b,) = (c for c in state.checkpoints if c.path == str(starting))
+    assert b.verdict == "incomplete" and state.write_in_progress and state.abandoned == 0, b
+    assert 'storwatch_checkpoint_write_in_progress{run="run"} 1.0' in text
+
+    clock.now = 2200.0  # nothing wrote it since: it settles into no checkpoint, not an abandoned save
+    facts, text = collect()
+    (state,) = facts.runs
+    (b,) = (c for c in state.checkpoints if c.path == str(starting))
+    assert b.verdict == "unknown" and not state.write_in_progress and state.abandoned == 0 and state.incomplete == 0
+    assert 'storwatch_checkpoint_write_in_progress{run="run"} 0.0' in text
+
+
 def test_write_spans_from_the_event_log_or_the_files_birth(
     tmp_path: Path, make_source: Callable[..., CheckpointSource]
 ) -> None:

@@ -70,3 +70,27 @@ def test_a_scratch_template_never_leads_out_of_its_root() -> None:
         ["/scratch/{job}", "/scratch/{user}/../{job}", "rel/{job}", "/x/{nope}"], 5, None, None
     ) == ["/scratch/5"]
     assert scratch_directories(["/local/{user}/{job}"], 5, 1000, "../etc") == []
+
+
+def test_a_tenant_process_in_her_own_cgroup_subtree_is_not_the_job(tmp_path: Path) -> None:
+    """systemd delegates user@UID.service to its user on cgroup v2: she may name cgroups below it as she likes,
+    ``slurmstepd.scope/job_4242`` and ``slurm/uid_1000/job_4242`` included. Her processes there are not job 4242's:
+    neither her directory nor her open files are the job's, nor is her UID its owner."""
+    proc = tmp_path / "proc"
+    work = tmp_path / "nvme" / "alice" / "llama"
+    mallory = tmp_path / "nvme" / "mallory" / "ckpt"
+    for d in (work, mallory):
+        d.mkdir(parents=True)
+    (mallory / "step-99.pt").write_bytes(b"x")
+    _process(proc, 300, "slurm-v1", work)
+    _process(proc, 900, "tenant-delegated-v2-stepd-scope", mallory, writes=mallory / "step-99.pt")
+    _process(proc, 901, "tenant-delegated-v2-slurm", mallory)
+    _process(proc, 902, "tenant-delegated-v1-hybrid", mallory)
+    paths = HostPaths(procfs=str(proc), rootfs="/")
+    assert job_processes(paths, 4242) == ((300,), 1000)
+    job = find_job(paths, 4242)
+    assert (job.pids, job.uid, job.directories) == ((300,), 1000, (str(work),))
+    # With the job's own processes gone (as in an epilog), hers still name nothing.
+    shutil.rmtree(proc / "300")
+    assert job_processes(paths, 4242) == ((), None)
+    assert find_job(paths, 4242).directories == ()

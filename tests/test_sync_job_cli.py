@@ -59,12 +59,13 @@ def _node(tmp_path: Path) -> tuple[Path, Path, Path]:
     return proc, root, cfg
 
 
-def _process(proc: Path, pid: int, cwd: str, writes: str | None = None) -> None:
-    """A job's process as procfs shows it: its cgroup (slurmstepd's v1 layout), cwd, and a file open for writing."""
+def _process(proc: Path, pid: int, cwd: str, writes: str | None = None, cgroup: str = "slurm-v1") -> None:
+    """A process as procfs shows it: its cgroup (by default a job's, slurmstepd's v1 layout), cwd, and a file open
+    for writing."""
     d = proc / str(pid)
     (d / "fd").mkdir(parents=True)
     (d / "fdinfo").mkdir()
-    shutil.copy(FIXTURES / "cgroup" / "slurm-v1", d / "cgroup")
+    shutil.copy(FIXTURES / "cgroup" / cgroup, d / "cgroup")
     (d / "cwd").symlink_to(cwd)
     if writes is not None:
         (d / "fd" / "3").symlink_to(writes)
@@ -145,6 +146,33 @@ def test_in_an_epilog_the_jobs_scratch_is_found_by_its_template(tmp_path: Path) 
     assert dest.read_bytes() == (run / "step-3.pt").read_bytes()
     assert done.stdout.startswith("VERIFIED"), done.stdout
     assert "job 77: 0 processes on this node" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "cgroup", ["tenant-delegated-v2-stepd-scope", "tenant-delegated-v2-slurm", "tenant-delegated-v1-hybrid"]
+)
+def test_a_tenant_process_in_her_own_cgroup_cannot_make_the_epilog_walk_her_directory(
+    tmp_path: Path, cgroup: str
+) -> None:
+    """Another user's process, in cgroups she made below her own user@UID.service (systemd delegates it to her) and
+    named ``.../job_4242/...``, is not job 4242's: the job's epilog neither walks her node-local directory nor copies
+    her checkpoint over the job's."""
+    proc, root, cfg = _node(tmp_path)
+    job_run = root / "scratch" / str(UID) / str(JOB) / "ckpt"
+    hers = root / "scratch" / "mallory" / "ckpt"
+    for d in (job_run, hers):
+        d.mkdir(parents=True)
+    torch_like_zip(job_run / "step-10.pt", b"job" * 1000)
+    torch_like_zip(hers / "step-10.pt", b"hers" * 1000)  # the same run and checkpoint names as the job's
+    _process(proc, 900, "/scratch/mallory/ckpt", writes="/scratch/mallory/ckpt/step-10.pt", cgroup=cgroup)
+    done = _sync(cfg, "--job", str(JOB), "--json", env={"SLURM_JOB_ID": str(JOB), "SLURM_JOB_UID": str(UID)})
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    assert [Path(r["source"]).relative_to(root) for r in results] == [Path(f"scratch/{UID}/{JOB}/ckpt/step-10.pt")]
+    dest = root / "durable" / _owner(UID) / f"job-{JOB}" / "ckpt" / "step-10.pt"
+    assert dest.read_bytes() == (job_run / "step-10.pt").read_bytes()
+    assert f"job {JOB}: 0 processes on this node" in done.stderr, done.stderr
+    assert "mallory" not in done.stderr and "mallory" not in done.stdout, done
 
 
 def test_a_job_with_nothing_to_copy_exits_0_and_says_so(tmp_path: Path) -> None:

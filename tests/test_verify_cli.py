@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import random
 import struct
 from pathlib import Path
 
 import pytest
 
 from storwatch.cli import main
+from tests.builders import torch_like_zip
 
 
 def write_safetensors(path: Path, truncate: int = 0) -> None:
@@ -159,3 +161,40 @@ def test_unsafe_exits_1_and_unknown_class_is_complete_with_a_note(
     assert main(["verify", str(unsafe)]) == 1
     assert capsys.readouterr().out.startswith("UNSAFE")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("name", ["x.pt", "x.bin", "x.dat"])
+def test_random_bytes_are_not_a_checkpoint_format_whatever_the_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """1 MiB of random bytes named x.pt is no checkpoint (exit 3, unknown), never "truncated during writing" (exit
+    1), as the same bytes named x.dat are; a torch.save cut short beside it is still incomplete."""
+    path = tmp_path / name
+    path.write_bytes(random.Random(12).randbytes(1 << 20))
+    assert main(["verify", str(path)]) == 3
+    out = capsys.readouterr().out
+    assert out.startswith("UNKNOWN") and "truncated" not in out, out
+    assert ("not a checkpoint format" if name != "x.dat" else "not a recognised checkpoint format") in out, out
+    assert main(["verify", "--json", "--deep", str(path)]) == 3
+    (result,) = json.loads(capsys.readouterr().out)
+    assert (result["format"], result["verdict"]) == (None, "unknown")
+    cut = tmp_path / "cut.pt"
+    torch_like_zip(cut, b"w" * 5000)
+    cut.write_bytes(cut.read_bytes()[:3000])
+    assert main(["verify", str(path), str(cut)]) == 1
+    out = capsys.readouterr().out
+    assert "UNKNOWN" in out and "INCOMPLETE  torch-zip" in out and "truncated during writing" in out, out
+
+
+def test_a_run_directory_with_a_dataset_shard_named_bin_claims_no_damage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """nanoGPT keeps its tokens in train.bin beside its checkpoints: the scan takes it for a candidate by its name,
+    and its check says it is no checkpoint, not a damaged one."""
+    write_safetensors(tmp_path / "step-1.safetensors")
+    (tmp_path / "train.bin").write_bytes(random.Random(3).randbytes(1 << 20))
+    assert main(["verify", "--json", str(tmp_path)]) == 3
+    results = {Path(r["path"]).name: r for r in json.loads(capsys.readouterr().out)}
+    assert results["step-1.safetensors"]["verdict"] == "complete"
+    assert results["train.bin"]["verdict"] == "unknown"
+    assert "not a checkpoint format" in results["train.bin"]["reason"]

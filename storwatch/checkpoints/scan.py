@@ -11,6 +11,8 @@ What is a candidate
     one per file). Everything below a candidate directory belongs to it: its size is the sum of the sizes
     of all regular files in its subtree, and no nested candidate is reported (``checkpoint-500/global_step500/`` is
     one checkpoint, not two).
+  A name makes a candidate, not a checkpoint: its check (``checkpoints.formats``) says what it is, and a file of no
+  format under a checkpoint's name (nanoGPT's ``train.bin`` of tokens) is ``unknown``, not a damaged checkpoint.
 
 The run rule (where a job writes its series)
   A candidate's run is its parent directory. One exception: when the parent holds this one candidate only and is a

@@ -31,18 +31,35 @@ CRI-O's container monitor runs in ``crio-conmon-<ID>.scope`` beside the containe
 container (it is part of the node's runtime and never opens a GPU), so such a process is reported as in no container:
 ``container_of`` gives ``None`` for it unless it sits inside an outer container, which is then the answer.
 
-Slurm jobs (``slurm_job_of``): slurmstepd puts a job's processes in cgroups named for the job and step, beside the
-container cgroups above, by cgroup version:
+Slurm jobs (``slurm_job_of``): slurmstepd puts a job's processes in cgroups named for the job and step, at fixed
+places below the root of the hierarchy, by cgroup version:
 
 - cgroup v1 (cgroup/v1 plugin), in every controller it uses: ``/slurm/uid_<UID>/job_<JOB>/step_<STEP>/task_<N>``;
-  with several slurmd on one host the root is ``/slurm_<NODENAME>``;
+  with several slurmd on one host (``--enable-multiple-slurmd``) the root is ``/slurm_<NODENAME>`` (Slurm's built-in
+  ``CgroupPrepend``, ``/slurm`` or ``/slurm_%n``, which cgroup.conf does not set);
 - cgroup v2 (cgroup/v2 plugin, Slurm 22.05 and later): ``/system.slice/slurmstepd.scope/job_<JOB>/step_<STEP>/user/
   task_<N>`` (slurmstepd itself sits in ``slurmstepd.scope/system`` or the step's ``slurm`` leaf); with several
-  slurmd, ``<NODENAME>_slurmstepd.scope``.
+  slurmd, ``<NODENAME>_slurmstepd.scope``. The plugin builds the scope's path as the parent of PID 1's cgroup (the
+  root, on a host) plus ``system.slice/<scope>``.
 
 ``<STEP>`` is a step number, ``batch``, ``extern`` or ``interactive``. A job running in a container (pyxis and enroot)
 keeps these cgroups, so a process can have both a job and a container.
 
+Only that layout, anchored at the root, names a job. Names below the root are not all root's to choose: systemd
+delegates ``/user.slice/user-<UID>.slice/user@<UID>.service`` to the user it runs for (``Delegate=yes``), who may
+make any cgroup below it, ``slurm/uid_0/job_42`` or ``app.slice/slurmstepd.scope/job_42`` included, and move her own
+processes there; a container with a writable cgroup mount may do the same below its own cgroup. ``job_<N>`` under
+any such subtree is the tenant's word, not Slurm's, and must never make job N's epilog walk her directories. Slurm
+inside a container (slurmd in a pod) puts its scope below the container's cgroup, which is not recognised from the
+host.
+
+A path read from inside a cgroup namespace starts with ``..`` where it leaves the reader's namespace root: the kernel
+climbs to the nearest common ancestor, then names each cgroup down from there. The first name after the ``..`` is
+a child of an ancestor of the reader's own cgroup, made by whoever controls that ancestor (root, for the agent), never
+by a tenant: so ``/../../system.slice/slurmstepd.scope/job_<N>`` is Slurm's. A path whose first name after
+the ``..`` is not the layout's first (``/../slurmstepd.scope/job_<N>``, read from the namespace of a unit in
+``/system.slice``) does not say which slice it is in, and names no job: run the agent in the host's cgroup namespace
+(the systemd unit does).
 """
 
 from __future__ import annotations
@@ -182,7 +199,11 @@ def _preference(entry: CgroupEntry) -> int:
     return len(_V1_PREFERENCE) + 1
 
 
-_SLURM_ROOT = re.compile(r"slurm(?:_[^/]+)?|(?:[^/]+_)?slurmstepd\.scope")
+# The roots slurmstepd makes its job cgroups under (see the module docstring): v1's top-level directory, v2's scope in
+# system.slice. A node name never holds "/".
+_SLURM_V1_ROOT = re.compile(r"slurm(?:_[^/]+)?")
+_SLURM_V2_SLICE = "system.slice"
+_SLURM_V2_SCOPE = re.compile(r"(?:[^/]+_)?slurmstepd\.scope")
 _SLURM_UID = re.compile(r"uid_([0-9]{1,10})")
 _SLURM_JOB = re.compile(r"job_([0-9]{1,10})")
 _SLURM_STEP = re.compile(r"step_([0-9]{1,10}|batch|extern|interactive)")
@@ -210,22 +231,30 @@ def slurm_job_of(entries: Iterable[CgroupEntry]) -> SlurmJob | None:
 
 
 def slurm_job_of_path(path: str) -> SlurmJob | None:
-    """The Slurm job named by one cgroup path: a ``job_<N>`` component below a Slurm root (``slurm``,
-    ``slurm_<node>``, ``slurmstepd.scope``, ``<node>_slurmstepd.scope``), through ``uid_<N>`` on cgroup v1."""
+    """The Slurm job named by one cgroup path, only where the path is Slurm's own layout from the root of the
+    hierarchy (after any leading ``..``): ``/slurm[_<node>]/uid_<UID>/job_<N>/...`` (v1) or
+    ``/system.slice/[<node>_]slurmstepd.scope/job_<N>/...`` (v2). ``job_<N>`` anywhere else (below
+    ``user.slice``, a container, ``kubepods``) is a name someone else chose, and names no job."""
     components = [c for c in path.split("/") if c]
-    for index, component in enumerate(components):
-        if not _SLURM_ROOT.fullmatch(component):
-            continue
-        rest = components[index + 1 :]
-        uid = None
-        if rest and (m := _SLURM_UID.fullmatch(rest[0])):
-            uid, rest = int(m.group(1)), rest[1:]
-        job = _SLURM_JOB.fullmatch(rest[0]) if rest else None
-        if job is None:
-            continue
-        step = _SLURM_STEP.fullmatch(rest[1]) if len(rest) > 1 else None
-        return SlurmJob(int(job.group(1)), step.group(1) if step else None, uid)
-    return None
+    start = 0
+    while start < len(components) and components[start] == "..":
+        start += 1
+    rest = components[start:]
+    # The kernel prints ".." only before the first name; a path with one later is not its own.
+    if ".." in rest or "." in rest:
+        return None
+    uid: int | None = None
+    if len(rest) >= 3 and rest[0] == _SLURM_V2_SLICE and _SLURM_V2_SCOPE.fullmatch(rest[1]):
+        below = rest[2:]
+    elif len(rest) >= 3 and _SLURM_V1_ROOT.fullmatch(rest[0]) and (m := _SLURM_UID.fullmatch(rest[1])):
+        uid, below = int(m.group(1)), rest[2:]
+    else:
+        return None
+    job = _SLURM_JOB.fullmatch(below[0])
+    if job is None:
+        return None
+    step = _SLURM_STEP.fullmatch(below[1]) if len(below) > 1 else None
+    return SlurmJob(int(job.group(1)), step.group(1) if step else None, uid)
 
 
 def container_of(entries: Iterable[CgroupEntry]) -> ContainerRef | None:

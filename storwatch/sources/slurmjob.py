@@ -1,5 +1,6 @@
 """Where a Slurm job keeps its checkpoints on this node, for ``storwatch sync --job`` in an epilog: the job's
-processes, found by their cgroup (``procfs/cgroup.py``: ``job_<N>`` below a Slurm root, cgroup v1 or v2), the
+processes, found by their cgroup (``procfs/cgroup.py``: ``job_<N>`` in Slurm's own layout from the hierarchy's
+root, cgroup v1 or v2; never in a subtree a user or a container controls, where anyone may name a cgroup so), the
 directories they work in and hold files open for writing in, and the scratch directories the site names for a job
 (``{job}``, ``{user}`` and ``{uid}`` filled in), kept to those that exist. Which of them are node-local is the
 classifier's to say (the Slurm preset: on Together's Slurm clusters /home is NFS), not this module's.

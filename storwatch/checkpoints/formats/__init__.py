@@ -27,6 +27,12 @@ nothing against the checkpoint). Safety is a verdict of its own: ``unsafe`` (a p
 when loaded), never complete and outranking every other finding in a directory. ``check`` never raises: an
 exception while checking is a ``corrupt`` verdict naming it.
 
+Damage only on evidence: a name is none. A ``.pt`` or ``.bin`` whose first bytes are not a ZIP archive's, not torch's
+legacy magic number (nor a few bytes of either, a save cut inside them) and no other format's is ``unknown``, "not a
+checkpoint format", never a save cut short; only an empty one changed within the settle time is ``incomplete`` (a
+torch.save has opened it and not written yet). Inside a step directory whose framework writes such a file with
+torch.save, the directory is the evidence, and the member makes it ``incomplete``.
+
 What cannot be checked cheaply: Orbax writes tensorstore/OCDBT chunks whose layout only tensorstore knows, so an
 Orbax step is judged by its commit (the temporary directory renamed, ``commit_success.txt`` on object stores) and
 the verdict's reason says that its chunks were not compared.
@@ -80,7 +86,7 @@ from storwatch.checkpoints.formats.common import (
 )
 from storwatch.checkpoints.formats.dcp import _check_dcp, _check_torchsnapshot
 from storwatch.checkpoints.formats.gguf import GGUF_MAGIC, _check_gguf
-from storwatch.checkpoints.formats.legacy import SNIFF_BYTES, _check_torch_legacy, is_legacy_head
+from storwatch.checkpoints.formats.legacy import SNIFF_BYTES, _check_torch_legacy, is_legacy_cut, is_legacy_head
 from storwatch.checkpoints.formats.safetensors import (
     SAFETENSORS_INDEX_SUFFIX,
     _check_safetensors,
@@ -124,6 +130,10 @@ class Format:
     its suffix)."""
     sniff: Callable[[bytes], bool] | None = None
     """Likewise, for a start that is not fixed bytes: true of the file's first ``SNIFF_BYTES`` bytes."""
+    sniff_cut: Callable[[bytes], bool] | None = None
+    """True of a whole file too short to hold the start ``sniff`` looks for, whose bytes begin it: a save of this
+    format cut short inside its first bytes. (With ``magic``, a file shorter than the magic that begins it.) Taken
+    only where the file's suffix already names the format."""
     dir_name: re.Pattern[str] | None = None
     """A directory whose name matches is of this format."""
     name_first: bool = False
@@ -155,6 +165,7 @@ REGISTRY: tuple[Format, ...] = (
         _check_torch_legacy,
         file_suffixes=TORCH_SUFFIXES,
         sniff=is_legacy_head,
+        sniff_cut=is_legacy_cut,
     ),
     Format("safetensors", _check_safetensors, file_suffixes=(".safetensors",), scan_suffixes=(".safetensors",)),
     Format("gguf", _check_gguf, file_suffixes=(".gguf",), magic=GGUF_MAGIC, scan_suffixes=(".gguf",)),
@@ -238,7 +249,9 @@ _HEAD_BYTES = max(SNIFF_BYTES, *(len(f.magic) for f in REGISTRY if f.magic is no
 
 
 def identify(path: str) -> str | None:
-    """The checkpoint format of a file or directory, from names and a few leading bytes; None when unknown."""
+    """The checkpoint format of a file or directory, from names and a few leading bytes; None when unknown: a file
+    whose suffix several formats share (torch.save's ZIP and legacy formats: ``.pt``, ``.bin``...) is of none of
+    them unless its bytes say which, and an empty one says nothing."""
     name = os.path.basename(os.path.normpath(path))
     if os.path.isdir(path):
         return _identify_dir(path, name)
@@ -248,11 +261,14 @@ def identify(path: str) -> str | None:
     if len(by_suffix) == 1:
         return by_suffix[0].name
     head = _head(path)
-    # Formats sharing a suffix (torch.save's ZIP and legacy formats) are told apart by their first bytes; a file too
-    # short or damaged to tell is taken for the first (whose check then says what is wrong with it).
-    if by_suffix:
-        return next((f.name for f in by_suffix if head and _starts_as(f, head)), by_suffix[0].name)
-    return next((f.name for f in REGISTRY if head and _starts_as(f, head)), None)
+    if not head:
+        return None
+    # Formats sharing a suffix (torch.save's ZIP and legacy formats) are told apart by their first bytes, which also
+    # tell a save cut short inside them (a few bytes of the ZIP signature or of the legacy magic number's pickle).
+    # A file whose bytes are none of theirs may still be another format's (GGUF named .bin); one that is no
+    # format's at all is no checkpoint, whatever its name, and not a damaged one: nothing in it says a save began.
+    found = next((f.name for f in by_suffix if _starts_as(f, head) or _cut_inside_start(f, head)), None)
+    return found or next((f.name for f in REGISTRY if _starts_as(f, head)), None)
 
 
 def _head(path: str) -> bytes:
@@ -270,6 +286,14 @@ def _head(path: str) -> bytes:
 
 def _starts_as(f: Format, head: bytes) -> bool:
     return (f.magic is not None and head.startswith(f.magic)) or (f.sniff is not None and f.sniff(head))
+
+
+def _cut_inside_start(f: Format, head: bytes) -> bool:
+    """``head`` is a whole file cut short inside the format's first bytes (shorter than ``_HEAD_BYTES``, so the head
+    read is all of the file)."""
+    if f.magic is not None and 0 < len(head) < len(f.magic) and f.magic.startswith(head):
+        return True
+    return f.sniff_cut is not None and f.sniff_cut(head)
 
 
 def _identify_dir(path: str, name: str) -> str | None:
@@ -355,6 +379,8 @@ def _check_format(path: str, fmt: str | None, ctx: _Ctx) -> _Finding:
             return "unknown", f"{path} cannot be read ({err.strerror or err}): no checkpoint found"
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             return "unknown", f"{path} is {_file_type(st.st_mode)}, not a checkpoint; it was not read"
+        if stat.S_ISREG(st.st_mode) and path.endswith(TORCH_SUFFIXES):
+            return _no_torch_format(path, st, ctx)
         return "unknown", f"{path} {NOT_A_CHECKPOINT}: no checkpoint found"
     try:
         return _CHECKS[fmt](path, ctx)
@@ -368,3 +394,29 @@ def _check_format(path: str, fmt: str | None, ctx: _Ctx) -> _Finding:
             f"reading {err.filename or path} failed: {err.strerror or err}; the storage may be "
             f"failing or the file was removed while being checked; {FALLBACK}",
         )
+
+
+def _no_torch_format(path: str, st: os.stat_result, ctx: _Ctx) -> _Finding:
+    """A regular file named like a torch.save file (``.pt``, ``.bin``...) whose bytes are no checkpoint format's.
+    Damage is claimed only on evidence, and these bytes carry none: a dataset shard, a text file or random bytes
+    under that name is ``unknown``, never a save cut short. An empty one is the exception while it is fresh: torch.save
+    opens its file before it writes a byte, so an empty file changed within the settle time may be a save that has
+    just begun, ``incomplete`` (and so "being written" for the scan) until it settles."""
+    if st.st_size == 0:
+        if ctx.now - ctx.settle <= st.st_mtime <= ctx.now + ctx.settle:
+            return (
+                "incomplete",
+                f"the file is empty and changed within the {ctx.settle:.0f} s settle time: a save may have just "
+                "begun (or stopped before writing anything); check again later",
+            )
+        return (
+            "unknown",
+            f"{path} is empty and unchanged for longer than the {ctx.settle:.0f} s settle time: not a checkpoint "
+            "format (no save wrote a byte of it); no damage is claimed",
+        )
+    return (
+        "unknown",
+        f"{path} is not a checkpoint format: it is named like a torch.save file, but its first bytes are neither a "
+        "ZIP archive's nor torch's legacy magic number, nor any other format's storwatch knows, so nothing says a "
+        "save was cut short; no damage is claimed",
+    )

@@ -39,6 +39,24 @@ PROTOCOL_VERSION = 1001
 SNIFF_BYTES = 64
 """Enough to hold the magic number's pickle in any protocol (with protocol 4's frame header)."""
 _COUNT_BYTES = 8
+_MAGIC_LE = MAGIC_NUMBER.to_bytes(10, "little")
+_MAGIC_PICKLES = (
+    # Protocols 0 and 1: LONG, the decimal digits and an "L" suffix; 2 and 3: PROTO, LONG1 with 10 bytes; 4 and 5
+    # add a FRAME of the 13 bytes that follow. Each ends with STOP. (pickle.dumps(MAGIC_NUMBER, protocol=N).)
+    b"L" + str(MAGIC_NUMBER).encode() + b"L\n.",
+    *(b"\x80" + bytes([proto]) + b"\x8a\x0a" + _MAGIC_LE + b"." for proto in (2, 3)),
+    *(
+        b"\x80" + bytes([proto]) + b"\x95" + (13).to_bytes(8, "little") + b"\x8a\x0a" + _MAGIC_LE + b"."
+        for proto in (4, 5)
+    ),
+)
+
+
+def is_legacy_cut(head: bytes) -> bool:
+    """Whether ``head``, a whole file shorter than the magic number's pickle, is the start of that pickle as
+    torch.save writes it in some protocol: a legacy save cut short before its first pickle ended (a file that long
+    is shorter than ``SNIFF_BYTES``, so the head read is all of it)."""
+    return bool(head) and any(len(head) < len(p) and p.startswith(head) for p in _MAGIC_PICKLES)
 
 
 def is_legacy_head(head: bytes) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable
 
 from storwatch.checkpoints.formats.common import (
@@ -74,6 +75,12 @@ def _check_members(root: str, ctx: _Ctx, extra_suffixes: tuple[str, ...] = ()) -
         if not rel.endswith((*TORCH_SUFFIXES, ".safetensors", SAFETENSORS_INDEX_SUFFIX, *extra_suffixes)):
             continue
         fmt = ctx.identify(file_path)
+        if fmt is None and rel.endswith(TORCH_SUFFIXES) and not os.path.islink(file_path):
+            no_format = _member_of_no_format(file_path, rel)
+            if no_format is not None:
+                count += 1
+                finding = _worst(finding, no_format)
+                continue
         if fmt not in _MEMBER_FORMATS:
             if os.path.islink(file_path):
                 return ("incomplete", f"{rel} is a symlink that leads nowhere readable; it was not followed"), count
@@ -94,6 +101,26 @@ def _check_members(root: str, ctx: _Ctx, extra_suffixes: tuple[str, ...] = ()) -
         if member[0] != "complete":
             finding = _worst(finding, (member[0], f"{rel}: {member[1]}"))
     return finding, count
+
+
+def _member_of_no_format(path: str, rel: str) -> _Finding | None:
+    """A member the step directory's framework writes with torch.save (its ``.pt``, ``.bin``...) whose bytes are no
+    format's: on its own such a file is no checkpoint (``unknown``), but here the directory is the evidence that a
+    save wrote it, so it is one that never got its bytes (empty, or zeros where a crash lost what was not yet on
+    disk) or lost them since. None for what is not a regular file (the member walk says what it is)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    if st.st_size == 0:
+        return "incomplete", f"{rel} is empty: the save created it and wrote nothing; {FALLBACK}"
+    return (
+        "incomplete",
+        f"{rel} holds no torch.save format (neither a ZIP archive nor torch's legacy magic number) where this "
+        f"checkpoint keeps a torch.save file: it was never written in full, or was overwritten; {FALLBACK}",
+    )
 
 
 def _tracked_step(tracked: str, parse: re.Pattern[str]) -> int | None:
