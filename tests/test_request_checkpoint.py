@@ -181,24 +181,36 @@ def test_links_in_the_run_path_are_not_followed(action: RequestCheckpointAction,
 
 TARGET = """
 import os, signal, sys, time
-marker, path = sys.argv[1], sys.argv[2]
+marker, path, mode, handler = sys.argv[1:5]
 def answer(sig, frame):
     open(marker, "w").write(signal.Signals(sig).name)
     sys.exit(0)
-signal.signal(signal.SIGUSR1, answer)
-held = open(path, sys.argv[3])
+if handler == "catches":
+    signal.signal(signal.SIGUSR1, answer)
+held = open(path, mode)
 print("ready", flush=True)
 time.sleep(60)
 """
 
 
-def target(tmp_path: Path, name: str, path: Path, mode: str) -> subprocess.Popen[str]:
+def target(tmp_path: Path, name: str, path: Path, mode: str, handler: str = "catches") -> subprocess.Popen[str]:
     marker = tmp_path / f"{name}.signalled"
     proc = subprocess.Popen(
-        [sys.executable, "-c", TARGET, str(marker), str(path), mode], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", TARGET, str(marker), str(path), mode, handler], stdout=subprocess.PIPE, text=True
     )
     assert read_line(proc, 20) == "ready"
     return proc
+
+
+def ask_writers(
+    action: RequestCheckpointAction, run_dir: Path, seen: dict[int, float], pids: tuple[int, ...] = ()
+) -> ActionResult:
+    """Ask with ``seen``: the writers the agent's own looks saw writing the run's checkpoints, and when."""
+    entity = Entity("run", run_dir.name, {}, run_dir=str(run_dir), writer_pids=pids, writers_seen=seen)
+    request = ActionRequest(
+        "drain-soon", "request_checkpoint", {"signal": True}, entity, "critical", "node drain in 5 minutes"
+    )
+    return action.run(request, timeout=10)
 
 
 def test_the_signal_reaches_the_writer_and_no_other_process(action: RequestCheckpointAction, tmp_path: Path) -> None:
@@ -210,27 +222,82 @@ def test_the_signal_reaches_the_writer_and_no_other_process(action: RequestCheck
     reader = target(tmp_path, "reader", run / "step-1.pt", "rb")
     other = target(tmp_path, "other", tmp_path / "elsewhere", "wb")
     try:
-        result = ask(action, run, pids=(reader.pid, other.pid, writer.pid), signal=True)
+        seen = {writer.pid: time.time()}
+        result = ask_writers(action, run, seen, pids=(reader.pid, other.pid))
         assert result.outcome == "ok", result.detail
         assert f"SIGUSR1 sent to PID {writer.pid}" in result.detail
-        assert f"PID {reader.pid}: not writing under the run" in result.detail
-        assert f"PID {other.pid}: not writing under the run" in result.detail
+        never = "the agent's own looks never saw it writing the run's checkpoints"
+        assert f"PID {reader.pid}: {never}" in result.detail and f"PID {other.pid}: {never}" in result.detail
         assert writer.wait(20) == 0
         assert (tmp_path / "writer.signalled").read_text() == "SIGUSR1"
         assert reader.poll() is None and other.poll() is None
         assert not (tmp_path / "reader.signalled").exists() and not (tmp_path / "other.signalled").exists()
-        # Named writers that are not: refused, the request file still placed, the action failed.
-        result = ask(action, run, pids=(1, os.getpid(), reader.pid), signal=True)
-        assert result.outcome == "failed" and "request file renewed" in result.detail
+        # Named writers that are not: refused, the request file still placed and asking alone.
+        result = ask_writers(action, run, {1: time.time(), os.getpid(): time.time()}, pids=(reader.pid,))
+        assert result.outcome == "ok" and "request file renewed" in result.detail
+        assert "sent to no process: the request file alone asks" in result.detail
         assert "PID 1: it is PID 1" in result.detail and f"PID {os.getpid()}: it is this agent" in result.detail
         assert reader.poll() is None
         # The exited writer's PID names no process now.
-        result = ask(action, run, pids=(writer.pid,), signal=True)
-        assert result.outcome == "failed" and f"PID {writer.pid}: no such process" in result.detail
+        result = ask_writers(action, run, seen)
+        assert f"PID {writer.pid}: no such process" in result.detail
     finally:
         for proc in (writer, reader, other):
             proc.send_signal(signal.SIGKILL)
             proc.wait()
+
+
+def test_a_pid_that_names_a_process_started_after_the_look_is_not_signalled(
+    action: RequestCheckpointAction, tmp_path: Path
+) -> None:
+    """A writer seen an hour ago whose PID now names a process that started a minute ago: another process (the PID
+    was reused), never signalled."""
+    run = tmp_path / "run"
+    run.mkdir()
+    newcomer = target(tmp_path, "newcomer", run / "step-2.pt", "wb")
+    try:
+        result = ask_writers(action, run, {newcomer.pid: time.time() - 3600})
+        assert f"PID {newcomer.pid}: the PID names a process started after the writer was seen" in result.detail
+        assert newcomer.poll() is None and not (tmp_path / "newcomer.signalled").exists()
+    finally:
+        newcomer.send_signal(signal.SIGKILL)
+        newcomer.wait()
+
+
+def test_a_writer_that_does_not_catch_the_signal_is_left_alone(action: RequestCheckpointAction, tmp_path: Path) -> None:
+    """SIGUSR1's default action ends a process: a job that installed no handler is asked by the request file alone
+    (it exited 138 when signalled)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    plain = target(tmp_path, "plain", run / "step-2.pt", "wb", handler="default")
+    try:
+        result = ask_writers(action, run, {plain.pid: time.time()})
+        assert result.outcome == "ok", result.detail
+        assert f"PID {plain.pid}: it does not catch SIGUSR1 (SigCgt)" in result.detail
+        assert "request file created" in result.detail
+    finally:
+        plain.send_signal(signal.SIGTERM)
+        # A SIGUSR1 sent before would have ended it first (the kernel delivers the lower-numbered pending signal).
+        assert plain.wait() == -signal.SIGTERM
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o1755], ids=["world-writable", "sticky-shared", "sticky"])
+def test_no_signal_for_a_run_directory_others_may_write(
+    action: RequestCheckpointAction, tmp_path: Path, mode: int
+) -> None:
+    """Anyone may make a shared directory a run, and name in it a victim whose files lie there: never a signal."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    victim = target(tmp_path, "victim", shared / "model.pt", "wb")
+    try:
+        result = ask_writers(action, shared, {victim.pid: time.time()})
+        assert result.outcome == "ok" and "request file created" in result.detail
+        assert "sent to no process: the run's directory is" in result.detail
+    finally:
+        victim.send_signal(signal.SIGTERM)
+        assert victim.wait() == -signal.SIGTERM  # not 0: its SIGUSR1 handler never ran
+    assert not (tmp_path / "victim.signalled").exists()
 
 
 def test_params_and_what_needs_no_request(action: RequestCheckpointAction, tmp_path: Path) -> None:

@@ -326,9 +326,10 @@ def test_without_capabilities_a_closed_home_is_reported_not_silently_empty(tmp_p
 
 
 def test_a_writer_is_believed_once_the_kernel_shows_it_writing_there(tmp_path: Path) -> None:
-    """sources/writers.py against real processes: one holding a file open for writing under the run is its writer,
-    and stays so after it exits (its last event line comes then); one that only reads there, or writes elsewhere,
-    is not; a PID of no process was never seen."""
+    """sources/writers.py against real processes: one holding a checkpoint's file (or a temporary of one) open for
+    writing under the run is its writer, and stays so after it exits (its last event line comes then); one that only
+    reads there, writes elsewhere, or writes a log under the run (a shared directory made a run, naming a victim whose
+    log lies there) is not; a PID of no process was never seen."""
     from storwatch.sources.writers import GONE, WriterCheck
 
     run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
@@ -345,14 +346,16 @@ def test_a_writer_is_believed_once_the_kernel_shows_it_writing_there(tmp_path: P
     check = WriterCheck()
     writer = holding(run / ".step-1.pt.tmp", "wb")
     reader = holding(run / "data", "rb")
-    other = holding(elsewhere / "x", "wb")
+    other = holding(elsewhere / "model.pt", "wb")
+    logger = holding(run / "train.log", "ab")
     try:
         assert check.look(writer.pid, str(run)) is None
         assert check.look(reader.pid, str(run)) == "not_writer"
         assert check.look(other.pid, str(run)) == "not_writer"
         assert check.look(other.pid, str(elsewhere)) is None
+        assert check.look(logger.pid, str(run)) == "not_writer"
     finally:
-        for p in (writer, reader, other):
+        for p in (writer, reader, other, logger):
             p.kill()
             p.wait(10)
     check.forget_reused()

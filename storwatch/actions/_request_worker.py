@@ -3,7 +3,8 @@
 agent's. Answers requests as ``_blocking_worker`` does, one thread per request.
 
 ``ckpt_request RUN_DIR PARAMS`` (the run directory hex-encoded, the parameters a hex-encoded JSON object ``{"root":
-str or null, "text": str}``) answers one JSON text ``{"done": "created"|"renewed"}`` or ``{"refused": "why"}``.
+str or null, "text": str}``) answers one JSON text ``{"done": "created"|"renewed", "mode": the run directory's
+st_mode}`` or ``{"refused": "why"}``.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ def request_op(run_dir: bytes, params_hex: str) -> str:
     params = json.loads(bytes.fromhex(params_hex))
     root = params.get("root")
     try:
-        done = place_request(os.fsdecode(run_dir), root if isinstance(root, str) else None, str(params.get("text", "")))
+        done, mode = place_request(
+            os.fsdecode(run_dir), root if isinstance(root, str) else None, str(params.get("text", ""))
+        )
     except Refused as why:
         return json.dumps({"refused": str(why)})
     except OSError as err:
         return json.dumps({"refused": f"{err.strerror or err}"})
-    return json.dumps({"done": done})
+    return json.dumps({"done": done, "mode": mode})
 
 
 def command() -> list[str]:

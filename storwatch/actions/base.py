@@ -39,8 +39,10 @@ class Entity:
     run_dir: str | None = None
     """For a run: its directory as this process reaches it (where request_checkpoint writes), else None."""
     writer_pids: tuple[int, ...] = ()
-    """For a run: the processes the kernel showed writing it (files open for writing under it), the only ones a
-    signal may be sent to."""
+    """For a run: the processes the kernel showed writing it (its checkpoint files open for writing)."""
+    writers_seen: Mapping[int, float] = field(default_factory=dict)
+    """For a run: of those, the ones whose work the agent's own looks saw holding a checkpoint file of the run open
+    for writing, each with the newest such look (wall time): the only processes a signal may be sent to."""
     run_root: str | None = None
     """For a run: the scan root it was found under, as this process reaches it (the operator's, trusted). Every
     directory from there down to ``run_dir`` is opened without following a symbolic link, so a link a tenant plants

@@ -2,12 +2,16 @@
 ``storwatch.training.checkpoint_requested()`` polls (placed by :mod:`.request_file` in a helper process, see there
 for what is never touched), and, opt-in, a signal to the run's writer processes.
 
-A signal goes only to a PID the entity lists as the run's writer (``Entity.writer_pids``: the kernel showed it with
-files open for writing under the run) and only after the kernel shows it again, at the moment of acting, writing
-under the run (``sources.writers.WriterCheck``, with nothing remembered: a PID reused since by another process must
-prove itself). The process is held by a pidfd from before that look until the signal, so the signal reaches the very
-process that was looked at, or none (it exited: ESRCH). Never PID 1, this agent or its parent, and never where the
-agent's procfs is not of its own PID namespace (without ``hostPID`` the PIDs it reads name other processes here).
+A signal goes only to a run's own writer: a process whose work the agent's own looks saw holding one of the run's
+checkpoint files (or a temporary of one) open for writing (``Entity.writers_seen``, never a PID a file names), and
+only when, at the moment of acting, the kernel confirms it: the process held by a pidfd (so the signal reaches the
+very process looked at, or none: ESRCH) started before that look (a PID is never reused while its process lives, so
+a process alive now that started before the look is the one seen), and it catches the signal (``SigCgt`` in its
+``status``: the default action of SIGUSR1 ends a job that installed no handler). Never for a run directory others may
+write (world-writable or sticky, as the helper that placed the request file saw it: anyone could have made it a
+run), never PID 1, this agent or its parent, and never where the agent's procfs is not of its own PID namespace
+(without ``hostPID`` the PIDs it reads name other processes here). Where no signal may go, the request file alone
+asks, and the result says why.
 
 Params: ``signal`` (default false), ``signal_name`` (``SIGUSR1``, the default: Slurm's ``--signal`` and Lightning's
 requeue handler use it; ``SIGUSR2``; ``SIGTERM``, for loops that checkpoint on a preemption notice). A resolution asks
@@ -20,18 +24,19 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from storwatch.actions._request_worker import OP, command
-from storwatch.actions.base import ActionRequest, ActionResult
+from storwatch.actions.base import ActionRequest, ActionResult, Entity
 from storwatch.actions.params import Params
 from storwatch.blocking import BlockingCalls
 from storwatch.paths import HostPaths
 from storwatch.printable import printable
-from storwatch.sources.writers import GONE, WriterCheck
+from storwatch.sources.writers import catches, started_at
 
 SIGNALS: Mapping[str, signal.Signals] = {
     "SIGUSR1": signal.SIGUSR1,
@@ -40,6 +45,9 @@ SIGNALS: Mapping[str, signal.Signals] = {
 }
 MAX_SIGNALLED = 16
 """Writer PIDs looked at per request (a run written by every rank of a large job signals this many at most)."""
+START_SLACK_SECONDS = 1.0
+"""How much later than the look that saw it writing a writer may seem to have started: the kernel gives the boot time
+to the second."""
 FILE_SECONDS = 10.0
 """The longest the request file's placing is waited for (a hung mount): the rest of the run's time is the signal's."""
 
@@ -129,22 +137,30 @@ class RequestCheckpointAction:
         entity = request.entity
         if entity.run_dir is None:
             return ActionResult("failed", f"a {entity.kind} entity names no run directory to ask in")
-        placed = self._place(entity.run_dir, entity.run_root, request_text(request), min(timeout, FILE_SECONDS))
+        placed, mode = self._place(entity.run_dir, entity.run_root, request_text(request), min(timeout, FILE_SECONDS))
         if placed.outcome == "ok":
             self.asked.asked(entity.run_dir)
         if placed.outcome != "ok" or not params.signal:
             return placed
-        sent, refused = self._signal(entity.run_dir, entity.writer_pids, SIGNALS[params.signal_name])
+        if mode is not None and mode & (stat.S_IWOTH | stat.S_ISVTX):
+            why = "world-writable" if mode & stat.S_IWOTH else "sticky (a shared directory)"
+            return ActionResult(
+                "ok",
+                f"{placed.detail}; {params.signal_name} sent to no process: the run's directory is {why}, so anyone "
+                "could have made it a run; the request file alone asks",
+            )
+        sent, refused = self._signal(entity, SIGNALS[params.signal_name])
         detail = f"{placed.detail}; {params.signal_name} " + (
-            f"sent to PID {', '.join(map(str, sent))}" if sent else "sent to no process"
+            f"sent to PID {', '.join(map(str, sent))}" if sent else "sent to no process: the request file alone asks"
         )
         if refused:
             detail += "; not sent to " + "; ".join(refused)
-        return ActionResult("ok" if sent else "failed", detail)
+        return ActionResult("ok", detail)
 
-    def _place(self, run_dir: str, root: str | None, text: str, timeout: float) -> ActionResult:
+    def _place(self, run_dir: str, root: str | None, text: str, timeout: float) -> tuple[ActionResult, int | None]:
+        """The request file placed, and the run directory's mode as the helper saw it (None: not known)."""
         shown = printable(run_dir)
-        args = json.dumps({"root": root, "text": text}).encode().hex()
+        args = json.dumps({"root": root, "text": text}, allow_nan=False).encode("ascii").hex()
         outcome = self.calls.call_many(OP, {run_dir: [run_dir, args]}, timeout=timeout)[run_dir]
         if outcome.text is not None:
             try:
@@ -152,11 +168,15 @@ class RequestCheckpointAction:
             except ValueError:
                 answer = {}
             if isinstance(answer.get("done"), str):
-                return ActionResult("ok", f"request file {answer['done']} in {shown}")
-            return ActionResult("failed", printable(str(answer.get("refused", "no answer from the helper"))))
+                mode = answer.get("mode")
+                return ActionResult("ok", f"request file {answer['done']} in {shown}"), (
+                    mode if isinstance(mode, int) and not isinstance(mode, bool) else None
+                )
+            return ActionResult("failed", printable(str(answer.get("refused", "no answer from the helper")))), None
         if outcome.stuck or outcome.in_flight_seconds:
-            return ActionResult("failed", f"{shown} did not answer within {timeout:g} s (a hung mount?)")
-        return ActionResult("failed", f"request file not placed in {shown}: {printable(outcome.error or 'no answer')}")
+            return ActionResult("failed", f"{shown} did not answer within {timeout:g} s (a hung mount?)"), None
+        why = printable(outcome.error or "no answer")
+        return ActionResult("failed", f"request file not placed in {shown}: {why}"), None
 
     def _own_pid_namespace(self) -> bool:
         try:
@@ -164,20 +184,25 @@ class RequestCheckpointAction:
         except OSError:
             return False
 
-    def _signal(self, run_dir: str, pids: tuple[int, ...], sig: signal.Signals) -> tuple[list[int], list[str]]:
+    def _signal(self, entity: Entity, sig: signal.Signals) -> tuple[list[int], list[str]]:
         """(PIDs signalled, why each other was not)."""
+        seen = entity.writers_seen
+        pids = tuple(dict.fromkeys((*seen, *entity.writer_pids)))
         if not pids:
-            return [], ["the run has no writer the kernel showed"]
+            return [], ["any process: the kernel has shown no process writing the run's checkpoints"]
         if not self._own_pid_namespace():
             return [], ["any process: the agent's procfs is not of its own PID namespace (hostPID off?)"]
         sent: list[int] = []
         refused: list[str] = []
         never = {1: "it is PID 1", os.getpid(): "it is this agent", os.getppid(): "it is this agent's parent"}
-        for pid in dict.fromkeys(pids[:MAX_SIGNALLED]):
+        for pid in pids[:MAX_SIGNALLED]:
             if pid <= 0 or pid in never:
                 refused.append(f"PID {pid}: {never.get(pid, 'not a process ID')}")
                 continue
-            why = self._signal_writer(pid, run_dir, sig)
+            if pid not in seen:
+                refused.append(f"PID {pid}: the agent's own looks never saw it writing the run's checkpoints")
+                continue
+            why = self._signal_writer(pid, seen[pid], sig)
             if why is None:
                 sent.append(pid)
             else:
@@ -186,7 +211,7 @@ class RequestCheckpointAction:
             refused.append(f"{len(pids) - MAX_SIGNALLED} more writers: past the limit of {MAX_SIGNALLED}")
         return sent, refused
 
-    def _signal_writer(self, pid: int, run_dir: str, sig: signal.Signals) -> str | None:
+    def _signal_writer(self, pid: int, seen_at: float, sig: signal.Signals) -> str | None:
         try:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
@@ -194,12 +219,17 @@ class RequestCheckpointAction:
         except OSError as err:
             return f"cannot hold the process (pidfd_open: {err.strerror or err})"
         try:
-            # A fresh check, so nothing remembered vouches for the PID: the process must write under the run now.
-            verdict = WriterCheck(self.paths).look(pid, run_dir)
-            if verdict == GONE:
-                return "no such process"
-            if verdict is not None:
-                return "not writing under the run (the kernel shows no file of it open for writing there)"
+            # Looked at while held: if the process exits and its PID is reused, the signal below goes nowhere.
+            started = started_at(self.paths, pid)
+            if started is None:
+                return "no such process (or its start time cannot be read)"
+            if started > seen_at + START_SLACK_SECONDS:
+                return "the PID names a process started after the writer was seen: another process, not signalled"
+            caught = catches(self.paths, pid, sig)
+            if caught is None:
+                return "its signal handlers cannot be read (SigCgt)"
+            if not caught:
+                return f"it does not catch {sig.name} (SigCgt), whose default action would end it"
             try:
                 signal.pidfd_send_signal(pidfd, sig)
             except ProcessLookupError:

@@ -82,22 +82,23 @@ def _renew(dir_fd: int, text: bytes, shown: str) -> None:
         os.close(fd)
 
 
-def place_request(run_dir: str, root: str | None, text: str) -> str:
-    """Create (``"created"``) or renew (``"renewed"``) the request file in ``run_dir``; :class:`Refused` or OSError
-    when not done."""
+def place_request(run_dir: str, root: str | None, text: str) -> tuple[str, int]:
+    """Create (``"created"``) or renew (``"renewed"``) the request file in ``run_dir``, and the run directory's mode
+    (who else may write it); :class:`Refused` or OSError when not done."""
     data = text.encode("utf-8", "replace")[:MAX_TEXT_BYTES]
     dir_fd = open_run_dir(run_dir, root)
     shown = os.path.join(os.path.normpath(run_dir), REQUEST_NAME)
     try:
+        mode = os.fstat(dir_fd).st_mode
         try:
             fd = os.open(REQUEST_NAME, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
         except FileExistsError:
             _renew(dir_fd, data, shown)
-            return "renewed"
+            return "renewed", mode
         try:
             os.write(fd, data)
         finally:
             os.close(fd)
-        return "created"
+        return "created", mode
     finally:
         os.close(dir_fd)

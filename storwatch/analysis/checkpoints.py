@@ -91,7 +91,17 @@ def run_views(
         if w is not None:
             timed = tuple(timed_by_open_files(c, w.files) for c in r.checkpoints)
             run = dataclasses.replace(r, checkpoints=timed)
-            out.append(RunView(run, labels[r.id], mount_of(r.path), host_path(paths, r.path), w.writers, w.open_since))
+            out.append(
+                RunView(
+                    run,
+                    labels[r.id],
+                    mount_of(r.path),
+                    host_path(paths, r.path),
+                    w.writers,
+                    w.open_since,
+                    w.writers_seen,
+                )
+            )
         else:
             out.append(RunView(r, labels[r.id], mount_of(r.path), host_path(paths, r.path)))
     return tuple(out)

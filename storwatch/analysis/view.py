@@ -73,6 +73,10 @@ class RunView:
     """The GPU processes seen writing its checkpoints (their files open for writing: analysis/writes.py)."""
     open_writes_since: float | None = None
     """When its checkpoint files open for writing now were first seen open; None when none is."""
+    writers_seen: tuple[tuple[int, float], ...] = ()
+    """Each writer, and the newest look (wall time) that found its work holding one of the run's checkpoint files open
+    for writing: a process alive now with that PID that started before then is the one seen (a PID is never reused
+    while its process lives)."""
 
     @property
     def directory(self) -> str:

@@ -44,6 +44,8 @@ class RunWrites:
     """When the first of the checkpoint files open for writing now was first seen open; None when none is open."""
     files: tuple[WrittenFile, ...] = ()
     """The checkpoint files seen written under the run (paths as this process reaches them)."""
+    writers_seen: tuple[tuple[int, float], ...] = ()
+    """Each writer, and the newest look that found its work holding one of those files open."""
 
 
 def run_writes(access: AccessFacts | None, runs: Iterable[RunId], paths: HostPaths) -> dict[RunId, RunWrites]:
@@ -51,21 +53,23 @@ def run_writes(access: AccessFacts | None, runs: Iterable[RunId], paths: HostPat
     if access is None or not (access.workloads or access.ended):
         return {}
     by_path = {rid.path.rstrip("/") or "/": rid for rid in runs}
-    found: dict[RunId, tuple[set[int], list[WrittenFile]]] = {}
+    found: dict[RunId, tuple[dict[int, float], list[WrittenFile]]] = {}
     written = [(w.within if w.within is not None else w.pid, f) for w in access.workloads.values() for f in w.written]
     for writer, f in [*written, *((None, f) for f in access.ended)]:
         local = paths.root(f.path)
         rid, below = _run_of(local, by_path)
         if rid is None or not checkpoint_member(below):
             continue
-        writers, files = found.setdefault(rid, (set(), []))
+        writers, files = found.setdefault(rid, ({}, []))
         if writer is not None:  # a workload that has ended holds up no GPU
-            writers.add(writer)
+            writers[writer] = max(writers.get(writer, f.last_open), f.last_open)
         files.append(dataclasses.replace(f, path=local))
     out = {}
     for rid, (writers, files) in found.items():
         opened = [f.first_seen for f in files if f.open]
-        out[rid] = RunWrites(tuple(sorted(writers)), min(opened) if opened else None, tuple(files))
+        out[rid] = RunWrites(
+            tuple(sorted(writers)), min(opened) if opened else None, tuple(files), tuple(sorted(writers.items()))
+        )
     return out
 
 

@@ -289,17 +289,28 @@ class _Stop(Exception):
     """A bound was hit: unwind the walk."""
 
 
+_TEMP_DECORATION = re.compile(r"(?:\.(?:tmp|temp|part|partial)(?:[-._][^/]*)?|~)$", re.ASCII)
+"""What a save through a temporary adds to its final name: ``model.pt.tmp``, ``model.pt.tmp-1234``,
+``model.safetensors.part``, ``model.pt~``, ``.metadata.tmp``."""
+
+
 def checkpoint_member(below_run: str) -> bool:
     """Whether a file at this path below a run's directory is part of a checkpoint as the scan knows them (a file
     with a checkpoint's suffix, a marker of a checkpoint directory, anything in a directory named as checkpoints are,
-    a save's temporary), not a log or an event file written beside them."""
-    parts = below_run.split("/")
+    or named so once a ``tmp-`` is taken off, a save's temporary: storwatch's own, or a checkpoint's name with a
+    temporary's decoration), not a log or an event file written beside them."""
+    parts = [p for p in below_run.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        return False
     name = parts[-1]
+    bare = _TEMP_DECORATION.sub("", name)
     return (
         name.endswith(_ANY_SUFFIXES)
+        or bare.endswith(_ANY_SUFFIXES)
         or name in DIR_MARKERS
+        or bare in DIR_MARKERS
         or is_temp_name(name)
-        or any(_CANDIDATE_DIR_NAME.fullmatch(d) for d in parts[:-1])
+        or any(_CANDIDATE_DIR_NAME.fullmatch(d.removeprefix("tmp-")) for d in parts[:-1])
     )
 
 

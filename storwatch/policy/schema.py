@@ -593,6 +593,7 @@ def _run_entities(view: View) -> list[Entity]:
                 fields,
                 run_dir=run.path,
                 writer_pids=pids,
+                writers_seen=dict(rv.writers_seen),
                 run_root=run.root,
                 checkpoint_path=newest_complete.path if newest_complete else None,
                 checkpoint_mtime=newest_complete.mtime if newest_complete else None,

@@ -88,3 +88,15 @@ def access_mode(fdinfo: bytes) -> str | None:
 def parse_children(data: bytes) -> list[int]:
     """The PIDs of a ``task/<tid>/children`` file (space-separated); anything else is skipped."""
     return [int(w) for w in data.split() if w.isdigit() and 0 < int(w) < 1 << 22]
+
+
+def caught_signals(status: bytes) -> int | None:
+    """The ``SigCgt`` mask of ``<procfs>/<pid>/status``: bit N-1 is set when the process has a handler for signal N
+    (neither the default action nor ignored). None when the line is missing or not hexadecimal."""
+    for line in status.splitlines():
+        if line.startswith(b"SigCgt:"):
+            text = line[len(b"SigCgt:") :].strip()
+            if not text or len(text) > 32 or any(c not in b"0123456789abcdefABCDEF" for c in text):
+                return None
+            return int(text, 16)
+    return None

@@ -1,10 +1,12 @@
 """Whether a process a tenant's file names as a checkpoint's writer really writes there: the kernel's word for it.
 
 An event line's ``pid`` and an atomic_save temporary's name are written by the tenant, so each is a claim. A claim
-holds when the process, or one below it (an async save's worker), has a file open for writing under the run's
-directory, read from ``<procfs>/<pid>/fd`` (the link: where the file is, in the writer's mount namespace) and
-``fdinfo`` (its access mode). Once seen, the process stays a writer of that run, so the event line of a save that
-was seen in progress is believed after the file is closed, and after the writer exits (its last save's line comes
+holds when the process, or one below it (an async save's worker), has one of the run's checkpoint files (or a
+temporary of one: ``checkpoints.scan.checkpoint_member``) open for writing, read from ``<procfs>/<pid>/fd`` (the
+link: where the file is, in the writer's mount namespace) and ``fdinfo`` (its access mode). A log or any other file
+written under the run says nothing: a tenant who makes a shared directory a run, and names in it the PID of someone
+whose log lies there, backs no claim. Once seen, the process stays a writer of that run, so the event line of a save
+that was seen in progress is believed after the file is closed, and after the writer exits (its last save's line comes
 then); a PID that now names another process (another start time) is no longer that writer.
 The links are the kernel's: nothing here opens or stats the files themselves.
 """
@@ -14,8 +16,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from storwatch.checkpoints.scan import checkpoint_member
 from storwatch.paths import HostPaths
-from storwatch.procfs.pidio import access_mode, parse_children
+from storwatch.procfs.pidio import access_mode, caught_signals, parse_children
 from storwatch.sources import read_bounded
 
 MAX_PROCESSES = 64
@@ -81,8 +84,8 @@ class WriterCheck:
         return out
 
     def _writes_under(self, pid: int, directory: str) -> bool | None:
-        """Whether the process has a file open for writing under ``directory``; None when the kernel refused to show
-        its open files (EACCES, EPERM) and none of those it showed is one."""
+        """Whether the process has a checkpoint file (or a temporary of one) open for writing under ``directory``;
+        None when the kernel refused to show its open files (EACCES, EPERM) and none of those it showed is one."""
         prefix = directory.rstrip("/") + "/"
         fd_dir = self.paths.proc(str(pid), "fd")
         refused = False
@@ -105,7 +108,7 @@ class WriterCheck:
             # The link is the path in the writer's mount namespace; off Kubernetes (where PIDs are claimed at all)
             # that is the host's, which this agent sees under its rootfs.
             seen_at = self.paths.root(target.removesuffix(" (deleted)"))
-            if not seen_at.startswith(prefix):
+            if not seen_at.startswith(prefix) or not checkpoint_member(seen_at[len(prefix) :]):
                 continue
             try:
                 mode = access_mode(read_bounded(self.paths.proc(str(pid), "fdinfo", name), 4096))
@@ -145,3 +148,30 @@ class WriterCheck:
             now = self._writer(pid)
             if now is not None and now.start_ticks != ticks:
                 del self._seen[pid]
+
+
+def started_at(paths: HostPaths, pid: int) -> float | None:
+    """When the process started, in seconds since the epoch (``stat`` field 22 after the boot time in ``stat``'s
+    ``btime``, which the kernel gives to the second); None when either cannot be read."""
+    writer = WriterCheck(paths)._writer(pid)
+    if writer is None:
+        return None
+    try:
+        text = read_bounded(paths.proc("stat"), 1 << 20)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(b"btime "):
+            boot = line.split()[1]
+            if boot.isdigit():
+                return int(boot) + writer.start_ticks / os.sysconf("SC_CLK_TCK")
+    return None
+
+
+def catches(paths: HostPaths, pid: int, signum: int) -> bool | None:
+    """Whether the process has a handler for signal ``signum`` (its ``SigCgt``); None when that cannot be read."""
+    try:
+        mask = caught_signals(read_bounded(paths.proc(str(pid), "status"), 1 << 16))
+    except OSError:
+        return None
+    return None if mask is None else bool(mask >> (signum - 1) & 1)
