@@ -324,6 +324,15 @@ def _temps(result: ScanResult, now: float) -> dict[str, list[Temp]]:
     return found
 
 
+def _owner(directory: str) -> int | None:
+    """The uid that owns the run directory, as the kernel reports it (a directory only, never through a link)."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return None
+    return st.st_uid if stat.S_ISDIR(st.st_mode) else None
+
+
 def scan_unit(path_bytes: bytes, params_hex: str) -> str:
     cpu_started = time.thread_time()
     params = json.loads(bytes.fromhex(params_hex))
@@ -367,7 +376,7 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
         unit.births = {p: b for p, b in unit.births.items() if p in verdicts}
         temps = _temps(result, now)
         whole = tuple(
-            Run(run, tuple(runs.get(run, ())), tuple(sorted(temps.get(run, ()), key=lambda t: t.path)))
+            Run(run, tuple(runs.get(run, ())), tuple(sorted(temps.get(run, ()), key=lambda t: t.path)), _owner(run))
             for run in sorted(runs.keys() | temps.keys())
         )
         seq, base, sent = next(_answer_numbers), 0, whole

@@ -4,6 +4,7 @@ policy's metrics and /status read."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -215,3 +216,123 @@ def test_the_registry_names_every_action_and_its_check() -> None:
     assert found["webhook"]({}) == ["params.url: required"]
     assert found["event"]({"reason": "not camel"})[0].startswith("params.reason: must be UpperCamelCase")
     assert found["request_checkpoint"]({"signal": True}) == []
+
+
+def owned(owner: str | None, key: str, rule: str = "r1", **kw: object) -> ActionRequest:
+    made = req(rule=rule, key=key, cooldown=0.0, **kw)
+    return dataclasses.replace(made, entity=Entity("run", key, {}, owner=owner))
+
+
+def test_one_owners_entities_cannot_use_up_another_owners_budget(recorder: Recorder, clock: list[float]) -> None:
+    """Tenant a's six runs ask first: they get the owner's budget (two), the action's own tokens are left for
+    tenant b, whose request goes at once; a refused request took nothing of any budget."""
+    runner = ActionRunner(
+        {"record": recorder},
+        clock=lambda: clock[0],
+        limits={"record": Limits(5, burst=5, per_second=0.0, owner_burst=2, owner_per_second=0.0)},
+    )
+    try:
+        outcomes = [runner.submit(owned("uid:1001", f"a/run{i}")) for i in range(6)]
+        assert outcomes == [None, None] + ["rate_limited"] * 4
+        assert runner.submit(owned("uid:1002", "b/run")) is None
+        # Nothing of the action's bucket went to a's refusals: two more owners still get theirs.
+        assert runner.submit(owned("namespace:c", "c/run")) is None
+        assert runner.submit(owned("namespace:d", "d/run")) is None
+        assert runner.submit(owned("namespace:e", "e/run")) == "rate_limited"  # the action's own five are spent
+        assert runner.wait_idle(10)
+        assert sorted(r.entity.key for r in recorder.runs) == ["a/run0", "a/run1", "b/run", "c/run", "d/run"]
+        refused = [r for r in runner.recent() if r.outcome == "rate_limited"]
+        assert refused[0].detail == (
+            "the entities of uid:1001 may have record 2 times at once, 0 a second after: asked again when tokens return"
+        )
+        assert refused[-1].detail == "record is limited to 5 at once, 0 a second after: asked again when tokens return"
+    finally:
+        runner.close()
+
+
+def test_one_rule_cannot_use_up_what_another_rule_needs(recorder: Recorder, clock: list[float]) -> None:
+    runner = ActionRunner(
+        {"record": recorder},
+        clock=lambda: clock[0],
+        limits={"record": Limits(5, burst=4, per_second=0.0, rule_burst=2, rule_per_second=0.5)},
+    )
+    try:
+        assert [runner.submit(owned(None, f"/m{i}", rule="noisy")) for i in range(4)] == [None, None] + [
+            "rate_limited"
+        ] * 2
+        assert runner.submit(owned(None, "/m0", rule="critical")) is None
+        clock[0] += 2  # one of the noisy rule's tokens is back
+        assert runner.submit(owned(None, "/m2", rule="noisy")) is None
+        assert runner.submit(owned(None, "/m3", rule="noisy")) == "rate_limited"
+        assert runner.wait_idle(10)
+        assert runner.counts()[("noisy", "record", "rate_limited")] == 3
+        assert next(r.detail for r in runner.recent() if r.outcome == "rate_limited").startswith(
+            "rule noisy may ask record 2 times at once, 0.5 a second after"
+        )
+    finally:
+        runner.close()
+
+
+def test_a_request_refused_for_its_rate_is_handed_back_and_counted_once(recorder: Recorder, clock: list[float]) -> None:
+    """The engine takes the refused requests back to ask again while its rule fires: a request asked again and refused
+    again is handed back again but not counted again; once tokens return it runs. One the action itself refuses for
+    its rate (the Events writer's own bucket) is handed back too, and is no idempotent repeat when asked again."""
+    runner = ActionRunner({"record": recorder}, clock=lambda: clock[0], limits={"record": Limits(5, 1, 0.1)})
+    try:
+        assert runner.submit(req(key="/a")) is None
+        first = req(key="/b")
+        assert runner.submit(first) == "rate_limited"
+        assert runner.take_refused() == [first]
+        assert runner.take_refused() == []
+        again = dataclasses.replace(first, deferred=True)
+        assert runner.submit(again) == "rate_limited"
+        assert runner.take_refused() == [again]
+        assert runner.counts()[("r1", "record", "rate_limited")] == 1
+        clock[0] += 10
+        assert runner.submit(again) is None
+        assert runner.wait_idle(10)
+        assert [r.entity.key for r in recorder.runs] == ["/a", "/b"]
+        # Refused by the action itself, at run time.
+        recorder.answer = ActionResult("rate_limited", "the Events writer's own bucket is empty")
+        clock[0] += 10
+        assert runner.submit(req(key="/c")) is None
+        assert runner.wait_idle(10)
+        [handed] = runner.take_refused()
+        assert handed.entity.key == "/c"
+        recorder.answer = ActionResult("ok")
+        clock[0] += 10
+        assert runner.submit(dataclasses.replace(handed, deferred=True)) is None  # not "skipped" within its cooldown
+        assert runner.wait_idle(10)
+        assert [r.entity.key for r in recorder.runs] == ["/a", "/b", "/c", "/c"]
+    finally:
+        runner.close()
+
+
+class Laned(Recorder):
+    """A recorder whose requests go where their ``to`` param says (as a webhook's go to its receiver)."""
+
+    def lane(self, params: Mapping[str, object]) -> str:
+        return str(params.get("to", ""))
+
+
+def test_lanes_per_destination_are_bounded(clock: list[float]) -> None:
+    """Each destination has its own lane, at most ``max_lanes``; past it, while every lane is busy, the rest share
+    one more lane, and once a lane is idle it makes room for a new destination."""
+    laned = Laned()
+    runner = ActionRunner(
+        {"record": laned}, clock=lambda: clock[0], limits={"record": Limits(5, 100, 0.0)}, max_lanes=2
+    )
+    try:
+        laned.gate.clear()
+        for to in ("a", "b", "c", "d"):
+            assert runner.submit(req(key=f"/{to}", params={"to": to})) is None
+        assert runner.lanes() == {"record": ["a", "b", "*"]}
+        laned.gate.set()
+        assert runner.wait_idle(20)
+        assert runner.submit(req(key="/e", params={"to": "e"})) is None
+        assert runner.wait_idle(20)
+        assert runner.lanes() == {"record": ["b", "*", "e"]}
+        assert sorted(r.entity.key for r in laned.runs) == ["/a", "/b", "/c", "/d", "/e"]
+    finally:
+        laned.gate.set()
+        runner.close()

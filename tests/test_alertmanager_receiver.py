@@ -6,12 +6,15 @@ Alertmanager itself posting to a real agent is in test_alertmanager_real.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -178,6 +181,42 @@ def test_the_token_file_is_read_once_and_must_hold_a_token(tmp_path: Path) -> No
         read_token(str(token))
     with pytest.raises(ConfigError, match=f"alertmanager.token_file: cannot read {tmp_path}/gone: No such file"):
         read_token(str(tmp_path / "gone"))
+
+
+def test_a_token_file_that_is_no_small_regular_file_is_refused_without_waiting(tmp_path: Path) -> None:
+    """A FIFO (nothing writing it), a symbolic link, a directory or a file past the bound, named as the token file,
+    is refused at once with the reason (a FIFO would have held the agent's start, or its reload, for good)."""
+    good = tmp_path / "good"
+    good.write_text(TOKEN)
+    fifo, link, directory, big = (tmp_path / n for n in ("fifo", "link", "dir", "big"))
+    os.mkfifo(fifo)
+    link.symlink_to(good)
+    directory.mkdir()
+    big.write_bytes(b"t" * 4097)
+    expected = {
+        fifo: "is a FIFO, not a regular file: not read",
+        link: "is a symbolic link, not followed",
+        directory: "is a directory, not a regular file: not read",
+        big: "is 4097 bytes, over the 4096 a secret may hold",
+    }
+    try:
+        for path, why in expected.items():
+            errors: list[str] = []
+
+            def read(p: Path = path, errors: list[str] = errors) -> None:
+                try:
+                    read_token(str(p))
+                except ConfigError as err:
+                    errors.append(str(err))
+
+            thread = threading.Thread(target=read, daemon=True)
+            thread.start()
+            thread.join(10)
+            assert not thread.is_alive(), f"reading {path} as the token file did not return"
+            assert errors and errors[0].startswith(f"alertmanager.token_file: {path} {why}"), errors
+    finally:
+        with contextlib.suppress(OSError):  # let go a reader stuck on the FIFO (before the fix)
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def test_the_node_name_comes_from_the_config_then_node_name_then_the_host_name(tmp_path: Path) -> None:

@@ -602,6 +602,23 @@ def test_a_rescan_sends_only_the_runs_that_changed(
     assert fourth.runs == third.runs
 
 
+def test_each_run_carries_its_directory_owner_as_the_kernel_reports_it(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """Whose run it is (the actions' budgets are kept per owner) is the uid the kernel reports for the run's
+    directory, seen again at every scan: a chown shows in the next one."""
+    if os.geteuid() != 0:
+        pytest.skip("chown to other users needs root")
+    for name, uid in (("a", 1001), ("b", 1002)):
+        (tmp_path / name).mkdir()
+        torch_like_zip(tmp_path / name / "step-1.pt")
+        os.chown(tmp_path / name, uid, uid)
+    source = make_source([str(tmp_path)], clock=Clock(5000.0), deep_per_scan=0)
+    assert [(os.path.basename(r.path), r.uid) for r in source.collect().runs] == [("a", 1001), ("b", 1002)]
+    os.chown(tmp_path / "b", 1003, 1003)
+    assert [(os.path.basename(r.path), r.uid) for r in source.collect().runs] == [("a", 1001), ("b", 1003)]
+
+
 def test_scans_that_cost_more_than_their_share_come_less_often(
     tmp_path: Path, make_source: Callable[..., CheckpointSource]
 ) -> None:

@@ -129,6 +129,85 @@ def test_without_a_cooldown_actions_run_on_firing_and_resolving_only() -> None:
     assert events == [(0, "/a", "firing"), (7200, "/a", "resolved"), (7260, "/a", "firing")]
 
 
+ASK = """\
+  - name: ask
+    on: mount
+    when: stuck
+    actions: [{action: log}, {action: request_checkpoint}]
+"""
+
+
+def test_an_action_refused_for_its_rate_is_asked_again_while_it_fires() -> None:
+    """A rule without a cooldown announces a firing once: the action the runner refused for its rate is owed, asked
+    again (``deferred``, alone) at every evaluation until it is taken, and a resolution leaves out the action whose
+    firing never went out."""
+    engine = Engine(policy(ASK))
+    a = mount("/a", True)
+    log, ask = engine.evaluate(of(a), T0)
+    assert (log.action, ask.action, ask.transition, ask.deferred) == ("log", "request_checkpoint", "firing", False)
+    assert engine.owe(ask)
+    for t in (10, 20):
+        (again,) = engine.evaluate(of(a), T0 + t)
+        assert (again.action, again.transition, again.deferred, again.at) == ("request_checkpoint", "firing", True,
+                                                                            T0 + t)  # fmt: skip
+        assert engine.owe(again)  # refused again
+    assert [r.action for r in engine.evaluate(of(a), T0 + 30)] == ["request_checkpoint"]
+    # Taken this time (not owed): nothing more while it fires.
+    assert engine.evaluate(of(a), T0 + 40) == []
+    # Refused once more at 50 and resolved at 60 before it was taken: only the log's firing is resolved.
+    b = mount("/b", True)
+    _, ask_b = engine.evaluate(of(a, b), T0 + 50)
+    assert engine.owe(ask_b)
+    resolved = engine.evaluate(of(), T0 + 60)
+    assert [(r.entity.key, r.action, r.transition) for r in resolved] == [
+        ("/a", "log", "resolved"),
+        ("/a", "request_checkpoint", "resolved"),
+        ("/b", "log", "resolved"),
+    ]
+    # Nothing is owed to an entity that no longer fires, nor to a rule that is gone.
+    assert not engine.owe(ask_b)
+    assert not Engine(policy(STUCK)).owe(ask)
+
+
+def test_a_resolution_refused_for_its_rate_is_owed_until_taken_or_firing_again() -> None:
+    engine = Engine(policy(ASK))
+    a, b = mount("/a", True), mount("/b", True)
+    engine.evaluate(of(a, b), T0)
+    resolved = engine.evaluate(of(), T0 + 10)
+    assert len(resolved) == 4
+    for r in resolved:
+        if r.action == "request_checkpoint":
+            assert engine.owe(r)
+    again = engine.evaluate(of(), T0 + 20)
+    assert [(r.entity.key, r.action, r.transition, r.deferred) for r in again] == [
+        ("/a", "request_checkpoint", "resolved", True),
+        ("/b", "request_checkpoint", "resolved", True),
+    ]
+    for r in again:
+        assert engine.owe(r)
+    # /a fires again before its resolution was taken: that resolution is dropped; /b's is still owed.
+    out = engine.evaluate(of(a), T0 + 30)
+    assert [(r.entity.key, r.action, r.transition) for r in out] == [
+        ("/a", "log", "firing"),
+        ("/a", "request_checkpoint", "firing"),
+        ("/b", "request_checkpoint", "resolved"),
+    ]
+
+
+def test_a_repeat_due_asks_an_undelivered_firing_as_a_firing() -> None:
+    engine = Engine(policy(ASK + "    cooldown: 5m\n"))
+    a = mount("/a", True)
+    _, ask = engine.evaluate(of(a), T0)
+    assert engine.owe(ask)
+    (again,) = engine.evaluate(of(a), T0 + 60)
+    assert engine.owe(again)
+    out = engine.evaluate(of(a), T0 + 300)
+    assert [(r.action, r.transition, r.deferred) for r in out] == [
+        ("log", "repeat", False),
+        ("request_checkpoint", "firing", True),
+    ]
+
+
 def test_state_is_per_entity() -> None:
     engine = Engine(policy(STUCK))
     a, b = mount("/a", True), mount("/b", True)

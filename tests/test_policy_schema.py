@@ -104,3 +104,31 @@ def test_a_run_names_its_pod_its_grace_and_its_newest_complete_checkpoint() -> N
     bert = runs["ckpt/bert"]  # written by Slurm job 77: no pod
     assert (bert.fields["namespace"], bert.fields["pod"], bert.fields["pod_grace_seconds"]) == (None, None, None)
     assert bert.fields["checkpoint"] == "step-2"
+
+
+def test_each_entity_names_its_owner_as_the_kernel_and_the_cluster_say() -> None:
+    """The owner an action's budget is kept by: a run in a pod's volume is its namespace's; a run no pod holds is its
+    directory's owner (the uid the scan's lstat saw), else the user of the Slurm job whose process the kernel shows
+    writing it; a finding is its run's; a workload is its pod's namespace or its job's user; the node's own things
+    (mounts, GPUs, the node) are nobody's."""
+    view = rich_view()
+    assert view.kube is not None
+    (pod,) = view.kube.cluster.pods.values()
+    pod = dataclasses.replace(pod, volumes=(VolumeInfo("scratch", HOST_PATH, path="/scratch"),))
+    kube = dataclasses.replace(view.kube, cluster=ClusterObjects(pods={pod.uid: pod}))
+    view = dataclasses.replace(view, snapshot=dataclasses.replace(view.snapshot, kube=kube))
+    ents = entities(view)
+    runs = {e.key: e.owner for e in ents["run"]}
+    assert runs == {"llama": "namespace:ml", "models/llama-weights": "namespace:ml", "ckpt/bert": "uid:1000"}
+    assert {e.fields["run"]: e.owner for e in ents["finding"] if e.fields["kind"] != "dataset"} == {
+        "llama": "namespace:ml",
+        "models/llama-weights": "namespace:ml",
+    }
+    workloads = {e.fields["pid"]: e.owner for e in ents["workload"]}
+    assert workloads == {4242: "namespace:ml", 4343: None, 5151: "uid:1000"}
+    assert {e.owner for kind in ("mount", "gpu", "node") for e in ents[kind]} == {None}
+    # The directory's owner, where the scan saw it, before the job's user.
+    bert = next(rv for rv in view.checkpoints if rv.label == "ckpt/bert")
+    owned = dataclasses.replace(bert, run=dataclasses.replace(bert.run, uid=1234))
+    view = dataclasses.replace(view, checkpoints=tuple(owned if rv is bert else rv for rv in view.checkpoints))
+    assert {e.key: e.owner for e in entities(view)["run"]}["ckpt/bert"] == "uid:1234"

@@ -4,16 +4,24 @@ the receiver, and the checks of a rule's params."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
-from collections.abc import Iterator
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from storwatch.actions.base import ActionRequest, Entity
+from storwatch.actions.base import ActionRequest, ActionResult, Entity
+from storwatch.actions.runner import ActionRunner, Limits
+from storwatch.actions.secret_file import MAX_SECRET_BYTES
 from storwatch.actions.webhook import SIGNATURE_HEADER, WebhookAction
 from storwatch.actions.webhook import read_params as webhook_params
 from tests.pki import have_openssl, make_ca, server_for_loopback
@@ -143,7 +151,7 @@ def test_a_receiver_that_never_answers_is_cut_off(https: Receiver, certs: Certs)
     tried no more often than its params allow, while the receiver is still holding every request."""
     https.script = ["hang"] * 10
     result = WebhookAction().run(request(https.url, ca_file=str(certs.ca), timeout=1, retries=1, backoff=0.01), 10)
-    assert result.outcome == "failed" and result.detail == "timed out (attempt 2 of 2)", result.detail
+    assert result.outcome == "failed" and result.detail == "timed out: no whole answer within 1 s (attempt 2 of 2)"
     # (On a loaded machine an attempt may time out in its TLS handshake, before the receiver has the request.)
     assert len(https.received) <= 2
     assert not https.release.is_set()
@@ -209,3 +217,174 @@ def test_good_params_pass() -> None:
     assert WebhookAction().check({"url": "http://127.0.0.1:9/x", "hmac_key_file": "/k", "retries": 0}) == []
     read, errors = webhook_params({"url": "https://[::1]/hook"})
     assert errors == [] and read is not None and (read.host, read.port, read.target) == ("::1", 443, "/hook")
+
+
+# -- secret files that are not small regular files
+
+
+@contextlib.contextmanager
+def hostile_secret(kind: str, tmp_path: Path) -> Iterator[Path]:
+    """A path where a secret is named that is a FIFO nothing writes, a symbolic link to a good key, a directory, or
+    a file over the bound. A reader stuck on the FIFO (before the fix) is let go at the end."""
+    path = tmp_path / f"secret-{kind}"
+    good = tmp_path / "good-key"
+    good.write_bytes(b"key\n")
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        path.symlink_to(good)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(b"k" * (MAX_SECRET_BYTES + 1))
+    try:
+        yield path
+    finally:
+        if kind == "fifo":
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+SECRET_ERRORS = {
+    "fifo": "is a FIFO, not a regular file: not read",
+    "symlink": "is a symbolic link, not followed: name the file itself (for a key of a Kubernetes Secret volume, "
+    "DIR/..data/KEY)",
+    "directory": "is a directory, not a regular file: not read",
+    "oversized": f"is {MAX_SECRET_BYTES + 1} bytes, over the {MAX_SECRET_BYTES} a secret may hold",
+}
+
+
+def hook(url: str, rule: str, **params: object) -> ActionRequest:
+    return dataclasses.replace(request(url, **params), rule=rule, cooldown=0.0)
+
+
+@pytest.mark.parametrize("kind", list(SECRET_ERRORS))
+def test_a_secret_that_is_no_small_regular_file_fails_clearly_and_the_next_webhook_goes_out(
+    kind: str, tmp_path: Path
+) -> None:
+    """Through the runner, as the agent runs webhooks: the webhook whose ``hmac_key_file`` is a FIFO (which would
+    hold the lane for good), a symbolic link, a directory or a file over the bound fails at once, naming the file;
+    the next webhook, of another rule, to the same receiver, goes out."""
+    with receiver() as recv, hostile_secret(kind, tmp_path) as secret:
+        runner = ActionRunner(
+            {"webhook": WebhookAction()}, limits={"webhook": Limits(timeout=3, burst=10, per_second=1)}
+        )
+        try:
+            assert runner.submit(hook(recv.url, "signed", hmac_key_file=str(secret))) is None
+            assert runner.submit(hook(recv.url, "plain")) is None
+            assert runner.wait_idle(30)
+            results = {r.rule: r for r in runner.recent()}
+            assert results["signed"].outcome == "failed"
+            assert results["signed"].detail == f"hmac_key_file: {secret} {SECRET_ERRORS[kind]}: not sent"
+            assert results["plain"].outcome == "ok", results["plain"].detail
+            [got] = recv.received
+            assert json.loads(got.body)["rule"] == "plain"
+        finally:
+            runner.close()
+
+
+def test_a_fifo_as_bearer_token_or_ca_file_fails_without_waiting(https: Receiver, certs: Certs, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cr3t\n")
+    with hostile_secret("fifo", tmp_path) as fifo:
+        for params, field in (({"bearer_token_file": str(fifo), "ca_file": str(certs.ca)}, "bearer_token_file"),
+                              ({"bearer_token_file": str(token), "ca_file": str(fifo)}, "ca_file")):  # fmt: skip
+            result = run_in_thread(lambda p=params: WebhookAction().run(request(https.url, **p), 10))  # type: ignore[misc]
+            assert result is not None, f"{field} as a FIFO held the webhook"
+            assert result.outcome == "failed" and result.detail == f"{field}: {fifo} {SECRET_ERRORS['fifo']}: not sent"
+    assert https.received == []
+    # The CA as a regular file still verifies the receiver.
+    result = WebhookAction().run(request(https.url, bearer_token_file=str(token), ca_file=str(certs.ca)), 10)
+    assert result.outcome == "ok", result.detail
+
+
+def run_in_thread(job: Callable[[], ActionResult], timeout: float = 10.0) -> ActionResult | None:
+    """``job``'s result, or None when it has not returned within ``timeout`` (it is left blocked)."""
+    out: list[ActionResult] = []
+    thread = threading.Thread(target=lambda: out.append(job()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return out[0] if out else None
+
+
+# -- receivers that trickle or never answer
+
+
+@contextlib.contextmanager
+def trickling_receiver(head_at_once: bool) -> Iterator[str]:
+    """A raw HTTP receiver that reads a request and answers 200 a byte every 0.5 s (with ``head_at_once``, the
+    status line and headers at once and only the body trickled), for far longer than any webhook deadline here."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 64\r\n\r\n"
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += conn.recv(65536)
+            try:
+                if head_at_once:
+                    conn.sendall(answer)
+                for byte in (b"" if head_at_once else answer) + b"x" * 64:
+                    if stop.wait(0.5):
+                        return
+                    conn.sendall(bytes([byte]) if isinstance(byte, int) else byte)
+            except OSError:
+                return  # the webhook hung up
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    finally:
+        stop.set()
+        server.close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize("head_at_once", [True, False], ids=["body-trickled", "all-trickled"])
+def test_an_answer_trickled_past_the_deadline_is_cut_and_failed(head_at_once: bool) -> None:
+    """The deadline covers the whole request, the answer's body included: a 200 whose body is still coming when it
+    passes is no answer (before, the cut body read as the end of the answer, and the webhook was recorded ok)."""
+    with trickling_receiver(head_at_once) as url:
+        result = WebhookAction().run(request(url, timeout=1, retries=0), 10)
+    assert result.outcome == "failed"
+    if head_at_once:
+        assert result.detail == "cut at 1 s: the answer (HTTP 200) was still coming (attempt 1 of 1)"
+    else:
+        assert result.detail == "timed out: no whole answer within 1 s (attempt 1 of 1)"
+
+
+def test_a_receiver_that_never_answers_holds_up_only_its_own_webhooks() -> None:
+    """Each receiver has its own lane: while the first receiver holds a webhook without answering, a webhook of
+    another rule to another receiver is delivered (its result comes while the first's has not)."""
+    with receiver() as hung, receiver() as good:
+        hung.script = ["hang"]
+        runner = ActionRunner({"webhook": WebhookAction()})
+        try:
+            assert runner.submit(hook(hung.url, "to-hung", timeout=30, retries=0)) is None
+            assert runner.submit(hook(good.url, "to-good")) is None
+            for _ in range(600):  # until the good one's result is in (a bound, not a measure)
+                if any(r.rule == "to-good" for r in runner.recent()):
+                    break
+                time.sleep(0.1)
+            results = {r.rule: r for r in runner.recent()}
+            assert results["to-good"].outcome == "ok", results["to-good"].detail
+            assert "to-hung" not in results  # still held by its receiver
+            assert [json.loads(r.body)["rule"] for r in hung.received] == ["to-hung"]
+            assert [json.loads(r.body)["rule"] for r in good.received] == ["to-good"]
+            assert runner.lanes() == {"webhook": [f"http://127.0.0.1:{port(hung)}", f"http://127.0.0.1:{port(good)}"]}
+        finally:
+            hung.release.set()
+            runner.close()
+
+
+def port(recv: Receiver) -> int:
+    assert recv.server is not None
+    return int(recv.server.server_address[1])

@@ -51,6 +51,10 @@ class Entity:
     """For a run: its newest complete checkpoint as this process reaches it (what ``sync`` copies), else None."""
     checkpoint_mtime: float | None = None
     """That checkpoint's newest modification time (UNIX seconds): which save it is."""
+    owner: str | None = None
+    """Who it belongs to, as the kernel and the cluster say (never a name a tenant wrote): ``namespace:NS`` for the
+    Kubernetes namespace of its pod, else ``uid:N`` (its directory's owner, or its Slurm job's user); None for what
+    is the node's (a mount, a GPU). Each owner has its own budget of each action (storwatch.actions.runner)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class ActionRequest:
     cooldown: float = 0.0
     """The rule's cooldown in seconds: the runner runs a request at most once per (rule, action, entity, transition)
     within it, however often the same request is submitted."""
+    deferred: bool = False
+    """Asked again after the runner refused it for its rate (it was counted then, and is not again while refused)."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,9 @@ class ActionResult:
 
 
 class Action(Protocol):
-    """One kind of action (``log``, ``event``, ``webhook``, ``request_checkpoint``...)."""
+    """One kind of action (``log``, ``event``, ``webhook``, ``request_checkpoint``...). One whose requests go to
+    several destinations may also have ``lane(params) -> str``, naming a request's destination: the runner then gives
+    each destination a lane of its own (the webhook's receivers)."""
 
     name: str
 

@@ -2,9 +2,9 @@
 ``kubectl describe`` and event exporters show it beside the pod or node it concerns.
 
 The same reason about the same object within ``dedup_seconds`` raises the count of the first Event (a merge patch),
-as the kubelet's own event recorder does, instead of creating another; a token bucket bounds the rate of requests,
-and so the memory kept of posted Events. A post makes one request with the client's timeouts, two when its patch
-finds the Event gone (then it is created again). Through the shared client of ``storwatch.kubeclient``.
+as the kubelet's own event recorder does, instead of creating another; a token bucket (``token_bucket.py``) bounds the
+rate of requests, and so the memory kept of posted Events. A post makes one request with the client's timeouts, two
+when its patch finds the Event gone (then it is created again). Through the shared client of ``storwatch.kubeclient``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from storwatch.actions.token_bucket import TokenBucket
 from storwatch.kubeclient import KubeClient, format_time, path_part
 
 log = logging.getLogger(__name__)
@@ -28,26 +29,6 @@ EVENT_DEDUP_SECONDS = 600.0
 """How long the same reason about the same object counts as a repeat of the Event already posted."""
 EVENT_BURST = 10
 EVENTS_PER_SECOND = 1 / 30
-
-
-class TokenBucket:
-    """``burst`` requests at once, then ``per_second`` on average."""
-
-    def __init__(self, burst: int, per_second: float, clock: Clock) -> None:
-        self.capacity = float(burst)
-        self.rate = per_second
-        self.tokens = float(burst)
-        self.clock = clock
-        self.at = clock()
-
-    def take(self) -> bool:
-        now = self.clock()
-        self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
 
 
 @dataclass
@@ -167,4 +148,4 @@ class KubeEvents:
         return True
 
 
-__all__ = ["EVENTS_PER_SECOND", "EVENT_BURST", "EVENT_DEDUP_SECONDS", "KubeEvents", "PostResult", "TokenBucket"]
+__all__ = ["EVENTS_PER_SECOND", "EVENT_BURST", "EVENT_DEDUP_SECONDS", "KubeEvents", "PostResult"]

@@ -13,16 +13,21 @@ The body (``Content-Type: application/json``), the same bytes on every attempt::
 ``time``/``timestamp`` are when the rule's engine decided (its View's time); a field that is not a finite number is
 null. Headers: ``Authorization: Bearer <token>`` with ``bearer_token_file``; ``X-Storwatch-Signature:
 sha256=<hex HMAC-SHA256 of the body>`` with ``hmac_key_file`` (the key is the file's bytes, one trailing newline
-dropped); the body carries its own time and id, so a receiver can refuse a replay.
+dropped); the body carries its own time and id, so a receiver can refuse a replay. The secret files and the CA file
+are read at every post through ``secret_file.py``: a regular file only (a FIFO, a directory or a symbolic link is
+refused, the action failing with a message naming the file), bounded in size, never waited on.
 
 Params: ``url`` (required; http or https; no user or password in it), ``timeout`` (seconds per attempt, default 5),
 ``retries`` (after the first attempt, default 3), ``backoff`` (seconds before the first retry, doubled for each
 next, default 0.5), ``bearer_token_file`` (https only: a token never travels in clear), ``hmac_key_file``, ``ca_file``
 (https only: the CAs that sign the receiver's certificate, instead of the system's). A 2xx answer is success; 429,
-5xx, a refused or broken connection and a timeout are retried while the run's time allows (each attempt cut off at
-the run's deadline, however slowly the receiver answers); any other answer fails at once. A redirect is never
-followed, to another host or the same one: it fails, naming where it pointed. At most ``MAX_RESPONSE_BYTES`` of the
-answer are read.
+5xx, a refused or broken connection and a timeout are retried while the run's time allows; any other answer fails
+at once. Each attempt is cut off at its deadline (its ``timeout``, or what is left of the run's time), the whole of
+it: connecting, sending, and the answer's head and body however slowly the receiver trickles them; an answer cut
+short is no answer, whatever its status said (retried as a timeout). The runner gives each receiver
+(``scheme://host:port``, :meth:`WebhookAction.lane`) a lane of its own, so one that never answers holds up only its
+own webhooks. A redirect is never followed, to another host or the same one: it fails, naming where it pointed. At
+most ``MAX_RESPONSE_BYTES`` of the answer are read.
 """
 
 from __future__ import annotations
@@ -45,13 +50,15 @@ from typing import Any
 from storwatch import __version__
 from storwatch.actions.base import ActionRequest, ActionResult, FieldValue
 from storwatch.actions.params import Params
+from storwatch.actions.secret_file import MAX_SECRET_BYTES, SecretFileError, read_secret_file
 from storwatch.printable import printable
 
 MAX_BODY_BYTES = 256 << 10
 """A body larger than this is not sent (an entity with runaway fields): the action fails, naming the size."""
 MAX_RESPONSE_BYTES = 4096
 """What is read of an answer: enough for an error message, never a receiver's whole page."""
-MAX_SECRET_BYTES = 64 << 10
+MAX_CA_BYTES = 1 << 20
+"""A CA file past this is refused (the system's whole bundle is about a fifth of it)."""
 SIGNATURE_HEADER = "X-Storwatch-Signature"
 PAYLOAD_VERSION = 1
 _RETRIED_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -156,47 +163,67 @@ def payload(request: ActionRequest, node: str) -> bytes:
 
 
 def _secret(path: str, what: str) -> bytes:
-    """A secret file's bytes (one trailing newline dropped); OSError naming ``what`` when it cannot be had."""
-    # The path is the operator's (a policy file): a Kubernetes Secret's file is a symlink into ..data, so it is
-    # followed. Bounded, and never a FIFO that would hold the run.
-    try:
-        with open(path, "rb", buffering=0) as f:
-            data = f.read(MAX_SECRET_BYTES + 1)
-    except OSError as err:
-        raise OSError(f"cannot read {what} {printable(path)}: {err.strerror or err}") from None
-    if len(data) > MAX_SECRET_BYTES:
-        raise OSError(f"{what} {printable(path)} is over {MAX_SECRET_BYTES} bytes")
+    """A secret file's bytes (one trailing newline dropped); SecretFileError naming ``what`` when it cannot be had."""
+    data = read_secret_file(path, what, MAX_SECRET_BYTES)
     data = data[:-1] if data.endswith(b"\n") else data
     if not data:
-        raise OSError(f"{what} {printable(path)} is empty")
+        raise SecretFileError(f"{what}: {printable(path)} is empty")
     return data
 
 
+class _Cut(Exception):
+    """The attempt's deadline came before the whole answer did (``status``: the answer's, when its head had come)."""
+
+    def __init__(self, status: int | None) -> None:
+        super().__init__(status)
+        self.status = status
+
+
 class _Attempt:
-    """One POST, cut off at ``deadline`` however slowly the receiver answers: a timer shuts the socket down (which
-    wakes a blocked read, as closing it from another thread does not)."""
+    """One POST, the whole of it (connect, send, the answer's head and body) cut off at ``deadline`` however slowly
+    the receiver answers: a timer shuts the socket down (which wakes a blocked read, as closing it from another
+    thread does not). An answer the timer cut is no answer, whatever its status said."""
 
     def __init__(self, conn: http.client.HTTPConnection, deadline: float) -> None:
         self.conn = conn
         self.timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._cut)
         self.timer.daemon = True
+        self.lock = threading.Lock()
         self.cut = False
+        self.done = False
 
     def _cut(self) -> None:
-        self.cut = True
+        with self.lock:
+            if self.done:
+                return
+            self.cut = True
         sock = self.conn.sock
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
     def post(self, target: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, str, str]:
-        """(status, location header, the answer's first bytes as printable text)."""
+        """(status, location header, the answer's first bytes as printable text); _Cut when the deadline came first
+        (the socket's own timeout included)."""
+        status: int | None = None
         self.timer.start()
         try:
             self.conn.request("POST", target, body=body, headers=dict(headers))
             response = self.conn.getresponse()
-            text = response.read(MAX_RESPONSE_BYTES).decode("utf-8", "replace")
-            return response.status, response.getheader("Location") or "", printable(text.strip())[:200]
+            status = response.status
+            # A shut-down socket reads as the end of the answer: what was read by then is not the whole of it.
+            data = response.read(MAX_RESPONSE_BYTES)
+            with self.lock:
+                self.done = True
+                cut = self.cut
+            if cut:
+                raise _Cut(status)
+            text = data.decode("utf-8", "replace")
+            return status, response.getheader("Location") or "", printable(text.strip())[:200]
+        except (OSError, http.client.HTTPException) as err:
+            if self.cut or isinstance(err, TimeoutError):
+                raise _Cut(status) from None
+            raise
         finally:
             self.timer.cancel()
             self.conn.close()
@@ -211,6 +238,15 @@ class WebhookAction:
 
     def check(self, params: Mapping[str, object]) -> list[str]:
         return read_params(params)[1]
+
+    def lane(self, params: Mapping[str, object]) -> str:
+        """The receiver a request goes to (``scheme://host:port``; empty for params that do not name one): the
+        runner's lane for it."""
+        read = read_params(params)[0]
+        if read is None:
+            return ""
+        host = f"[{read.host}]" if ":" in read.host else read.host.lower()
+        return f"{'https' if read.https else 'http'}://{host}:{read.port}"
 
     def run(self, request: ActionRequest, timeout: float) -> ActionResult:
         deadline = time.monotonic() + timeout
@@ -234,9 +270,15 @@ class WebhookAction:
                 headers[SIGNATURE_HEADER] = "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
             context = None
             if params.https:
-                context = ssl.create_default_context(cafile=params.ca_file)
-        except (OSError, ssl.SSLError) as err:
-            return ActionResult("failed", str(err))
+                cadata = None
+                if params.ca_file is not None:
+                    # Read here, as the secrets are (ssl would open a FIFO and wait); PEM is ASCII outside comments.
+                    cadata = read_secret_file(params.ca_file, "ca_file", MAX_CA_BYTES).decode("ascii", "ignore")
+                context = ssl.create_default_context(cadata=cadata)
+        except SecretFileError as err:
+            return ActionResult("failed", f"{err}: not sent")
+        except ssl.SSLError as err:
+            return ActionResult("failed", f"ca_file: {printable(params.ca_file or '')}: {err}: not sent")
 
         last = ""
         for attempt in range(params.retries + 1):
@@ -258,12 +300,17 @@ class WebhookAction:
             tries = f"attempt {attempt + 1} of {params.retries + 1}"
             try:
                 status, location, text = tried.post(params.target, body, headers)
+            except _Cut as cut:
+                if cut.status is None:
+                    last = f"timed out: no whole answer within {per_try:.3g} s ({tries})"
+                else:
+                    last = f"cut at {per_try:.3g} s: the answer (HTTP {cut.status}) was still coming ({tries})"
+                continue
             except ssl.SSLCertVerificationError as err:
                 why = err.verify_message or str(err)
                 return ActionResult("failed", f"TLS: the receiver's certificate failed verification ({why}): {tries}")
             except (OSError, http.client.HTTPException) as err:
-                why = "timed out" if tried.cut or isinstance(err, TimeoutError) else f"{type(err).__name__}: {err}"
-                last = f"{why} ({tries})"
+                last = f"{type(err).__name__}: {err} ({tries})"
                 continue
             if 200 <= status < 300:
                 return ActionResult("ok", f"HTTP {status} ({tries})")

@@ -44,6 +44,24 @@ def _at_risk(request: ActionRequest) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else -1.0
 
 
+def _age_unknown(request: ActionRequest) -> bool:
+    """The entity's files are dated in the future, so how old its data is cannot be known: a run's newest complete
+    checkpoint, a finding's newest file."""
+    fields = request.entity.fields
+    if request.entity.kind == "run":
+        return fields.get("newest_complete_age_seconds") is None and bool(fields.get("complete"))
+    if request.entity.kind == "finding":
+        return fields.get("newest_age_seconds") is None
+    return False
+
+
+def urgency(request: ActionRequest) -> tuple[bool, float]:
+    """The order requests are submitted in (ascending): an entity whose age is known before one whose age is not (a
+    date in the future is a claim anyone who writes the files can make, so it never goes first), then the runs with
+    the most GPU-seconds at risk."""
+    return (_age_unknown(request), -_at_risk(request))
+
+
 def policy_files(config: PolicyConfig) -> list[str]:
     """The files of the policy in force, in the order they load."""
     return ([SHIPPED_DEFAULT] if config.default_set else []) + list(config.files)
@@ -130,12 +148,16 @@ class PolicyWorker:
             if not self.enabled:
                 return 0
             started = time.thread_time()
+            # What the runner refused for its rate since the last View is asked for again while its rule fires.
+            for refused in self.runner.take_refused():
+                self.engine.owe(refused)
             requests = self.engine.evaluate(self.builder.build(view, self.alerts.current()), view.timestamp)
             self.last_cpu_seconds = time.thread_time() - started
             self.evaluations += 1
-        # When a drain makes every run fire in one View, the runs with the most GPU-seconds at risk go first: each
-        # action's lane, and the copy worker's queue behind sync, take requests in the order they come.
-        requests.sort(key=_at_risk, reverse=True)
+        # When a drain makes every run fire in one View, the runs with the most GPU-seconds at risk go first (each
+        # action's budgets, its lanes, and the copy worker's queue behind sync, take requests in the order they come),
+        # and those whose age is unknown last.
+        requests.sort(key=urgency)
         for request in requests:
             self.runner.submit(request)
         return len(requests)

@@ -115,6 +115,9 @@ class Run:
     path: str
     checkpoints: tuple[Checkpoint, ...]
     temps: tuple[Temp, ...] = ()
+    uid: int | None = None
+    """The run directory's owner as the kernel reports it (``lstat``): whose run it is. None when it could not be
+    had."""
 
 
 @dataclass(frozen=True)

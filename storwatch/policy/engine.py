@@ -7,6 +7,11 @@ first stops holding, then resolves. An entity that is gone counts as not holding
 firing, again while it fires at most once per ``cooldown`` (never with a cooldown of 0), and when it resolves (if its
 firing was announced); a new firing within ``cooldown`` of the last run is not announced until the cooldown is over.
 
+An action the runner refused for its rate is owed (:meth:`Engine.owe`): asked again (``deferred``) at every
+evaluation while its entity still fires, whatever the cooldown, until the runner takes it; a resolution is owed until
+it is taken or the entity fires again. A firing never delivered is never resolved: that action's resolution is left
+out.
+
 Pure and single-threaded: no threads, no clock of its own (``now`` is the View's time; ``timer`` only measures the
 evaluations against each rule's budget), no I/O. A rule whose evaluations over one View take longer than its budget is
 disabled with the reason, its states dropped (no resolution is claimed for what is no longer watched), until the
@@ -16,7 +21,7 @@ policy is loaded again. A reload keeps the state of each rule whose name and def
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,6 +34,8 @@ DEFAULT_BUDGET_SECONDS = 0.02
 """A rule's evaluations over one View may take this long; past it the rule is disabled. Each evaluation is bounded by
 the expression's static bounds (storwatch.policy.cel), so the budget is overrun by one evaluation at most."""
 MAX_LAST_ERROR_CHARS = 300
+MAX_OWED_RESOLUTIONS = 4096
+"""Resolutions owed per rule (refused for their rate, of entities no longer firing); past it the oldest is dropped."""
 
 StateName = Literal["pending", "firing"]
 
@@ -45,6 +52,9 @@ class _EntityState:
     """Its firing's actions ran (not held back by the cooldown)."""
     last_run: float | None = None
     """When its firing or repeat actions last ran."""
+    owed: dict[int, Literal["firing", "repeat"]] = field(default_factory=dict)
+    """Its rule's actions (by index) that the runner refused for their rate, with the transition they carried: asked
+    again at the next evaluation while it fires."""
 
 
 @dataclass
@@ -53,6 +63,8 @@ class _RuleState:
     entities: dict[tuple[EntityKind, str], _EntityState] = field(default_factory=dict)
     last_run: dict[tuple[EntityKind, str], float] = field(default_factory=dict)
     """When the actions last ran for each entity no longer firing: a new firing within the cooldown waits."""
+    owed_resolutions: dict[tuple[EntityKind, str], tuple[Entity, set[int]]] = field(default_factory=dict)
+    """Resolutions the runner refused for their rate, by entity (as last seen) and action index."""
     errors_total: int = 0
     last_error: str | None = None
     disabled_reason: str | None = None
@@ -215,6 +227,7 @@ class Engine:
                 )
                 state.entities.clear()
                 state.last_run.clear()
+                state.owed_resolutions.clear()
                 state.last_seconds = spent
                 self._errors_by_name[rule.name] = state.errors_total
                 return []
@@ -224,6 +237,9 @@ class Engine:
         state.last_seconds = spent
         for key in [k for k in state.entities if k not in holding]:
             out += self._not_held(state, key, now)
+        for key, (entity, owed) in list(state.owed_resolutions.items()):
+            del state.owed_resolutions[key]
+            out += self._requests(state, entity, "resolved", now, owed, deferred=True)
         if rule.cooldown_seconds > 0:
             for key in [k for k, t in state.last_run.items() if now - t >= rule.cooldown_seconds]:
                 del state.last_run[key]
@@ -235,6 +251,7 @@ class Engine:
     def _held(self, state: _RuleState, entity: Entity, now: float) -> list[ActionRequest]:
         rule = state.rule
         key = (entity.kind, entity.key)
+        state.owed_resolutions.pop(key, None)  # it holds again: that resolution would be stale
         s = state.entities.get(key)
         if s is None:
             s = state.entities[key] = _EntityState(entity, pending_since=now)
@@ -251,6 +268,12 @@ class Engine:
             return self._announce(state, s, "firing", now)
         if s.last_run is not None and rule.cooldown_seconds > 0 and now - s.last_run >= rule.cooldown_seconds:
             return self._announce(state, s, "repeat" if s.announced else "firing", now)
+        if s.owed:
+            owed, s.owed = s.owed, {}
+            out: list[ActionRequest] = []
+            for index, transition in sorted(owed.items()):
+                out += self._requests(state, s.entity, transition, now, (index,), deferred=True)
+            return out
         return []
 
     def _not_held(self, state: _RuleState, key: tuple[EntityKind, str], now: float) -> list[ActionRequest]:
@@ -266,26 +289,46 @@ class Engine:
         del state.entities[key]
         if s.last_run is not None:
             state.last_run[key] = s.last_run
-        return self._requests(state, s, "resolved", now) if s.announced else []
+        if not s.announced:
+            return []
+        # An action whose firing the runner never took has nothing to resolve.
+        undelivered = {i for i, transition in s.owed.items() if transition == "firing"}
+        delivered = [i for i in range(len(rule.actions)) if i not in undelivered]
+        return self._requests(state, s.entity, "resolved", now, delivered)
 
     def _announce(
         self, state: _RuleState, s: _EntityState, transition: Literal["firing", "repeat"], now: float
     ) -> list[ActionRequest]:
         s.announced = True
         s.last_run = now
-        return self._requests(state, s, transition, now)
+        # Every action is asked now; one whose firing never went out is asked for that firing, not a repeat.
+        unfired = [i for i, owed in s.owed.items() if owed == "firing"]
+        s.owed = {}
+        if transition == "firing" or not unfired:
+            return self._requests(state, s.entity, transition, now)
+        rest = [i for i in range(len(state.rule.actions)) if i not in unfired]
+        return self._requests(state, s.entity, "repeat", now, rest) + self._requests(
+            state, s.entity, "firing", now, unfired, deferred=True
+        )
 
     def _requests(
-        self, state: _RuleState, s: _EntityState, transition: Literal["firing", "repeat", "resolved"], now: float
+        self,
+        state: _RuleState,
+        entity: Entity,
+        transition: Literal["firing", "repeat", "resolved"],
+        now: float,
+        only: Collection[int] | None = None,
+        deferred: bool = False,
     ) -> list[ActionRequest]:
+        """The rule's requests for ``entity`` (``only``: the actions of those indices)."""
         rule = state.rule
-        message = self.message(rule, s.entity)
+        message = self.message(rule, entity)
         return [
             ActionRequest(
                 rule=rule.name,
                 action=a.action,
                 params=a.params,
-                entity=s.entity,
+                entity=entity,
                 severity=rule.severity,
                 message=message,
                 labels=dict(rule.labels),
@@ -293,9 +336,41 @@ class Engine:
                 dry_run=rule.dry_run,
                 at=now,
                 cooldown=rule.cooldown_seconds,
+                deferred=deferred,
             )
-            for a in rule.actions
+            for index, a in enumerate(rule.actions)
+            if only is None or index in only
         ]
+
+    def owe(self, request: ActionRequest) -> bool:
+        """A request the runner refused for its rate (``ActionRunner.take_refused``): its action is asked again at
+        each evaluation while its entity still fires (a resolution: until it is taken, or the entity holds again).
+        False when there is nothing to owe it to: its rule is gone or changed, or the entity no longer fires."""
+        state = self._rules.get(request.rule)
+        if state is None or state.disabled_reason is not None:
+            return False
+        index = next(
+            (i for i, a in enumerate(state.rule.actions) if a.action == request.action and a.params == request.params),
+            None,
+        )
+        if index is None:
+            return False
+        key = (request.entity.kind, request.entity.key)
+        s = state.entities.get(key)
+        if request.transition == "resolved":
+            if s is not None:
+                return False
+            entity, owed = state.owed_resolutions.pop(key, (request.entity, set()))
+            owed.add(index)
+            state.owed_resolutions[key] = (entity, owed)
+            while len(state.owed_resolutions) > MAX_OWED_RESOLUTIONS:
+                del state.owed_resolutions[next(iter(state.owed_resolutions))]
+            return True
+        if s is None or s.firing_since is None or not s.announced:
+            return False
+        if s.owed.get(index) != "firing":  # a firing never delivered stays one
+            s.owed[index] = request.transition
+        return True
 
     @staticmethod
     def message(rule: Rule, entity: Entity) -> str:

@@ -20,7 +20,7 @@ from storwatch.actions.base import ENTITY_KINDS, Alert, Entity, EntityKind, Fiel
 from storwatch.policy.cel import MAX_LIST_ITEMS
 
 if TYPE_CHECKING:
-    from storwatch.analysis.view import MountView, View
+    from storwatch.analysis.view import MountView, RunView, View
     from storwatch.sources.kubevolumes import ClusterObjects, PodInfo
 
 FieldType = Literal["bool", "int", "double", "string", "list<string>", "map<string, string>"]
@@ -597,9 +597,26 @@ def _run_entities(view: View) -> list[Entity]:
                 run_root=run.root,
                 checkpoint_path=newest_complete.path if newest_complete else None,
                 checkpoint_mtime=newest_complete.mtime if newest_complete else None,
+                owner=_run_owner(view, rv, pod),
             )
         )
     return out
+
+
+def _run_owner(view: View, rv: RunView, pod: PodInfo | None) -> str | None:
+    """Whose run it is, for the actions' budgets: the namespace of its pod, else the uid that owns its directory,
+    else the user of the Slurm job that writes it (each as the kernel or the API server says, never a tenant's
+    claim); None when nothing says."""
+    if pod is not None and pod.namespace:
+        return f"namespace:{pod.namespace}"
+    if rv.run.uid is not None:
+        return f"uid:{rv.run.uid}"
+    writers = (c.writer_pid for c in reversed(rv.run.checkpoints) if c.writer_pid is not None)
+    for pid in (*rv.writers, *rv.run.writing_pids, *writers):
+        job = view.jobs.get(pid)
+        if job is not None and job.uid is not None:
+            return f"uid:{job.uid}"
+    return None
 
 
 def _pod_named(cluster: ClusterObjects, workload: str) -> PodInfo | None:
@@ -682,11 +699,15 @@ def _workload_entities(view: View) -> list[Entity]:
             "processes": w.processes,
             "sampled": w.sampled,
         }
-        out.append(Entity("workload", f"pid:{pid}", fields))
+        owner = f"namespace:{pod.namespace}" if pod and pod.namespace else None
+        if owner is None and job is not None and job.uid is not None:
+            owner = f"uid:{job.uid}"
+        out.append(Entity("workload", f"pid:{pid}", fields, owner=owner))
     return out
 
 
-def _finding_entities(view: View) -> list[Entity]:
+def _finding_entities(view: View, owners: Mapping[str, str | None]) -> list[Entity]:
+    """``owners``: each run's owner, by its label (a finding is its run's)."""
     out = []
     for f in view.findings:
         fields: dict[str, FieldValue] = {
@@ -708,7 +729,7 @@ def _finding_entities(view: View) -> list[Entity]:
             "move_to": _path(f.move_to) if f.move_to is not None else None,
             "sentence": _s(f.sentence) or "",
         }
-        out.append(Entity("finding", f.id, fields))
+        out.append(Entity("finding", f.id, fields, owner=owners.get(f.run) if f.kind != "dataset" else None))
     return out
 
 
@@ -776,12 +797,13 @@ def entities(
         )
         for mv in view.mounts
     ]
+    run_entities = _run_entities(view)
     return {
         "mount": mounts,
-        "run": _run_entities(view),
+        "run": run_entities,
         "gpu": _gpu_entities(view, shares or {}),
         "workload": _workload_entities(view),
-        "finding": _finding_entities(view),
+        "finding": _finding_entities(view, {e.key: e.owner for e in run_entities}),
         "node": [_node_entity(view)],
         "alert": _alert_entities(alerts, view.timestamp),
     }
@@ -799,6 +821,49 @@ class EntityBuilder:
 
 
 # -- docs/policy.md
+
+
+def _actions_pace() -> list[str]:
+    """docs/policy.md's section on how often actions run, from the runner's own limits."""
+    from storwatch.actions.runner import DEFAULT_LIMITS, MAX_LANES, OTHER_LIMITS
+
+    lines = [
+        "## How often actions run",
+        "",
+        "Each request spends a token from three budgets, each a token bucket (so many at once, then so many a",
+        "second): its action's, its rule's for that action, and its owner's for that action. The owner is who the",
+        "entity belongs to as the kernel and the cluster say, never a name a tenant wrote: a run's pod's namespace,",
+        "else the uid that owns the run's directory, else the user of the Slurm job the kernel shows writing it; a",
+        "finding is its run's, a workload its pod's namespace or its job's user; mounts, GPUs and the node are",
+        "no one's and spend only the first two. A token is taken from every budget or from none, so neither one",
+        "rule nor one tenant's entities can use up what the others need.",
+        "",
+        "A request refused for its rate (`rate_limited`, counted once) is not dropped: the engine asks for it again",
+        "at every View while its rule still fires for the entity, whatever its cooldown (0 included), until tokens",
+        "return; an owed resolution likewise, until the entity fires again. A firing that never went out is never",
+        "resolved. Within one View, entities whose age is known go first (a run whose newest checkpoint, or a",
+        "finding whose newest file, is dated in the future goes last), then the runs with the most GPU-seconds at",
+        "risk.",
+        "",
+        "Each action runs off the engine's thread on a lane of its own (a bounded queue and a worker held to the",
+        f"action's time); webhooks have one lane per receiver (`scheme://host:port`, at most {MAX_LANES}: past",
+        "that, while all are busy, the others share one more), so a receiver that never answers holds up only its",
+        "own webhooks.",
+        "",
+        "| action | time | at once | a second | per rule: at once, a second | per owner: at once, a second |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def budget(burst: int | None, rate: float) -> str:
+        return "none" if burst is None else f"{burst}, {rate:g}"
+
+    for name, lim in [*DEFAULT_LIMITS.items(), ("any other", OTHER_LIMITS)]:
+        shown = f"`{name}`" if name in DEFAULT_LIMITS else name
+        lines.append(
+            f"| {shown} | {lim.timeout:g} s | {lim.burst} | {lim.per_second:g} | "
+            f"{budget(lim.rule_burst, lim.rule_per_second)} | {budget(lim.owner_burst, lim.owner_per_second)} |"
+        )
+    return [*lines, ""]
 
 
 def markdown() -> str:
@@ -876,6 +941,7 @@ def markdown() -> str:
         "At evaluation, a rule whose evaluations over one View take longer than its time budget is disabled, with",
         "the reason, until the policy is reloaded.",
         "",
+        *_actions_pace(),
         "## Fields",
         "",
         f"Strings hold at most {MAX_STRING_CHARS} characters; a null field is one the agent does not know.",

@@ -105,6 +105,8 @@ class RunState:
     abandoned: int = 0
     """Incomplete checkpoints unchanged for longer than the settle window (or dated implausibly far ahead): cut short,
     and nothing writes them any more."""
+    uid: int | None = None
+    """The run directory's owner as the kernel reports it; None when it could not be had."""
 
     @functools.cached_property
     def id(self) -> RunId:
@@ -570,6 +572,7 @@ class CheckpointSource:
             tuple(t.path for t in orphans[:ORPHAN_PATHS_PER_RUN]),
             since,
             tuple(sorted(writers)),
+            uid=run.uid,
         )
 
     def _backed(self, pid: int, run: str) -> bool:
@@ -660,4 +663,5 @@ def _merged(a: RunState, b: RunState) -> RunState:
         (a.orphaned_temp_paths + b.orphaned_temp_paths)[:ORPHAN_PATHS_PER_RUN],
         min((t for t in (a.writing_since, b.writing_since) if t is not None), default=None),
         tuple(sorted(set(a.writing_pids) | set(b.writing_pids))),
+        uid=a.uid if a.uid is not None else b.uid,
     )

@@ -25,8 +25,10 @@ from typing import Any
 
 from storwatch.actions.alertbook import AlertBook
 from storwatch.actions.base import Alert
+from storwatch.actions.secret_file import SecretFileError, read_secret_file
 from storwatch.config import Config, ConfigError
 from storwatch.exporter.area import AlertmanagerCounts
+from storwatch.printable import printable
 from storwatch.web.server import Reply
 
 log = logging.getLogger(__name__)
@@ -99,20 +101,19 @@ def settings_from(config: Config, environ: Mapping[str, str] | None = None) -> R
 
 
 def read_token(path: str) -> bytes:
-    """The bearer token in ``path``: its bytes without surrounding whitespace (a trailing newline)."""
+    """The bearer token in ``path``: its bytes without surrounding whitespace (a trailing newline). Read as every
+    secret file is (storwatch.actions.secret_file: a regular file only, never a FIFO that would hold the agent's
+    start, never through a symbolic link, bounded)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_TOKEN_BYTES + 1)
-    except OSError as err:
-        raise ConfigError(f"alertmanager.token_file: cannot read {path}: {err.strerror or err}") from None
-    if len(data) > MAX_TOKEN_BYTES:
-        raise ConfigError(f"alertmanager.token_file: {path} is larger than {MAX_TOKEN_BYTES} bytes; not a token")
+        data = read_secret_file(path, "alertmanager.token_file", MAX_TOKEN_BYTES)
+    except SecretFileError as err:
+        raise ConfigError(str(err)) from None
     token = data.strip()
     if not token:
-        raise ConfigError(f"alertmanager.token_file: {path} holds no token")
+        raise ConfigError(f"alertmanager.token_file: {printable(path)} holds no token")
     if any(b < 0x21 or b > 0x7E for b in token):
         # It has to travel in an HTTP header: Alertmanager would send what no client can match.
-        raise ConfigError(f"alertmanager.token_file: {path}: the token has spaces or non-ASCII bytes")
+        raise ConfigError(f"alertmanager.token_file: {printable(path)}: the token has spaces or non-ASCII bytes")
     return token
 
 

@@ -1,0 +1,93 @@
+"""Reading a file the operator names for a credential (a webhook's bearer token, HMAC key or CA file, the
+Alertmanager receiver's token): opened without blocking and without following a symbolic link, a regular file only,
+bounded in size. Every such read in the package goes through :func:`read_secret_file`.
+
+A FIFO opened for reading blocks until something opens it for writing, and a read of it blocks until something
+writes: one put where a secret is named would hold the thread that reads it for good (the webhook lane, or the agent
+at start). ``O_NONBLOCK`` makes the open return at once, and the file is refused unless ``fstat`` shows a regular
+file, before anything is read. ``O_NOFOLLOW`` refuses a symbolic link as the last component (the directories above it
+are followed): a Kubernetes Secret volume's ``KEY`` is a link to ``..data/KEY``, so name ``DIR/..data/KEY`` (the
+kubelet swaps ``..data`` whole on an update, so a rotated secret is still read at once).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from storwatch.printable import printable
+
+MAX_SECRET_BYTES = 64 << 10
+"""A token or a key past this is not one (a log file named by mistake): refused, nothing kept of it."""
+
+_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+
+
+class SecretFileError(Exception):
+    """A secret file that cannot be had; the message names what it is for and the file."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return f"a file of type {stat.S_IFMT(mode):o}"
+
+
+def read_secret_file(path: str, what: str, max_bytes: int = MAX_SECRET_BYTES) -> bytes:
+    """The bytes of the regular file at ``path`` (at most ``max_bytes``), or SecretFileError naming ``what`` (the
+    field that names the file: ``hmac_key_file``) and the file, saying why: missing or unreadable, a symbolic link,
+    not a regular file, or too large."""
+    shown = printable(path)
+    try:
+        fd = os.open(path, _FLAGS)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise SecretFileError(
+                f"{what}: {shown} is a symbolic link, not followed: name the file itself (for a key of a Kubernetes "
+                "Secret volume, DIR/..data/KEY)"
+            ) from None
+        if err.errno == errno.ENXIO:  # a socket (or a device without its driver) cannot be opened at all
+            try:
+                mode: int | None = os.lstat(path).st_mode
+            except OSError:
+                mode = None
+            if mode is not None:
+                raise SecretFileError(f"{what}: {shown} is {_kind(mode)}, not a regular file: not read") from None
+        raise SecretFileError(f"{what}: cannot read {shown}: {err.strerror or err}") from None
+    try:
+        try:
+            st = os.fstat(fd)
+        except OSError as err:
+            raise SecretFileError(f"{what}: cannot read {shown}: {err.strerror or err}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretFileError(f"{what}: {shown} is {_kind(st.st_mode)}, not a regular file: not read")
+        if st.st_size > max_bytes:
+            raise SecretFileError(f"{what}: {shown} is {st.st_size} bytes, over the {max_bytes} a secret may hold")
+        chunks: list[bytes] = []
+        got = 0
+        while got <= max_bytes:
+            try:
+                chunk = os.read(fd, max_bytes + 1 - got)
+            except OSError as err:
+                raise SecretFileError(f"{what}: cannot read {shown}: {err.strerror or err}") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        if got > max_bytes:  # it grew since fstat
+            raise SecretFileError(f"{what}: {shown} is over the {max_bytes} bytes a secret may hold")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["MAX_SECRET_BYTES", "SecretFileError", "read_secret_file"]
