@@ -226,9 +226,10 @@ def own_mount_table(dest: Path, mountpoints: Iterable[str | os.PathLike[str]]) -
     ``dest``; the namespace is the agent's alone (private propagation), so the host's /proc is left as it is. Root.
 
     A new mount namespace holds a copy of every mount there is, and a copy keeps its filesystem alive until the
-    namespace goes: a test beside this one (another xdist worker) could then not detach its loop device until this
-    agent had exited. So the namespace first detaches every mount below the temporary directory (where tests make
-    theirs) other than ``mountpoints`` and the directories above them.
+    namespace goes: the filesystem and loop device of a test beside this one (another xdist worker) would then stay
+    until this agent had exited (that test's teardown does not wait for them: tests/realmounts.py). So the namespace
+    first detaches every mount below the temporary directory (where tests make theirs) other than ``mountpoints`` and
+    the directories above them.
     """
     import shutil
 

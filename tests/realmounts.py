@@ -3,10 +3,12 @@
 Everything here needs root (CAP_SYS_ADMIN). When a part cannot be had, the helpers raise
 :class:`RealPartUnavailable` with the reason; the tests turn that into ``pytest.skip`` (or a failure in CI).
 
-Every context manager tears down in a ``finally``: it runs when the test failed, too, and leaves no mount and
-no loop device behind. Teardown never calls ``stat``/``statvfs`` on a mount that may hang: mounts are looked
-up in ``/proc/self/mountinfo`` only, and a FUSE mount is released by aborting its connection through fusectl
-before it is lazily unmounted.
+Every context manager tears down in a ``finally``: it runs when the test failed, too, and leaves no mount here and
+nothing of the test's own holding a loop device. It waits only for what the test holds: another process's mount
+namespace, made while a mount existed, keeps a copy of it for as long as it lives, so a loop device is set to
+autoclear once mounted and the kernel detaches it when the last copy goes. Teardown never calls ``stat``/``statvfs``
+on a mount that may hang: mounts are looked up in ``/proc/self/mountinfo`` only, and a FUSE mount is released by
+aborting its connection through fusectl before it is lazily unmounted.
 
 All external commands are run with argument lists (no shell) and a timeout.
 """
@@ -16,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import importlib.util
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -34,6 +38,7 @@ __all__ = [
     "FUSEFS_SCRIPT",
     "DiskStats",
     "FuseMount",
+    "Holder",
     "LoopMount",
     "MountError",
     "MountInfo",
@@ -48,6 +53,7 @@ __all__ = [
     "is_mounted",
     "is_root",
     "loop_devices_for",
+    "loop_devices_left_behind",
     "loop_ext4_mount",
     "overlay_mount",
     "read_diskstats",
@@ -250,8 +256,13 @@ def is_mounted(mountpoint: str | os.PathLike[str]) -> bool:
     return find_mount(mountpoint) is not None
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
 def _umount2_detach(mountpoint: str) -> None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc = _libc()
     if libc.umount2(os.fsencode(mountpoint), _MNT_DETACH) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), mountpoint)
@@ -354,30 +365,99 @@ def loop_devices_for(image: str | os.PathLike[str]) -> list[str]:
     return found
 
 
-def _holders(device: str) -> list[str]:
-    """The processes holding the filesystem on block device ``device`` (a file open, mapped, or their working or
-    root directory on it), each as "PID (NAME, state S, in WCHAN): what", and the other mount namespaces that still
-    have it mounted. Found by device number, as the paths of a lazily unmounted filesystem no longer say where it
-    was."""
+def _autoclear(name: str) -> bool:
+    """Whether loop device ``name`` is set to detach itself when its last holder goes (LO_FLAGS_AUTOCLEAR)."""
+    try:
+        with open(f"/sys/block/{name}/loop/autoclear", encoding="ascii") as fh:
+            return fh.read().strip() == "1"
+    except OSError:
+        return False
+
+
+_AT_FDCWD = -100
+_AT_STATX_DONT_SYNC = 0x4000
+_STATX_SIZE = 256
+_STATX_DEV_OFFSET = 136  # stx_dev_major and stx_dev_minor, two __u32, in struct statx
+
+
+def _device_of(path: str) -> tuple[int, int] | None:
+    """The (major, minor) of the filesystem holding ``path`` (e.g. ``/proc/PID/fd/3``, followed), or None.
+
+    Asked with statx(AT_STATX_DONT_SYNC): the filesystem answers from its cache, so a file on a FUSE mount whose
+    daemon never answers does not hang the call, as a plain stat of it would."""
+    libc = _libc()
+    if not hasattr(libc, "statx"):  # glibc < 2.28
+        try:
+            st_dev = os.stat(path).st_dev
+        except OSError:
+            return None
+        return os.major(st_dev), os.minor(st_dev)
+    buf = ctypes.create_string_buffer(_STATX_SIZE)
+    if libc.statx(_AT_FDCWD, os.fsencode(path), _AT_STATX_DONT_SYNC, 0, buf) != 0:
+        return None
+    major, minor = struct.unpack_from("=II", buf, _STATX_DEV_OFFSET)
+    return major, minor
+
+
+def _this_tests_processes() -> set[int]:
+    """This process and every process it started (its descendants by parent PID): what a test holds itself."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    tree: set[int] = set()
+    todo = [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Something that keeps a (lazily unmounted) filesystem, and with it its loop device, alive."""
+
+    what: str  # "PID (NAME, state S, in WCHAN): fd 3 /x, cwd" or "the mount namespace mnt:[N] of PIDS: mounted at P"
+    ours: bool  # a process of this test (itself or one it started): what its teardown waits for
+
+
+def _holders(device: str, only_this_test: bool = False) -> list[Holder]:
+    """What holds the filesystem on block device ``device``: processes with a file open or mapped there, or their
+    working or root directory on it, and other mount namespaces that still have it mounted (a namespace holds a
+    copy of each mount there was when it was made). Found by device number, as the paths of a lazily unmounted
+    filesystem no longer say where it was. ``only_this_test``: look at this test's processes only (and at no
+    namespace)."""
     try:
         rdev = os.stat(device).st_rdev
     except OSError:
         return []
     major, minor = os.major(rdev), os.minor(rdev)
     mapped = f" {major:02x}:{minor:02x} "
+    ours = _this_tests_processes()
+    pids = sorted(ours) if only_this_test else [int(p) for p in os.listdir("/proc") if p.isdigit()]
     found = []
-    namespaces: dict[str, list[str]] = {}
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    namespaces: dict[str, list[int]] = {}
+    for pid in pids:
         base = f"/proc/{pid}"
         what: list[str] = []
         with contextlib.suppress(OSError):
-            namespaces.setdefault(os.readlink(f"{base}/ns/mnt"), []).append(pid)
+            if not only_this_test:
+                namespaces.setdefault(os.readlink(f"{base}/ns/mnt"), []).append(pid)
             for link in ("cwd", "root"):
-                if os.stat(f"{base}/{link}").st_dev == rdev:
+                if _device_of(f"{base}/{link}") == (major, minor):
                     what.append(link)
             for fd in os.listdir(f"{base}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.stat(f"{base}/fd/{fd}").st_dev == rdev:
+                if _device_of(f"{base}/fd/{fd}") == (major, minor):
+                    with contextlib.suppress(OSError):
                         what.append(f"fd {fd} {os.readlink(f'{base}/fd/{fd}')}")
             with open(f"{base}/maps", encoding="utf-8", errors="replace") as fh:
                 what += [f"maps {line.split()[-1]}" for line in fh if mapped in line][:3]
@@ -387,49 +467,71 @@ def _holders(device: str) -> list[str]:
                 comm = Path(f"{base}/comm").read_text().strip()
                 state = Path(f"{base}/stat").read_text().rsplit(")", 1)[1].split()[0]
                 wchan = Path(f"{base}/wchan").read_text().strip() or "-"
-            found.append(f"{pid} ({comm}, state {state}, in {wchan}): {', '.join(what[:6])}")
-    # A mount namespace holds a copy of each mount there was when it was made, and with it the filesystem.
+            found.append(Holder(f"{pid} ({comm}, state {state}, in {wchan}): {', '.join(what[:6])}", pid in ours))
     own = os.readlink("/proc/self/ns/mnt")
-    for ns, pids in namespaces.items():
+    for ns, members in namespaces.items():
         if ns == own:
             continue
         with contextlib.suppress(OSError):
             points = [
                 e.mountpoint
-                for e in read_mountinfo(f"/proc/{pids[0]}/mountinfo")
+                for e in read_mountinfo(f"/proc/{members[0]}/mountinfo")
                 if (e.major, e.minor) == (major, minor)
             ]
             if points:
-                shown = ", ".join(pids[:5]) + (f" and {len(pids) - 5} more" if len(pids) > 5 else "")
-                found.append(f"the mount namespace {ns} of {shown}: mounted at {points[0]}")
+                shown = ", ".join(map(str, members[:5])) + (f" and {len(members) - 5} more" if len(members) > 5 else "")
+                found.append(Holder(f"the mount namespace {ns} of {shown}: mounted at {points[0]}", False))
     return found
 
 
-def _holders_text(device: str) -> str:
-    found = _holders(device)
-    return "; ".join(found) if found else "no process (the kernel itself, e.g. a filesystem still being written out)"
-
-
-def _detach_loop(device: str, image: str | os.PathLike[str], timeout: float = 10.0) -> None:
-    """Detach ``device`` from ``image``, waiting until it is. Once detached, the device number is free for anyone:
-    another test may attach its own image to it at once, so the wait ends when the device no longer backs ``image``,
-    and a device that backs another image is never detached from it."""
+def _wait_until_this_test_lets_go(device: str, image: str | os.PathLike[str], timeout: float = 10.0) -> None:
+    """Wait until no process of this test (this one and those it started) holds the filesystem on ``device`` (while
+    it still serves ``image``): a file open or mapped there, a working or root directory. Nothing else is waited
+    for: another process's mount namespace made while the mount existed holds a copy of it for as long as it lives,
+    and the device, set to autoclear, is then freed by the kernel when that copy goes."""
     name = os.path.basename(device)
     target = os.fspath(image)
-    if _backed_by(name, target):
-        _run(["losetup", "-d", device], check=False)
-    # The kernel detaches at once when nothing holds the device, else when the last holder goes (autoclear).
     deadline = time.monotonic() + timeout
     while _backed_by(name, target):
+        ours = _holders(device, only_this_test=True)
+        if not ours:
+            return
         if time.monotonic() > deadline:
+            others = [h.what for h in _holders(device) if not h.ours]
             raise MountError(
-                f"loop device {device} is still attached after {timeout:.0f} s: something still holds its"
-                " (lazily unmounted) filesystem, e.g. an open file; the kernel detaches it when that goes."
-                f" Holding it now: {_holders_text(device)}"
+                f"the filesystem on {device} (lazily unmounted) is still held by this test after {timeout:.0f} s:"
+                f" {'; '.join(h.what for h in ours)}"
+                + (f"; also held, not waited for: {'; '.join(others)}" if others else "")
             )
-        time.sleep(0.05)
-        if int(time.monotonic() * 20) % 10 == 0 and _backed_by(name, target):  # again twice a second, not every poll
-            _run(["losetup", "-d", device], check=False)
+        time.sleep(0.1)
+
+
+def _release_loop(device: str, image: str | os.PathLike[str]) -> None:
+    """Hand ``device`` to the kernel while it serves ``image``: ``losetup -d`` detaches it at once when nothing holds
+    it, else sets autoclear, so that the kernel detaches it when its last holder goes (the mounted filesystem, or a
+    copy of the mount in another mount namespace). Never waits for that. A device that serves another image (its
+    number was free, and someone took it) is left alone."""
+    name = os.path.basename(device)
+    target = os.fspath(image)
+    if not _backed_by(name, target) or _autoclear(name):
+        return
+    proc = _run(["losetup", "-d", device], check=False)
+    if _backed_by(name, target) and not _autoclear(name):
+        said = (proc.stderr or proc.stdout).strip() or f"exit {proc.returncode}"
+        raise MountError(f"losetup -d {device}: {said}; it is still attached to {target}, without autoclear")
+
+
+def loop_devices_left_behind(image: str | os.PathLike[str]) -> list[str]:
+    """What of ``image``'s loop devices a test still keeps after its teardown: a device attached without autoclear
+    (nothing would ever detach it), or one a process of this test holds. Empty when a device is left to the kernel
+    only, held by others (a copy of the mount in another process's mount namespace) until they go."""
+    left = []
+    for device in loop_devices_for(image):
+        name = os.path.basename(device)
+        if not _autoclear(name):
+            left.append(f"{device}: attached to {os.fspath(image)} without autoclear")
+        left += [f"{device}: held by {h.what}" for h in _holders(device, only_this_test=True)]
+    return left
 
 
 @contextlib.contextmanager
@@ -451,7 +553,13 @@ def loop_ext4_mount(
     its image, so its writes cost what the disk under it costs). ``preallocate`` gives every block of the image a
     place on the disk under it before mkfs, as a real disk has: a write into a sparse image's hole costs an
     allocation in the filesystem under it that a write into a written block does not, so timings on a sparse image
-    depend on which blocks were written before. Teardown: unmount (lazily if busy), ``losetup -d``, remove the image.
+    depend on which blocks were written before.
+
+    Once mounted, the device is set to autoclear (``losetup -d`` of a device in use). Teardown: unmount (lazily if
+    busy); wait until no process of this test (this one and those it started) holds the filesystem, up to 10 s, then
+    fail naming them; remove the image (unlink works while the device still holds it). Other processes and mount
+    namespaces (a copy of the mount, made while it existed) are not waited for: the kernel detaches the device when
+    they go, so its number may stay taken for a while after the test.
     """
     require_loop()
     mkfs = require_mkfs_ext4()
@@ -484,14 +592,18 @@ def loop_ext4_mount(
         if not loop_device.startswith("/dev/loop"):
             # be safe: detach whatever got attached to this image
             for dev in loop_devices_for(image):
-                stack.callback(_detach_loop, dev, image)
+                stack.callback(_release_loop, dev, image)
             raise MountError(f"losetup -f --show printed {loop_device!r}")
-        stack.callback(_detach_loop, loop_device, image)
+        stack.callback(_release_loop, loop_device, image)
         cmd = ["mount", "-t", "ext4"]
         if mount_options:
             cmd += ["-o", mount_options]
         _run([*cmd, loop_device, target])
+        stack.callback(_wait_until_this_test_lets_go, loop_device, image)
         stack.callback(unmount, target)
+        # The mount holds the device now: autoclear leaves it to the kernel, which detaches it when the filesystem's
+        # last holder goes, be it the mount here or a copy in another process's mount namespace.
+        _release_loop(loop_device, image)
         yield LoopMount(mountpoint=Path(target), loop_device=loop_device, image=image)
 
 
@@ -516,7 +628,7 @@ def _start_loop_reaper(image: Path, timeout: float = 120.0) -> None:
             devices = loop_devices_for(image)
             for device in devices:
                 with contextlib.suppress(MountError):
-                    _detach_loop(device, image)
+                    _release_loop(device, image)
             if devices:
                 return
             time.sleep(0.2)

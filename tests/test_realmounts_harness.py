@@ -9,8 +9,11 @@ import contextlib
 import errno
 import os
 import re
+import shutil
+import signal
 import subprocess
 import threading
+import time
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import TypeVar
@@ -21,15 +24,20 @@ from tests.realmounts import (
     IMAGE_PREFIX,
     MountError,
     RealPartUnavailable,
-    _detach_loop,
+    _holders,
+    _release_loop,
+    _this_tests_processes,
+    _wait_until_this_test_lets_go,
     average_write_latency_ms,
     find_mount,
     fuse_mount,
     is_mounted,
     loop_devices_for,
+    loop_devices_left_behind,
     loop_ext4_mount,
     overlay_mount,
     read_diskstats,
+    read_mountinfo,
     tmpfs_mount,
     unmount,
 )
@@ -70,6 +78,10 @@ def test_tmpfs_mount_is_in_mountinfo(tmp_path: Path) -> None:
     assert not (mnt.mountpoint / "hello").exists()
 
 
+def _autoclear(device: str) -> str:
+    return Path(f"/sys/block/{os.path.basename(device)}/loop/autoclear").read_text().strip()
+
+
 def test_loop_ext4_mount(tmp_path: Path) -> None:
     with ExitStack() as inner:
         lm = enter_or_skip(inner, loop_ext4_mount(tmp_path / "ext4", size_mb=32))
@@ -79,19 +91,19 @@ def test_loop_ext4_mount(tmp_path: Path) -> None:
         assert entry.fstype == "ext4"
         assert entry.source == lm.loop_device
         assert loop_devices_for(lm.image) == [lm.loop_device]
+        assert _autoclear(lm.loop_device) == "1"  # the kernel detaches it when the filesystem's last holder goes
         (lm.mountpoint / "data").write_bytes(b"x" * 4096)
         read_diskstats(lm.loop_name)  # the loop device has counters
     assert not is_mounted(lm.mountpoint)
-    assert loop_devices_for(lm.image) == []
     assert not lm.image.exists()
-    losetup = subprocess.run(["losetup", "-a"], capture_output=True, text=True, timeout=10, check=True)
-    assert os.fspath(lm.image) not in losetup.stdout
+    # Gone, or (where another process's mount namespace holds a copy of the mount) left to the kernel alone.
+    assert loop_devices_left_behind(lm.image) == []
 
 
 def test_a_loop_device_number_taken_by_another_image_is_left_alone(tmp_path: Path) -> None:
     """Once a test's image is detached, its device number is free, and a test running beside it may attach its own
-    image to that number at once: the first test's teardown must then end, and never detach the other's image (held
-    open here, as a mounted one is, so a detach would leave it waiting with autoclear set)."""
+    image to that number at once: the first test's teardown must never detach the other's image (held open here, as
+    a mounted one is, so a detach would set it to autoclear)."""
     if os.geteuid() != 0 or not os.path.exists("/dev/loop-control"):
         pytest.skip("real part unavailable: loop devices need root and /dev/loop-control")
     ours = tmp_path / f"{IMAGE_PREFIX}ours.img"
@@ -105,15 +117,14 @@ def test_a_loop_device_number_taken_by_another_image_is_left_alone(tmp_path: Pat
     try:
         holder = os.open(device, os.O_RDONLY)
         try:
-            _detach_loop(device, ours, timeout=2.0)  # our image is not on it (any more): nothing to wait for
+            _release_loop(device, ours)  # our image is not on it (any more): nothing to do
             assert loop_devices_for(theirs) == [device]
-            with open(f"/sys/block/{name}/loop/autoclear", encoding="ascii") as fh:
-                assert fh.read().strip() == "0"  # never asked to go
+            assert _autoclear(name) == "0"  # never asked to go
         finally:
             os.close(holder)
     finally:
-        _detach_loop(device, theirs)
-    assert loop_devices_for(theirs) == []
+        _release_loop(device, theirs)
+    assert loop_devices_left_behind(theirs) == []
 
 
 def _wait_for_exec(proc: subprocess.Popen[bytes], name: str, timeout: float = 10.0) -> None:
@@ -125,10 +136,11 @@ def _wait_for_exec(proc: subprocess.Popen[bytes], name: str, timeout: float = 10
     raise AssertionError(f"pid {proc.pid} did not exec {name} within {timeout:.0f} s")
 
 
-def test_a_loop_device_held_past_the_wait_names_its_holders(tmp_path: Path) -> None:
-    """A filesystem lazily unmounted while files on it are open stays, and its loop device with it: the teardown's
-    error names the processes that hold it (a file open here, a child's working directory), found by the device
-    number, as the paths no longer say where the filesystem was, and a mount namespace made while it was mounted."""
+def test_a_filesystem_the_test_itself_still_holds_is_waited_for_and_its_holders_named(tmp_path: Path) -> None:
+    """A filesystem lazily unmounted while the test's own processes hold it (a file open here, a child's working
+    directory) stays, and its loop device with it: the teardown waits for them, and its error names them, found by
+    the device number, as the paths no longer say where the filesystem was. A mount namespace made while it was
+    mounted is named too, as not waited for: the kernel frees the device when it goes."""
     with ExitStack() as stack:
         lm = enter_or_skip(stack, loop_ext4_mount(tmp_path / "held", size_mb=16))
         (lm.mountpoint / "open.bin").write_bytes(b"x")
@@ -139,26 +151,92 @@ def test_a_loop_device_held_past_the_wait_names_its_holders(tmp_path: Path) -> N
             _wait_for_exec(spaced, "sleep")  # it runs in its own namespace
             unmount(lm.mountpoint, lazy=True)
             with pytest.raises(MountError) as err:
-                _detach_loop(lm.loop_device, lm.image, timeout=0.5)
+                _wait_until_this_test_lets_go(lm.loop_device, lm.image, timeout=0.5)
             message = str(err.value)
-            assert re.search(rf"\b{os.getpid()} \([^)]*, state \S+, in [^)]+\): fd {fd} /open.bin", message), message
-            assert re.search(rf"\b{child.pid} \(sleep, state S, in [^)]+\): cwd", message), message
-            assert re.search(
-                rf"the mount namespace mnt:\[\d+\] of {spaced.pid}: mounted at {lm.mountpoint}", message
-            ), message
+            held, _, others = message.partition("also held, not waited for:")
+            assert re.search(rf"\b{os.getpid()} \([^)]*, state \S+, in [^)]+\): fd {fd} /open.bin", held), message
+            assert re.search(rf"\b{child.pid} \(sleep, state S, in [^)]+\): cwd", held), message
+            assert re.search(rf"the mount namespace mnt:\[\d+\] of {spaced.pid}: mounted at {lm.mountpoint}", others), (
+                message
+            )
         finally:
             for proc in (child, spaced):
                 proc.kill()
                 proc.wait()
             os.close(fd)
-    assert loop_devices_for(lm.image) == []  # both gone: the kernel detached it (autoclear)
+    assert not lm.image.exists()
+    assert loop_devices_left_behind(lm.image) == []
+
+
+def _start_outsider(pidfile: Path) -> int:
+    """Start, as another user's process would be, one that makes a private mount namespace (a copy of every mount
+    there is now) and stays in it: not a child of this test (``setsid --fork`` leaves it to init). Its PID."""
+    subprocess.run(
+        ["setsid", "--fork", "unshare", "--mount", "--propagation", "private",
+         "sh", "-c", 'echo $$ > "$0.new" && mv "$0.new" "$0" && exec sleep 300', os.fspath(pidfile)],
+        stdin=subprocess.DEVNULL, timeout=30, check=True,
+    )  # fmt: skip
+    for _ in range(200):
+        if pidfile.exists():
+            pid = int(pidfile.read_text())
+            for _ in range(200):
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                    return pid
+                time.sleep(0.05)
+            raise AssertionError(f"pid {pid} did not exec sleep within 10 s")
+        time.sleep(0.05)
+    raise AssertionError(f"the outsider did not write {pidfile} within 10 s")
+
+
+def _stop_outsider(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":  # still the one started (not a reused PID)
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_another_processs_mount_namespace_holding_the_mount_does_not_hold_up_the_teardown(tmp_path: Path) -> None:
+    """Another process that makes a mount namespace while a test's loop mount exists has a copy of the mount, and
+    with it the filesystem and the loop device, for as long as it lives. The teardown unmounts the test's own mount
+    and waits only for what the test holds: it ends while the copy is still there, the image is removed, and the
+    device, set to autoclear, is left to the kernel, which detaches it once that namespace goes."""
+    if shutil.which("setsid") is None or shutil.which("unshare") is None:
+        pytest.skip("real part unavailable: setsid and unshare (util-linux) are needed")
+    outsider, outsider_ns = None, ""
+    try:
+        with ExitStack() as stack:
+            lm = enter_or_skip(stack, loop_ext4_mount(tmp_path / "ours", size_mb=16))
+            (lm.mountpoint / "data").write_bytes(b"x" * 4096)
+            outsider = _start_outsider(tmp_path / "outsider.pid")
+            assert outsider not in _this_tests_processes()
+            outsider_ns = os.readlink(f"/proc/{outsider}/ns/mnt")
+            assert any(e.mountpoint == str(lm.mountpoint) for e in read_mountinfo(f"/proc/{outsider}/mountinfo"))
+        # The teardown went through, with the copy still mounted in the other namespace, holding the device.
+        assert not is_mounted(lm.mountpoint)
+        assert not lm.image.exists()
+        assert any(e.mountpoint == str(lm.mountpoint) for e in read_mountinfo(f"/proc/{outsider}/mountinfo"))
+        assert loop_devices_for(lm.image) == [lm.loop_device]
+        assert _autoclear(lm.loop_device) == "1"
+        assert loop_devices_left_behind(lm.image) == []
+    finally:
+        if outsider is not None:
+            _stop_outsider(outsider)
+    # When the copy goes, the kernel detaches the device (unless yet another namespace has a copy too: then it waits
+    # for that one as well).
+    deadline = time.monotonic() + 30.0
+    while True:
+        holders = _holders(lm.loop_device) if loop_devices_for(lm.image) else []
+        if not loop_devices_for(lm.image) or (holders and not any(outsider_ns in h.what for h in holders)):
+            break
+        assert time.monotonic() < deadline, f"{lm.loop_device} still serves {lm.image}, held by {holders or 'nothing'}"
+        time.sleep(0.2)
+    assert loop_devices_left_behind(lm.image) == []
 
 
 def test_an_agents_own_mount_table_holds_no_other_tests_mount(tmp_path: Path) -> None:
     """The private mount namespace the e2e tests run their agent in (tests/builders.py ``own_mount_table``) would
     hold a copy of every mount there is, another test's loop device's filesystem among them, and keep it alive until
-    the agent exited: that test's teardown then waited in vain for its loop device. The namespace detaches what is
-    not its own below the temporary directory, so the other's teardown goes through while the agent still runs."""
+    the agent exited. The namespace detaches what is not its own below the temporary directory, so the other's
+    filesystem and loop device go when its teardown unmounts it, while the agent still runs."""
     from tests.builders import own_mount_table
 
     with ExitStack() as stack:
@@ -174,8 +252,12 @@ def test_an_agents_own_mount_table_holds_no_other_tests_mount(tmp_path: Path) ->
             assert f" {ours.mountpoint} " in table
             assert f" {theirs.mountpoint} " not in table
             assert Path(f"/proc/{agent.pid}/root/proc/1/mountinfo").read_text().count("\n") == 2  # "/" and ours
-        # the other test's teardown (unmount, losetup -d, waiting until the kernel detached it) went through
-        assert loop_devices_for(theirs.image) == []
+        # the other test's filesystem is not kept alive by the agent's namespace (its loop device is gone, or held by
+        # others only), while the agent still runs
+        agent_ns = os.readlink(f"/proc/{agent.pid}/ns/mnt")
+        if loop_devices_for(theirs.image):
+            assert not any(agent_ns in h.what for h in _holders(theirs.loop_device))
+        assert loop_devices_left_behind(theirs.image) == []
         assert agent.poll() is None
 
 
@@ -305,7 +387,7 @@ def test_loop_on_slow_fuse_has_write_latency(tmp_path: Path, record_property: py
         assert latency > 15.0, f"{writes} writes, {latency:.1f} ms average"
     assert not is_mounted(lm.mountpoint)
     assert not is_mounted(fm.mountpoint)
-    assert loop_devices_for(lm.image) == []
+    assert loop_devices_left_behind(lm.image) == []
 
 
 def test_loop_image_on_statfs_blocking_fuse_is_refused(tmp_path: Path) -> None:

@@ -540,6 +540,12 @@ def test_modes_and_owners_are_kept_as_root_without_setuid(tmp_path: Path) -> Non
 
 
 def test_not_root_the_mode_is_kept_and_the_owner_skipped() -> None:
+    """A copy run as uid 1000 keeps each file's mode and skips its owner, and says why.
+
+    The checkout may lie in a directory uid 1000 cannot enter (a clone under /root, any 0700 directory), with the
+    interpreter a venv inside it: the copy then could not import storwatch, nor xxhash from the venv. So it runs with
+    one capability, CAP_DAC_READ_SEARCH, in its ambient set (it reads the checkout, the venv and the interpreter's
+    own library, wherever they are): still uid 1000, and without CAP_CHOWN, which is what keeping an owner takes."""
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("needs root and setpriv to run the copy as another user")
@@ -552,15 +558,19 @@ def test_not_root_the_mode_is_kept_and_the_owner_skipped() -> None:
         (base / "dst").mkdir()
         os.chown(base / "dst", 1000, 1000)
         code = (
-            "import json, sys; sys.path.insert(0, sys.argv[1]); from storwatch.sync import copy_verified; "
-            "print(json.dumps(copy_verified(sys.argv[2], sys.argv[3]).to_dict()))"
+            "import json, os, sys; sys.path.insert(0, sys.argv[1]); from storwatch import sync; "
+            "caps = [line.split()[1] for line in open('/proc/self/status') if line.startswith('CapEff:')][0]; "
+            "result = sync.copy_verified(sys.argv[2], sys.argv[3]).to_dict(); "
+            "print(json.dumps({'uid': os.geteuid(), 'caps': caps, 'module': sync.__file__, 'result': result}))"
         )
-        out = subprocess.run(
+        done = subprocess.run(
             [
                 setpriv,
                 "--reuid=1000",
                 "--regid=1000",
                 "--clear-groups",
+                "--inh-caps=+dac_read_search",
+                "--ambient-caps=+dac_read_search",
                 sys.executable,
                 "-c",
                 code,
@@ -571,9 +581,14 @@ def test_not_root_the_mode_is_kept_and_the_owner_skipped() -> None:
             capture_output=True,
             text=True,
             timeout=WAIT,
-            check=True,
+            check=False,
         )
-        result = SyncResult.from_dict(json.loads(out.stdout))
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        assert out["uid"] == 1000
+        assert int(out["caps"], 16) == 1 << 2  # CAP_DAC_READ_SEARCH alone
+        assert out["module"] == str(REPO_ROOT / "storwatch" / "sync.py")  # this checkout's code, not another one's
+        result = SyncResult.from_dict(out["result"])
         assert result.outcome == "verified", result.error
         assert any("not running as root" in n for n in result.notes)
         assert tree(base / "dst" / "ck") == tree(src)
