@@ -46,6 +46,17 @@ def in_linked_directory(p: Path) -> str:
     return str(p / "key")
 
 
+def secret_volume(p: Path, mode: int = 0o755, target: str = "..data/key") -> str:
+    """A Secret volume as the kubelet writes it: DIR/KEY -> ..data/KEY, ..data -> ..TIMESTAMP, root's."""
+    p.mkdir()
+    (p / "..2026_11_22").mkdir()
+    (p / "..2026_11_22" / "key").write_bytes(b"s3cret")
+    (p / "..data").symlink_to("..2026_11_22")
+    (p / "key").symlink_to(target)
+    os.chmod(p, mode)
+    return str(p / "key")
+
+
 def grown(p: Path) -> str:
     p.write_bytes(b"x" * 17)
     return str(p)
@@ -63,8 +74,24 @@ def grown(p: Path) -> str:
         (lambda p: (p.mkdir(), str(p))[1], "{path} is a directory, not a regular file: not read"),
         (link, "{path} is a symbolic link, not followed: name the file itself"),
         (grown, "{path} is 17 bytes, over the 16 a secret may hold"),
+        (secret_volume, b"s3cret"),
+        (lambda p: secret_volume(p, 0o777), "{path} is a symbolic link, not followed"),
+        (lambda p: secret_volume(p, target="..data/../../target"), "{path} is a symbolic link, not followed"),
     ],
-    ids=["regular", "linked-directory", "missing", "fifo", "socket", "device", "directory", "symlink", "too-big"],
+    ids=[
+        "regular",
+        "linked-directory",
+        "missing",
+        "fifo",
+        "socket",
+        "device",
+        "directory",
+        "symlink",
+        "too-big",
+        "secret-volume",
+        "secret-volume-others-may-write",
+        "secret-volume-link-elsewhere",
+    ],
 )
 def test_a_secret_file_is_read_or_refused_with_the_reason(
     tmp_path: Path, make: Callable[[Path], str], outcome: bytes | str

@@ -6,8 +6,10 @@ A FIFO opened for reading blocks until something opens it for writing, and a rea
 writes: one put where a secret is named would hold the thread that reads it for good (the webhook lane, or the agent
 at start). ``O_NONBLOCK`` makes the open return at once, and the file is refused unless ``fstat`` shows a regular
 file, before anything is read. ``O_NOFOLLOW`` refuses a symbolic link as the last component (the directories above it
-are followed): a Kubernetes Secret volume's ``KEY`` is a link to ``..data/KEY``, so name ``DIR/..data/KEY`` (the
-kubelet swaps ``..data`` whole on an update, so a rotated secret is still read at once).
+are followed), with one exception, the layout the kubelet writes a Secret or ConfigMap volume in: ``DIR/KEY`` a link
+to ``..data/KEY``, the link and ``DIR`` owned by root and ``DIR`` writable by no one else. That one link is read and
+``DIR/..data/KEY`` opened the same way (``..data`` is swapped whole on an update, so a rotated secret is read at
+once); any other link is refused.
 """
 
 from __future__ import annotations
@@ -42,18 +44,40 @@ def _kind(mode: int) -> str:
     return f"a file of type {stat.S_IFMT(mode):o}"
 
 
+def _volume_key(path: str) -> str | None:
+    """``DIR/..data/KEY`` where ``path`` is a Secret volume's ``DIR/KEY`` as the kubelet writes it (see the module's
+    docstring); None for any other link."""
+    directory, key = os.path.split(path)
+    try:
+        link = os.lstat(path)
+        holder = os.lstat(directory or ".")
+        target = os.readlink(path)
+    except OSError:
+        return None
+    trusted = link.st_uid == 0 and holder.st_uid == 0 and not holder.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if not trusted or not stat.S_ISLNK(link.st_mode) or target != f"..data/{key}":
+        return None
+    return os.path.join(directory, target)
+
+
 def read_secret_file(path: str, what: str, max_bytes: int = MAX_SECRET_BYTES) -> bytes:
     """The bytes of the regular file at ``path`` (at most ``max_bytes``), or SecretFileError naming ``what`` (the
     field that names the file: ``hmac_key_file``) and the file, saying why: missing or unreadable, a symbolic link,
     not a regular file, or too large."""
     shown = printable(path)
     try:
-        fd = os.open(path, _FLAGS)
+        try:
+            fd = os.open(path, _FLAGS)
+        except OSError as err:
+            key = _volume_key(path) if err.errno == errno.ELOOP else None
+            if key is None:
+                raise
+            fd = os.open(key, _FLAGS)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise SecretFileError(
-                f"{what}: {shown} is a symbolic link, not followed: name the file itself (for a key of a Kubernetes "
-                "Secret volume, DIR/..data/KEY)"
+                f"{what}: {shown} is a symbolic link, not followed: name the file itself (a Kubernetes Secret "
+                "volume's keys, as the kubelet writes them, are read)"
             ) from None
         if err.errno == errno.ENXIO:  # a socket (or a device without its driver) cannot be opened at all
             try:
