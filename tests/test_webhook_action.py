@@ -247,8 +247,8 @@ def hostile_secret(kind: str, tmp_path: Path) -> Iterator[Path]:
 
 SECRET_ERRORS = {
     "fifo": "is a FIFO, not a regular file: not read",
-    "symlink": "is a symbolic link, not followed: name the file itself (for a key of a Kubernetes Secret volume, "
-    "DIR/..data/KEY)",
+    "symlink": "is a symbolic link, not followed: name the file itself (a Kubernetes Secret volume's keys, as the "
+    "kubelet writes them, are read)",
     "directory": "is a directory, not a regular file: not read",
     "oversized": f"is {MAX_SECRET_BYTES + 1} bytes, over the {MAX_SECRET_BYTES} a secret may hold",
 }

@@ -181,7 +181,7 @@ def dataset_findings(
         )
         out.append(
             Finding(
-                id=hashlib.sha256(f"dataset\0{where}\0{d.path}".encode()).hexdigest()[:16],
+                id=hashlib.sha256(os.fsencode(f"dataset\0{where}\0{d.path}")).hexdigest()[:16],
                 kind="dataset",
                 severity="warning",
                 mountpoint=where,
@@ -258,7 +258,7 @@ def find(
                 else "; no durable destination known: this node has no cluster or region storage to copy to"
             )
         )
-        key = f"checkpoint\0{where}\0{rv.run.path}".encode()  # the id stays what it was before kinds
+        key = os.fsencode(f"checkpoint\0{where}\0{rv.run.path}")  # the id stays what it was before kinds
         out.append(
             Finding(
                 id=hashlib.sha256(key).hexdigest()[:16],
