@@ -224,8 +224,8 @@ def test_regex_weight(pattern: str, weight: int) -> None:
 
 
 def test_a_pattern_the_library_takes_milliseconds_to_compile_is_refused_by_its_cost() -> None:
-    # The library compiles a pattern at every call: \\w{40} took about 15 ms a call here, so a second an evaluation
-    # over 64 items, with every bound before the estimate met.
+    # The library compiles a pattern at every call, and \\w{40} compiles to many states: about a second an evaluation
+    # over 64 items before the estimate (BENCHMARKS.md), with every other bound met.
     source = "workloads.exists(w, w.matches('\\\\w{40}'))"
     assert analyse(source, GPU.names, estimated=False).nodes < 10
     with pytest.raises(CelError, match=r"the condition's estimated cost is \d+, more than the bound of 1000000"):
