@@ -6,8 +6,10 @@ facts for every area (the metric catalog test's rich View: 6 mounts, 3 runs, 3 G
 of its kind, as the engine calls it. Both libraries must give the same value for every (rule, entity), or the bench
 fails. Also measured: one evaluation of an expression at the static bounds (a comprehension over a 64-item list
 field of 4096-character strings, its body 40 substring searches and regex matches), the Rust library's worst case held
-under the GIL, and the whole default set
-through the engine per View.
+under the GIL; the worst conditions the estimate still accepts (storwatch.policy.cel.estimate: each shape's count
+raised until the loader refuses it), each evaluated in a process of its own over a gpu whose every field is as large
+as the schema allows, for its time and how far its resident size rises; and the whole default set through the engine
+per View.
 
 Usage: .venv/bin/python bench/policy_eval.py [--rounds 200] [--json FILE]   (cel-python: pip install cel-python==0.5.0)
 """
@@ -15,8 +17,11 @@ Usage: .venv/bin/python bench/policy_eval.py [--rounds 200] [--json FILE]   (cel
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +32,9 @@ from storwatch.actions.base import Entity
 from storwatch.policy.cel import compile_expression
 from storwatch.policy.engine import Engine
 from storwatch.policy.load import load_policy
-from storwatch.policy.schema import entities
+from storwatch.policy.schema import SCHEMA, entities
 from tests.test_metric_catalog import rich_view
+from tests.test_policy_cel import EVALUATE_IN_A_CHILD, MEMORY_SHAPES, worst_accepted
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,7 +100,8 @@ comprehension allowed, over the longest list and strings an entity holds."""
 
 def worst_case(rounds: int) -> dict[str, Any]:
     """One evaluation at the bounds: the one comprehension allowed, over the longest list field allowed."""
-    expr = compile_expression(WORST, {"workloads"})
+    gpu = SCHEMA["gpu"]
+    expr = compile_expression(WORST, gpu.names, sizes=gpu.sizes)
     from storwatch.policy.cel import MAX_LIST_ITEMS
     from storwatch.policy.schema import MAX_STRING_CHARS
 
@@ -106,9 +113,51 @@ def worst_case(rounds: int) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
     return {
         "nodes": expr.analysis.nodes,
+        "estimated_cost": expr.analysis.estimate.cost if expr.analysis.estimate else None,
         "chars": len(WORST),
         "us": {k: v * 1e6 if k != "n" else v for k, v in summary(times).items()},
     }
+
+
+TIME_SHAPES: dict[str, Callable[[int], str]] = {
+    "maps of a list field": lambda k: " && ".join(["workloads.map(w, w).size() > 0"] * k),
+    "a Unicode class repeated, per item": lambda k: f"workloads.exists(w, w.matches('\\\\d{{{k}}}'))",
+    "a Unicode class, per item": lambda k: "workloads.exists(w, " + " || ".join(["w.matches('^\\\\W')"] * k) + ")",
+    "the old worst case (40 searches per item)": lambda k: WORST,
+}
+"""Conditions near the estimated cost's bound, each from a count."""
+
+
+def worst_accepted_measured(rounds: int) -> dict[str, Any]:
+    """The worst conditions still accepted, each in its own process: its time, and how far its resident size rose."""
+    gpu = SCHEMA["gpu"]
+    out: dict[str, Any] = {}
+    for family, shape in {**MEMORY_SHAPES, **TIME_SHAPES}.items():
+        source = worst_accepted(shape)
+        analysis = compile_expression(source, gpu.names, sizes=gpu.sizes).analysis
+        run = subprocess.run(
+            [sys.executable, "-c", EVALUATE_IN_A_CHILD, source, str(rounds)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+            check=True,
+        )
+        measured = json.loads(run.stdout)
+        assert analysis.estimate is not None
+        out[family] = {
+            "source": source,
+            "chars": len(source),
+            "nodes": analysis.nodes,
+            "estimate": {
+                "elements": analysis.estimate.elements,
+                "chars": analysis.estimate.chars,
+                "cost": analysis.estimate.cost,
+            },
+            "ms": {k: v * 1e3 if k != "n" else v for k, v in summary(measured["seconds"]).items()},
+            "rss_growth_kib": measured["growth_kib"],
+        }
+    return out
 
 
 def engine_per_view(rounds: int) -> dict[str, Any]:
@@ -139,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "per_evaluation": per_evaluation(args.rounds),
         "worst_case_at_bounds": worst_case(max(10, args.rounds // 4)),
+        "worst_accepted": worst_accepted_measured(max(10, args.rounds // 10)),
         "engine_per_view": engine_per_view(args.rounds),
     }
     pe = result["per_evaluation"]
@@ -157,6 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         f"worst case at the bounds ({w['chars']} chars, {w['nodes']} nodes, 64 items): p50 {w['us']['p50']:.0f} us, "
         f"max {w['us']['max']:.0f} us (GIL held)"
     )
+    print(f"  its estimated cost: {w['estimated_cost']} (bound 1000000)")
+    print("worst conditions still accepted (each in its own process, every field at its largest):")
+    for family, m in result["worst_accepted"].items():
+        est = m["estimate"]
+        print(
+            f"  {family}: {m['chars']} chars, {m['nodes']} nodes; estimate {est['elements']} elements, "
+            f"{est['chars']} characters, cost {est['cost']}; p50 {m['ms']['p50']:.2f} ms, max {m['ms']['max']:.2f} "
+            f"ms; resident size +{m['rss_growth_kib']} KiB"
+        )
     e = result["engine_per_view"]
     print(
         f"engine per View: entities p50 {e['entities_ms']['p50']:.2f} ms, evaluate p50 {e['evaluate_ms']['p50']:.2f} "

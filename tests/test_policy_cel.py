@@ -1,24 +1,33 @@
 """Conditions in CEL (storwatch/policy/cel.py): the bounds checked before the library sees an expression, each with
-where it failed; macros expanded; evaluations that give no bool are errors; the library loaded without its command
-line."""
+where it failed; what an evaluation can build and cost, estimated before it runs (issue 36: a chain of macros that
+doubles a list at every link), and the worst condition still accepted measured in a process of its own; macros
+expanded; evaluations that give no bool are errors; the library loaded without its command line."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from storwatch.policy.cel import (
     DEFAULT_BOUNDS,
     MAX_LIST_ITEMS,
+    STRING_FIELD,
     CelError,
     EvalError,
+    Size,
     analyse,
     compile_expression,
     expand,
+    regex_weight,
     tokens,
 )
+from storwatch.policy.load import PolicyError, parse_policy
+from storwatch.policy.schema import SCHEMA
 
 NAMES = {"stuck", "fstype", "workloads", "labels", "path", "bytes", "ratio", "maybe"}
 
@@ -133,3 +142,181 @@ def test_the_library_is_loaded_without_its_command_line() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- what an evaluation can build and cost (issue 36)
+
+GPU = SCHEMA["gpu"]
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def doubling_chain(links: int, start: str = "[0]") -> str:
+    """Issue 36's condition: macros chained, each wrapping its item in a list literal of two, so what the list holds
+    doubles at every link. Each link alone is one level of comprehension and a two-item literal."""
+    return start + "".join(f".map(x_{i:02d}, [x_{i:02d}, x_{i:02d}])" for i in range(links)) + ".size() > 0 && up"
+
+
+def test_a_chain_of_macros_that_doubles_a_list_is_refused_naming_the_bound() -> None:
+    source = doubling_chain(18)
+    before = analyse(source, GPU.names, estimated=False)
+    # Within every bound there was before the estimate: as the issue's, about 450 characters and 97 nodes.
+    assert (len(source), before.nodes, before.comprehension_nesting) == (452, 97, 1)
+    assert before.depth <= DEFAULT_BOUNDS.max_depth
+    with pytest.raises(CelError) as caught:
+        compile_expression(source, GPU.names, sizes=GPU.sizes)
+    assert caught.value.message.startswith("the condition can build lists and maps holding up to ")
+    assert caught.value.message.endswith(
+        " elements at once, more than the bound of 4096 (every item of a nested list counts)"
+    )
+    # where it passed the bound: the tenth link (the nine before it hold 3,579 elements at most)
+    assert caught.value.column == source.index("map(x_09") + 1
+    assert analyse(doubling_chain(9), GPU.names, sizes=GPU.sizes).estimate is not None
+
+
+@pytest.mark.parametrize(
+    ("source", "elements", "chars"),
+    [
+        pytest.param("[1, 2, 3] == [1, 2, 3]", 6, 0, id="operands-held-together"),
+        pytest.param("[0].map(a, [a, a]).map(b, [b, b]).size() > 0", 23, 0, id="chain-carries-its-bound"),
+        # the result of a filter, and its copy while it grows (the library copies it at every item), and one item
+        pytest.param("workloads.filter(w, w.size() > 0).size() > 0", 128, 2 * 64 * 4096 + 4096, id="filter"),
+        pytest.param("workloads + workloads == workloads", 128, 2 * 64 * 4096, id="concat-lists"),
+        # a string read is a copy: two reads and what joins them
+        pytest.param("uuid + uuid == uuid", 0, 4 * 4096, id="concat-strings"),
+        pytest.param("utilization_ratio > 0.5 && up", 0, 0, id="scalars"),
+    ],
+)
+def test_what_an_evaluation_can_hold_at_once(source: str, elements: int, chars: int) -> None:
+    found = analyse(source, GPU.names, sizes=GPU.sizes).estimate
+    assert found is not None
+    assert (found.elements, found.chars) == (elements, chars)
+
+
+def test_a_comprehensions_body_costs_once_per_item_and_a_chain_pays_for_every_link() -> None:
+    def cost(source: str, sizes: dict[str, Size] | None = None) -> int:
+        found = analyse(source, None, sizes={**GPU.sizes, **(sizes or {})}).estimate
+        assert found is not None
+        return found.cost
+
+    body = cost("w.contains('a')", {"w": STRING_FIELD})
+    assert cost("workloads.exists(w, w.contains('a'))") == 2 + MAX_LIST_ITEMS * body
+    assert cost("workloads.filter(v, true).exists(w, w.contains('a'))") > 2 * MAX_LIST_ITEMS * body
+
+
+@pytest.mark.parametrize(
+    ("pattern", "weight"),
+    [
+        pytest.param("'^z[0-9]+q$'", 3, id="ascii"),
+        pytest.param("'(ab|cd){10}'", 40, id="group-repeated"),
+        pytest.param("'((a{10}){10}){10}'", 1000, id="repeats-multiply"),
+        pytest.param("'a{2,}'", 3, id="open-repeat"),
+        pytest.param("'\\\\w'", 64, id="unicode-class"),
+        pytest.param("r'\\w{40}'", 2560, id="raw-unicode-class-repeated"),
+        pytest.param("'[\\\\w-]{10}'", 640, id="class-holding-one"),
+        pytest.param("'(?i)abc'", 48, id="case-folded"),
+        pytest.param("'[]a]'", 1, id="bracket-first-in-class"),
+        pytest.param("'(?P<n>\\\\w{40})'", 2560, id="named-group"),
+        pytest.param("'(?i:ab)(?-i)c'", 48, id="flags-group"),
+    ],
+)
+def test_regex_weight(pattern: str, weight: int) -> None:
+    assert regex_weight(pattern) == weight
+
+
+def test_a_pattern_the_library_takes_milliseconds_to_compile_is_refused_by_its_cost() -> None:
+    # The library compiles a pattern at every call, and \\w{40} compiles to many states: about a second an evaluation
+    # over 64 items before the estimate (BENCHMARKS.md), with every other bound met.
+    source = "workloads.exists(w, w.matches('\\\\w{40}'))"
+    assert analyse(source, GPU.names, estimated=False).nodes < 10
+    with pytest.raises(CelError, match=r"the condition's estimated cost is \d+, more than the bound of 1000000"):
+        compile_expression(source, GPU.names, sizes=GPU.sizes)
+    assert compile_expression("workloads.exists(w, w.matches('^z[0-9]+q$'))", GPU.names, sizes=GPU.sizes)
+
+
+def accepted(source: str) -> bool:
+    """Whether a gpu rule with this condition loads, as ``storwatch policy check`` would load it."""
+    text = f"rules:\n  - name: worst\n    on: gpu\n    when: {json.dumps(source)}\n"
+    try:
+        parse_policy([("worst.yaml", text)])
+    except PolicyError:
+        return False
+    return True
+
+
+MEMORY_SHAPES: dict[str, Callable[[int], str]] = {
+    "doubling 64 numbers": lambda k: doubling_chain(k, "[" + ", ".join(str(i) for i in range(64)) + "]"),
+    "doubling a string": lambda k: doubling_chain(k, "[uuid]"),
+    "filters of a list field": lambda k: " && ".join(["workloads.filter(w, w.size() > 0).size() > 0"] * k),
+    "a list per item": lambda k: "workloads.map(w, [" + ", ".join(["w"] * k) + "]).size() > 0",
+}
+"""Conditions that build much from little, each from a count (of links, clauses or items)."""
+
+
+def worst_accepted(shape: Callable[[int], str]) -> str:
+    """The largest condition of a shape the loader accepts: its count raised until refused (by any bound: length,
+    nodes, depth or the estimate)."""
+    best = ""
+    for k in range(1, 65):
+        if not accepted(shape(k)):
+            break
+        best = shape(k)
+    return best
+
+
+EVALUATE_IN_A_CHILD = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a guard: this machine runs other work
+from storwatch.policy.cel import MAX_LIST_ITEMS
+from storwatch.policy.load import parse_policy
+from storwatch.policy.schema import MAX_STRING_CHARS, SCHEMA
+source, rounds = sys.argv[1], int(sys.argv[2])
+text = "rules:\\n  - name: worst\\n    on: gpu\\n    when: " + json.dumps(source) + "\\n"
+(rule,) = parse_policy([("worst.yaml", text)]).rules
+(first,) = parse_policy([("first.yaml", "rules:\\n  - name: first\\n    on: gpu\\n    when: up\\n")]).rules
+# every field at the most the schema lets it hold
+longest = "x" * MAX_STRING_CHARS
+values = {"string": longest, "list<string>": tuple(f"{i:04d}" + longest[4:] for i in range(MAX_LIST_ITEMS)),
+          "map<string, string>": {f"{i:04d}" + longest[4:]: longest for i in range(MAX_LIST_ITEMS)},
+          "int": 2**62, "double": 1.0, "bool": True}
+fields = {f.name: values[f.type] for f in SCHEMA["gpu"].fields}
+first.expression.evaluate(fields)  # the library's own first allocations, and not the rule's
+def status(name):
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(name + ":")).split()[1])
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak resident size (VmHWM) starts again from the resident size now
+before = status("VmRSS")
+seconds = []
+for _ in range(rounds):
+    t0 = time.perf_counter()
+    value = rule.expression.evaluate(fields)
+    seconds.append(time.perf_counter() - t0)
+print(json.dumps({"value": value, "seconds": seconds, "growth_kib": status("VmHWM") - before}))
+"""
+"""Loads a gpu rule with the condition ``argv[1]`` and evaluates it ``argv[2]`` times over a gpu whose every field
+holds the most the schema lets it: prints its value, the seconds of each evaluation, and how far the resident size
+rose above what it was before them (KiB)."""
+
+MEMORY_CEILING_KIB = 16 * 1024
+"""Generous: the estimate's bounds come to a few MiB at most, and what it accepts measured about one (BENCHMARKS.md);
+before it, the issue's condition took gigabytes, and a list literal of 64 copies of an item 48 MiB."""
+
+
+@pytest.mark.parametrize("family", list(MEMORY_SHAPES))
+def test_the_worst_condition_still_accepted_evaluates_within_a_few_mib(family: str) -> None:
+    source = worst_accepted(MEMORY_SHAPES[family])
+    assert source, f"no condition of the family {family!r} is accepted"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", EVALUATE_IN_A_CHILD, source, "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,  # a guard against a hang: what is accepted takes milliseconds
+            cwd=REPO_ROOT,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{source[:80]}... ({len(source)} characters) still evaluating after 60 s")
+    assert run.returncode == 0, f"{source[:80]}...: exit {run.returncode}: {run.stderr[-500:]}"
+    measured = json.loads(run.stdout)
+    assert measured["value"] is True
+    assert measured["growth_kib"] < MEMORY_CEILING_KIB, (source, measured)

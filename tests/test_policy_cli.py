@@ -1,5 +1,6 @@
-"""``storwatch policy test`` and ``show``: the shipped default set's own cases pass, a case that expects a wrong
-action or a wrong time fails (exit 1, naming the line), and ``show`` prints docs/policy.md."""
+"""``storwatch policy test``, ``check`` and ``show``: the shipped default set's own cases pass, a case that expects a
+wrong action or a wrong time fails (exit 1, naming the line), ``check`` refuses issue 36's condition naming the bound
+it passes, and ``show`` prints docs/policy.md."""
 
 from __future__ import annotations
 
@@ -78,6 +79,23 @@ def test_a_bad_test_file_is_named_with_its_line(tmp_path: Path, capsys: pytest.C
     assert capsys.readouterr().err.splitlines() == [
         f"{path}:7: tests[0].entities[0].fields.recovery_points: not a field of run",
         f"{path}:9: tests[0].expect[0].at: not an evaluation time (a multiple of 60s up to 300s)",
+    ]
+
+
+def test_check_refuses_a_chain_of_macros_that_doubles_a_list_naming_the_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = REPO_ROOT / "tests" / "fixtures" / "policy" / "chained_doubling.yaml"
+    when = path.read_text().splitlines()[6]
+    assert main(["policy", "check", str(path)]) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    # 18 links: the estimate's figure doubles with each (9 links hold 3,579 elements, 10 links 7,163); the column is
+    # the tenth link's, where it first passes the bound
+    assert out.err.splitlines() == [
+        f"{path}:7: rules[0].when: CEL: the condition can build lists and maps holding up to 1835003 elements at "
+        "once, more than the bound of 4096 (every item of a nested list counts) "
+        f"(column {when.index('map(x_09') - when.index('[0]') + 1})"
     ]
 
 

@@ -47,6 +47,11 @@ def errors_of(*paths: Path) -> list[str]:
             ":5: rules[0].when: CEL: .exists() inside another comprehension: at most 1 level",
             id="nested-comprehension",
         ),
+        pytest.param(
+            "chained_doubling.yaml",
+            ":7: rules[0].when: CEL: the condition can build lists and maps holding up to ",
+            id="chained-doubling",
+        ),
     ],
 )
 def test_check_rejects_with_file_and_line(name: str, expected: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -175,6 +180,25 @@ def test_macros_expand_and_a_cycle_is_refused(tmp_path: Path) -> None:
     b.write_text("macros:\n  x: 'y'\n  y: 'x'\nrules:\n  - name: loop\n    on: gpu\n    when: x\n")
     (error,) = errors_of(b)
     assert "macro 'x' refers to itself (x -> y -> x)" in error and error.startswith(f"{b}:7: rules[0].when: CEL")
+
+
+def test_what_a_rule_can_build_is_bounded_with_its_lists_sizes_and_its_macros_expanded(tmp_path: Path) -> None:
+    many = ", ".join(f"n{i}" for i in range(64))
+    a = tmp_path / "a.yaml"
+    a.write_text(
+        f"lists:\n  few: [a, b]\n  many: [{many}]\n"
+        "rules:\n  - name: few\n    on: node\n    when: few.map(x, few).size() > 0\n"
+        "  - name: many\n    on: node\n    when: many.map(x, many).size() > 0\n"
+    )
+    (error,) = errors_of(a)
+    assert error.startswith(f"{a}:10: rules[1].when: CEL: the condition can build lists and maps holding up to 8320 ")
+    assert "more than the bound of 4096" in error
+    # a macro alone is checked for its syntax; what it builds, in each rule that uses it, with that rule's fields
+    links = "".join(f".map(x{i}, [x{i}, x{i}])" for i in range(12))
+    b = tmp_path / "b.yaml"
+    b.write_text(f"macros:\n  grow: '[0]{links}'\nrules:\n  - name: g\n    on: gpu\n    when: grow.size() > 0\n")
+    (error,) = errors_of(b)
+    assert error.startswith(f"{b}:6: rules[0].when: CEL (macros expanded): the condition can build lists and maps ")
 
 
 def test_a_macro_or_list_may_not_take_a_fields_name(tmp_path: Path) -> None:

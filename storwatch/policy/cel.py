@@ -3,10 +3,15 @@ long, too deep, nests comprehensions, builds a large list, names a field its ent
 allowed; only then is it compiled by the CEL library (the Rust bindings, ``common-expression-language``).
 
 Neither CEL library has a cost limit, and the Rust one holds the GIL for a whole evaluation, so these static bounds
-are what keep an evaluation's worst case small: with no comprehension inside another, at most ``max_nodes`` nodes and
-every list an entity or a rule holds bounded (``MAX_LIST_ITEMS``), an evaluation visits at most about
-``max_nodes * MAX_LIST_ITEMS`` nodes. The engine adds the bound at evaluation: a rule over its time budget is disabled
-(storwatch.policy.engine). Nothing here evaluates Python: the only interpreter is CEL's.
+are what keep an evaluation's worst case small. As Kubernetes estimates a CEL rule's cost (cel-go's checker/cost.go),
+every value gets an upper bound on what it holds before the rule is accepted (:func:`estimate`): a variable's from the
+schema (every list and map an entity or a rule holds has at most ``MAX_LIST_ITEMS`` items, every string at most
+``MAX_STRING_CHARS`` characters), a literal's from its items, ``a + b`` the sum of its operands', a ``map`` or
+``filter`` as many items as the list it runs over, each as large as its body gives; so a chain of macros carries its
+bounds from one link to the next, and a list that doubles at every link is seen to. A rule is refused when what an
+evaluation can hold at once, or its estimated cost, passes a bound (``Bounds``). The engine adds the bound at
+evaluation: a rule over its time budget is disabled (storwatch.policy.engine). Nothing here evaluates Python: the only
+interpreter is CEL's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from storwatch.actions.base import FieldValue
 MAX_LIST_ITEMS = 64
 """The most items a list may hold: a list literal in a rule, and every list field of an entity (the schema cuts
 longer ones and says so in a count field)."""
+MAX_STRING_CHARS = 4096
+"""The most characters a string field holds (PATH_MAX): the schema cuts longer ones (storwatch.policy.schema)."""
+CHARS_PER_UNIT = 64
+"""Characters scanned or copied for one unit of estimated cost (a unit is about one node's evaluation)."""
 
 COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 """CEL's macros that loop over a list or map: each visits every item, so one inside another multiplies."""
@@ -58,6 +67,17 @@ class Bounds:
     each list item once per node of its body, never a product of lists."""
     max_list_items: int = MAX_LIST_ITEMS
     """Items of a list literal, and entries of a map literal."""
+    max_held_elements: int = MAX_LIST_ITEMS * MAX_LIST_ITEMS
+    """Elements of the lists and maps an evaluation can hold at once, beyond its variables (every item of a nested
+    list counts, a map entry counts its key and its value), as :func:`estimate` bounds them before it runs: a list of
+    64 lists of 64 items."""
+    max_held_chars: int = 4 * MAX_LIST_ITEMS * MAX_STRING_CHARS
+    """Characters of the strings an evaluation can hold at once, beyond its variables: four copies of the longest
+    list field (a ``filter`` of one holds its result and, while it grows, a copy)."""
+    max_cost: int = 1_000_000
+    """Estimated cost of one evaluation (:func:`estimate`): a unit per node evaluated and per element built, copied or
+    compared, one per ``CHARS_PER_UNIT`` characters scanned or copied, a comprehension's body once per item. The
+    figure is Kubernetes' per-call limit for CEL; what it costs here is in BENCHMARKS.md."""
 
 
 DEFAULT_BOUNDS = Bounds()
@@ -411,14 +431,23 @@ class Analysis:
     comprehension_nesting: int
     names: frozenset[str]
     """The variables it reads (an entity's fields, a policy's lists)."""
+    estimate: Estimate | None = None
+    """What one evaluation can hold and cost (:func:`estimate`); None for a macro checked alone."""
 
 
 def analyse(
-    source: str, names: Collection[str] | None = None, bounds: Bounds = DEFAULT_BOUNDS, what: str = "a variable"
+    source: str,
+    names: Collection[str] | None = None,
+    bounds: Bounds = DEFAULT_BOUNDS,
+    what: str = "a variable",
+    sizes: Mapping[str, Size] | None = None,
+    *,
+    estimated: bool = True,
 ) -> Analysis:
     """Parse ``source`` and check it against ``bounds``: its depth, nodes, comprehension nesting, list literals, the
-    functions it calls and, where ``names`` is given, that every variable it reads is one of them (``what`` says
-    what they are, for the message). A CelError names the first problem."""
+    functions it calls, where ``names`` is given that every variable it reads is one of them (``what`` says what they
+    are, for the message), and unless ``estimated`` is false what an evaluation can hold and cost, each variable as
+    large as ``sizes`` says (:func:`estimate`). A CelError names the first problem."""
     tree = parse(source, bounds)
     read: set[str] = set()
     count = 0
@@ -488,7 +517,433 @@ def analyse(
             walk(child, depth + 1, scope, comprehensions)
 
     walk(tree, 1, frozenset(), 0)
-    return Analysis(deepest, count, deepest_comprehension, frozenset(read))
+    found = estimate(tree, sizes or {}, bounds) if estimated else None
+    return Analysis(deepest, count, deepest_comprehension, frozenset(read), found)
+
+
+# -- what an evaluation can hold and cost, before it runs
+
+
+@dataclass(frozen=True)
+class Size:
+    """An upper bound on a value an evaluation can give, known before it runs: cel-go's SizeEstimate, with a bound on
+    the items too, so that a chain of macros carries its bounds from one link to the next."""
+
+    kind: str
+    """``scalar`` (a number, bool or null), ``string`` (or bytes), ``list``, ``map``, or ``any`` (one of those)."""
+    items: int = 0
+    """A list's items or a map's entries: how many times a comprehension over it runs its body."""
+    elements: int = 0
+    """Values inside it at every depth: a list's items and theirs, a map's keys and values and theirs."""
+    chars: int = 0
+    """Characters of every string inside it (its own, for a string)."""
+    item: Size | None = None
+    """A bound on each item of a list, each key and value of a map; None where only the totals above are known."""
+
+    def inner(self) -> Size:
+        """A bound on any one item, key or value of it."""
+        if self.item is not None:
+            return self.item
+        rest = max(self.elements - 1, 0)
+        return Size("any", rest, rest, self.chars)
+
+    @property
+    def units(self) -> int:
+        """What building, copying or comparing all of it costs (:func:`estimate`)."""
+        return self.elements + _per_unit(self.chars)
+
+
+SCALAR = Size("scalar")
+STRING_FIELD = Size("string", chars=MAX_STRING_CHARS)
+"""A string field of an entity at its longest."""
+
+
+def list_of(items: int, item: Size) -> Size:
+    """A list of ``items`` items, each at most ``item``."""
+    return Size("list", items, items * (1 + item.elements), items * item.chars, item)
+
+
+def map_of(entries: int, key: Size, value: Size) -> Size:
+    """A map of ``entries`` entries, each key at most ``key`` and each value at most ``value``."""
+    return Size(
+        "map",
+        entries,
+        entries * (2 + key.elements + value.elements),
+        entries * (key.chars + value.chars),
+        _join(key, value),
+    )
+
+
+ANY_VARIABLE = Size("any", MAX_LIST_ITEMS, 2 * MAX_LIST_ITEMS, 2 * MAX_LIST_ITEMS * MAX_STRING_CHARS, STRING_FIELD)
+"""A variable whose size is not given: as large as any field of an entity may be (a map of ``MAX_LIST_ITEMS`` entries
+of strings of ``MAX_STRING_CHARS``, or one such string)."""
+
+
+def size_of(value: object) -> Size:
+    """The size of a value given in full (a policy's list)."""
+    if isinstance(value, (str, bytes)):
+        return Size("string", chars=len(value))
+    if isinstance(value, Mapping):
+        parts = [(size_of(k), size_of(v)) for k, v in value.items()]
+        item = _join_all([s for pair in parts for s in pair])
+        return Size(
+            "map",
+            len(parts),
+            sum(2 + k.elements + v.elements for k, v in parts),
+            sum(k.chars + v.chars for k, v in parts),
+            item,
+        )
+    if isinstance(value, (list, tuple)):
+        sizes = [size_of(v) for v in value]
+        item = _join_all(sizes)
+        return Size("list", len(sizes), sum(1 + s.elements for s in sizes), sum(s.chars for s in sizes), item)
+    return SCALAR
+
+
+def _join(a: Size, b: Size) -> Size:
+    """A bound on a value that is either ``a`` or ``b``."""
+    item = _join(a.item, b.item) if a.item is not None and b.item is not None else None
+    return Size(
+        a.kind if a.kind == b.kind else "any",
+        max(a.items, b.items),
+        max(a.elements, b.elements),
+        max(a.chars, b.chars),
+        item,
+    )
+
+
+def _join_all(sizes: list[Size]) -> Size:
+    """A bound on each of ``sizes`` (the items of a literal); a scalar for none."""
+    return functools.reduce(_join, sizes) if sizes else SCALAR
+
+
+def _concat(a: Size, b: Size) -> Size:
+    """A bound on ``a + b``: a sum of numbers, or two strings or lists joined."""
+    item = _join(a.item, b.item) if a.item is not None and b.item is not None else None
+    return Size(
+        a.kind if a.kind == b.kind else "any",
+        a.items + b.items,
+        a.elements + b.elements,
+        a.chars + b.chars,
+        item,
+    )
+
+
+REGEX_CALL_UNITS = 256
+"""Units a ``matches`` call costs before its pattern's own weight (:func:`regex_weight`)."""
+REGEX_ATOM_UNITS = 128
+"""Units per unit of a pattern's weight: the library compiles the pattern at every call."""
+_REGEX_ESCAPES = {"w": 64, "W": 64, "p": 64, "P": 64, "b": 64, "B": 64, "d": 4, "D": 2, "S": 2}
+"""Weights of the escapes that stand for Unicode classes (compiled to many states; ``\\w`` most); others weigh 1."""
+
+
+def regex_weight(literal: str) -> int:
+    """How much compiling the pattern of a CEL string literal costs, in atoms: each literal character or ASCII class
+    one, a Unicode class more (``_REGEX_ESCAPES``; ``.`` and a negated class two), an atom or group repeated ``{n}``
+    or ``{n,m}`` times counted that many times, everything sixteen times over when case is ignored (``(?i)``).
+    Heuristic (the pattern is never compiled here), measured against the library's own compile times (BENCHMARKS.md),
+    and meant to err high."""
+    pattern = _literal_text(literal)
+    groups: list[list[int]] = [[0, 0]]  # per open group: its weight so far, and its last atom's
+    folded = False
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        atom = 1
+        if c == "\\" and i + 1 < n:
+            escape = pattern[i + 1]
+            atom = _REGEX_ESCAPES.get(escape, 1)
+            i += 2
+            if escape in "pP" and i < n:
+                close = pattern.find("}", i) if pattern[i] == "{" else i
+                i = n if close < 0 else close + 1
+        elif c == "[":
+            j = i + 1
+            atom = 2 if pattern.startswith("^", j) else 1
+            j += 1 if atom == 2 else 0
+            j += 1 if pattern.startswith("]", j) else 0  # a ']' first is a character of the class
+            depth = 1
+            while j < n and depth:
+                if pattern[j] == "\\" and j + 1 < n:
+                    atom = max(atom, _REGEX_ESCAPES.get(pattern[j + 1], 1))
+                    j += 2
+                    continue
+                depth += {"[": 1, "]": -1}.get(pattern[j], 0)
+                j += 1
+            i = j
+        elif c == "(":
+            i += 1
+            if pattern.startswith(("?P<", "?<"), i):  # a named group
+                close = pattern.find(">", i)
+                i = n if close < 0 else close + 1
+            elif pattern.startswith("?", i):  # flags: (?i) for what follows, (?i:...) a group
+                end = i + 1
+                while end < n and (pattern[end].isalpha() or pattern[end] == "-"):
+                    end += 1
+                folded = folded or "i" in pattern[i + 1 : end].split("-", 1)[0]
+                if pattern.startswith(")", end):
+                    i = end + 1
+                    continue
+                i = end + 1 if pattern.startswith(":", end) else end
+            groups.append([0, 0])
+            continue
+        elif c == ")":
+            i += 1
+            if len(groups) == 1:
+                continue
+            atom = groups.pop()[0]
+        elif c == "{":
+            close = pattern.find("}", i)
+            low, comma, high = pattern[i + 1 : close].partition(",") if close > 0 else ("", "", "")
+            if low.isdigit() and (high.isdigit() or not high):
+                # {n}: n times; {n,m}: m at most; {n,}: n, and more at no further cost to compile
+                times = max(int(low), int(high) if high else int(low) + (1 if comma else 0), 1)
+                group = groups[-1]
+                group[0] += group[1] * (times - 1)
+                group[1] *= times
+                i = close + 1
+                continue
+            i += 1
+        elif c == "|":
+            groups[-1][1] = 0
+            i += 1
+            continue
+        elif c in "*+?^$":
+            i += 1
+            continue
+        else:
+            atom = 2 if c == "." else 1
+            i += 1
+        groups[-1][0] += atom
+        groups[-1][1] = atom
+    weight = sum(group[0] for group in groups)
+    return weight * 16 if folded else weight
+
+
+def _literal_text(literal: str) -> str:
+    """The text of a CEL string literal, near enough for :func:`regex_weight`: a doubled backslash is one; any other
+    escape stands as one plain character."""
+    j = 0
+    while j < len(literal) and literal[j] in "rRbB":
+        j += 1
+    raw = "r" in literal[:j].lower()
+    quote = literal[j : j + 3] if literal[j : j + 3] in ("'''", '"""') else literal[j : j + 1]
+    body = literal[j + len(quote) : len(literal) - len(quote)]
+    if raw:
+        return body
+    out: list[str] = []
+    k = 0
+    while k < len(body):
+        if body[k] == "\\" and k + 1 < len(body):
+            out.append("\\" if body[k + 1] == "\\" else "a")
+            k += 2
+        else:
+            out.append(body[k])
+            k += 1
+    return "".join(out)
+
+
+def _text(size: Size) -> int:
+    """The characters of ``size`` if it may be a string."""
+    return size.chars if size.kind in ("string", "any") else 0
+
+
+def _per_unit(chars: int) -> int:
+    return -(-chars // CHARS_PER_UNIT)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bounds on one evaluation, worked out before it runs (:func:`estimate`)."""
+
+    elements: int
+    """The most elements of lists and maps it can hold at once, beyond its variables."""
+    chars: int
+    """The most characters of strings it can hold at once, beyond its variables."""
+    cost: int
+    """Its estimated cost, in units (``Bounds.max_cost``)."""
+
+
+@dataclass(frozen=True)
+class _Visit:
+    """One node estimated: its value, what that value holds, the most held while it was worked out (its value
+    included), and its cost."""
+
+    value: Size
+    held_elements: int
+    held_chars: int
+    peak_elements: int
+    peak_chars: int
+    cost: int
+
+
+class _Estimator:
+    def __init__(self, sizes: Mapping[str, Size], bounds: Bounds) -> None:
+        self.sizes = sizes
+        self.bounds = bounds
+        self.first_over: dict[str, Node] = {}
+        """For each bound passed, the innermost node where it was passed (the message's column)."""
+
+    def visit(self, node: Node, loops: Mapping[str, Size]) -> _Visit:
+        found = self._visit(node, loops)
+        for bound, over in (
+            ("elements", found.peak_elements > self.bounds.max_held_elements),
+            ("chars", found.peak_chars > self.bounds.max_held_chars),
+            ("cost", found.cost > self.bounds.max_cost),
+        ):
+            if over:
+                self.first_over.setdefault(bound, node)
+        return found
+
+    def _visit(self, node: Node, loops: Mapping[str, Size]) -> _Visit:
+        k = node.kind
+        if k == "literal":
+            value = Size("string", chars=len(node.name)) if node.token in ("string", "bytes") else SCALAR
+            return self._then(node, [], value, built=True, work=_per_unit(value.chars))
+        if k == "ident":
+            if node.name in loops:
+                return self._read(node, [], loops[node.name], variable=False)
+            return self._read(node, [], self.sizes.get(node.name, ANY_VARIABLE), variable=True)
+        if k in ("select", "index"):
+            parts = [self.visit(c, loops) for c in node.children]
+            return self._read(node, parts, parts[0].value.inner(), variable=False)
+        if k == "method" and node.name in COMPREHENSIONS:
+            return self._comprehension(node, loops)
+        parts = [self.visit(c, loops) for c in node.children]
+        sizes = [p.value for p in parts]
+        if k == "list":
+            item = _join_all(sizes)
+            value = Size("list", len(sizes), sum(1 + s.elements for s in sizes), sum(s.chars for s in sizes), item)
+            return self._then(node, parts, value, built=True, work=value.units)
+        if k == "map":
+            item = _join_all(sizes)
+            value = Size("map", len(sizes) // 2, sum(1 + s.elements for s in sizes), sum(s.chars for s in sizes), item)
+            return self._then(node, parts, value, built=True, work=value.units)
+        if k == "binary" and node.name == "+":
+            value = _concat(sizes[0], sizes[1])
+            return self._then(node, parts, value, built=True, work=value.units)
+        if k == "binary" and node.name in ("==", "!=", "<", "<=", ">", ">="):
+            return self._then(node, parts, SCALAR, work=min(sizes[0].units, sizes[1].units))
+        if k == "binary" and node.name == "in":
+            return self._then(node, parts, SCALAR, work=sizes[1].items + sizes[1].units)
+        if k == "ternary":
+            return self._then(node, parts, _join(sizes[1], sizes[2]), built=True)
+        if k == "call" and node.name == "string":
+            value = Size("string", chars=max(sizes[0].chars, 32))  # a number's digits, or the string or bytes
+            return self._then(node, parts, value, built=True, work=_per_unit(value.chars))
+        if k == "method" and node.name == "matches":
+            # The library compiles the pattern again at every call: that, more than the match, is its cost.
+            compiled = REGEX_CALL_UNITS + REGEX_ATOM_UNITS * regex_weight(node.children[1].name)
+            return self._then(node, parts, SCALAR, work=_per_unit(sizes[0].chars) + compiled)
+        if k in ("call", "method") and node.name == "size":
+            # a list's or map's size is known; a string's characters are counted
+            return self._then(node, parts, SCALAR, work=_per_unit(sum(_text(s) for s in sizes)))
+        if k in ("call", "method"):
+            # has, the conversions to numbers, contains, startsWith, endsWith: one pass over their strings
+            return self._then(node, parts, SCALAR, work=_per_unit(sum(s.chars for s in sizes)))
+        return self._then(node, parts, SCALAR)  # unary operators, arithmetic, && and ||
+
+    def _read(self, node: Node, parts: list[_Visit], value: Size, variable: bool) -> _Visit:
+        """A variable, a field of a map, an item of a list: lists and maps are shared, a string is copied."""
+        chars = 0
+        if value.kind == "string":
+            chars = value.chars
+        elif value.kind == "any":
+            # A variable given to the library is a string of a field at most, or a list or map (shared).
+            chars = min(value.chars, MAX_STRING_CHARS) if variable else value.chars
+        elements = value.elements if value.kind == "any" and not variable else 0
+        return self._then(node, parts, value, held=(elements, chars), work=_per_unit(chars))
+
+    def _then(
+        self,
+        node: Node,
+        parts: list[_Visit],
+        value: Size,
+        *,
+        built: bool = False,
+        held: tuple[int, int] = (0, 0),
+        work: int = 0,
+    ) -> _Visit:
+        """A node whose operands are worked out in order, each held until the node is, then the node's value."""
+        before_e = before_c = peak_e = peak_c = 0
+        cost = 1 + work
+        for part in parts:
+            peak_e = max(peak_e, before_e + part.peak_elements)
+            peak_c = max(peak_c, before_c + part.peak_chars)
+            before_e += part.held_elements
+            before_c += part.held_chars
+            cost += part.cost
+        held_e, held_c = (value.elements, value.chars) if built else held
+        return _Visit(value, held_e, held_c, max(peak_e, before_e + held_e), max(peak_c, before_c + held_c), cost)
+
+    def _comprehension(self, node: Node, loops: Mapping[str, Size]) -> _Visit:
+        target_node, var, *body_nodes = node.children
+        target = self.visit(target_node, loops)
+        item = target.value.inner()
+        inner = {**loops, var.name: item}
+        bodies = [self.visit(b, inner) for b in body_nodes]
+        runs = target.value.items
+        if node.name == "map":
+            out = bodies[-1].value
+            value = list_of(runs, out)
+        elif node.name == "filter":
+            value = list_of(runs, item)
+        else:
+            value = SCALAR
+        body_e = body_c = before_e = before_c = 0
+        body_cost = 0
+        for b in bodies:
+            body_e = max(body_e, before_e + b.peak_elements)
+            body_c = max(body_c, before_c + b.peak_chars)
+            before_e += b.held_elements
+            before_c += b.held_chars
+            body_cost += b.cost
+        # The library copies a map's or filter's result at every item it adds: the result so far, and its copy.
+        acc_e, acc_c = value.elements, value.chars
+        step = body_cost + (value.units if node.name in ("map", "filter") else 0)
+        return _Visit(
+            value,
+            acc_e,
+            acc_c,
+            max(target.peak_elements, target.held_elements + 2 * acc_e + body_e),
+            max(target.peak_chars, target.held_chars + 2 * acc_c + body_c),
+            1 + target.cost + runs * step,
+        )
+
+
+def estimate(tree: Node, sizes: Mapping[str, Size], bounds: Bounds = DEFAULT_BOUNDS) -> Estimate:
+    """Upper bounds on one evaluation of ``tree``, as Kubernetes estimates a CEL rule's cost, each variable as large as
+    ``sizes`` says (``ANY_VARIABLE`` where it says nothing); a CelError when one passes ``bounds``.
+
+    Every value gets a bound (:class:`Size`): a list literal from its items, ``a + b`` the sum of both, a ``map`` as
+    many items as the list it runs over, each as large as its body gives, a ``filter`` as many as that list; so a
+    chain of macros carries its bounds along. What an evaluation holds at once: each operand until its node is worked
+    out, and a ``map``'s or ``filter``'s result twice (the library copies it at every item). Its cost: a unit per node
+    evaluated and per element built, copied or compared, one per ``CHARS_PER_UNIT`` characters scanned or copied, and
+    a comprehension's body once per item of its list."""
+    estimator = _Estimator(sizes, bounds)
+    found = estimator.visit(tree, {})
+    where = estimator.first_over
+    if "elements" in where:
+        raise CelError(
+            f"the condition can build lists and maps holding up to {found.peak_elements} elements at once, more than "
+            f"the bound of {bounds.max_held_elements} (every item of a nested list counts)",
+            where["elements"].pos + 1,
+        )
+    if "chars" in where:
+        raise CelError(
+            f"the condition can build strings and lists holding up to {found.peak_chars} characters at once, more "
+            f"than the bound of {bounds.max_held_chars}",
+            where["chars"].pos + 1,
+        )
+    if "cost" in where:
+        raise CelError(
+            f"the condition's estimated cost is {found.cost}, more than the bound of {bounds.max_cost} (a unit per "
+            f"node evaluated and per element built or compared, one per {CHARS_PER_UNIT} characters scanned or "
+            "copied, a comprehension's body once per item)",
+            where["cost"].pos + 1,
+        )
+    return Estimate(found.peak_elements, found.peak_chars, found.cost)
 
 
 def expand(source: str, macros: Mapping[str, str]) -> str:
@@ -579,10 +1034,15 @@ class Expression:
 
 
 def compile_expression(
-    source: str, names: Collection[str] | None = None, bounds: Bounds = DEFAULT_BOUNDS, what: str = "a variable"
+    source: str,
+    names: Collection[str] | None = None,
+    bounds: Bounds = DEFAULT_BOUNDS,
+    what: str = "a variable",
+    sizes: Mapping[str, Size] | None = None,
 ) -> Expression:
-    """``source`` checked (:func:`analyse`) and compiled; a CelError says why not."""
-    analysis = analyse(source, names, bounds, what)
+    """``source`` checked (:func:`analyse`, each variable as large as ``sizes`` says) and compiled; a CelError says
+    why not."""
+    analysis = analyse(source, names, bounds, what, sizes)
     try:
         program = _library().compile(source)
     except Exception as err:
@@ -602,18 +1062,30 @@ def _short(value: object) -> str:
 
 
 __all__ = [
+    "ANY_VARIABLE",
+    "CHARS_PER_UNIT",
     "COMPREHENSIONS",
     "DEFAULT_BOUNDS",
     "MAX_LIST_ITEMS",
+    "MAX_STRING_CHARS",
+    "SCALAR",
+    "STRING_FIELD",
     "Analysis",
     "Bounds",
     "CelError",
+    "Estimate",
     "EvalError",
     "Expression",
     "Node",
+    "Size",
     "analyse",
     "compile_expression",
+    "estimate",
     "expand",
+    "list_of",
+    "map_of",
     "parse",
+    "regex_weight",
+    "size_of",
     "tokens",
 ]

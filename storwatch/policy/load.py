@@ -18,7 +18,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 from storwatch.actions.base import ACTION_NAMES, ENTITY_KINDS, SEVERITIES, EntityKind, FieldValue, Severity
 from storwatch.config import bounded_loader
-from storwatch.policy.cel import DEFAULT_BOUNDS, RESERVED, Bounds, CelError, Expression, compile_expression, expand
+from storwatch.policy.cel import (
+    DEFAULT_BOUNDS,
+    RESERVED,
+    Bounds,
+    CelError,
+    Expression,
+    compile_expression,
+    expand,
+    size_of,
+)
 from storwatch.policy.schema import SCHEMA
 
 if TYPE_CHECKING:
@@ -431,10 +440,11 @@ class _Loader:
                 self.errors.add(where, value, path, "expected a CEL expression (a string)")
                 continue
             try:
-                # Its syntax and bounds alone: the names it reads are checked in each rule that uses it.
+                # Its syntax and bounds alone: the names it reads, and what an evaluation can hold and cost, are
+                # checked in each rule that uses it, with the sizes of that rule's fields.
                 from storwatch.policy.cel import analyse
 
-                analyse(text, None, self.bounds)
+                analyse(text, None, self.bounds, estimated=False)
             except CelError as err:
                 self.errors.add(where, value, path, f"CEL: {err}")
                 continue
@@ -683,10 +693,13 @@ class _Loader:
         for draft in self.drafts.values():
             spec = SCHEMA[draft.on]
             names = spec.names | set(self.lists)
+            sizes = {**spec.sizes, **{name: size_of(items) for name, items in self.lists.items()}}
             source = draft.when
             try:
                 source = expand(draft.when, self.macros)
-                expression = compile_expression(source, names, self.bounds, what=f"a field of {draft.on} or a list")
+                expression = compile_expression(
+                    source, names, self.bounds, what=f"a field of {draft.on} or a list", sizes=sizes
+                )
             except CelError as err:
                 line = draft.when_line
                 text = str(err)

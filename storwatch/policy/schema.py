@@ -17,15 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from storwatch.actions.base import ENTITY_KINDS, Alert, Entity, EntityKind, FieldValue
-from storwatch.policy.cel import MAX_LIST_ITEMS
+from storwatch.policy.cel import MAX_LIST_ITEMS, MAX_STRING_CHARS, SCALAR, STRING_FIELD, Size, list_of, map_of
 
 if TYPE_CHECKING:
     from storwatch.analysis.view import MountView, RunView, View
     from storwatch.sources.kubevolumes import ClusterObjects, PodInfo
 
 FieldType = Literal["bool", "int", "double", "string", "list<string>", "map<string, string>"]
-MAX_STRING_CHARS = 4096
-"""A string field's longest value (PATH_MAX): longer ones are cut."""
 STALL_WINDOW_SECONDS = 600.0
 """The window of a GPU's ``stall_share_10m``."""
 
@@ -54,11 +52,27 @@ class Kind:
     def names(self) -> frozenset[str]:
         return frozenset(f.name for f in self.fields)
 
+    @property
+    def sizes(self) -> dict[str, Size]:
+        """The largest value each field may hold, for the CEL estimate (storwatch.policy.cel.estimate)."""
+        return {f.name: field_size(f) for f in self.fields}
+
     def field(self, name: str) -> Field:
         for f in self.fields:
             if f.name == name:
                 return f
         raise KeyError(name)
+
+
+def field_size(f: Field) -> Size:
+    """The largest value of a field: strings of ``MAX_STRING_CHARS``, lists and maps of ``MAX_LIST_ITEMS``."""
+    if f.type == "string":
+        return STRING_FIELD
+    if f.type == "list<string>":
+        return list_of(MAX_LIST_ITEMS, STRING_FIELD)
+    if f.type == "map<string, string>":
+        return map_of(MAX_LIST_ITEMS, STRING_FIELD, STRING_FIELD)
+    return SCALAR
 
 
 def _f(name: str, type_: FieldType, doc: str, nullable: bool = False) -> Field:
@@ -869,7 +883,7 @@ def _actions_pace() -> list[str]:
 def markdown() -> str:
     """docs/policy.md: the rule file's format, the language's bounds, and every kind's fields (generated; a test keeps
     the file current)."""
-    from storwatch.policy.cel import DEFAULT_BOUNDS, GLOBAL_FUNCTIONS, MEMBER_FUNCTIONS
+    from storwatch.policy.cel import CHARS_PER_UNIT, DEFAULT_BOUNDS, GLOBAL_FUNCTIONS, MEMBER_FUNCTIONS
 
     b = DEFAULT_BOUNDS
     lines = [
@@ -935,6 +949,18 @@ def markdown() -> str:
         "deep: never one inside another, and no `+` inside one (it would copy strings or lists once per item);",
         f"- list and map literals of at most {b.max_list_items} items; every list field holds at most "
         f"{MAX_LIST_ITEMS}, and a list of `lists` at most {b.max_list_items};",
+        "- what one evaluation can build, bounded before it runs (as Kubernetes estimates a CEL rule's cost): a list",
+        "  literal holds its items, `a + b` both operands, a `map` or `filter` as many items as the list it runs over,",
+        "  each as large as its body gives, so a chain of macros carries its bounds from link to link. Refused when it",
+        f"  could hold more than {b.max_held_elements} elements of lists and maps at once (every item of a nested list "
+        "counts), more than",
+        f"  {b.max_held_chars} characters of strings, or when its estimated cost passes {b.max_cost}: a unit per node "
+        "evaluated and per",
+        f"  element built or compared, one per {CHARS_PER_UNIT} characters scanned or copied, a comprehension's body "
+        "once per item, and a",
+        "  regular expression's compilation, which the library repeats at every call (more for `\\w`, `\\p{..}` and "
+        "`{n}`",
+        "  repeats);",
         f"- functions: {', '.join(sorted(GLOBAL_FUNCTIONS))}, and as methods "
         f"{', '.join(sorted(MEMBER_FUNCTIONS))}; `matches` only with a string literal as its pattern.",
         "",
@@ -965,6 +991,7 @@ __all__ = [
     "Kind",
     "StallShares",
     "entities",
+    "field_size",
     "markdown",
     "problems",
     "type_problem",
