@@ -451,8 +451,10 @@ class Agent:
             self.pace.configure(new.quiet_seconds, new.quiet_after_seconds, new.tick_seconds)
             self.pace.budget.configure(new.tick_cpu_share, new.tick_max_seconds)
             self.view_budget.configure(new.view_cpu_share, new.view_max_seconds)
-            for name in PACED_SOURCES if was_quiet else ():
-                self._collectors.collect_soon(name)
+        # Once the lock is released: collect_soon takes it, and it is not reentrant (on a quiet node the reload waited
+        # on itself for ever, and the ticker on the reload).
+        for name in PACED_SOURCES if was_quiet else ():
+            self._collectors.collect_soon(name)
         with self._published.render_lock:  # not while a render is using the old set
             self.exporter.configure(new.nfs.operations, new.mounts.max_series)
 
