@@ -34,6 +34,10 @@ from tests.nvml import FakeNVML, FakeNVMLUnavailable, build_fake_nvml
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GPU = "gpu 0 uuid=GPU-00000000-aaaa-bbbb-cccc-000000000000 name=NVIDIA_H100_80GB_HBM3 util=0 mem_total=85899345920\n"
+AT_WORK = GPU + "proc 0 pid=4103 used=1073741824\n"
+"""The GPU with a process on it: the node is never quiet."""
+STUCK_POWER = "slow nvmlDeviceGetPowerUsage ms=600000 gpu=0 times=1\n"
+"""The next power reading does not return for ten minutes (a GPU fallen off the bus)."""
 SIGTERM_SECONDS = 5.0
 """README, "Signals": SIGTERM stops the agent within seconds; the contract this file holds it to is 5 s."""
 
@@ -170,4 +174,50 @@ def test_the_readmes_driver_upgrade_steps_on_a_quiet_node(tmp_path: Path, fake_l
 
         assert _ends_within(agent, SIGTERM_SECONDS) == 0
     assert fake.counts()["shutdown"] == 2  # SIGTERM shut NVML down too
-    assert "received SIGTERM, stopping" in agent.stderr_text()
+    log = agent.stderr_text()
+    assert "received SIGTERM, stopping" in log
+    assert "without waiting any longer" not in log  # nothing was stuck: every part closed
+
+
+# -- SIGTERM
+
+
+@pytest.mark.realpart
+def test_sigterm_ends_the_agent_while_a_reload_waits_on_a_stuck_call(tmp_path: Path, fake_lib: Path) -> None:
+    """The driver-upgrade reload switches the GPU source off while an NVML call is stuck: closing it waits out
+    ``gpu.call_timeout_seconds`` (here a minute). The reload runs off the main thread, so SIGTERM ends the agent at
+    once, the reload still stuck."""
+    fake = FakeNVML(fake_lib.parent, tmp_path)
+    fake.write_script(AT_WORK)
+    cfg = _config(tmp_path, gpu="call_timeout_seconds: 60")
+    text = cfg.read_text()
+    with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=fake.env()) as agent:
+        wait_until(lambda: _generated_at(agent), timeout=30, what="the first View")
+        fake.write_script(AT_WORK + STUCK_POWER)
+        wait_until(lambda: fake.counts()["slow_entered"] == 1, timeout=15, what="an NVML call stuck")
+
+        mark = agent.stderr_mark()
+        cfg.write_text(text.replace("gpu: {", "gpu: {enabled: false, "))
+        agent.send_signal(signal.SIGHUP)
+        agent.wait_for_stderr("received SIGHUP, reloading", timeout=10, since=mark)
+        assert _ends_within(agent, SIGTERM_SECONDS) == 0
+    assert fake.counts()["slow_returned"] == 0  # the call was still stuck when the agent ended
+    log = agent.stderr_text()
+    assert "configuration reloaded" not in log
+    assert "stopping without waiting any longer for: " in log
+
+
+@pytest.mark.realpart
+def test_sigterm_ends_the_agent_while_closing_a_source_waits_on_a_stuck_call(tmp_path: Path, fake_lib: Path) -> None:
+    """Closing the GPU source waits up to ``gpu.call_timeout_seconds`` (here a minute) for a stuck NVML call before
+    it gives up on nvmlShutdown; the agent's stop does not wait for it past its own deadline."""
+    fake = FakeNVML(fake_lib.parent, tmp_path)
+    fake.write_script(AT_WORK)
+    cfg = _config(tmp_path, gpu="call_timeout_seconds: 60")
+    with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=fake.env()) as agent:
+        wait_until(lambda: _generated_at(agent), timeout=30, what="the first View")
+        fake.write_script(AT_WORK + STUCK_POWER)
+        wait_until(lambda: fake.counts()["slow_entered"] == 1, timeout=15, what="an NVML call stuck")
+        assert _ends_within(agent, SIGTERM_SECONDS) == 0
+    assert fake.counts()["shutdown"] == 0  # nvmlShutdown would wait on the stuck call or free NVML under it
+    assert "stopping without waiting any longer for: stopping-sources" in agent.stderr_text()

@@ -2,8 +2,9 @@
 
 - ``collectors.py``: every source on its own worker, on its own cadence, with its health recorded;
 - ``tick.py``: on the agent's cadence, one Snapshot becomes one View, published to every consumer;
-- ``reload.py``: reading a new configuration (applying it is here: it touches every part);
-- ``signals.py``: the signals, noted by their handlers and acted on by the main thread.
+- ``reload.py``: reading a new configuration (applying it is here: it touches every part), on a thread of its own;
+- ``signals.py``: the signals, noted by their handlers and acted on by the main thread, which waits on no other:
+  SIGTERM stops the agent within STOP_SECONDS whatever another thread is doing.
 
 What each source is and how it is made is in the registry (registry.py), not here.
 """
@@ -27,7 +28,7 @@ from storwatch.actions.registry import registry
 from storwatch.actions.sync_engine import SyncEngine
 from storwatch.agent.collectors import Collectors, given
 from storwatch.agent.policy import PolicyWorker
-from storwatch.agent.reload import ReloadError, read_new
+from storwatch.agent.reload import Reloader, ReloadError, read_new
 from storwatch.agent.signals import SignalInbox
 from storwatch.agent.tick import ClockWatch, Publisher, ViewMaker
 from storwatch.analysis.latency import LatencyWindows
@@ -63,11 +64,12 @@ KNOWN_COLLECTORS = tuple(spec.name for spec in SOURCES)
 running or off."""
 GPU_OFF_REASON = BY_NAME["gpu"].off_reason(GPUConfig(enabled=False))
 """Why the GPU and process collectors are off when ``gpu.enabled`` is false."""
-STOP_JOIN_SECONDS = 2.0
 PACED_SOURCES = tuple(spec.name for spec in SOURCES if spec.paced)
 """The sources whose workers wait by the agent's pace (woken when a quiet node gets work)."""
-"""How long stop() waits for the agent's threads, all together (each sleeps on the stop event, so they end at once
-unless one is inside a collect(), which no hung mount can hold: those calls run in the helper process)."""
+STOP_SECONDS = 3.0
+"""The longest stop() takes: the parts close on threads of their own and the agent's threads are joined, all against
+this one deadline, and what has not ended by then is left behind (every thread is a daemon). So SIGTERM ends the
+agent within 5 s whatever a thread is doing: a source's close waiting out a stuck NVML call, a reload that blocks."""
 SIGNAL_WAIT_SECONDS = 5.0
 """The main thread's longest wait between two looks at the flags the signal handlers set: a signal ends the wait at
 once (the wakeup fd); this bounds the case SignalInbox.wait describes, a handler run only after the wait's return."""
@@ -123,6 +125,8 @@ class Agent:
         """Set to make a View at the next tick whenever it falls (a reload's new configuration shows at once)."""
         self._last_view: float | None = None
         """time.monotonic() of the last View made."""
+        self._reloader = Reloader(self.reload)
+        """Runs the reloads SIGHUP asks for, off the main thread."""
         self.pace = Pace(
             config.quiet_seconds,
             config.quiet_after_seconds,
@@ -383,17 +387,30 @@ class Agent:
         self._threads.append(t)
 
     def stop(self) -> None:
+        """Stop serving, close the sources (NVML shut down) and the policy, and end the threads, within STOP_SECONDS:
+        each part closes on a thread of its own, so one that blocks (a source's close waiting out a stuck call) holds
+        neither the others nor the caller past the deadline; what is still running then is named and left."""
+        deadline = time.monotonic() + STOP_SECONDS
         self._stop.set()
+        self._reloader.close()
         self._collectors.wake()
         self._dirty.set()
+        parts = (("http", self._close_server), ("sources", self._collectors.close), ("policy", self.policy.close))
+        closing = [threading.Thread(target=close, name=f"stopping-{name}", daemon=True) for name, close in parts]
+        for t in closing:
+            t.start()
+        for t in (*closing, *self._threads):
+            t.join(max(0.0, deadline - time.monotonic()))
+        left = [t.name for t in (*closing, *self._threads) if t.is_alive()]
+        if self._reloader.running_for() is not None:
+            left.append("reload")
+        if left:
+            log.warning("stopping without waiting any longer for: %s", ", ".join(left))
+
+    def _close_server(self) -> None:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
-        self._collectors.close()
-        self.policy.close()
-        deadline = time.monotonic() + STOP_JOIN_SECONDS
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
 
     # -- reload
 
@@ -468,7 +485,8 @@ class Agent:
     # -- signals
 
     def run_until_signalled(self, exiting: bool = False) -> None:
-        """Serve until SIGTERM or SIGINT; SIGHUP reloads. Must be called from the main thread.
+        """Serve until SIGTERM or SIGINT; SIGHUP reloads, on a thread of its own (a reload that blocks never holds
+        SIGTERM back). Must be called from the main thread.
 
         ``exiting``: the process exits once this returns (``storwatch agent``). The three signals are then ignored
         from the moment the agent stops rather than given back to what was there before: a second SIGTERM
@@ -483,8 +501,14 @@ class Agent:
                 inbox.wait(SIGNAL_WAIT_SECONDS)
                 if inbox.hup and not inbox.stop_signal:
                     inbox.hup = False  # a SIGHUP from here on asks for one more reload, after this one
-                    log.info("received SIGHUP, reloading the configuration")
-                    self.reload()
+                    running = self._reloader.running_for()
+                    if running is None:
+                        log.info("received SIGHUP, reloading the configuration")
+                    else:
+                        log.warning(
+                            "received SIGHUP while a reload has run for %.0f s; reloading again once it ends", running
+                        )
+                    self._reloader.ask()  # on the reload thread: this one stays free for SIGTERM
             log.info("received %s, stopping", signal.Signals(inbox.stop_signal).name)
         finally:
             if exiting:
