@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from storwatch.agent import PACED_SOURCES, Agent
+from storwatch.agent.tick import LIVENESS_INTERVALS, TickerLiveness
 from storwatch.config import Config
 from tests.agentproc import AgentProcess, running_agent, wait_until
 from tests.nvml import FakeNVML, FakeNVMLUnavailable, build_fake_nvml
@@ -179,20 +180,50 @@ def test_the_readmes_driver_upgrade_steps_on_a_quiet_node(tmp_path: Path, fake_l
     assert "without waiting any longer" not in log  # nothing was stuck: every part closed
 
 
-# -- SIGTERM
+# -- /healthz
+
+
+@pytest.mark.parametrize(
+    ("ended_ago", "waited", "interval_now", "alive"),
+    [
+        pytest.param(2.5, 1.0, 1.0, True, id="full-pace-within-three-ticks"),
+        pytest.param(3.5, 1.0, 1.0, False, id="full-pace-three-ticks-missed"),
+        pytest.param(40.0, 15.0, 15.0, True, id="quiet-pace-slower-ticks-are-alive"),
+        pytest.param(46.0, 15.0, 15.0, False, id="quiet-pace-three-ticks-missed"),
+        # A GPU process ends quiet and wakes the ticker from its 15 s wait: until that tick comes, the wait counts.
+        pytest.param(20.0, 15.0, 1.0, True, id="leaving-quiet-within-the-quiet-wait"),
+        # The node went quiet while the ticker waited a second: the quiet interval is the one in force.
+        pytest.param(20.0, 1.0, 15.0, True, id="going-quiet-the-new-interval"),
+        pytest.param(12.0, 4.0, 4.0, True, id="budget-stretched-ticks"),
+    ],
+)
+def test_the_ticker_is_alive_within_three_of_its_intervals(
+    ended_ago: float, waited: float, interval_now: float, alive: bool
+) -> None:
+    liveness = TickerLiveness(0.0)
+    liveness.round_ended(100.0, waited)
+    problem = liveness.problem(100.0 + ended_ago, interval_now)
+    assert (problem is None) is alive, problem
+    if not alive:
+        assert problem == (
+            f"the tick has not run for {ended_ago:.1f} s, more than {LIVENESS_INTERVALS} of its intervals "
+            f"({max(waited, interval_now):.1f} s each)"
+        )
 
 
 @pytest.mark.realpart
-def test_sigterm_ends_the_agent_while_a_reload_waits_on_a_stuck_call(tmp_path: Path, fake_lib: Path) -> None:
-    """The driver-upgrade reload switches the GPU source off while an NVML call is stuck: closing it waits out
-    ``gpu.call_timeout_seconds`` (here a minute). The reload runs off the main thread, so SIGTERM ends the agent at
-    once, the reload still stuck."""
+def test_healthz_fails_while_the_tick_is_held_and_sigterm_still_ends_the_agent(tmp_path: Path, fake_lib: Path) -> None:
+    """A real wedge: the driver-upgrade reload switches the GPU source off while an NVML call is stuck; closing it
+    waits out ``gpu.call_timeout_seconds`` (here a minute) with the collectors' lock held, which the tick needs.
+    /healthz says so once three tick intervals have gone by (a GPU process keeps the node at full pace), and SIGTERM
+    ends the agent at once, the reload still stuck."""
     fake = FakeNVML(fake_lib.parent, tmp_path)
     fake.write_script(AT_WORK)
     cfg = _config(tmp_path, gpu="call_timeout_seconds: 60")
     text = cfg.read_text()
     with running_agent("--config", str(cfg), "--listen", "127.0.0.1:0", env=fake.env()) as agent:
         wait_until(lambda: _generated_at(agent), timeout=30, what="the first View")
+        assert agent.fetch("/healthz").status == 200
         fake.write_script(AT_WORK + STUCK_POWER)
         wait_until(lambda: fake.counts()["slow_entered"] == 1, timeout=15, what="an NVML call stuck")
 
@@ -200,11 +231,23 @@ def test_sigterm_ends_the_agent_while_a_reload_waits_on_a_stuck_call(tmp_path: P
         cfg.write_text(text.replace("gpu: {", "gpu: {enabled: false, "))
         agent.send_signal(signal.SIGHUP)
         agent.wait_for_stderr("received SIGHUP, reloading", timeout=10, since=mark)
+
+        def unhealthy() -> bytes | None:
+            resp = agent.fetch("/healthz")
+            return resp.body if resp.status == 503 else None
+
+        # The tick is held for up to the minute the close waits; three of its intervals are at most 15 s.
+        body = wait_until(unhealthy, timeout=45, what="/healthz 503 while the tick is held")
+        assert body.startswith(b"not alive: the tick has not run for "), body
+        assert b"more than 3 of its intervals" in body
+        assert "configuration reloaded" not in agent.stderr_text()  # the reload is still stuck
+
         assert _ends_within(agent, SIGTERM_SECONDS) == 0
     assert fake.counts()["slow_returned"] == 0  # the call was still stuck when the agent ended
-    log = agent.stderr_text()
-    assert "configuration reloaded" not in log
-    assert "stopping without waiting any longer for: " in log
+    assert "stopping without waiting any longer for: " in agent.stderr_text()
+
+
+# -- SIGTERM
 
 
 @pytest.mark.realpart

@@ -30,7 +30,7 @@ from storwatch.agent.collectors import Collectors, given
 from storwatch.agent.policy import PolicyWorker
 from storwatch.agent.reload import Reloader, ReloadError, read_new
 from storwatch.agent.signals import SignalInbox
-from storwatch.agent.tick import ClockWatch, Publisher, ViewMaker
+from storwatch.agent.tick import ClockWatch, Publisher, TickerLiveness, ViewMaker
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.stall_feed import StallFeed, settle_seconds_for
 from storwatch.analysis.stalls import StallParams
@@ -125,6 +125,8 @@ class Agent:
         """Set to make a View at the next tick whenever it falls (a reload's new configuration shows at once)."""
         self._last_view: float | None = None
         """time.monotonic() of the last View made."""
+        self._liveness = TickerLiveness(time.monotonic())
+        """Whether the ticker still comes round (/healthz)."""
         self._reloader = Reloader(self.reload)
         """Runs the reloads SIGHUP asks for, off the main thread."""
         self.pace = Pace(
@@ -150,7 +152,7 @@ class Agent:
         self.policy = self._policy_worker(config)
         self.exporter.state.policy = self.policy.metrics
         self.exporter.state.sync = self.policy.sync_metrics
-        self.exporter.state.tick_interval = lambda: self.pace.stretch(self.config.tick_seconds)
+        self.exporter.state.tick_interval = self._tick_interval
         self.exporter.state.view_interval = self._view_interval
         self.subscribe(self.policy.offer)
         self.server = server
@@ -322,6 +324,15 @@ class Agent:
         self._view_kube = kube
         return view
 
+    def _tick_interval(self) -> float:
+        """Seconds between ticks now: tick_seconds, stretched by the second's work's cost, or the quiet pace's."""
+        return self.pace.stretch(self.config.tick_seconds)
+
+    def liveness(self) -> str | None:
+        """Why the agent is not alive (/healthz answers 503 with it): the tick has not run for LIVENESS_INTERVALS of
+        its intervals; None while it comes round. Never waits: /healthz is answered on the server's loop thread."""
+        return self._liveness.problem(time.monotonic(), self._tick_interval())
+
     def _view_interval(self) -> float:
         """Seconds between Views now: view_seconds, stretched by the View's cost, or the quiet pace's."""
         return self.pace.stretch(self.view_budget.interval(self.config.view_seconds))
@@ -344,7 +355,9 @@ class Agent:
         started = time.monotonic()
         frozen = False
         while not self._stop.is_set():
-            self._dirty.wait(self.pace.stretch(self.config.tick_seconds))
+            wait = self._tick_interval()
+            self._liveness.round_ended(time.monotonic(), wait)
+            self._dirty.wait(wait)
             self._dirty.clear()
             if self._stop.is_set():
                 break
@@ -376,12 +389,14 @@ class Agent:
             server.cached_view, server.cached_metrics = self.cached_view, self.cached_metrics
             server.post_handlers[ALERTMANAGER_PATH] = self.alertmanager
             server.status_extras = lambda: {**self.alertmanager.status_extras(), "policy": self.policy.status()}
+            server.liveness = self.liveness
             server.start()
             log.info("serving on %s (port %d)", self.config.listen, server.port)
             if self.alertmanager.settings.enabled:
                 log.info("%s", self.alertmanager.describe())
         self._threads.extend(self._collectors.start())
         self._threads.append(self.policy.start())
+        self._liveness.round_ended(time.monotonic(), self._tick_interval())
         t = threading.Thread(target=self._run_ticker, name="ticker", daemon=True)
         t.start()
         self._threads.append(t)
