@@ -241,6 +241,20 @@ def test_the_agent_configuration_loads(rendered: dict[str, list[dict[str, Any]]]
     assert "--config=/etc/storwatch/config.yaml" in args
 
 
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_the_liveness_probe_restarts_a_stuck_agent(rendered: dict[str, list[dict[str, Any]]], target: str) -> None:
+    """The probe asks /healthz on the agent's own port (503 once the tick has stopped: tests/test_agent_liveness.py);
+    one failed or slow answer never restarts the agent, and a stuck one is restarted within a minute of failing."""
+    container = _container(rendered[target])
+    probe = container["livenessProbe"]
+    assert probe["httpGet"]["path"] == "/healthz"
+    (port,) = [p for p in container["ports"] if p["name"] == probe["httpGet"]["port"]]
+    assert f"--listen=:{port['containerPort']}" in container["args"]
+    period, threshold = probe.get("periodSeconds", 10), probe.get("failureThreshold", 3)
+    assert threshold >= 2 and probe.get("timeoutSeconds", 1) >= 2, probe
+    assert period * threshold <= 60, probe
+
+
 def _readme_rbac() -> set[tuple[str, str, str]]:
     """(API group, resource, verb) from the README's table of what the ClusterRole grants."""
     text = README.read_text(encoding="utf-8")

@@ -2,8 +2,9 @@
 
 - ``collectors.py``: every source on its own worker, on its own cadence, with its health recorded;
 - ``tick.py``: on the agent's cadence, one Snapshot becomes one View, published to every consumer;
-- ``reload.py``: reading a new configuration (applying it is here: it touches every part);
-- ``signals.py``: the signals, noted by their handlers and acted on by the main thread.
+- ``reload.py``: reading a new configuration (applying it is here: it touches every part), on a thread of its own;
+- ``signals.py``: the signals, noted by their handlers and acted on by the main thread, which waits on no other:
+  SIGTERM stops the agent within STOP_SECONDS whatever another thread is doing.
 
 What each source is and how it is made is in the registry (registry.py), not here.
 """
@@ -27,9 +28,9 @@ from storwatch.actions.registry import registry
 from storwatch.actions.sync_engine import SyncEngine
 from storwatch.agent.collectors import Collectors, given
 from storwatch.agent.policy import PolicyWorker
-from storwatch.agent.reload import ReloadError, read_new
+from storwatch.agent.reload import Reloader, ReloadError, read_new
 from storwatch.agent.signals import SignalInbox
-from storwatch.agent.tick import ClockWatch, Publisher, ViewMaker
+from storwatch.agent.tick import ClockWatch, Publisher, TickerLiveness, ViewMaker
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.stall_feed import StallFeed, settle_seconds_for
 from storwatch.analysis.stalls import StallParams
@@ -63,11 +64,12 @@ KNOWN_COLLECTORS = tuple(spec.name for spec in SOURCES)
 running or off."""
 GPU_OFF_REASON = BY_NAME["gpu"].off_reason(GPUConfig(enabled=False))
 """Why the GPU and process collectors are off when ``gpu.enabled`` is false."""
-STOP_JOIN_SECONDS = 2.0
 PACED_SOURCES = tuple(spec.name for spec in SOURCES if spec.paced)
 """The sources whose workers wait by the agent's pace (woken when a quiet node gets work)."""
-"""How long stop() waits for the agent's threads, all together (each sleeps on the stop event, so they end at once
-unless one is inside a collect(), which no hung mount can hold: those calls run in the helper process)."""
+STOP_SECONDS = 3.0
+"""The longest stop() takes: the parts close on threads of their own and the agent's threads are joined, all against
+this one deadline, and what has not ended by then is left behind (every thread is a daemon). So SIGTERM ends the
+agent within 5 s whatever a thread is doing: a source's close waiting out a stuck NVML call, a reload that blocks."""
 SIGNAL_WAIT_SECONDS = 5.0
 """The main thread's longest wait between two looks at the flags the signal handlers set: a signal ends the wait at
 once (the wakeup fd); this bounds the case SignalInbox.wait describes, a handler run only after the wait's return."""
@@ -123,6 +125,10 @@ class Agent:
         """Set to make a View at the next tick whenever it falls (a reload's new configuration shows at once)."""
         self._last_view: float | None = None
         """time.monotonic() of the last View made."""
+        self._liveness = TickerLiveness(time.monotonic())
+        """Whether the ticker still comes round (/healthz)."""
+        self._reloader = Reloader(self.reload)
+        """Runs the reloads SIGHUP asks for, off the main thread."""
         self.pace = Pace(
             config.quiet_seconds,
             config.quiet_after_seconds,
@@ -146,7 +152,7 @@ class Agent:
         self.policy = self._policy_worker(config)
         self.exporter.state.policy = self.policy.metrics
         self.exporter.state.sync = self.policy.sync_metrics
-        self.exporter.state.tick_interval = lambda: self.pace.stretch(self.config.tick_seconds)
+        self.exporter.state.tick_interval = self._tick_interval
         self.exporter.state.view_interval = self._view_interval
         self.subscribe(self.policy.offer)
         self.server = server
@@ -318,6 +324,15 @@ class Agent:
         self._view_kube = kube
         return view
 
+    def _tick_interval(self) -> float:
+        """Seconds between ticks now: tick_seconds, stretched by the second's work's cost, or the quiet pace's."""
+        return self.pace.stretch(self.config.tick_seconds)
+
+    def liveness(self) -> str | None:
+        """Why the agent is not alive (/healthz answers 503 with it): the tick has not run for LIVENESS_INTERVALS of
+        its intervals; None while it comes round. Never waits: /healthz is answered on the server's loop thread."""
+        return self._liveness.problem(time.monotonic(), self._tick_interval())
+
     def _view_interval(self) -> float:
         """Seconds between Views now: view_seconds, stretched by the View's cost, or the quiet pace's."""
         return self.pace.stretch(self.view_budget.interval(self.config.view_seconds))
@@ -340,7 +355,9 @@ class Agent:
         started = time.monotonic()
         frozen = False
         while not self._stop.is_set():
-            self._dirty.wait(self.pace.stretch(self.config.tick_seconds))
+            wait = self._tick_interval()
+            self._liveness.round_ended(time.monotonic(), wait)
+            self._dirty.wait(wait)
             self._dirty.clear()
             if self._stop.is_set():
                 break
@@ -372,28 +389,43 @@ class Agent:
             server.cached_view, server.cached_metrics = self.cached_view, self.cached_metrics
             server.post_handlers[ALERTMANAGER_PATH] = self.alertmanager
             server.status_extras = lambda: {**self.alertmanager.status_extras(), "policy": self.policy.status()}
+            server.liveness = self.liveness
             server.start()
             log.info("serving on %s (port %d)", self.config.listen, server.port)
             if self.alertmanager.settings.enabled:
                 log.info("%s", self.alertmanager.describe())
         self._threads.extend(self._collectors.start())
         self._threads.append(self.policy.start())
+        self._liveness.round_ended(time.monotonic(), self._tick_interval())
         t = threading.Thread(target=self._run_ticker, name="ticker", daemon=True)
         t.start()
         self._threads.append(t)
 
     def stop(self) -> None:
+        """Stop serving, close the sources (NVML shut down) and the policy, and end the threads, within STOP_SECONDS:
+        each part closes on a thread of its own, so one that blocks (a source's close waiting out a stuck call) holds
+        neither the others nor the caller past the deadline; what is still running then is named and left."""
+        deadline = time.monotonic() + STOP_SECONDS
         self._stop.set()
+        self._reloader.close()
         self._collectors.wake()
         self._dirty.set()
+        parts = (("http", self._close_server), ("sources", self._collectors.close), ("policy", self.policy.close))
+        closing = [threading.Thread(target=close, name=f"stopping-{name}", daemon=True) for name, close in parts]
+        for t in closing:
+            t.start()
+        for t in (*closing, *self._threads):
+            t.join(max(0.0, deadline - time.monotonic()))
+        left = [t.name for t in (*closing, *self._threads) if t.is_alive()]
+        if self._reloader.running_for() is not None:
+            left.append("reload")
+        if left:
+            log.warning("stopping without waiting any longer for: %s", ", ".join(left))
+
+    def _close_server(self) -> None:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
-        self._collectors.close()
-        self.policy.close()
-        deadline = time.monotonic() + STOP_JOIN_SECONDS
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
 
     # -- reload
 
@@ -451,8 +483,10 @@ class Agent:
             self.pace.configure(new.quiet_seconds, new.quiet_after_seconds, new.tick_seconds)
             self.pace.budget.configure(new.tick_cpu_share, new.tick_max_seconds)
             self.view_budget.configure(new.view_cpu_share, new.view_max_seconds)
-            for name in PACED_SOURCES if was_quiet else ():
-                self._collectors.collect_soon(name)
+        # Once the lock is released: collect_soon takes it, and it is not reentrant (on a quiet node the reload waited
+        # on itself for ever, and the ticker on the reload).
+        for name in PACED_SOURCES if was_quiet else ():
+            self._collectors.collect_soon(name)
         with self._published.render_lock:  # not while a render is using the old set
             self.exporter.configure(new.nfs.operations, new.mounts.max_series)
 
@@ -466,7 +500,8 @@ class Agent:
     # -- signals
 
     def run_until_signalled(self, exiting: bool = False) -> None:
-        """Serve until SIGTERM or SIGINT; SIGHUP reloads. Must be called from the main thread.
+        """Serve until SIGTERM or SIGINT; SIGHUP reloads, on a thread of its own (a reload that blocks never holds
+        SIGTERM back). Must be called from the main thread.
 
         ``exiting``: the process exits once this returns (``storwatch agent``). The three signals are then ignored
         from the moment the agent stops rather than given back to what was there before: a second SIGTERM
@@ -481,8 +516,14 @@ class Agent:
                 inbox.wait(SIGNAL_WAIT_SECONDS)
                 if inbox.hup and not inbox.stop_signal:
                     inbox.hup = False  # a SIGHUP from here on asks for one more reload, after this one
-                    log.info("received SIGHUP, reloading the configuration")
-                    self.reload()
+                    running = self._reloader.running_for()
+                    if running is None:
+                        log.info("received SIGHUP, reloading the configuration")
+                    else:
+                        log.warning(
+                            "received SIGHUP while a reload has run for %.0f s; reloading again once it ends", running
+                        )
+                    self._reloader.ask()  # on the reload thread: this one stays free for SIGTERM
             log.info("received %s, stopping", signal.Signals(inbox.stop_signal).name)
         finally:
             if exiting:

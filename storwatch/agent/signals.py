@@ -1,7 +1,8 @@
 """Signals as the agent's main thread sees them: the handlers only note a signal; the main thread acts on it.
 
-SIGTERM/SIGINT stop the agent (within a couple of seconds whatever the mounts do: nothing waits on one); SIGHUP
-reloads the configuration file.
+SIGTERM/SIGINT stop the agent (within a few seconds whatever the mounts or another thread do: the main thread that acts
+on them waits on nothing that could hang, and stop() has a deadline); SIGHUP reloads the configuration file, on a
+thread of its own.
 """
 
 from __future__ import annotations

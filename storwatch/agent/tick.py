@@ -33,6 +33,8 @@ from storwatch.vocabulary import Platform
 
 log = logging.getLogger(__name__)
 
+LIVENESS_INTERVALS = 3
+"""/healthz fails once the ticker has not come round for this many of its intervals."""
 CLOCK_STEP_SECONDS = 5.0
 """A wall clock that moved this much more (or less) than the monotonic clock between two ticks was stepped."""
 
@@ -58,6 +60,35 @@ class ClockWatch:
             abs(step),
         )
         return step
+
+
+class TickerLiveness:
+    """Whether the ticker still comes round, for /healthz: when its last round ended and how long it then waited.
+
+    Written by the ticker, read by the server's loop thread: one tuple, swapped whole, no lock. The ticker is stuck
+    once its last round ended more than LIVENESS_INTERVALS intervals ago, the interval being the longer of the wait it
+    began then and the one in force now: a quiet node ticks every ``quiet_seconds``, not every ``tick_seconds``, and
+    the first tick of a node that leaves the quiet pace comes within the quiet wait it interrupts."""
+
+    def __init__(self, now: float) -> None:
+        self._last = (now, 0.0)
+
+    def round_ended(self, now: float, wait: float) -> None:
+        """The ticker ended a round (a tick, or a start-up round that waited for the sources) and now waits ``wait``
+        seconds, or less when woken."""
+        self._last = (now, wait)
+
+    def problem(self, now: float, interval: float) -> str | None:
+        """None while the ticker comes round; else why not, in words. ``interval``: the tick's interval now."""
+        ended, wait = self._last
+        longest = max(wait, interval)
+        late = now - ended
+        if late <= LIVENESS_INTERVALS * longest:
+            return None
+        return (
+            f"the tick has not run for {late:.1f} s, more than {LIVENESS_INTERVALS} of its intervals "
+            f"({longest:.1f} s each)"
+        )
 
 
 @dataclass(frozen=True)

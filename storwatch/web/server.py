@@ -45,6 +45,8 @@ MetricsProvider = Callable[[], bytes]
 """The current exposition text; rendered only when /metrics asks for it."""
 StatusExtras = Callable[[], Mapping[str, object]]
 """Keys added to /api/status beside the View's (the alerts Alertmanager posted), read when the JSON is rendered."""
+Liveness = Callable[[], "str | None"]
+"""Why the agent is not alive (/healthz answers 503 with it), or None; called on the loop thread, so it never waits."""
 
 
 @dataclass(frozen=True)
@@ -328,6 +330,7 @@ class StatusHTTPServer:
         self.post_handlers: dict[str, PostHandler] = {}
         """The paths that take a request body, by path (set before ``start``)."""
         self.status_extras: StatusExtras = lambda: {}
+        self.liveness: Liveness = lambda: None
         self.limits = limits or ServerLimits()
         self._tls = _tls_context(tls) if tls is not None and tls.cert_file else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -417,7 +420,10 @@ class StatusHTTPServer:
             reply = self.post_handlers[path].handle(req.headers, req.body)
             return _reply_answer(reply, close=False)
         if path == "/healthz":
-            return _Answer(200, b"ok\n")
+            problem = self.liveness()
+            if problem is None:
+                return _Answer(200, b"ok\n")
+            return _Answer(503, f"not alive: {problem}\n".encode())
         if path == "/metrics":
             body = self.cached_metrics() if inline else self.metrics()
             if body is None:
