@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
+from storwatch.printable import shown_data
+
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = (3.0, 30.0)
@@ -182,8 +184,9 @@ class KubeClient:
         return self._api_client.call_api(*args, _request_timeout=self.request_timeout).response
 
     def send(self, method: str, path: str, body: Mapping[str, Any], content_type: str = "application/json") -> bytes:
-        """A request whose answer is read whole: its body, or ApiError for a status outside 2xx."""
-        resp = self.request(method, path, body=body, content_type=content_type)
+        """A request whose answer is read whole: its body, or ApiError for a status outside 2xx. Names from disk in
+        ``body`` go as :func:`printable.shown` text (a byte that is not UTF-8 as ``\\xNN``)."""
+        resp = self.request(method, path, body=shown_data(body), content_type=content_type)
         if not 200 <= resp.status <= 299:
             raise error_of(resp)
         try:

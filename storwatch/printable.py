@@ -8,8 +8,11 @@ from __future__ import annotations
 import logging
 import unicodedata
 from collections.abc import Mapping
+from typing import TypeVar, cast
 
-__all__ = ["Lines", "PrintableFormatter", "printable", "printable_lines"]
+T = TypeVar("T")
+
+__all__ = ["Lines", "PrintableFormatter", "printable", "printable_lines", "shown", "shown_data"]
 
 # Beyond C0, DEL and C1: format characters (the bidirectional overrides and isolates that reorder what follows them,
 # zero-width characters), surrogates (a name's bytes that are not UTF-8, as os.fsdecode leaves them) and the line and
@@ -48,6 +51,37 @@ def printable(text: str) -> str:
     if text.isprintable():  # nearly every name: no character to look at one by one
         return text
     return "".join(_escaped(c) if _needs_escape(c) else c for c in text)
+
+
+def _undecodable(text: str) -> bool:
+    return not text.isascii() and any("\ud800" <= c <= "\udfff" for c in text)
+
+
+def shown(text: str) -> str:
+    """``text`` (a name from disk, bytes kept as ``os.fsdecode`` leaves them) as Unicode text any output can carry: a
+    byte that is not UTF-8 written ``\\xNN`` (the byte it was on disk), any other lone surrogate ``\\uNNNN``, the
+    rest as it is. Names are bytes until shown: every output (JSON, labels, HTML, Events, webhooks) shows them so,
+    where a lone surrogate would raise on encoding or reach a reader as no character at all."""
+    if not _undecodable(text):
+        return text
+    return "".join(_escaped(c) if "\ud800" <= c <= "\udfff" else c for c in text)
+
+
+def shown_data(data: T) -> T:
+    """``data`` (mappings, lists and tuples of plain values, as json.dumps takes them) with every string, key or value,
+    :func:`shown`; containers holding none that changes are kept as they are, not copied."""
+    out: object = data
+    if isinstance(data, str):
+        out = shown(data)
+    elif isinstance(data, Mapping):
+        pairs = [(shown(k) if isinstance(k, str) else k, shown_data(v)) for k, v in data.items()]
+        if not all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(pairs, data.items(), strict=True)):
+            out = dict(pairs)
+    elif isinstance(data, list | tuple):
+        items = [shown_data(v) for v in data]
+        if not all(v is v0 for v, v0 in zip(items, data, strict=True)):
+            out = items if isinstance(data, list) else tuple(items)
+    return cast(T, out)
 
 
 def printable_lines(text: str, indent: str = "    ") -> str:

@@ -18,6 +18,7 @@ from storwatch.analysis.pods import ProcessPod, workload_name
 from storwatch.analysis.recovery import checkpoint_age_seconds, recovery_point_seconds
 from storwatch.analysis.view import MountView, View
 from storwatch.classify import is_pseudo_mount
+from storwatch.printable import shown
 from storwatch.procfs.cgroup import SlurmJob
 from storwatch.sources.access import ACCESS
 from storwatch.sources.kubevolumes import ClusterObjects, volume_ref
@@ -40,25 +41,36 @@ def finite_data(data: Any) -> tuple[Any, list[dict[str, str]]]:
     """``data`` (mappings, lists and tuples of plain values, as json.dumps takes them) with every float that is not
     finite replaced by None; and for each, where it was (a JSON Pointer, RFC 6901) and what it held (``inf``,
     ``-inf``, ``nan``), in the order found. Whatever reaches a report (a tenant's event line of ``"end": 1e999``, a
-    division by a zero duration), what is written of it is then JSON; containers holding no such float are kept as
-    they are, not copied."""
+    division by a zero duration), what is written of it is then JSON. Every string (values and keys) holding a byte
+    that is not UTF-8 (a name from disk) is :func:`printable.shown` in the same pass, so nothing written of it holds a
+    lone surrogate. Containers holding nothing that changes are kept as they are, not copied."""
     found: list[dict[str, str]] = []
 
     def leaf(value: float, path: tuple[str, ...]) -> None:
         found.append({"pointer": "".join("/" + _pointer_token(p) for p in path), "value": repr(value)})
 
     def walk(value: Any, path: tuple[str, ...]) -> Any:
-        # Only floats and containers are looked at, and a container is copied only once something in it changes: a
-        # report without such a number is walked without building anything.
-        items = value.items() if isinstance(value, Mapping) else enumerate(value)
+        # Only floats, strings that are not ASCII and containers are looked at, and a container is copied only once
+        # something in it changes: a report without such a value is walked without building anything.
+        mapping = isinstance(value, Mapping)
+        items = value.items() if mapping else enumerate(value)
         copy: Any = None
+        renamed: dict[Any, str] = {}
         for key, item in items:
+            if mapping and type(key) is str and not key.isascii() and shown(key) != key:
+                renamed[key] = shown(key)
             kind = type(item)
             if kind is float:
                 if math.isfinite(item):
                     continue
                 leaf(item, (*path, str(key)))
                 new = None
+            elif kind is str:
+                if item.isascii():
+                    continue
+                new = shown(item)
+                if new == item:
+                    continue
             elif kind is dict or kind is list or kind is tuple or isinstance(item, Mapping):
                 new = walk(item, (*path, str(key)))
                 if new is item:
@@ -66,8 +78,10 @@ def finite_data(data: Any) -> tuple[Any, list[dict[str, str]]]:
             else:
                 continue
             if copy is None:
-                copy = dict(value) if isinstance(value, Mapping) else list(value)
+                copy = dict(value) if mapping else list(value)
             copy[key] = new
+        if renamed:
+            copy = {renamed.get(k, k): v for k, v in (copy if copy is not None else value).items()}
         return value if copy is None else copy
 
     if isinstance(data, float):
@@ -77,6 +91,8 @@ def finite_data(data: Any) -> tuple[Any, list[dict[str, str]]]:
         return None, found
     if isinstance(data, Mapping | list | tuple):
         return walk(data, ()), found
+    if isinstance(data, str):
+        return shown(data), found
     return data, found
 
 

@@ -587,7 +587,8 @@ def test_not_root_the_mode_is_kept_and_the_owner_skipped() -> None:
         out = json.loads(done.stdout)
         assert out["uid"] == 1000
         assert int(out["caps"], 16) == 1 << 2  # CAP_DAC_READ_SEARCH alone
-        assert out["module"] == str(REPO_ROOT / "storwatch" / "sync" / "__init__.py")  # this checkout's code, not another one's
+        # This checkout's code, not another one's.
+        assert out["module"] == str(REPO_ROOT / "storwatch" / "sync" / "__init__.py")
         result = SyncResult.from_dict(out["result"])
         assert result.outcome == "verified", result.error
         assert any("not running as root" in n for n in result.notes)

@@ -51,7 +51,7 @@ from storwatch import __version__
 from storwatch.actions.base import ActionRequest, ActionResult, FieldValue
 from storwatch.actions.params import Params
 from storwatch.actions.secret_file import MAX_SECRET_BYTES, SecretFileError, read_secret_file
-from storwatch.printable import printable
+from storwatch.printable import printable, shown_data
 
 MAX_BODY_BYTES = 256 << 10
 """A body larger than this is not sent (an entity with runaway fields): the action fails, naming the size."""
@@ -144,7 +144,7 @@ def payload(request: ActionRequest, node: str) -> bytes:
     ident = hashlib.sha256(
         json.dumps(
             [request.rule, request.action, entity.kind, entity.key, request.transition, request.at], allow_nan=True
-        ).encode()
+        ).encode("ascii")
     ).hexdigest()[:32]
     document = {
         "version": PAYLOAD_VERSION,
@@ -159,7 +159,8 @@ def payload(request: ActionRequest, node: str) -> bytes:
         "timestamp": request.at,
         "node": node,
     }
-    return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+    # Names from disk as printable.shown text: a byte that is not UTF-8 as \xNN, never a lone surrogate.
+    return json.dumps(shown_data(document), separators=(",", ":"), allow_nan=False).encode("ascii")
 
 
 def _secret(path: str, what: str) -> bytes:

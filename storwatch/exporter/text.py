@@ -26,6 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from storwatch.printable import shown
+
 # prometheus_client's own number formatting (Go's, as Prometheus writes numbers), so our text is what it would write.
 _float_text = cast(Callable[[float], str], floatToGoString)
 # Names as the text format takes them unquoted (prometheus_client quotes or escapes any other; ours are all these).
@@ -47,7 +49,10 @@ _EXACT_INT = 2**53
 
 
 def label_value(value: str) -> str:
-    """A label value escaped as the text format writes it inside its quotes."""
+    """A label value escaped as the text format writes it inside its quotes; a name from disk as
+    :func:`printable.shown` text (a byte that is not UTF-8 as ``\\xNN``), so the scrape is UTF-8."""
+    if not value.isascii():
+        value = shown(value)
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 

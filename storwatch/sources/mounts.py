@@ -8,6 +8,7 @@ import os
 from storwatch.blocking import BlockingCalls
 from storwatch.config import MountsConfig
 from storwatch.paths import HostPaths
+from storwatch.printable import shown
 from storwatch.procfs.mountinfo import MountInfo, parse_mountinfo
 from storwatch.sources import FactsKey, OnceLog, read_first_named, require_parsed
 from storwatch.sources.blockdev import BlockDevices
@@ -184,5 +185,5 @@ class MountSource:
 
 
 def display_path(path: str) -> str:
-    """A path fit for a label or a terminal: bytes that are not UTF-8 shown as \\xNN escapes."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
+    """A path fit for a label or a terminal: bytes that are not UTF-8 shown as \\xNN escapes (printable.shown)."""
+    return shown(path)
