@@ -57,8 +57,9 @@ matches SRC as it is now; anything else at DEST is refused. The copy is written 
 read back past the page cache and compared by hash, then renamed into place: DEST is never half a copy. Its manifest
 (every file, size, mode and xxh3-128 hash; the source; when) is left beside it as DEST.storwatch-sync.json.
 
-DEST may not be SRC or lie inside it (its temporary and manifest would be written into the source): refused
-before any copy starts, judged on the resolved paths.
+DEST may not be SRC, lie inside it (its temporary and manifest would be written into the source) or hold it
+(replacing an earlier copy there would remove the source): refused before any copy starts, judged on the resolved
+paths.
 
 With sync.destinations in --config, DEST must lie below one of those roots (each directory below the root is opened
 without following a symlink, and made where missing); without, DEST's directory must exist. Symlinks in SRC are
@@ -74,8 +75,9 @@ exit status:
   0    DEST holds a verified copy of SRC (made now, or already there); with --job, every copy did
   1    failed or aborted, nothing new at DEST: an I/O error, a read-back that differed, too little space, SRC
        changed during the copy, past the deadline
-  2    usage error or refused: bad options or configuration, SRC missing, DEST that is SRC or lies inside it,
-       DEST outside sync.destinations, a symlink leading out of SRC, something at DEST that storwatch did not make
+  2    usage error or refused: bad options or configuration, SRC missing, DEST that is SRC, lies inside it or
+       holds it, DEST outside sync.destinations, a symlink leading out of SRC, something at DEST that storwatch did
+       not make
   130  interrupted (Ctrl-C): the copy stopped and removed its temporaries
 """
 
@@ -382,9 +384,10 @@ ahead under its own deadline."""
 
 
 def _sync_refusals(pairs: Sequence[tuple[str, str, str | None]], timeout: float) -> dict[int, str]:
-    """Why copies are refused before any starts, by their index in ``pairs``: SRC is not there, or DEST is SRC or
-    lies inside it (the copy's temporary and manifest, written beside DEST, would land in the source, which a copy
-    never changes, and a copy of a tree that grows under it could only end ``source_changed``). Judged on the paths
+    """Why copies are refused before any starts, by their index in ``pairs``: SRC is not there; DEST is SRC or lies
+    inside it (the copy's temporary and manifest, written beside DEST, would land in the source, which a copy never
+    changes, and a copy of a tree that grows under it could only end ``source_changed``); or SRC lies inside DEST
+    (an earlier copy of ours there would be replaced, and the source removed with it). Judged on the paths
     resolved and by identity (device and inode), so that no symbolic link, ``..`` or bind mount hides it. A path that
     could not be resolved (unreadable, or no answer within ``timeout``) is not judged: its copy says what it finds."""
     from storwatch.blocking import BlockingCalls
@@ -412,16 +415,19 @@ def _sync_refusals(pairs: Sequence[tuple[str, str, str | None]], timeout: float)
         if dest not in lineage or not src_ids:
             continue
         real_dest, dest_exists, dest_ids = lineage[dest]
-        if src_ids[0] not in dest_ids:
-            continue
         shown = f"DEST {dest!r}" + (f" ({real_dest!r})" if real_dest != dest else "")
         shown_src = f"SRC {src!r}" + (f" ({real_src!r})" if real_src != src else "")
         if dest_exists and dest_ids[0] == src_ids[0]:
             refusals[i] = f"{shown} is {shown_src} itself: name a DEST outside SRC"
-        else:
+        elif src_ids[0] in dest_ids:
             refusals[i] = (
                 f"{shown} lies inside {shown_src}: the copy's temporary and manifest would be written into the "
                 "source, which a copy never changes; name a DEST outside SRC"
+            )
+        elif dest_exists and dest_ids[0] in src_ids:
+            refusals[i] = (
+                f"{shown_src} lies inside {shown}: replacing DEST (an earlier copy) would remove the source with "
+                "it; name a DEST that does not hold SRC"
             )
     return refusals
 

@@ -85,6 +85,15 @@ def copied_once(tmp: Path) -> None:
     assert copy_verified(str(tmp / "src"), str(tmp / "dst" / "ck")).outcome == "verified"
 
 
+def copied_once_whole_shards(tmp: Path) -> None:
+    """As copied_once, the shards directory a checkpoint of its own (no link out of it)."""
+    from storwatch.sync import copy_verified
+
+    checkpoint_and_destination(tmp)
+    (tmp / "src" / "shards" / "up.link").unlink()
+    assert copy_verified(str(tmp / "src"), str(tmp / "dst" / "ck")).outcome == "verified"
+
+
 def allowlist(tmp: Path) -> None:
     checkpoint_and_destination(tmp)
     (tmp / "durable").mkdir()
@@ -179,6 +188,11 @@ CASES = [
         Case(("sync", "{tmp}/src", "{tmp}/src/shards/copy"), 2,
              "DEST '{tmp}/src/shards/copy' lies inside SRC '{tmp}/src'", checkpoint_and_destination),
         id="sync-2-dest-inside-src",
+    ),
+    pytest.param(
+        Case(("sync", "{tmp}/dst/ck/shards", "{tmp}/dst/ck"), 2,
+             "SRC '{tmp}/dst/ck/shards' lies inside DEST '{tmp}/dst/ck'", copied_once_whole_shards),
+        id="sync-2-src-inside-dest",
     ),
     pytest.param(
         Case(("sync", "{tmp}/src", "{tmp}/dst/x", "--config", "{tmp}/c.yaml"), 2, "not below an allowlisted",

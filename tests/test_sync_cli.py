@@ -111,6 +111,24 @@ def test_a_dest_inside_src_is_refused_before_any_copy(dest: str, resolved: str |
     assert os.listdir(tmp_path / "dst") == []
 
 
+def test_a_src_inside_an_earlier_copy_at_dest_is_refused_and_kept(tmp_path: Path) -> None:
+    """Copying a directory of an earlier copy of ours over that copy replaced it, and the source went with the old
+    copy (the source is never modified): refused up front, both left as they are."""
+    src = make_checkpoint(tmp_path / "src", shards=1, shard_bytes=1000)
+    (src / "shards" / "up.link").unlink()  # the shards directory alone is then a checkpoint a copy can take
+    (tmp_path / "dst").mkdir()
+    dest = tmp_path / "dst" / "ck"
+    assert storwatch("sync", str(src), str(dest)).returncode == 0
+    inner = dest / "shards"
+    before = tree(dest)
+    out = storwatch("sync", str(inner), str(dest), "--json")
+    assert out.returncode == 2, out.stdout + out.stderr
+    (result,) = json.loads(out.stdout)
+    assert result["outcome"] == "refused"
+    assert result["error"].startswith(f"SRC {str(inner)!r} lies inside DEST {str(dest)!r}: "), result["error"]
+    assert tree(dest) == before
+
+
 @pytest.mark.realpart
 def test_a_dest_inside_src_through_a_bind_mount_is_refused(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
     """A bind mount of SRC elsewhere is SRC by its identity (device and inode), whatever its path says."""
