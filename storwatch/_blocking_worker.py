@@ -160,7 +160,31 @@ def _probe(mountpoint: bytes, scratch: str, size: str) -> list[str]:
     return [repr(t1 - t0), repr(t2 - t1), repr(t3 - t2)]
 
 
-OPS: dict[str, Callable[..., list[str] | str]] = {"statvfs": _statvfs, "probe": _probe}
+def _lineage(path: bytes) -> list[str]:
+    """``path`` resolved (symbolic links followed, ``..`` taken, as far as it exists) and the identity (``DEV:INO``)
+    of it and of every directory above it, itself first: the words are the resolved path (hex), ``1`` when the path
+    exists (else ``0``, and the identities start at its nearest directory that does), then the identities. Two paths
+    are one file, or one lies below the other, when an identity of one is among the other's, whatever symbolic
+    links or bind mounts their text goes through."""
+    real = os.path.realpath(path)
+    exists = True
+    identities: list[str] = []
+    current = real
+    while True:
+        try:
+            st = os.stat(current)
+        except (FileNotFoundError, NotADirectoryError):
+            exists = exists and current != real
+        else:
+            identities.append(f"{st.st_dev}:{st.st_ino}")
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return [real.hex(), "1" if exists else "0", *identities]
+
+
+OPS: dict[str, Callable[..., list[str] | str]] = {"statvfs": _statvfs, "probe": _probe, "lineage": _lineage}
 
 
 def _reply(line: str) -> None:

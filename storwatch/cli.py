@@ -57,6 +57,10 @@ matches SRC as it is now; anything else at DEST is refused. The copy is written 
 read back past the page cache and compared by hash, then renamed into place: DEST is never half a copy. Its manifest
 (every file, size, mode and xxh3-128 hash; the source; when) is left beside it as DEST.storwatch-sync.json.
 
+DEST may not be SRC, lie inside it (its temporary and manifest would be written into the source) or hold it
+(replacing an earlier copy there would remove the source): refused before any copy starts, judged on the resolved
+paths.
+
 With sync.destinations in --config, DEST must lie below one of those roots (each directory below the root is opened
 without following a symlink, and made where missing); without, DEST's directory must exist. Symlinks in SRC are
 copied as symlinks when they stay inside it; one leading out of SRC is refused.
@@ -71,8 +75,9 @@ exit status:
   0    DEST holds a verified copy of SRC (made now, or already there); with --job, every copy did
   1    failed or aborted, nothing new at DEST: an I/O error, a read-back that differed, too little space, SRC
        changed during the copy, past the deadline
-  2    usage error or refused: bad options or configuration, SRC missing, DEST outside sync.destinations, a
-       symlink leading out of SRC, something at DEST that storwatch did not make
+  2    usage error or refused: bad options or configuration, SRC missing, DEST that is SRC, lies inside it or
+       holds it, DEST outside sync.destinations, a symlink leading out of SRC, something at DEST that storwatch did
+       not make
   130  interrupted (Ctrl-C): the copy stopped and removed its temporaries
 """
 
@@ -372,6 +377,61 @@ def _job_copies(args: argparse.Namespace, config: Config) -> list[tuple[str, str
     return [(c.source, c.dest, c.source_root) for c in plan.copies]
 
 
+SYNC_PATH_CHECK_SECONDS = 10.0
+"""How long ``storwatch sync`` waits for SRC's and DEST's paths to be resolved, in a helper process, before any copy
+starts (a hung mount never holds the command); a path not resolved by then is not judged there, and its copy goes
+ahead under its own deadline."""
+
+
+def _sync_refusals(pairs: Sequence[tuple[str, str, str | None]], timeout: float) -> dict[int, str]:
+    """Why copies are refused before any starts, by their index in ``pairs``: SRC is not there; DEST is SRC or lies
+    inside it (the copy's temporary and manifest, written beside DEST, would land in the source, which a copy never
+    changes, and a copy of a tree that grows under it could only end ``source_changed``); or SRC lies inside DEST
+    (an earlier copy of ours there would be replaced, and the source removed with it). Judged on the paths
+    resolved and by identity (device and inode), so that no symbolic link, ``..`` or bind mount hides it. A path that
+    could not be resolved (unreadable, or no answer within ``timeout``) is not judged: its copy says what it finds."""
+    from storwatch.blocking import BlockingCalls
+
+    paths = sorted({p for src, dest, _ in pairs for p in (src, dest)})
+    calls = BlockingCalls(max_inflight=len(paths), max_stuck=len(paths))
+    try:
+        answers = calls.call_many("lineage", {p: [p] for p in paths}, timeout)
+    finally:
+        calls.close()
+    # (resolved path, exists, identities: the path's own first when it exists, then each directory above it)
+    lineage = {
+        p: (os.fsdecode(bytes.fromhex(a.values[0])), a.values[1] == "1", a.values[2:])
+        for p, a in answers.items()
+        if a.values is not None and len(a.values) >= 2
+    }
+    refusals: dict[int, str] = {}
+    for i, (src, dest, _) in enumerate(pairs):
+        if src not in lineage:
+            continue
+        real_src, src_exists, src_ids = lineage[src]
+        if not src_exists:
+            refusals[i] = f"{src!r}: no such file or directory"
+            continue
+        if dest not in lineage or not src_ids:
+            continue
+        real_dest, dest_exists, dest_ids = lineage[dest]
+        shown = f"DEST {dest!r}" + (f" ({real_dest!r})" if real_dest != dest else "")
+        shown_src = f"SRC {src!r}" + (f" ({real_src!r})" if real_src != src else "")
+        if dest_exists and dest_ids[0] == src_ids[0]:
+            refusals[i] = f"{shown} is {shown_src} itself: name a DEST outside SRC"
+        elif src_ids[0] in dest_ids:
+            refusals[i] = (
+                f"{shown} lies inside {shown_src}: the copy's temporary and manifest would be written into the "
+                "source, which a copy never changes; name a DEST outside SRC"
+            )
+        elif dest_exists and dest_ids[0] in src_ids:
+            refusals[i] = (
+                f"{shown_src} lies inside {shown}: replacing DEST (an earlier copy) would remove the source with "
+                "it; name a DEST that does not hold SRC"
+            )
+    return refusals
+
+
 def _sync_exit(results: Sequence[Any], interrupted: bool) -> int:
     if interrupted:
         return EXIT_INTERRUPTED
@@ -438,10 +498,13 @@ def cmd_sync(args: argparse.Namespace) -> int:
     import json
 
     from storwatch.printable import printable
-    from storwatch.sync import Destinations, SyncWorker
+    from storwatch.sync import Destinations, SyncResult, SyncWorker
 
     config = _config_file(args.config)
-    config.validate(args.config or "command line")
+    if args.job is not None:  # a job is found through the host's procfs
+        _check(config, args)
+    else:
+        config.validate(args.config or "command line")
     section = config.sync
     pairs = _sync_pairs(args, config)
     if isinstance(pairs, str):
@@ -451,9 +514,11 @@ def cmd_sync(args: argparse.Namespace) -> int:
     allowed = Destinations.from_config(section) if section.destinations else None
     if args.job is not None:  # a job's copies are planned below the roots as reached under paths.rootfs
         allowed = Destinations([config.host_paths().root(root) for root in section.destinations])
+    deadline = section.deadline_seconds if args.deadline is None else args.deadline
+    refusals = _sync_refusals(pairs, min(SYNC_PATH_CHECK_SECONDS, deadline))
     worker = SyncWorker(
         allowed,
-        deadline_seconds=section.deadline_seconds if args.deadline is None else args.deadline,
+        deadline_seconds=deadline,
         bandwidth=float(bandwidth) or None,
         keep=section.keep if args.keep is None else args.keep,
     )
@@ -461,7 +526,11 @@ def cmd_sync(args: argparse.Namespace) -> int:
     results: list[Any] = []
     interrupted = False
     try:
-        for src, dest, source_root in pairs:
+        for i, (src, dest, source_root) in enumerate(pairs):
+            if i in refusals:
+                src, dest = os.path.abspath(src), os.path.abspath(dest)
+                results.append(SyncResult(False, src, dest, 0, 0, 0.0, refusals[i], None, outcome="refused"))
+                continue
             job_id = worker.submit(src, dest, source_root=source_root)
             try:
                 results.append(_follow_sync(worker, job_id, bar, f"{printable(os.path.basename(dest))}"))
@@ -642,8 +711,23 @@ def _config_file(path: str | None) -> Config:
 def _load(args: argparse.Namespace) -> tuple[Config, Any]:
     flags = apply_flags(args)
     config = flags(_config_file(args.config))
-    config.validate(args.config or "command line")
+    _check(config, args)
     return config, flags
+
+
+def _check(config: Config, args: argparse.Namespace) -> None:
+    """Raise a ConfigError naming every problem of ``config`` as the file and the flags made it, the host's procfs
+    included: one that is not there, or cannot be read, is an error, not a node without mounts."""
+    from storwatch.config import ConfigError
+
+    where = args.config or "command line"
+    problems = [f"{where}: {p}" for p in config.problems()]
+    procfs = config.host_paths().procfs_problem()
+    if procfs is not None:
+        flag = bool(getattr(args, "procfs", None))
+        problems.append(f"command line: --path.procfs: {procfs}" if flag else f"{where}: paths.procfs: {procfs}")
+    if problems:
+        raise ConfigError(*problems)
 
 
 def _setup_logging(level: str) -> None:

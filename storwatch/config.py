@@ -54,7 +54,13 @@ MAX_NODES = 100_000
 
 
 class ConfigError(ValueError):
-    """A configuration problem, already phrased as ``FILE:LINE: FIELD: what is wrong``."""
+    """Configuration problems, each already phrased as ``FILE:LINE: FIELD: what is wrong`` (``FILE: ...`` where no
+    line applies): every one a file has, found in one pass, in the order of its lines. ``errors`` lists them; the
+    message is their lines."""
+
+    def __init__(self, *errors: str) -> None:
+        super().__init__("\n".join(errors))
+        self.errors: tuple[str, ...] = errors
 
 
 RANGE = "storwatch.config.range"
@@ -429,7 +435,9 @@ class Config:
     def overrides(self) -> tuple[Override, ...]:
         return tuple(Override(o.mountpoint, o.durability, o.reason) for o in self.mounts.overrides)
 
-    def validate(self, where: str = "config", lines: dict[str, int] | None = None) -> None:
+    def problems(self) -> list[str]:
+        """Every problem of the values themselves, each ``FIELD: what is wrong``, in the order the fields are
+        declared (ranges, names, paths as text, fields that go together); nothing is read from disk."""
         problems: list[str] = []
         if self.platform != "auto" and self.platform not in PLATFORMS:
             problems.append(f"platform: {self.platform!r} is not one of auto, {', '.join(PLATFORMS)}")
@@ -462,13 +470,30 @@ class Config:
             parse_listen(self.listen)
         except ValueError as err:
             problems.append(f"listen: {err}")
-        if problems:
+        return problems
 
-            def located(problem: str) -> str:
-                line = (lines or {}).get(problem.split(":", 1)[0])
-                return f"{where}:{line}: {problem}" if line else f"{where}: {problem}"
+    def validate(self, where: str = "config", lines: Mapping[str, int] | None = None) -> None:
+        """Raise a ConfigError naming every problem (``problems``), each located at its field's line in ``lines``
+        (the loader's), in the order of the lines; one without a line says ``where`` alone, after those with one."""
+        found = [_located(where, lines or {}, p) for p in self.problems()]
+        if found:
+            raise ConfigError(*_in_line_order(found))
 
-            raise ConfigError("\n".join(located(p) for p in problems))
+
+def _field_of(problem: str) -> str:
+    """The field a ``FIELD: what is wrong`` problem names."""
+    return problem.split(":", 1)[0]
+
+
+def _located(where: str, lines: Mapping[str, int], problem: str) -> tuple[int, str]:
+    """(the line of the problem's field, or 0, and the problem as ``where:LINE: FIELD: ...``)."""
+    line = lines.get(_field_of(problem), 0)
+    return line, f"{where}:{line}: {problem}" if line else f"{where}: {problem}"
+
+
+def _in_line_order(found: list[tuple[int, str]]) -> list[str]:
+    """The problems by line, those without one last, each group in the order it was found."""
+    return [text for _, text in sorted(found, key=lambda item: item[0] or math.inf)]
 
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -553,61 +578,104 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+class _Invalid:
+    """What ``_build`` returns for a value it could not build (its problem already added)."""
+
+
+_INVALID = _Invalid()
+
+
+class _Problems:
+    """The problems of one file found while building it: each at its line, with its field."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.found: list[tuple[int, str]] = []
+        self.fields: list[str] = []
+        """The fields that could not be built: left at their defaults, so validation says nothing more of them."""
+
+    def add(self, line: int, field_path: str, message: str, value_left_out: bool = False) -> _Invalid:
+        """``value_left_out``: the field's value could not be built (its default stands in for it)."""
+        self.found.append((line, f"{self.where}:{line}: {field_path or '(top level)'}: {message}"))
+        if value_left_out:
+            self.fields.append(field_path)
+        return _INVALID
+
+    def covers(self, field_path: str) -> bool:
+        """Whether ``field_path`` is, holds or lies within a field that could not be built (a check of it or of its
+        section would judge the default that stands in for the value given, which has its problem already)."""
+        return any(
+            field_path == bad
+            or field_path.startswith((f"{bad}.", f"{bad}["))
+            or bad.startswith((f"{field_path}.", f"{field_path}["))
+            for bad in self.fields
+        )
+
+
 def _build(
     tp: Any,
     node: yaml.Node,
-    where: str,
     field_path: str,
     lines: dict[str, int],
+    problems: _Problems,
     sections: Mapping[str, type] | None = None,
 ) -> Any:
-    """Turn a YAML node into a value of type ``tp``, or raise ConfigError naming the line and field. ``sections``:
-    the top level's sections beyond Config's fields (going to ``extra_sections``)."""
+    """Turn a YAML node into a value of type ``tp``; what cannot be built is added to ``problems`` (naming its line
+    and field) and comes back as ``_INVALID``, and the rest of the file is still built, so every problem of a file is
+    found in one pass. A field that is invalid is left out of its section (its default stands in); a section that
+    lacks a required field is invalid itself; an invalid item of a list is left out of it. ``sections``: the top
+    level's sections beyond Config's fields (going to ``extra_sections``)."""
     import yaml
 
     line = node.start_mark.line + 1
     lines[field_path] = line
 
-    def fail(msg: str) -> ConfigError:
-        return ConfigError(f"{where}:{line}: {field_path or '(top level)'}: {msg}")
+    def fail(msg: str) -> _Invalid:
+        return problems.add(line, field_path, msg, value_left_out=True)
 
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
             return None
-        return _build(args[0], node, where, field_path, lines)
+        return _build(args[0], node, field_path, lines, problems)
     if dataclasses.is_dataclass(tp):
         if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
             return typing.cast(Any, tp)()  # "mounts:" with every entry commented out: the defaults
         if not isinstance(node, yaml.MappingNode):
-            raise fail("expected a mapping of fields")
+            return fail("expected a mapping of fields")
         hints = typing.get_type_hints(tp)
         known = {f.name: f for f in dataclasses.fields(tp) if f.name != "extra_sections"}
         if sections:
             hints = {**hints, **sections}
         values: dict[str, Any] = {}
+        seen: set[str] = set()
+        invalid = False
         for key_node, value_node in node.value:
+            key_line = key_node.start_mark.line + 1
             if not isinstance(key_node, yaml.ScalarNode):  # "? [a, b]": a list or a mapping as a key
-                line = key_node.start_mark.line + 1
-                raise ConfigError(f"{where}:{line}: {field_path or '(top level)'}: a key must be a field name")
+                problems.add(key_line, field_path, "a key must be a field name")
+                continue
             key = key_node.value
             sub = f"{field_path}.{key}" if field_path else str(key)
             if key not in known and key not in (sections or {}):
-                line = key_node.start_mark.line + 1
                 names = sorted([*known, *(sections or {})])
-                raise ConfigError(f"{where}:{line}: {sub}: unknown field; known: {', '.join(names)}")
-            if key in values:  # YAML loaders keep the last silently: the first would be lost without a word
-                line = key_node.start_mark.line + 1
-                raise ConfigError(f"{where}:{line}: {sub}: given twice (first on line {lines[sub]})")
-            values[key] = _build(hints[key], value_node, where, sub, lines)
-        missing = [
-            n
-            for n, f in known.items()
-            if n not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        ]
+                problems.add(key_line, sub, f"unknown field; known: {', '.join(names)}")
+                continue
+            if key in seen:  # YAML loaders keep the last silently: the first would be lost without a word
+                problems.add(key_line, sub, f"given twice (first on line {lines[sub]})")
+                continue
+            seen.add(key)
+            value = _build(hints[key], value_node, sub, lines, problems)
+            if value is _INVALID:
+                invalid = invalid or (key in known and _required(known[key]))
+                continue
+            values[key] = value
+        missing = [n for n, f in known.items() if n not in seen and _required(f)]
         if missing:
-            raise fail(f"missing required field(s): {', '.join(missing)}")
+            return fail(f"missing required field(s): {', '.join(missing)}")
+        if invalid:
+            return _INVALID
         extra = {name: values.pop(name) for name in sections or () if name in values}
         if extra:
             values["extra_sections"] = extra
@@ -615,36 +683,42 @@ def _build(
     if origin is tuple:
         (item_tp, _) = typing.get_args(tp)
         if not isinstance(node, yaml.SequenceNode):
-            raise fail("expected a list")
-        return tuple(_build(item_tp, n, where, f"{field_path}[{i}]", lines) for i, n in enumerate(node.value))
+            return fail("expected a list")
+        items = (_build(item_tp, n, f"{field_path}[{i}]", lines, problems) for i, n in enumerate(node.value))
+        return tuple(item for item in items if item is not _INVALID)
     if not isinstance(node, yaml.ScalarNode):
-        raise fail(f"expected a {_type_name(tp)}, got a {'list' if isinstance(node, yaml.SequenceNode) else 'mapping'}")
+        given = "list" if isinstance(node, yaml.SequenceNode) else "mapping"
+        return fail(f"expected a {_type_name(tp)}, got a {given}")
     value = yaml.safe_load(yaml.serialize(node))
     if isinstance(tp, type) and issubclass(tp, Durability):
         try:
             return Durability(value)
         except ValueError:
-            raise fail(f"{value!r} is not one of {', '.join(d.value for d in Durability)}") from None
+            return fail(f"{value!r} is not one of {', '.join(d.value for d in Durability)}")
     if tp is bool:
         if not isinstance(value, bool):
-            raise fail(f"expected true or false, got {value!r}")
+            return fail(f"expected true or false, got {value!r}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise fail(f"expected a number, got {value!r}")
+            return fail(f"expected a number, got {value!r}")
         try:
             return float(value)
         except OverflowError:  # an integer of hundreds of digits
-            raise fail(f"{node.value[:20]}... is out of range") from None
+            return fail(f"{node.value[:20]}... is out of range")
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise fail(f"expected a whole number, got {value!r}")
+            return fail(f"expected a whole number, got {value!r}")
         return value
     if tp is str:
         if value is None or isinstance(value, (list, dict)):
-            raise fail(f"expected a string, got {value!r}")
+            return fail(f"expected a string, got {value!r}")
         return str(value)
-    raise fail(f"unsupported type {_type_name(tp)}")  # pragma: no cover - a bug in the schema above
+    return fail(f"unsupported type {_type_name(tp)}")  # pragma: no cover - a bug in the schema above
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 @functools.cache
@@ -701,9 +775,19 @@ def _parse_config(text: str, where: str, sections: Mapping[str, type] | None) ->
     # A document with no content ("---" alone, as templating tools render an empty config) composes to a null
     # scalar rather than None; both mean "all defaults".
     if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
-        config = Config()
-    else:
-        config = _build(Config, node, where, "", lines, sections)
+        return _valid(Config(), where, lines)
+    problems = _Problems(where)
+    built = _build(Config, node, "", lines, problems, sections)
+    if not problems.found:
+        return _valid(built, where, lines)
+    # The values that could be built are checked too (a field that could not be built keeps its default, and no
+    # check of it or its section speaks of that default), so one run names every problem of the file.
+    config = built if isinstance(built, Config) else Config()
+    checked = [_located(where, lines, p) for p in config.problems() if not problems.covers(_field_of(p))]
+    raise ConfigError(*_in_line_order(problems.found + checked))
+
+
+def _valid(config: Config, where: str, lines: Mapping[str, int]) -> Config:
     config.validate(where, lines)
     return config
 

@@ -21,6 +21,16 @@ not a file on storage: sockets, pipes, kernel objects, devices and kernel interf
 not the host's --path.procfs."""
 
 
+def unreadable_directory(path: str) -> str | None:
+    """Why ``path`` cannot be read as a directory (missing, not a directory, not readable), or None when it can."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        return err.strerror or str(err)
+    os.close(fd)
+    return None
+
+
 @dataclass(frozen=True)
 class HostPaths:
     procfs: str = DEFAULT_PROCFS
@@ -43,6 +53,12 @@ class HostPaths:
         # PID 1's view is the host's mount namespace when /proc is the host's (hostPID or /host/proc);
         # "self" is the fallback where PID 1 is not readable (unprivileged runs, some sandboxes).
         return (self.proc("1", name), self.proc("self", name))
+
+    def procfs_problem(self) -> str | None:
+        """What is wrong with ``procfs`` (a directory that is not there, or cannot be read), or None. Every source
+        reads it: without it the node would look like one with no mounts, processes or I/O, which it is not."""
+        why = unreadable_directory(self.procfs)
+        return None if why is None else f"{self.procfs!r} cannot be read as procfs: {why}"
 
     def mountinfo_candidates(self) -> tuple[str, ...]:
         return self.host_process_file("mountinfo")

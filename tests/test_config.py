@@ -209,10 +209,60 @@ def test_several_problems_are_reported_together_each_with_its_line(tmp_path: Pat
         load_config(path)
     lines = str(excinfo.value).splitlines()
     assert lines == [
-        f"{path}:4: mounts.interval_seconds: must be 0.1 to 3600, got -3.0",
-        f"{path}:3: mounts.max_inflight: must be 1 to 1024, got 0",
         f"{path}:1: listen: 'nowhere' is not HOST:PORT",
+        f"{path}:3: mounts.max_inflight: must be 1 to 1024, got 0",
+        f"{path}:4: mounts.interval_seconds: must be 0.1 to 3600, got -3.0",
     ]
+    assert excinfo.value.errors == tuple(lines)
+
+
+ELEVEN_PROBLEMS = """\
+listen: nowhere
+mounts:
+  intervl_seconds: 5
+  max_inflight: true
+  overrides:
+    - mountpoint: /mnt/s3
+      durability: forever
+    - durability: node
+tick_seconds: -1
+tls:
+  cert_file: /t.crt
+  key_file: [a, b]
+nfs: {}
+nfs: {}
+gpu: yes-please
+lustre: {interval_seconds: 0, intervals: 3}
+"""
+
+
+def eleven_problems(path: str) -> list[str]:
+    """What ELEVEN_PROBLEMS (written at ``path``) is told, line by line."""
+    return [
+        f"{path}:1: listen: 'nowhere' is not HOST:PORT",
+        f"{path}:3: mounts.intervl_seconds: unknown field; known: exclude_fstypes, interval_seconds, max_inflight, "
+        "max_series, max_stuck, overrides, statvfs_timeout_seconds",
+        f"{path}:4: mounts.max_inflight: expected a whole number, got True",
+        f"{path}:7: mounts.overrides[0].durability: 'forever' is not one of volatile, node, cluster, region",
+        f"{path}:8: mounts.overrides[1]: missing required field(s): mountpoint",
+        f"{path}:9: tick_seconds: must be 0.1 to 3600, got -1.0",
+        # key_file could not be read, so "cert_file and key_file go together" (about its default) is not said.
+        f"{path}:12: tls.key_file: expected a str, got a list",
+        f"{path}:14: nfs: given twice (first on line 13)",
+        f"{path}:15: gpu: expected a mapping of fields",
+        f"{path}:16: lustre.intervals: unknown field; known: enabled, interval_seconds",
+        f"{path}:16: lustre.interval_seconds: must be 0.1 to 3600, got 0.0",
+    ]
+
+
+def test_every_problem_of_a_file_is_named_in_one_pass(tmp_path: Path) -> None:
+    """Wrong fields, wrong types, a section's missing field, a key given twice and values out of range: all said at
+    once, in the order of the file, rather than one a run (a registered source's section included)."""
+    path = write(tmp_path, ELEVEN_PROBLEMS)
+    with pytest.raises(ConfigError) as excinfo:
+        registry.load_config(path)
+    assert list(excinfo.value.errors) == eleven_problems(path)
+    assert str(excinfo.value) == "\n".join(eleven_problems(path))
 
 
 @pytest.mark.parametrize(
@@ -427,6 +477,26 @@ def test_agent_reload_applies_a_good_file_and_keeps_it_when_the_next_is_bad(
         assert agent.reload() is True
         assert agent.classifier.classify(nvme_mount()).durability is Durability.REGION
         assert reload_metrics(agent) == (2.0, 1.0)
+    finally:
+        agent.stop()
+
+
+def test_agent_reload_logs_every_problem_of_a_bad_file_and_keeps_the_last_good_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path, GOOD_WITH_OVERRIDE)
+    agent = Agent(registry.load_config(path), config_path=path, sources=[], process_metrics=False)
+    try:
+        good = agent.config
+        write(tmp_path, ELEVEN_PROBLEMS)
+        with caplog.at_level(logging.ERROR, logger="storwatch.agent"):
+            assert agent.reload() is False
+        assert agent.config is good
+        (record,) = caplog.records
+        head, *problems = record.getMessage().splitlines()
+        assert head == "reload failed, keeping the last good configuration:"
+        assert [p.strip() for p in problems] == eleven_problems(path)
+        assert reload_metrics(agent) == (1.0, 0.0)
     finally:
         agent.stop()
 

@@ -305,3 +305,39 @@ def test_scan_with_a_config_lists_the_checkpoints_and_findings_the_agent_does(tm
     assert {r["path"]: r["kept"] for r in status["checkpoints"]} == runs
     assert sorted(f["id"] for f in scanned["findings"]) == sorted(f["id"] for f in status["findings"])
     assert scanned["findings"]  # checkpoints on the test's own disk: only on node storage
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "named"),
+    [
+        pytest.param(
+            ("--path.procfs", "{tmp}/gone"),
+            None,
+            "command line: --path.procfs: '{tmp}/gone' cannot be read as procfs: No such file or directory",
+            id="missing",
+        ),
+        pytest.param(
+            ("--path.procfs", "{tmp}/c.yaml"),
+            "",
+            "command line: --path.procfs: '{tmp}/c.yaml' cannot be read as procfs: Not a directory",
+            id="a-file",
+        ),
+        pytest.param(
+            (),
+            "paths: {{procfs: {tmp}/gone}}\n",
+            "{tmp}/c.yaml: paths.procfs: '{tmp}/gone' cannot be read as procfs: No such file or directory",
+            id="from-the-config-file",
+        ),
+    ],
+)
+def test_a_procfs_that_is_not_there_is_a_usage_error(
+    args: tuple[str, ...], config: str | None, named: str, tmp_path: Path
+) -> None:
+    """Not a node without mounts (0 mounts, exit 0, as it was): a usage error naming the path, and no table."""
+    if config is not None:
+        (tmp_path / "c.yaml").write_text(config.format(tmp=tmp_path))
+    given = [a.format(tmp=tmp_path) for a in args] + (["--config", str(tmp_path / "c.yaml")] if config else [])
+    scan = run_scan(*given)
+    assert scan.returncode == 2, scan.stdout + scan.stderr
+    assert scan.stderr.splitlines() == ["storwatch: configuration error:", named.format(tmp=tmp_path)]
+    assert scan.stdout == ""
