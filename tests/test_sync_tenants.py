@@ -237,3 +237,24 @@ def test_a_destination_inside_the_source_is_refused_before_anything_is_written(t
     result = copy_verified(str(src), str(tmp_path / "elsewhere" / "copy"))
     assert result.outcome == "refused" and "inside the source" in (result.error or ""), result
     assert tree(src) == before
+
+
+def test_a_source_inside_the_destination_or_the_destination_itself_is_refused(tmp_path: Path) -> None:
+    """Replacing an earlier copy at DEST would remove a source inside it: refused up front, the source kept (the
+    sync action and the epilog copy through copy_verified as the command line does)."""
+    src = tmp_path / "ck"
+    (src / "shards").mkdir(parents=True)
+    (src / "shards" / "a.distcp").write_bytes(b"x" * 100)
+    (tmp_path / "dst").mkdir()
+    dest = tmp_path / "dst" / "ck"
+    assert copy_verified(str(src), str(dest)).outcome == "verified"
+    inner = dest / "shards"
+    result = copy_verified(str(inner), str(dest))
+    assert (
+        result.outcome == "refused" and "inside" in (result.error or "") and "remove the source" in (result.error or "")
+    ), result
+    assert (inner / "a.distcp").read_bytes() == b"x" * 100
+    os.symlink(src, tmp_path / "same")
+    result = copy_verified(str(src), str(tmp_path / "same"))  # DEST names the source through a link
+    assert result.outcome == "refused", result
+    assert tree(src) == tree(dest)

@@ -64,6 +64,25 @@ MARKERS = frozenset(
 _O_NOATIME = getattr(os, "O_NOATIME", 0)
 
 
+def _reaches(fd: int, target: tuple[int, int]) -> bool:
+    """Whether the directory ``fd`` is ``target`` (device, inode) or below it: its parents followed up to the root."""
+    here = os.dup(fd)
+    try:
+        for _ in range(MAX_DEPTH * 64):
+            st = os.fstat(here)
+            if (st.st_dev, st.st_ino) == target:
+                return True
+            up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=here)
+            ust = os.fstat(up)
+            os.close(here)
+            here = up
+            if (ust.st_dev, ust.st_ino) == (st.st_dev, st.st_ino):
+                return False  # the root of this process's tree
+        return False
+    finally:
+        os.close(here)
+
+
 def _open_below(
     root: str, rel: str, *, make_mode: int | None = None, made: Callable[[int, int], None] | None = None
 ) -> int:
@@ -203,25 +222,23 @@ class _Copy:
 
     # -- the copy
 
-    def inside_source(self, dest_dir: int, src_parent: int, top: Entry) -> None:
-        """Refuse a DEST whose directory is the source or below it, whatever path reached it: the copy's own
-        temporary would be part of what it copies."""
-        if top.kind != "dir":
-            return
-        fd = os.dup(dest_dir)
+    def nested(self, dest_dir: int, src_parent: int, top: Entry) -> None:
+        """Refuse a DEST that is the source, lies inside it (the copy's own temporary would be part of what it
+        copies) or holds it (replacing an earlier copy there would remove the source), by identity (device and
+        inode), whatever path reached either: no link, ``..`` or bind mount hides it."""
+        src_id = (top.st.st_dev, top.st.st_ino)
         try:
-            for _ in range(MAX_DEPTH * 64):
-                st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) == (top.st.st_dev, top.st.st_ino):
-                    raise SyncRefused(f"{self.dest!r} is inside the source {self.src!r}: a copy would copy itself")
-                up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-                ust = os.fstat(up)
-                os.close(fd)
-                fd = up
-                if (ust.st_dev, ust.st_ino) == (st.st_dev, st.st_ino):
-                    return  # the root of this process's tree
-        finally:
-            os.close(fd)
+            there = os.stat(self.name, dir_fd=dest_dir, follow_symlinks=False)
+        except FileNotFoundError:
+            there = None
+        if there is not None and (there.st_dev, there.st_ino) == src_id:
+            raise SyncRefused(f"{self.dest!r} is the source {self.src!r} itself")
+        if top.kind == "dir" and _reaches(dest_dir, src_id):
+            raise SyncRefused(f"{self.dest!r} is inside the source {self.src!r}: a copy would copy itself")
+        if there is not None and stat.S_ISDIR(there.st_mode) and _reaches(src_parent, (there.st_dev, there.st_ino)):
+            raise SyncRefused(
+                f"the source {self.src!r} is inside {self.dest!r}: replacing what is there would remove the source"
+            )
 
     def run(self) -> SyncResult:
         src_parent, top = self.open_source()
@@ -230,7 +247,7 @@ class _Copy:
             entries, src_top = self.list_source(src_parent, top)
             dest_dir = self.open_dest_dir()
             try:
-                self.inside_source(dest_dir, src_parent, top)
+                self.nested(dest_dir, src_parent, top)
                 with dir_lock(dest_dir, self.stop):
                     return self.into(dest_dir, src_parent, src_top, entries)
             finally:
