@@ -95,19 +95,20 @@ class GpuHolders:
                 if pod is not None and pod.pod_uid is not None:
                     self.by_pod.setdefault(pod.pod_uid, set()).add(index)
 
-    def of_run(self, rv: RunView) -> frozenset[str]:
+    def of_run(self, rv: RunView) -> frozenset[str] | None:
         """The GPUs whose work writes the run: those with a process of the pod whose volume holds the run (on
         Kubernetes: the run's path is under that pod's kubelet volume directory), or, for a run outside any pod's
         volume, those with the process its event log names as the writer, or the writer of a save in progress (its
         temporary's name carries it; off Kubernetes PIDs are the host's), or seen with its checkpoint files open for
-        writing (analysis/writes.py)."""
+        writing (analysis/writes.py). None when nothing ties the run to any process: its GPUs are unknown (never
+        taken for none)."""
         where = parse_kubelet_volume_path(rv.run.path)
         if where is not None:
             return frozenset(self.by_pod.get(where.pod_uid, ()))
-        if not self.by_pid:
-            return frozenset()
         writers = {c.writer_pid for c in rv.run.checkpoints if c.writer_pid is not None}
         writers |= set(rv.run.writing_pids) | set(rv.writers)
+        if not writers:
+            return None
         return frozenset(g for pid in writers for g in self.by_pid.get(pid, ()))
 
 
@@ -142,7 +143,7 @@ def run_recovery(
     rv: RunView,
     now: float,
     mtbf_seconds: float = DEFAULT_MTBF_SECONDS,
-    gpus: int = 0,
+    gpus: int | None = 0,
     workload: str | None = None,
     rates: Mapping[str, float] | None = None,
 ) -> RunRecovery:
@@ -197,6 +198,9 @@ def recoveries(
     rates = tier_rates(runs)
     pods, jobs = pods or {}, jobs or {}
     holders = GpuHolders(gpus, pods)
-    return tuple(
-        run_recovery(rv, now, mtbf_seconds, len(holders.of_run(rv)), run_workload(rv, pods, jobs), rates) for rv in runs
-    )
+    out = []
+    for rv in runs:
+        held = holders.of_run(rv)
+        count = None if held is None else len(held)
+        out.append(run_recovery(rv, now, mtbf_seconds, count, run_workload(rv, pods, jobs), rates))
+    return tuple(out)
