@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from storwatch.analysis.latency import LatencySummary
     from storwatch.analysis.stalls import StallState
     from storwatch.analysis.timeline import TimelinePicture
+    from storwatch.analysis.writes import EventSave
     from storwatch.checkpoints.record import RunId
     from storwatch.sources.checkpoints import CheckpointFacts, RunState
     from storwatch.sources.diskio import DiskIO
@@ -92,6 +93,9 @@ class RunView:
     """When its checkpoint files open for writing now were first seen open; None when none is."""
     copies: tuple[DurableCopy, ...] = ()
     """Its checkpoints' copies on durable storage (analysis/copies.py), the newest save first."""
+    saves: tuple[EventSave, ...] = ()
+    """Its saves as the kernel's file events show them (analysis/writes.py), the ones ending last last; a save still
+    being written last of all."""
     writers_seen: tuple[tuple[int, float], ...] = ()
     """Each writer, and the newest look (wall time) that found its work holding one of the run's checkpoint files open
     for writing: a process alive now with that PID that started before then is the one seen (a PID is never reused
