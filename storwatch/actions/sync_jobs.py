@@ -96,8 +96,17 @@ Reader = Callable[[object], Mapping[int, Observed]]
 class SyncJobs:
     """The copies started by the ``sync`` action, over one copy worker (made on first use)."""
 
-    def __init__(self, make_worker: Callable[[], Worker], read: Reader, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        make_worker: Callable[[], Worker],
+        read: Reader,
+        clock: Callable[[], float],
+        copied: Callable[[SyncJob], object] = lambda job: None,
+    ) -> None:
+        """``copied``: told of each copy that ended verified (the agent has the durable copies looked at again, so
+        the run it protects is seen safe without waiting for the next walk)."""
         self._make_worker = make_worker
+        self._copied = copied
         self._read = read
         self.clock = clock
         self._worker: Worker | None = None
@@ -203,6 +212,7 @@ class SyncJobs:
         for job in late:
             self._stop(worker, job.job_id, "past its deadline (sync.deadline_seconds, or its pod's time left)")
         observed = self._read(worker.status())
+        done: list[SyncJob] = []
         with self._lock:
             for job_id, job in list(self._jobs.items()):
                 seen = observed.get(job_id)
@@ -229,6 +239,9 @@ class SyncJobs:
                 self._jobs[job_id] = now
                 if now.state == "done":
                     self._succeeded(now)
+                    done.append(now)
+        for job in done:
+            self._copied(job)
 
     def _succeeded(self, job: SyncJob) -> None:
         self._ended["verified"] += 1

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from storwatch.analysis.copies import copy_dests, join_copies, without_copies
 from storwatch.analysis.recovery import RunRecovery
 from storwatch.analysis.view import LeftOut, MountView, RunView
 from storwatch.analysis.writes import run_writes, timed_by_open_files
@@ -20,6 +21,7 @@ from storwatch.vocabulary import Finding
 if TYPE_CHECKING:
     from storwatch.sources.access import AccessFacts
     from storwatch.sources.checkpoints import CheckpointFacts, RunState
+    from storwatch.sources.copies import CopiesFacts
 
 MAX_RUNS = 100
 """Runs with series and rows of their own (keep_runs): the run label stays bounded whatever the node holds. The sums
@@ -75,9 +77,11 @@ def run_views(
     mounts: tuple[MountView, ...],
     paths: HostPaths,
     access: AccessFacts | None = None,
+    copies: CopiesFacts | None = None,
 ) -> tuple[RunView, ...]:
     """Every run the scan holds with its mount, newest first (unbounded: keep_runs bounds what gets series), with
-    what the GPU processes' open files say of its writes (analysis/writes.py)."""
+    what the GPU processes' open files say of its writes (analysis/writes.py) and its durable copies
+    (analysis/copies.py); a run made only of verified copies of ours is no run of its own."""
     if facts is None or not facts.runs:
         return ()
     mount_of = mount_locator(mounts, paths)
@@ -99,12 +103,15 @@ def run_views(
                     host_path(paths, r.path),
                     w.writers,
                     w.open_since,
-                    w.writers_seen,
+                    writers_seen=w.writers_seen,
                 )
             )
         else:
             out.append(RunView(r, labels[r.id], mount_of(r.path), host_path(paths, r.path)))
-    return tuple(out)
+    found = copies.copies if copies is not None else ()
+    if found:
+        out = without_copies(out, copy_dests(found, paths))
+    return tuple(join_copies(out, found, paths))
 
 
 @dataclass(frozen=True)

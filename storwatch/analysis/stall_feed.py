@@ -171,7 +171,7 @@ class StallFeed:
             since = self.tracker.settled_before() - self.tracker.params.settle_seconds
         holders = GpuHolders(gpus, pods)
         for rv in runs:
-            held = holders.of_run(rv)
+            held = holders.of_run(rv) or frozenset()  # a run tied to no process charges no GPU's time
             d, w = write_spans(rv, held, since)
             done += d
             writing += w

@@ -664,10 +664,17 @@ CHECKPOINT_ORPHANED_TEMP_BYTES = _gauge(
 RECOVERY_POINT = _gauge(
     "checkpoints",
     "storwatch_recovery_point_seconds",
-    "Age of the run's newest complete checkpoint on storage that survives losing this node (cluster or region); "
-    "+Inf when it has none there.",
+    "Age of the run's newest complete checkpoint on storage that survives losing this node (cluster or region): its "
+    "own, or the save its newest durable copy protects; +Inf when it has neither.",
     RUN,
     allow_inf=True,
+)
+DURABLE_COPY = _gauge(
+    "checkpoints",
+    "storwatch_checkpoint_durable_copy_timestamp_seconds",
+    "When the save the run's newest durable copy protects was made (a verified copy storwatch made, or a checkpoint "
+    "at the same path below a durable root); no series while the run has none.",
+    RUN,
 )
 CHECKPOINT_OVERHEAD = _gauge(
     "checkpoints",
