@@ -661,9 +661,14 @@ def node_dashboard(th: Thresholds = THRESHOLDS, site: Site = SITE) -> db.Dashboa
         .with_panel(
             _stat(
                 "Age of the newest verified copy per run",
-                "Since each run's last checkpoint copy completed, verified (runs copied since the agent started).",
+                "For each run with a durable copy (a verified copy storwatch made, or a checkpoint at the same path "
+                "below a durable root): how old the save it protects is; and since the agent's last copy of the run "
+                "completed, verified (runs it copied since it started).",
                 "s",
-                [Query(f"time() - storwatch_sync_last_success_timestamp_seconds{{{s}}}", "{{run}}")],
+                [
+                    Query(f"time() - storwatch_checkpoint_durable_copy_timestamp_seconds{{{s}}}", "{{run}} save"),
+                    Query(f"time() - storwatch_sync_last_success_timestamp_seconds{{{s}}}", "{{run}} copied"),
+                ],
                 red_from=th.rpo_budget_seconds,
             )
         )
