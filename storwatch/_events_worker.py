@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from storwatch.procfs.inotify import IN_CREATE, IN_ISDIR, IN_MOVED_TO, WATCH_MASK, parse_events
+from storwatch.procfs.inotify import IN_CREATE, IN_IGNORED, IN_ISDIR, IN_MOVED_TO, WATCH_MASK, parse_events
 
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
@@ -150,6 +150,9 @@ def main() -> None:
         events, _ = parse_events(data)
         lines = []
         for e in events:
+            if e.mask & IN_IGNORED:  # the kernel dropped the watch (its directory is gone): no longer held
+                with _paths_lock:
+                    _paths.pop(e.wd, None)
             if e.mask & IN_ISDIR and e.mask & (IN_CREATE | IN_MOVED_TO) and e.name:
                 child = _watch_below(notify, e.wd, e.name)
                 if child is not None:

@@ -109,7 +109,12 @@ def test_the_ways_saves_are_made_give_their_spans(source: FileEventSource, run: 
     (elsewhere / "tmpab12").write_bytes(b"l" * 100)  # Lightning's temporary in the system temp directory
     os.rename(elsewhere / "tmpab12", run / "last.ckpt")
     (run / "train.log").write_text("a log beside them")
-    spans = _spans(source, 7)
+    (run / "done.pt").write_bytes(b"d")  # the last event of the test: once its span is in, every one before is
+    end = time.monotonic() + WAIT
+    spans = _spans(source, 9)
+    while not any(s.path == str(run / "done.pt") for s in spans):
+        assert time.monotonic() < end, spans
+        spans = _spans(source, 9)
     t1 = time.time()
     by = {(s.path.removeprefix(str(run) + "/"), s.end_how): s for s in spans}
     assert ("train.log", "closed") not in by
@@ -125,7 +130,7 @@ def test_the_ways_saves_are_made_give_their_spans(source: FileEventSource, run: 
     rewritten = [s for s in spans if s.path == str(run / "step-1.pt") and s.end_how == "closed"]
     assert len(rewritten) == 2 and rewritten[1].start is not None and rewritten[1].start >= rewritten[0].end  # type: ignore[operator]
     saves = {s.checkpoint.removeprefix(str(run) + "/"): s for s in event_saves(str(run), spans)}
-    assert set(saves) == {"step-1.pt", "step-2.pt", "checkpoint-5", "last.ckpt"}  # the temporary's is step-2.pt's
+    assert set(saves) == {"step-1.pt", "step-2.pt", "checkpoint-5", "last.ckpt", "done.pt"}  # the temporary's is step-2
     assert saves["checkpoint-5"].start == directory.start and saves["checkpoint-5"].end == directory.end
 
 

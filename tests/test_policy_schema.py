@@ -53,9 +53,11 @@ def test_what_the_view_does_not_know_is_null() -> None:
         None,
         None,
     )
-    llama = next(e for e in ents["run"] if e.key == "llama")  # only on node-local storage
-    assert llama.fields["recovery_point_seconds"] == math.inf and llama.fields["durable_checkpoint"] is False
-    assert llama.fields["node_draining"] is True
+    weights = next(e for e in ents["run"] if e.key == "models/llama-weights")  # only on node-local storage, no copy
+    assert weights.fields["recovery_point_seconds"] == math.inf and weights.fields["durable_checkpoint"] is False
+    assert weights.fields["node_draining"] is True
+    llama = next(e for e in ents["run"] if e.key == "llama")  # node-local, its step-100 copied to durable storage
+    assert llama.fields["recovery_point_seconds"] == 3600.0 and llama.fields["durable_checkpoint"] is True
     node = ents["node"][0].fields
     assert (node["draining"], node["stuck_mounts"], node["terminating_pods"]) == (True, 1, 1)
 

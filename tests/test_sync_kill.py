@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -97,34 +97,47 @@ def _spawn(src: Path, dest: Path, root: Path, hold_at: int | None = None) -> sub
     )
 
 
+def _lines(proc: subprocess.Popen[bytes], timeout: float) -> Iterator[bytes]:
+    """The child's lines as they come, until its end, for at most ``timeout`` seconds. Read from the pipe itself, a
+    line at a time as the child writes them: a buffered reader could hold a line the child wrote last, waiting for
+    more that never comes while the child waits to be killed."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    pending = b""
+    end = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while time.monotonic() < end:
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                yield line
+            if sel.select(timeout=0.5):
+                more = os.read(fd, 4096)
+                if not more:
+                    if pending:
+                        yield pending
+                    return
+                pending += more
+    raise TimeoutError
+
+
 def _wait_line(proc: subprocess.Popen[bytes], want: bytes, timeout: float) -> bool:
     """Read the child's lines until ``want`` (True) or its end (False)."""
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if sel.select(timeout=0.5):
-                line = proc.stdout.readline()
-                if not line:
-                    return False
-                if line.strip() == want:
-                    return True
-    raise AssertionError(f"no {want!r} from the copy within {timeout} s")
+    try:
+        return any(line.strip() == want for line in _lines(proc, timeout))
+    except TimeoutError:
+        raise AssertionError(f"no {want!r} from the copy within {timeout} s") from None
 
 
 def _wait_read(proc: subprocess.Popen[bytes], sixty_fourths: int, timeout: float) -> None:
     """Read the child's lines until it has read at least ``sixty_fourths`` 64ths of the source (or it ends)."""
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if sel.select(timeout=0.5):
-                line = proc.stdout.readline().split()
-                if not line or line[0] == b"read" or (line[0] == b"at" and int(line[1]) >= sixty_fourths):
-                    return
-    raise AssertionError(f"the copy did not read {sixty_fourths}/64 of the source within {timeout} s")
+    try:
+        for raw in _lines(proc, timeout):
+            line = raw.split()
+            if line and (line[0] == b"read" or (line[0] == b"at" and int(line[1]) >= sixty_fourths)):
+                return
+    except TimeoutError:
+        raise AssertionError(f"the copy did not read {sixty_fourths}/64 of the source within {timeout} s") from None
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> bool:

@@ -22,13 +22,16 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from storwatch.checkpoints.record import Checkpoint, RunId
 from storwatch.checkpoints.scan import checkpoint_member
 from storwatch.paths import HostPaths
 from storwatch.sources.access import AccessFacts, WrittenFile
-from storwatch.sources.checkpoints import RunState
-from storwatch.sources.fileevents import FileSpan
+
+if TYPE_CHECKING:
+    from storwatch.sources.checkpoints import RunState
+    from storwatch.sources.fileevents import FileSpan
 
 SPAN_TOLERANCE = 0.25
 """The most a write span's two ends together may be uncertain by, as a share of its length, to be a duration."""

@@ -176,13 +176,16 @@ class FileEventSource:
         """Request id -> (path, depth below a run directory: 0 for a run directory or a root)."""
         self._wd: dict[int, tuple[str, int]] = {}
         """Watch descriptor -> (the directory's path, its depth)."""
-        self._refused: set[str] = set()
+        self._refused: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Directories the kernel refused to watch (the newest MAX_OPEN): not asked again."""
         self.refused = 0
         self.lost = 0
         self._open: collections.OrderedDict[str, tuple[float | None, str]] = collections.OrderedDict()
         """File being written -> (its start, its kind)."""
-        self._dirs: dict[str, float] = {}
-        """Directories seen made -> when."""
+        self._dirs: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Directories seen made -> when (the newest MAX_OPEN)."""
+        self._created: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Checkpoint files seen made and not yet written -> when (the newest MAX_OPEN)."""
         self._moving: dict[int, tuple[str, float, bool]] = {}
         self._pending_auto: dict[int, int] = {}
         """A watched directory -> the watch the helper just added on a directory made in it (its event follows)."""
@@ -254,7 +257,8 @@ class FileEventSource:
         self._spans = collections.deque(
             FileSpan(moved(s.path), s.kind, s.start, s.end, s.end_how, s.moved_from) for s in self._spans
         )
-        self._dirs = {moved(p): t for p, t in self._dirs.items()}
+        self._dirs = collections.OrderedDict((moved(p), t) for p, t in self._dirs.items())
+        self._created = collections.OrderedDict((moved(p), t) for p, t in self._created.items())
         if old in self._dirs:
             self._dirs[new] = self._dirs.pop(old)
         for wd, (path, depth) in list(self._wd.items()):
@@ -273,7 +277,9 @@ class FileEventSource:
             if where is not None:
                 self._asked.pop(where[0], None)
                 if parts[2] not in (str(errno.ENOENT), str(errno.ENOTDIR)):  # gone meanwhile: nothing refused
-                    self._refused.add(where[0])
+                    self._refused[where[0]] = None
+                    while len(self._refused) > MAX_OPEN:
+                        self._refused.popitem(last=False)
                     self.refused += 1
                     log.warning("file events: cannot watch %s: %s", where[0], " ".join(parts[3:]) or parts[2])
             return
@@ -297,37 +303,40 @@ class FileEventSource:
         if mask & IN_Q_OVERFLOW:
             self.lost += 1
             return
+        auto = self._pending_auto.pop(wd, None) if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO) else None
         where = self._wd.get(wd)
         if where is None:
             return
         directory, depth = where
-        if mask & IN_IGNORED:
+        if mask & IN_IGNORED:  # the directory is gone (removed, unmounted): so is what is known below it
             self._wd.pop(wd, None)
             self._asked.pop(directory, None)
+            self._forget(directory)
             return
         if not name:
             return
         path = f"{directory.rstrip('/')}/{name}"
         is_dir = bool(mask & IN_ISDIR)
-        if is_dir and mask & (IN_CREATE | IN_MOVED_TO):
-            auto = self._pending_auto.pop(wd, None)
-            if auto is not None:  # the helper watched it at once
-                self._wd[auto] = (path, depth + 1)
-                self._asked[path] = ""
+        if auto is not None:  # the helper watched it at once
+            self._wd[auto] = (path, depth + 1)
+            self._asked[path] = ""
         if mask & IN_CREATE:
             if is_dir:
-                self._dirs[path] = t
+                self._remember(self._dirs, path, t)
             elif checkpoint_member(f"{os.path.basename(directory)}/{name}"):
-                self._open[path] = (t, "created")
-                self._bound_open()
+                # Made, not yet written: a file opened to be written writes next; a hard link never does.
+                self._remember(self._created, path, t)
         elif mask & IN_MODIFY and not is_dir:
             if path not in self._open and (checkpoint_member(f"{os.path.basename(directory)}/{name}")):
-                self._open[path] = (t, "first_write")
+                made = self._created.pop(path, None)
+                self._open[path] = (made if made is not None else t, "created" if made is not None else "first_write")
                 self._bound_open()
         elif mask & IN_CLOSE_WRITE:
             opened = self._open.pop(path, None)
-            if opened is not None:
-                self._span(FileSpan(path, "file", opened[0], t, "closed"))
+            made = self._created.pop(path, None)
+            start = opened[0] if opened is not None else made
+            if opened is not None or made is not None:
+                self._span(FileSpan(path, "file", start, t, "closed"))
         elif mask & IN_MOVED_FROM:
             self._moving[cookie] = (path, t, is_dir)
             if len(self._moving) > MAX_OPEN:
@@ -337,14 +346,34 @@ class FileEventSource:
             self._moved_in(old[0] if old is not None else None, path, t, is_dir)
         elif mask & IN_DELETE:
             self._open.pop(path, None)
+            self._created.pop(path, None)
             self._dirs.pop(path, None)
+
+    def _forget(self, directory: str) -> None:
+        """Drop what is known of the files below a directory that is gone."""
+        prefix = directory.rstrip("/") + "/"
+        if any(s.path.startswith(prefix) for s in self._spans):
+            self._spans = collections.deque(s for s in self._spans if not s.path.startswith(prefix))
+        for table in (self._open, self._created, self._dirs):
+            for path in [p for p in table if p.startswith(prefix)]:
+                del table[path]
 
     def _bound_open(self) -> None:
         while len(self._open) > MAX_OPEN:
             self._open.popitem(last=False)
 
+    @staticmethod
+    def _remember(into: collections.OrderedDict[str, float], path: str, t: float) -> None:
+        into.pop(path, None)
+        into[path] = t
+        while len(into) > MAX_OPEN:
+            into.popitem(last=False)
+
     def collect(self) -> FileEventFacts:
         if self._helper is None:
+            wanted = list(self.wanted())
+            if not wanted:  # nowhere to watch yet: no helper either
+                return FileEventFacts()
             self._helper = _Helper()
             self._helper.send(f"limit {self.section.max_watches}")
         helper = self._helper
