@@ -594,6 +594,29 @@ def test_hf_trainer_complete_only_after_settle_time(tmp_path: Path) -> None:
     assert check(str(ckpt), now=t0 + 120).verdict == "incomplete"
 
 
+def test_without_an_end_marker_a_directory_no_process_holds_is_judged_at_once(tmp_path: Path) -> None:
+    """``closed``: the caller (storwatch verify) saw that no process holds any of its files open for writing, so a
+    Trainer directory is judged now, not after the settle time; that never makes a save without its end marker, or
+    a damaged file, complete."""
+    ckpt = tmp_path / "checkpoint-500"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(safetensors_bytes({"w": ("F32", [2], bytes(8))}))
+    t0 = 1_800_000_000.0
+    assert check(str(ckpt), now=t0, closed=True).verdict == "incomplete"  # no trainer_state.json
+    (ckpt / "trainer_state.json").write_text("{}")
+    for p in (*ckpt.iterdir(), ckpt):
+        os.utime(p, (t0, t0))
+    assert check(str(ckpt), now=t0 + 1).verdict == "incomplete"  # the agent's rule: not settled yet
+    assert check(str(ckpt), now=t0 + 1, closed=True).verdict == "complete"
+    (ckpt / "model.safetensors").write_bytes(b"\x01")
+    assert check(str(ckpt), now=t0 + 1, closed=True).verdict == "incomplete"
+    empty = tmp_path / "e.pt"
+    empty.write_bytes(b"")
+    result = check(str(empty), closed=True)
+    assert (result.format, result.verdict) == (None, "unknown"), result
+    assert "no process has it open for writing" in result.reason
+
+
 def test_deepspeed_latest_names_the_finished_step(tmp_path: Path) -> None:
     for step in (10, 20):
         (tmp_path / f"global_step{step}").mkdir()

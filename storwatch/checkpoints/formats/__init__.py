@@ -322,11 +322,23 @@ def check(
     now: float | None = None,
     settle_seconds: float = 60.0,
     limits: DeepLimits | None = None,
+    closed: bool = False,
 ) -> CheckResult:
     """Check one checkpoint file or directory; never raises. ``now`` (seconds since the epoch) is injected for the
-    settle time; ``limits`` bounds the check (the defaults are safe for an agent reading hostile files)."""
+    settle time; ``limits`` bounds the check (the defaults are safe for an agent reading hostile files). ``closed``:
+    the caller saw that no process holds any of its files open for writing, so what has no end marker (a Trainer or
+    Accelerate directory, an empty file) is judged now instead of after ``settle_seconds``."""
     limits = limits or DEFAULT_LIMITS
-    ctx = _Ctx(deep, time.time() if now is None else now, settle_seconds, limits, limits.deadline(), identify, _CHECKS)
+    ctx = _Ctx(
+        deep,
+        time.time() if now is None else now,
+        settle_seconds,
+        limits,
+        limits.deadline(),
+        identify,
+        _CHECKS,
+        closed=closed,
+    )
     fmt: str | None = None
     size, mtime = 0, 0.0
     limit: str | None = None
@@ -403,6 +415,12 @@ def _no_torch_format(path: str, st: os.stat_result, ctx: _Ctx) -> _Finding:
     opens its file before it writes a byte, so an empty file changed within the settle time may be a save that has
     just begun, ``incomplete`` (and so "being written" for the scan) until it settles."""
     if st.st_size == 0:
+        if ctx.closed:
+            return (
+                "unknown",
+                f"{path} is empty and no process has it open for writing: not a checkpoint format (no save wrote a "
+                "byte of it); no damage is claimed",
+            )
         if ctx.now - ctx.settle <= st.st_mtime <= ctx.now + ctx.settle:
             return (
                 "incomplete",

@@ -222,7 +222,9 @@ def _check_megatron(path: str, ctx: _Ctx) -> _Finding:
 
 def _unsettled(path: str, ctx: _Ctx) -> _Finding | None:
     """``incomplete`` while anything in the directory changed within the settle time (a save with no end marker may
-    still be writing); None once it has settled."""
+    still be writing); None once it has settled, or when no process holds any of its files open for writing."""
+    if ctx.closed:
+        return None
     newest = max((st.st_mtime for st in _walk_stats(path, ctx.deadline)), default=os.stat(path).st_mtime)
     newest = max(newest, os.stat(path).st_mtime)
     age = ctx.now - newest
