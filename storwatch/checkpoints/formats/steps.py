@@ -299,11 +299,18 @@ def accelerate_layout(names: Collection[str]) -> bool:
     """Entries that make a directory an Accelerate save_state by themselves: a process's random states, or a model's
     weights beside a state only save_state names so (``optimizer.bin``, ``scheduler.bin``...), which is what a save
     killed before its random states leaves."""
-    if any(_ACCELERATE_RNG.fullmatch(n) for n in names):
-        return True
-    return any(_ACCELERATE_OWN_STATES.fullmatch(n) for n in names) and any(
-        _ACCELERATE_WEIGHTS.fullmatch(n) for n in names
-    )
+    # One pass, a prefix test before each expression: the scan asks this of every directory it lists.
+    own = weights = False
+    for n in names:
+        if n.startswith(("optimizer", "scheduler", "sampler", "dl_state_dict")):
+            own = own or bool(_ACCELERATE_OWN_STATES.fullmatch(n))
+        elif n.startswith(("model", "pytorch_model")):
+            weights = weights or bool(_ACCELERATE_WEIGHTS.fullmatch(n))
+        elif n.startswith("random_states_") and _ACCELERATE_RNG.fullmatch(n):
+            return True
+        if own and weights:
+            return True
+    return False
 
 
 def accelerate_beside(path: str, names: Collection[str]) -> bool:
