@@ -127,6 +127,13 @@ def assert_truncated(result: CheckResult, size: int) -> None:
         ({"d/pytorch_model_fsdp_0/.metadata": b"", "d/optimizer_0/.metadata": b""}, "d", "accelerate"),
         ({"d/model.safetensors": b"", "d/optimizer.pt": b"PK\x03\x04"}, "d", None),  # the Trainer's names, no marker
         ({"d/optimizer.bin": b""}, "d", None),  # a lone optimizer state says nothing of the directory
+        # The Trainer under FSDP writes Accelerate's names through Accelerate's functions: still the Trainer's.
+        ({"d/pytorch_model_fsdp.bin": b"", "d/optimizer.bin": b"", "d/trainer_state.json": b"{}"}, "d", None),
+        (
+            {"d/checkpoint-5/pytorch_model_fsdp.bin": b"", "d/checkpoint-5/optimizer.bin": b""},
+            "d/checkpoint-5",
+            "hf-trainer",
+        ),
         # ... or before its optimizer state: a step directory beside finished saves of its series.
         (
             {"d/checkpoint_1/random_states_0.pkl": b"PK", "d/checkpoint_2/model.safetensors": b""},
@@ -631,6 +638,18 @@ def test_without_an_end_marker_a_directory_no_process_holds_is_judged_at_once(tm
     result = check(str(empty), closed=True)
     assert (result.format, result.verdict) == (None, "unknown"), result
     assert "no process has it open for writing" in result.reason
+
+
+def test_a_trainer_directory_under_fsdp_cut_short_is_the_trainers(tmp_path: Path) -> None:
+    """Under FSDP the Trainer saves through Accelerate's functions (pytorch_model_fsdp.bin, optimizer.bin): cut short
+    before its trainer_state.json it is a Trainer save that did not finish, not a save_state without random states."""
+    ckpt = tmp_path / "checkpoint-5"
+    ckpt.mkdir()
+    for name in ("pytorch_model_fsdp.bin", "optimizer.bin"):
+        torch_like_zip(ckpt / name)
+    result = check(str(ckpt), closed=True)
+    assert (result.format, result.verdict) == ("hf-trainer", "incomplete"), result
+    assert result.reason.startswith("no trainer_state.json")
 
 
 def _accelerate_save(path: Path, processes: int = 1, objects: int = 1) -> None:

@@ -268,8 +268,10 @@ def _unsettled(path: str, ctx: _Ctx) -> _Finding | None:
 
 def _check_hf_trainer(path: str, ctx: _Ctx) -> _Finding:
     if not os.path.exists(os.path.join(path, "trainer_state.json")):
-        if accelerate_layout(_dir_names(path)):
-            return _check_accelerate(path, ctx)  # Accelerate's save_state into a directory named checkpoint-N
+        if os.path.exists(os.path.join(path, ACCELERATE_MARKER)):
+            # Accelerate's save_state into a directory named checkpoint-N (a Trainer's own under FSDP holds
+            # Accelerate's model and optimizer names too, so only the random states say so).
+            return _check_accelerate(path, ctx)
         return (
             "incomplete",
             "no trainer_state.json: the Hugging Face Trainer writes it at the end of a save, so this "
@@ -298,9 +300,10 @@ def is_accelerate_member(name: str) -> bool:
 def accelerate_layout(names: Collection[str]) -> bool:
     """Entries that make a directory an Accelerate save_state by themselves: a process's random states, or a model's
     weights beside a state only save_state names so (``optimizer.bin``, ``scheduler.bin``...), which is what a save
-    killed before its random states leaves."""
+    killed before its random states leaves; not in a Trainer's directory (``trainer_state.json``)."""
     # One pass, a prefix test before each expression: the scan asks this of every directory it lists.
     own = weights = False
+    trainer = False
     for n in names:
         if n.startswith(("optimizer", "scheduler", "sampler", "dl_state_dict")):
             own = own or bool(_ACCELERATE_OWN_STATES.fullmatch(n))
@@ -308,9 +311,9 @@ def accelerate_layout(names: Collection[str]) -> bool:
             weights = weights or bool(_ACCELERATE_WEIGHTS.fullmatch(n))
         elif n.startswith("random_states_") and _ACCELERATE_RNG.fullmatch(n):
             return True
-        if own and weights:
-            return True
-    return False
+        trainer = trainer or n == "trainer_state.json"
+    # The Trainer under FSDP saves its model and optimizer through Accelerate's functions, by their names.
+    return own and weights and not trainer
 
 
 def accelerate_beside(path: str, names: Collection[str]) -> bool:
