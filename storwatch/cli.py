@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure the write throughput of this node's mounts and plan checkpoint intervals for each",
         description="Measure sequential write throughput (O_DIRECT where taken, then fsync; the median of several "
         "writes of about a second each) of the mounts named, "
-        "and for a checkpoint size (default: the largest complete checkpoint under the checkpoint roots of --config, "
+        "and for a checkpoint size (default: the largest complete checkpoint the checkpoint scan finds, in its default "
+        "places and the checkpoints.roots of --config, "
         "else 10G; the output says which) print the write time, whether it "
         "survives losing the node, and the shortest interval that keeps checkpoint overhead under the budget. "
         "It writes a test file on each mount measured (in a fresh hidden directory, removed after): name the mounts "
@@ -862,7 +863,10 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0, first
     paths = config.host_paths()
     facts: dict[str, Any] = {}
     statuses = []
-    ctx = SourceContext(paths, time.time, lambda key: facts.get(key.name), lambda consumer: None)
+    classifier = Classifier(platform.name, config.overrides())
+    ctx = SourceContext(
+        paths, time.time, lambda key: facts.get(key.name), lambda consumer: None, classifier=lambda: classifier
+    )
     sampled = [spec for spec in SOURCES if spec.scan == "sampled"] if sample_seconds > 0 else []
     first: dict[str, Any] = {}
     for spec in sampled:  # the first reads of the sampled sources, the second after the interval below
@@ -876,7 +880,10 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0, first
         section = spec.section_of(config)
         if spec.off_reason(section) is not None or spec.scan == "never" or (spec.scan == "sampled" and not sampled):
             continue
-        if spec.scan_off is not None and spec.scan_off(ctx, section) is not None:
+        off = spec.scan_off(ctx, section) if spec.scan_off is not None else None
+        if off is not None:
+            # Said as the agent says it (the report's empty tables read it: "no place searched for checkpoints...").
+            statuses.append(CollectorStatus(spec.name, False, 0.0, None, None, off_reason=off))
             continue
         started = time.monotonic()
         try:
@@ -907,7 +914,6 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0, first
     if sampled:
         windows = LatencyWindows(capacity=4)
         WindowFeeder(windows).feed(snap)
-    classifier = Classifier(platform.name, config.overrides())
     if snap.kube is not None:
         classifier.add_provider(KubeVolumeEvidence(snap.kube))
     return build_view(
@@ -930,7 +936,15 @@ def _collect(source: Any, log: logging.Logger) -> None:
 
 def format_table(data: dict[str, Any], width: int) -> str:
     from storwatch.printable import printable
-    from storwatch.report import GPU_OFF, human_bytes, latency_cell, mount_state, no_gpus_line, usage_percent
+    from storwatch.report import (
+        GPU_OFF,
+        human_bytes,
+        latency_cell,
+        mount_state,
+        no_gpus_line,
+        search_summary,
+        usage_percent,
+    )
 
     # Kernel interfaces under /proc and /sys are not storage: named under the table, in --json with "pseudo": true.
     mounts = [m for m in data["mounts"] if not m["pseudo"]]
@@ -986,6 +1000,18 @@ def format_table(data: dict[str, Any], width: int) -> str:
     pseudo = [m["mountpoint"] for m in data["mounts"] if m["pseudo"]]
     if pseudo:
         out.append(f"not shown: {printable(', '.join(pseudo))} (kernel interfaces, not storage; listed by --json)")
+    # Where the checkpoint scan looked (or why nowhere): runs and findings are in --json.
+    search = search_summary(data)
+    runs = len(data["checkpoints"]) + data["left_out"]["runs"]
+    findings = len(data["findings"]) + data["left_out"]["findings"]
+    said = f"{search.searched}." if search.searched is not None else search.unsearched or ""
+    found = (
+        f"{runs} checkpoint run{'' if runs == 1 else 's'}, {findings} finding{'' if findings == 1 else 's'} "
+        "(listed by --json). "
+        if search.searched
+        else ""
+    )
+    out.append(printable(f"checkpoints: {found}{' '.join((said, *search.caveats))}"))
     if with_io:
         if window == "sample":
             out.append(f"latency: the average of one {data['sample_seconds']:g} s interval, in milliseconds")
@@ -1068,10 +1094,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    # The same one-shot collection as `scan`: with checkpoint roots to search (configured, or the kubelet's pod
-    # volumes), their walk, whose complete checkpoints give the size to plan for. A mount's statvfs gets what the
-    # agent gives it (mounts.statvfs_timeout_seconds, 1 s), not scan's quick 0.3 s: a mount called stuck is not
-    # measured at all, and on a node whose CPUs are all busy a healthy statvfs can take longer than 0.3 s to answer.
+    # The same one-shot collection as `scan`: with checkpoint roots to search (configured, the default places, the
+    # kubelet's pod volumes), their walk, whose complete checkpoints give the size to plan for. A mount's statvfs
+    # gets what the agent gives it (mounts.statvfs_timeout_seconds, 1 s), not scan's quick 0.3 s: a mount called
+    # stuck is not measured at all, and on a node whose CPUs are all busy a healthy statvfs can take longer than
+    # 0.3 s to answer.
     view = scan_view(config, config.mounts.statvfs_timeout_seconds, 0.0, () if args.all else args.mount)
     paths = config.host_paths()
     roots = default_roots(paths, config.checkpoints.roots, config.checkpoints.kubelet)

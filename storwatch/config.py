@@ -202,7 +202,14 @@ class GPUConfig:
 @dataclass(frozen=True)
 class CheckpointsConfig:
     roots: tuple[str, ...] = ()
-    """Host directories to search for checkpoints (the kubelet's pod volumes are added on Kubernetes nodes)."""
+    """Host directories to search for checkpoints, besides the default places and the kubelet's pod volumes."""
+    default_roots: bool = True
+    """Also search the places where the platform puts people's data that the node loses, as the platform preset and
+    the mount table say (storwatch.classify.default_places): home directories where they are node-local (on
+    together-slurm /home is NFS and is not searched; on gradient the workspace /home/paperspace and /artifacts),
+    node-local scratch (together-slurm: /scratch, /local, /mnt/local-nvme, /tmp) and every node-local or in-memory
+    data mount up to three levels below / (an NVMe at /mnt/nvme, /scratch, /opt/dlami/nvme), never the root
+    filesystem's system directories; false: ``roots`` (and the kubelet's pod volumes) alone."""
     kubelet: bool = True
     """Search /var/lib/kubelet/pods under the host root when it exists."""
     interval_seconds: float = number(30.0, 0.1, 86400)

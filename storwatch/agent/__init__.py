@@ -141,7 +141,9 @@ class Agent:
         self._view_kube: tuple[object, object] | None = None
         """The Kubernetes objects (pods and the rest, this Node) the last View was made with."""
         self._was_quiet = False
-        context = SourceContext(config.host_paths(), clock, self.latest, self.subscribe, self.pace)
+        context = SourceContext(
+            config.host_paths(), clock, self.latest, self.subscribe, self.pace, classifier=lambda: self.classifier
+        )
         states = Collectors.made(lambda spec: spec.section_of(config), context) if sources is None else []
         self._collectors = Collectors(
             states if sources is None else [given(s) for s in sources], context, clock, self._stop, self._reported

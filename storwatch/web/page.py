@@ -17,6 +17,7 @@ from storwatch.report import (
     mount_state,
     no_checkpoints_line,
     no_gpus_line,
+    search_summary,
     usage_percent,
 )
 from storwatch.web.timeline import findings_panel, shown, timelines
@@ -179,13 +180,14 @@ td.kube {{ font-size: 12px; }}
 #findings li.critical b {{ color: #b00020; }} #findings li.warning b {{ color: #b36b00; }}
 #findings {{ border: 1px solid #e0b4b4; background: #fff6f6; padding: 0 1em; }}
 #findings.none {{ border-color: #c8e6c9; background: #f5fbf5; }} figure {{ margin: 0.5em 0; }}
+#findings.unsearched, #findings.unsure {{ border-color: #e6d3a3; background: #fffaf0; }}
 </style></head><body>
 <h1>storwatch</h1>
 <p class="summary"><span>platform: <b id="platform">{e(plat["name"])}</b> ({e(plat["detected_by"])})</span>
 <span>mounts: <b id="mount-count">{len(storage)}</b></span>
 <span>ephemeral (volatile or node): <b id="ephemeral-count">{ephemeral}</b></span>
 <span>stuck: <b id="stuck-count">{stuck_count}</b></span></p>
-{findings_panel(data.get("findings") or [])}
+{findings_panel(data.get("findings") or [], search_summary(data))}
 {_policy_section(data.get("policy"), data.get("generated_at"))}
 <h2>Mounts</h2>
 <table id="mounts"><thead><tr><th>Mountpoint</th><th>Device</th><th>Type</th><th>Durability</th><th>Reason</th>

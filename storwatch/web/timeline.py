@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from storwatch.printable import printable
-from storwatch.report import NO_LATENCY_SOURCE, human_seconds
+from storwatch.report import NO_LATENCY_SOURCE, SearchSummary, human_seconds
 
 WIDTH, PLOT_HEIGHT, LATENCY_HEIGHT, MARGIN = 900, 90, 40, 48
 BUCKET_SECONDS = 10.0
@@ -36,12 +36,21 @@ CAUSE_WORDS = {
 }
 
 
-def findings_panel(findings: list[dict[str, Any]]) -> str:
+def findings_panel(findings: list[dict[str, Any]], search: SearchSummary) -> str:
+    """The findings, most severe first, and where the checkpoint scan looked: "nothing found" only of places it
+    searched, and where it searched nowhere, why and how to have a place searched."""
     e = html.escape
+    caveats = f"<p class='note' id='search-caveats'>{shown(' '.join(search.caveats))}</p>" if search.caveats else ""
     if not findings:
+        if search.searched is None:
+            return (
+                "<section id='findings' class='unsearched'><h2>At risk</h2>"
+                f"<p id='searched'>{shown(search.unsearched or '')}</p>{caveats}</section>"
+            )
         return (
-            "<section id='findings' class='none'><h2>At risk</h2><p>Nothing important found on storage that is "
-            "lost with this node.</p></section>"
+            f"<section id='findings' class='{'unsure' if search.partial else 'none'}'><h2>At risk</h2>"
+            f"<p id='searched'>{shown(search.searched)}: nothing important found on storage that is lost with this "
+            f"node.</p>{caveats}</section>"
         )
     # One line a finding, in the report's order (most severe, then largest, first): its sentence names the run and
     # its directory, the bytes, the age and where the data should go; then why it is as severe as it is.
@@ -52,7 +61,8 @@ def findings_panel(findings: list[dict[str, Any]]) -> str:
         + "</li>"
         for f in findings
     )
-    return f"<section id='findings'><h2>At risk</h2><ul>\n{items}\n</ul></section>"
+    where = f"<p class='note' id='searched'>{shown(search.searched)}.</p>" if search.searched else ""
+    return f"<section id='findings'><h2>At risk</h2><ul>\n{items}\n</ul>{where}{caveats}</section>"
 
 
 def shown(text: str) -> str:
