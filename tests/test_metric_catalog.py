@@ -42,7 +42,8 @@ def policy_scrape() -> str:
     from storwatch.policy.schema import entities
 
     view = rich_view()
-    engine = Engine(load_policy([str(REPO_ROOT / "policies" / "default.yaml")]), budget_seconds=float("inf"))
+    shipped = REPO_ROOT / "storwatch" / "policies" / "default.yaml"
+    engine = Engine(load_policy([str(shipped)]), budget_seconds=float("inf"))
     for minute in range(61):
         engine.evaluate(entities(view), view.timestamp + 60 * minute)
     actions = {("mount-stuck", "log", "ok"): 2, ("mount-stuck", "event", "failed"): 1}

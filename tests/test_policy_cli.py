@@ -13,7 +13,7 @@ from storwatch.cli import main
 from storwatch.policy.testing import run_test_file
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-POLICIES = REPO_ROOT / "policies"
+POLICIES = REPO_ROOT / "storwatch" / "policies"
 
 
 def test_the_default_sets_cases_pass(capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,7 +21,7 @@ from storwatch.policy.load import (
 
 FIXTURES = Path(__file__).parent / "fixtures" / "policy"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = REPO_ROOT / "policies" / "default.yaml"
+DEFAULT = REPO_ROOT / "storwatch" / "policies" / "default.yaml"
 
 
 def errors_of(*paths: Path) -> list[str]:
