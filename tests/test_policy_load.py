@@ -107,6 +107,31 @@ def test_every_problem_of_every_file_is_listed(tmp_path: Path) -> None:
     ]
 
 
+def test_an_entitys_own_severity_and_repeat_on_are_checked_against_its_kind(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "rules:\n  - name: copy\n    on: run\n    when: complete > 0\n    severity: '{severity}'\n"
+        "    repeat_on: [checkpoint]\n"
+    )
+    (rule,) = load_policy([str(good)]).rules
+    assert (rule.severity_field, rule.severity_shown, rule.repeat_on) == ("severity", "{severity}", ("checkpoint",))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "rules:\n"
+        "  - name: a\n    on: mount\n    when: stuck\n    severity: '{severity}'\n"
+        "  - name: b\n    on: run\n    when: complete > 0\n    severity: '{newest_verdict}'\n"
+        "  - name: c\n    on: run\n    when: complete > 0\n    repeat_on: [checkpoint, chekpoint]\n"
+        "  - name: d\n    on: run\n    when: complete > 0\n    repeat_on: checkpoint\n"
+    )
+    assert errors_of(bad) == [
+        f"{bad}:5: rules[0].severity: '{{severity}}' is not one of info, warning, critical",
+        f"{bad}:9: rules[1].severity: '{{newest_verdict}}' is not one of info, warning, critical, or \"{{severity}}\" "
+        "(each run's own)",
+        f"{bad}:13: rules[2].repeat_on: 'chekpoint': not a field of run",
+        f"{bad}:17: rules[3].repeat_on: expected a list of 1 to 8 fields of run",
+    ]
+
+
 def test_action_params_are_checked_by_the_check_passed_in(tmp_path: Path) -> None:
     def webhook(params: object) -> list[str]:
         return [] if isinstance(params, dict) and "url" in params else ["url: required"]

@@ -887,9 +887,14 @@ RULE = Label(
 POLICY_RULE_FIRING = _gauge(
     "policy",
     "storwatch_policy_rule_firing",
-    "Entities for which the rule fires now (its condition held for its for, or within its keep_firing_for).",
+    "Entities for which the rule fires now (its condition held for its for, or within its keep_firing_for), by the "
+    "severity each fires with.",
     RULE,
-    Label("severity", "the severities a rule can have", POLICY_SEVERITIES),
+    Label(
+        "severity",
+        "the rule's severity; every severity for a rule that takes each entity's own (severity: \"{severity}\")",
+        POLICY_SEVERITIES,
+    ),
 )
 POLICY_RULE_ERRORS = _counter(
     "policy",
