@@ -148,7 +148,7 @@ def test_the_check_is_live() -> None:
         "# HELP storwatch_mount_stuck Another help.\n# TYPE storwatch_mount_stuck gauge\n"
         'storwatch_mount_stuck{mountpoint="/",pid="7"} 1.0\n'
         f"# HELP storwatch_finding {BY_NAME['storwatch_finding'].help}\n# TYPE storwatch_finding gauge\n"
-        'storwatch_finding{id="0123456789abcdef",severity="mild"} 1.0\n'
+        'storwatch_finding{id="0123456789abcdef",kind="checkpoint",mountpoint="/",run="r",severity="mild"} 1.0\n'
     )
     problems = catalog_problems(text)
     assert len(problems) == 4, problems

@@ -62,12 +62,13 @@ def test_a_case_expecting_a_wrong_action_fails(tmp_path: Path, capsys: pytest.Ca
 def test_a_case_expecting_a_firing_too_early_fails(tmp_path: Path) -> None:
     path = copy_with(
         tmp_path,
-        "      - at: 4m\n        firing: []\n",
-        "      - at: 4m\n        firing: [{rule: next-checkpoint-will-not-fit, key: full}]\n",
+        "      - at: 9m\n        firing: []\n      - at: 10m\n        firing: [{rule: next",
+        "      - at: 9m\n        firing: [{rule: next-checkpoint-will-not-fit, key: full}]\n      - at: 10m\n"
+        "        firing: [{rule: next",
     )
     result = run_test_file(str(path))
     (failure,) = result.failures
-    assert "at 240s: firing: expected [next-checkpoint-will-not-fit full], got []" in failure
+    assert "at 540s: firing: expected [next-checkpoint-will-not-fit full], got []" in failure
 
 
 def test_a_bad_test_file_is_named_with_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

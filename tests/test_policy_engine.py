@@ -425,3 +425,28 @@ def test_a_rule_may_take_each_entitys_own_severity() -> None:
     # The severity follows the entity's as it changes (no new firing: the same one, now a warning).
     assert engine.evaluate(of(ckpt_run("x", "a.pt", "warning")), T0 + 60) == []
     assert engine.status().active[0].severity == "warning"
+
+
+def test_the_readmes_sync_rule_copies_every_newer_checkpoint() -> None:
+    """The README's own sync rule ("Sync"), as printed there: three newer checkpoints within an hour, three more
+    copies asked for."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Sync\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", section, re.S) if "action: sync" in b]
+    engine = Engine(parse_policy([("README.md", block)]))
+    (rule,) = engine.policy.rules
+
+    def at_risk(checkpoint: str) -> Entity:
+        fields = {"run": "alice/llm", "ephemeral": True, "complete": 2, "gpus": 8, "checkpoint": checkpoint}
+        return Entity("run", "alice/llm", {**fields, "severity": "critical"})
+
+    steps = [(0, "step-100"), (300, "step-100"), (900, "step-200"), (1500, "step-300"), (2400, "step-400")]
+    asked = [
+        (t, r.action, r.entity.fields["checkpoint"]) for t, c in steps for r in engine.evaluate(of(at_risk(c)), T0 + t)
+    ]
+    assert asked == [(0, "sync", "step-100"), (900, "sync", "step-200"), (1500, "sync", "step-300"),
+                     (2400, "sync", "step-400")]  # fmt: skip
+    assert engine.status().active[0].severity == "critical" and rule.repeat_on == ("checkpoint",)

@@ -285,6 +285,6 @@ def test_message_templates_fill_fields_and_nothing_else() -> None:
 
 def test_the_default_policy_loads_and_check_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     policy = load_policy([str(DEFAULT)])
-    assert len(policy.rules) == 10
+    assert len(policy.rules) == 13
     assert main(["policy", "check", str(DEFAULT)]) == 0
-    assert "10 rules" in capsys.readouterr().out
+    assert "13 rules" in capsys.readouterr().out

@@ -972,7 +972,7 @@ def markdown() -> str:
         "    when: at_risk && complete > 0 # a CEL expression over the entity's fields (below)",
         "    for: 5m                      # true this long before it fires (default 0: at once)",
         "    keep_firing_for: 2m          # keeps firing this long after it stops being true (default 0)",
-        "    severity: warning            # info, warning or critical; \"{severity}\": each entity's own (below)",
+        '    severity: warning            # info, warning or critical; "{severity}": each entity\'s own (below)',
         "    labels: {team: ml-infra}",
         '    message: "run {run} has no checkpoint that survives losing the node"',
         "    actions:",
