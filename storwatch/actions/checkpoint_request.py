@@ -135,6 +135,8 @@ class RequestCheckpointAction:
         if request.transition == "resolved":
             return ActionResult("skipped", "a resolved rule asks for no checkpoint")
         entity = acted_on(request.entity)  # an alert's: the run its labels name
+        if entity.kind == "alert":
+            return ActionResult("failed", "the alert names no run of this node")
         if entity.run_dir is None:
             return ActionResult("failed", f"a {entity.kind} entity names no run directory to ask in")
         placed, mode = self._place(entity.run_dir, entity.run_root, request_text(request), min(timeout, FILE_SECONDS))
