@@ -25,7 +25,7 @@ import yaml
 
 from tests.agentproc import REPO_ROOT, running_agent, wait_until
 
-pytestmark = [pytest.mark.realpart, pytest.mark.slow]
+pytestmark = pytest.mark.realpart
 
 
 def _run(*cmd: str | Path, cwd: Path | None = None) -> str:
