@@ -370,6 +370,9 @@ class SyncConfig:
     deadline_seconds: float = number(3600.0, 1.0, 7 * 86400)
     """Past this a copy is abandoned: its helper process is killed (a destination on a hung mount never holds the
     agent) and its temporaries are removed by the next copy into the same directory."""
+    copies_interval_seconds: float = number(30.0, 1.0, 86400)
+    """How often the durable roots are walked for the verified copies storwatch made there (what makes a run safe: its
+    recovery point, finding and alerts resolve once a copy of its newest checkpoint is seen)."""
     job_scratch: tuple[str, ...] = ()
     """Where a Slurm job's node-local scratch directories are, as host paths with ``{job}``, ``{uid}`` and ``{user}``
     (``/scratch/{user}/{job}``): what ``storwatch sync --job`` looks in besides where the job's processes work and

@@ -26,12 +26,13 @@ from storwatch.config import (
     MountsConfig,
     NFSConfig,
     ProbesConfig,
+    SyncConfig,
 )
 from storwatch.config import load_config as _load_config
 from storwatch.config import parse_config as _parse_config
 from storwatch.pace import Pace
 from storwatch.paths import HostPaths
-from storwatch.sources import FactsKey, Source, access, lustre
+from storwatch.sources import FactsKey, Source, access, copies, fileevents, lustre
 from storwatch.sources.access import ACCESS, AccessConfig
 from storwatch.sources.checkpoint_key import CHECKPOINTS, default_roots
 from storwatch.sources.diskio import DISKIO, DiskIOSource
@@ -351,6 +352,16 @@ SOURCES: tuple[SourceSpec[Any, Any], ...] = (
         "sampled",
         metrics=ExporterArea("lustre"),
         paced=True,
+    ),
+    SourceSpec("copies", "sync", SyncConfig, copies.COPIES, copies.make, scan="never"),
+    SourceSpec(
+        "file_events",
+        "file_events",
+        fileevents.FileEventsConfig,
+        fileevents.FILE_EVENTS,
+        fileevents.make,
+        "enabled",
+        "never",
     ),
     SourceSpec(
         "access",

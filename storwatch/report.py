@@ -422,7 +422,8 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "write_cost_seconds": None if rec is None else rec.write_cost_seconds,
                 "recommended_interval_seconds": None if rec is None else rec.recommended_interval_seconds,
                 "workload": None if rec is None else rec.workload,
-                "gpus": 0 if rec is None else rec.gpus,
+                # null: nothing ties the run to a process (no pod's volume holds it, no writer was seen): unknown
+                "gpus": None if rec is None else rec.gpus,
                 # null without a GPU here, or while the recovery point is unbounded (+Inf in
                 # storwatch_gpu_seconds_at_risk; with "gpus" above 0)
                 "gpu_seconds_at_risk": None

@@ -3,9 +3,13 @@ they should go (a layout like Together's Kubernetes nodes: a pod's scratch empty
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from storwatch.analysis.findings import find, severity
+from storwatch.analysis.copies import join_copies
+from storwatch.analysis.findings import find as find_joined
+from storwatch.analysis.findings import severity
 from storwatch.analysis.view import MountView, RunView, View
 from storwatch.config import FindingsConfig
 from storwatch.exporter import ExportState, render_text
@@ -16,6 +20,15 @@ from storwatch.sources.checkpoints import Checkpoint, RunState
 from storwatch.vocabulary import Durability, Mount, Platform, Verdict
 
 NOW = 1_800_000_000.0
+
+
+def find(runs: object, mounts: object, now: float, **kw: object) -> tuple[Any, ...]:
+    """The findings of ``runs`` once joined with their durable copies, as the View's runs are (analysis/copies.py)."""
+    from storwatch.paths import HostPaths
+
+    return find_joined(join_copies(list(runs), (), HostPaths()), mounts, now, **kw)  # type: ignore[arg-type]
+
+
 POD = "0b5c6f3e-1c9a-4a5e-9c1f-2b7d8e9f0a1b"
 SCRATCH = f"/var/lib/kubelet/pods/{POD}/volumes/kubernetes.io~empty-dir/scratch"
 PVC = f"/var/lib/kubelet/pods/{POD}/volumes/kubernetes.io~csi/pvc-ckpt/mount"
@@ -61,7 +74,8 @@ def test_checkpoints_on_a_pods_scratch_volume_go_to_the_same_pods_pvc() -> None:
     assert finding.severity == "critical"  # the durable copy is 3 h old, the newest work 6 min
     assert finding.sentence == (
         f"llama/run1 ({SCRATCH}/llama/run1): 3 checkpoints, 42.8 GiB, newest 6 min old, only on node storage "
-        f"{SCRATCH}; newest durable copy 3 h old; copy them to {PVC}"
+        f"{SCRATCH}; newest durable copy 3 h old (step-100.pt: a copy at the same path at {PVC}/llama/run1); "
+        f"copy them to {PVC}"
     )
     assert finding.exposed_seconds == 10800.0 - 360.0 and not finding.exposed_at_least
     assert finding.severity_reason == (
@@ -88,7 +102,8 @@ def test_no_durable_storage_on_the_node_is_said() -> None:
     (finding,) = find([home], (MOUNTS[0], HOME), NOW)
     assert finding.move_to is None
     assert finding.sentence.endswith(
-        "no durable destination known: this node has no cluster or region storage to copy to"
+        "no durable destination known: set sync.destinations (or checkpoints.roots on durable storage), as this node "
+        "has no cluster or region storage mounted"
     )
 
 

@@ -275,6 +275,16 @@ def test_the_gpu_areas_throttle_bits_are_the_catalogs_reasons() -> None:
     assert tuple(gpu_area._THROTTLE_BITS) == BY_NAME["storwatch_gpu_clock_throttled"].values("reason")
 
 
+def test_copies_by_result_are_written_at_zero_before_any_copy_ends() -> None:
+    """So the first failed copy is a rise that rate() and increase() see, not a new series they skip."""
+    from storwatch.exporter import sync as sync_area
+    from storwatch.exporter.area import SyncMetrics
+
+    text = render_text(sync_area.families(SyncMetrics())).decode("utf-8")
+    lines = [line for line in text.splitlines() if line.startswith("storwatch_sync_copies_total{")]
+    assert lines == [f'storwatch_sync_copies_total{{result="{r}"}} 0.0' for r in ("verified", "failed", "superseded")]
+
+
 def test_a_label_template_writes_what_add_writes() -> None:
     family = BY_NAME["storwatch_mount_latency_seconds"].family()
     values = ('/mnt/a "b"\\c', "probe_write", "1m", "p95")

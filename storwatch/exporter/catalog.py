@@ -20,7 +20,7 @@ from storwatch.analysis.checkpoints import MAX_RUNS
 from storwatch.analysis.stalls import CAUSES
 from storwatch.checkpoints.scan import MAX_DATASET_DIRS
 from storwatch.config import DEFAULT_NFS_OPERATIONS
-from storwatch.exporter.area import ALERTMANAGER_ALERT_RESULTS, ALERTMANAGER_REQUEST_RESULTS
+from storwatch.exporter.area import ALERTMANAGER_ALERT_RESULTS, ALERTMANAGER_REQUEST_RESULTS, SYNC_COPY_RESULTS
 from storwatch.exporter.text import Family
 from storwatch.sources.checkpoints import CHECK_ERROR_REASONS, CLAIM_REJECT_REASONS
 from storwatch.sources.probe import PROBE_OPS
@@ -664,10 +664,17 @@ CHECKPOINT_ORPHANED_TEMP_BYTES = _gauge(
 RECOVERY_POINT = _gauge(
     "checkpoints",
     "storwatch_recovery_point_seconds",
-    "Age of the run's newest complete checkpoint on storage that survives losing this node (cluster or region); "
-    "+Inf when it has none there.",
+    "Age of the run's newest complete checkpoint on storage that survives losing this node (cluster or region): its "
+    "own, or the save its newest durable copy protects; +Inf when it has neither.",
     RUN,
     allow_inf=True,
+)
+DURABLE_COPY = _gauge(
+    "checkpoints",
+    "storwatch_checkpoint_durable_copy_timestamp_seconds",
+    "When the save the run's newest durable copy protects was made (a verified copy storwatch made, or a checkpoint "
+    "at the same path below a durable root); no series while the run has none.",
+    RUN,
 )
 CHECKPOINT_OVERHEAD = _gauge(
     "checkpoints",
@@ -937,6 +944,14 @@ SYNC_BYTES = _counter(
     "sync",
     "storwatch_sync_bytes_total",
     "Bytes of the checkpoint copies that completed, verified, since the agent started.",
+)
+SYNC_COPIES = _counter(
+    "sync",
+    "storwatch_sync_copies_total",
+    "Checkpoint copies that ended since the agent started, by result: verified (copied, read back and checked), "
+    "failed (refused, an error, a source that changed, or past its deadline: sync.deadline_seconds or its pod's time "
+    "left), superseded (stopped for a newer checkpoint of the same run). Each result is written from the start, at 0.",
+    Label("result", "how a copy ends (exporter/area.py SYNC_COPY_RESULTS)", SYNC_COPY_RESULTS),
 )
 SYNC_IN_PROGRESS = _gauge(
     "sync", "storwatch_sync_in_progress", "Checkpoint copies queued or running in the copy worker now."

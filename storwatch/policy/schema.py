@@ -168,7 +168,13 @@ _RUN = Kind(
             "the mount's usage or a complete checkpoint.",
             True,
         ),
-        _f("gpus", "int", "GPUs on this node held by the pod it writes into."),
+        _f(
+            "gpus",
+            "int",
+            "GPUs on this node held by the pod it writes into, or by the processes seen writing it; null when nothing "
+            "ties it to a process (unknown, never 0).",
+            True,
+        ),
         _f(
             "gpu_seconds_at_risk",
             "double",
@@ -622,7 +628,7 @@ def _run_entities(view: View) -> list[Entity]:
             "write_cost_seconds": _double(rec.write_cost_seconds) if rec else None,
             "recommended_interval_seconds": _double(rec.recommended_interval_seconds) if rec else None,
             "headroom_bytes": rec.headroom_bytes if rec else None,
-            "gpus": rec.gpus if rec else 0,
+            "gpus": rec.gpus if rec else None,
             "gpu_seconds_at_risk": _double(rec.gpu_seconds_at_risk) if rec else None,
             "severity": severities.get(rv.label, "warning"),
             "workload": _s(rec.workload) if rec else None,
