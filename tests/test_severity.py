@@ -4,9 +4,9 @@ in the alerts about it, as Prometheus computes them from the agent's own scrape 
 series of that scrape). A run without a finding (on durable storage) is a warning everywhere.
 
 The View is the metric catalog test's rich View (tests/rich_view.py: the node drains, so its findings are critical),
-with GPUs given to two of its runs so the recovery-point detection fires for a critical run (no durable checkpoint)
-and for a warning one (on durable storage, its newest checkpoint two hours old); its series carry the ``cluster``,
-``node``, ``instance`` and ``job`` labels Prometheus adds."""
+with GPUs given to two of its runs so the recovery-point detection fires for a critical run (on node-local storage,
+its durable copy an hour and a half old) and for a warning one (on durable storage, its newest checkpoint two hours
+old); its series carry the ``cluster``, ``node``, ``instance`` and ``job`` labels Prometheus adds."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def at_risk_view() -> View:
     view = rich_view()
     recovery = []
     for r in view.recovery:
-        if r.label == "llama":  # only on node-local storage: +Inf, training on 8 GPUs
-            r = dataclasses.replace(r, gpus=8)
+        if r.label == "llama":  # on node-local storage, its durable copy 90 minutes old, training on 8 GPUs
+            r = dataclasses.replace(r, gpus=8, recovery_point_seconds=5400.0)
         elif r.label == "ckpt/bert":  # on durable storage, its newest checkpoint two hours old, on 4 GPUs
             r = dataclasses.replace(r, gpus=4, recovery_point_seconds=7200.0)
         recovery.append(r)
@@ -93,8 +93,8 @@ def test_a_run_has_one_severity_in_its_finding_the_policy_and_the_alerts(promtoo
     assert {(rule, run) for rule, run, _ in shown} >= {
         ("recovery-point-over-budget", "llama"),
         ("recovery-point-over-budget", "ckpt/bert"),
-        ("important-data-only-on-ephemeral-storage", "llama"),
-        ("leaving-with-checkpoints-only-on-ephemeral-storage", "llama"),
+        ("important-data-only-on-ephemeral-storage", "models/llama-weights"),
+        ("leaving-with-checkpoints-only-on-ephemeral-storage", "models/llama-weights"),
     }
     assert {(run, severity) for _, run, severity in shown} <= set(own.items()), shown
     # Prometheus over the agent's own scrape of that View: the run's severity as the alerts take it, and the

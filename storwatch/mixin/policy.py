@@ -96,7 +96,7 @@ def rules(th: Thresholds = THRESHOLDS, site: Site = SITE) -> tuple[PolicyRule, .
         PolicyRule(
             "recovery_point",
             "run",
-            "gpus > 0 && recovery_point_seconds != null && recovery_point_seconds > rpo_budget_seconds",
+            "gpus != null && gpus > 0 && recovery_point_seconds != null && recovery_point_seconds > rpo_budget_seconds",
             "run {run} ({workload}, {gpus} GPUs): its newest checkpoint that survives losing the node is "
             "{recovery_point_seconds} s old, over the budget; {gpu_seconds_at_risk} GPU-seconds at risk",
         ),

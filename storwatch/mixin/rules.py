@@ -141,8 +141,11 @@ def alerts(th: Thresholds = THRESHOLDS, site: Site = SITE) -> tuple[Alert, ...]:
     return (
         alert(
             "StorwatchImportantDataOnlyOnEphemeralStorage",
-            # One per finding (a run's checkpoints or weights on one mount), its severity the finding's.
-            'storwatch_finding{kind=~"checkpoint|model"} > 0',
+            # One per finding (a run's checkpoints or weights on one mount), its severity the finding's; a run with a
+            # durable copy (one whose save is not dated in the future) is the recovery point's to judge.
+            'storwatch_finding{kind=~"checkpoint|model"} > 0\n'
+            "unless on (cluster, node, run)\n"
+            "(storwatch_checkpoint_durable_copy_timestamp_seconds <= time())",
             "Checkpoints or model weights only on storage lost with the node.",
             "Run {{ $labels.run }} on node {{ $labels.node }} has {{ $labels.kind }} data on {{ $labels.mountpoint }}, "
             "storage that does not survive losing the node (volatile or node-local), with no durable copy the agent "
