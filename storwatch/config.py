@@ -281,7 +281,7 @@ class PolicyConfig:
 
     enabled: bool = True
     default_set: bool = True
-    """Load the shipped default set (policies/default.yaml) before ``files``."""
+    """Load the shipped default set (storwatch/policies/default.yaml, package data) before ``files``."""
     files: tuple[str, ...] = ()
     """More policy files, loaded in order after the default set (a later file may override an earlier rule)."""
     budget_seconds: float = number(0.02, 0.001, 10.0)

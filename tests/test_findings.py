@@ -119,7 +119,8 @@ def test_findings_in_the_scrape_and_the_report() -> None:
     assert f'storwatch_ephemeral_important_bytes{{kind="checkpoint",mountpoint="{SCRATCH}"}} 1015.0' in lines
     assert 'storwatch_ephemeral_important_bytes{kind="checkpoint",mountpoint="/home"} 5.0' in lines
     for f in findings:
-        assert f'storwatch_finding{{id="{f.id}",severity="{f.severity}"}} 1.0' in lines
+        labels = f'id="{f.id}",kind="{f.kind}",mountpoint="{f.mountpoint}",run="{f.run}",severity="{f.severity}"'
+        assert f"storwatch_finding{{{labels}}} 1.0" in lines
     data = view_to_dict(view)
     assert [f["bytes"] for f in data["findings"]] == [1000, 15, 5]  # most severe first, then the biggest
     assert data["findings"][0]["move_to"] == PVC

@@ -42,7 +42,8 @@ def policy_scrape() -> str:
     from storwatch.policy.schema import entities
 
     view = rich_view()
-    engine = Engine(load_policy([str(REPO_ROOT / "policies" / "default.yaml")]), budget_seconds=float("inf"))
+    shipped = REPO_ROOT / "storwatch" / "policies" / "default.yaml"
+    engine = Engine(load_policy([str(shipped)]), budget_seconds=float("inf"))
     for minute in range(61):
         engine.evaluate(entities(view), view.timestamp + 60 * minute)
     actions = {("mount-stuck", "log", "ok"): 2, ("mount-stuck", "event", "failed"): 1}
@@ -147,7 +148,7 @@ def test_the_check_is_live() -> None:
         "# HELP storwatch_mount_stuck Another help.\n# TYPE storwatch_mount_stuck gauge\n"
         'storwatch_mount_stuck{mountpoint="/",pid="7"} 1.0\n'
         f"# HELP storwatch_finding {BY_NAME['storwatch_finding'].help}\n# TYPE storwatch_finding gauge\n"
-        'storwatch_finding{id="0123456789abcdef",severity="mild"} 1.0\n'
+        'storwatch_finding{id="0123456789abcdef",kind="checkpoint",mountpoint="/",run="r",severity="mild"} 1.0\n'
     )
     problems = catalog_problems(text)
     assert len(problems) == 4, problems

@@ -17,7 +17,7 @@ import yaml
 from storwatch.config import FindingsConfig
 from storwatch.exporter.catalog import CATALOG, MetricSpec
 from storwatch.mixin.__main__ import generated, main
-from storwatch.mixin.rules import alerts, rules_file
+from storwatch.mixin.rules import SEVERITY_FROM_LABEL, alerts, rules_file
 from storwatch.mixin.thresholds import SITE, THRESHOLDS
 from tests.mixin_exprs import (
     DASHBOARDS,
@@ -111,7 +111,7 @@ def test_every_alert_is_complete_and_has_its_runbook_section() -> None:
     for rule in rules:
         name = rule["alert"]
         assert re.fullmatch(r"\d+[smh]", rule["for"]), name
-        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
+        assert rule["labels"]["severity"] in ("critical", "warning", "info", SEVERITY_FROM_LABEL), name
         notes = rule["annotations"]
         assert set(notes) == {"summary", "description", "runbook_url"}, name
         assert notes["summary"].endswith(".") and "{{" not in notes["summary"], name
@@ -120,7 +120,9 @@ def test_every_alert_is_complete_and_has_its_runbook_section() -> None:
         section = sections[name]
         for part in ("**What it means.**", "**Confirm.**", "**What to do.**", "```promql"):
             assert part in section, f"runbook section {name} lacks {part}"
-        assert f"**Severity** {rule['labels']['severity']}, after {rule['for']}." in section, name
+        severity = rule["labels"]["severity"]
+        words = "the run's (its finding's: " if severity == SEVERITY_FROM_LABEL else f"{severity}, "
+        assert re.search(rf"^\*\*Severity\*\* {re.escape(words)}.*after {rule['for']}\.$", section, re.M), name
     # the issue's list of alerts, at least
     assert {
         "StorwatchImportantDataOnlyOnEphemeralStorage",
@@ -360,3 +362,56 @@ def test_promtool_unit_tests_catch_a_drifted_threshold(promtool: str, tmp_path: 
     )
     assert run.returncode != 0
     assert "StorwatchGPUStallShareHigh" in run.stdout + run.stderr
+
+
+def test_one_table_makes_the_alerts_and_the_default_policy() -> None:
+    """Each detection's alert (alerts/, as checked in) and rule (storwatch/policies/default.yaml, as checked in) fire
+    after the same ``for`` with the same severity: the run's own where the table says so (the alert's label from
+    storwatch_finding, the rule's ``severity: "{severity}"``). Nothing watched by one system is missing from the
+    table."""
+    from storwatch.mixin.thresholds import DETECTIONS, OWN
+    from storwatch.policy.load import load_policy, parse_duration
+
+    policy = {r.name: r for r in load_policy([str(REPO_ROOT / "storwatch" / "policies" / "default.yaml")]).rules}
+    shipped = {r["alert"]: r for g in rule_groups() for r in g["rules"] if "alert" in r}  # type: ignore[index]
+    assert {d.rule for d in DETECTIONS if d.rule} == set(policy)
+    assert {d.alert for d in DETECTIONS if d.alert} == set(shipped)
+    both = [d for d in DETECTIONS if d.alert and d.rule]
+    assert len(both) == 9
+    for d in both:
+        alert, rule = shipped[d.alert], policy[d.rule]  # type: ignore[index]
+        assert parse_duration(alert["for"]) == rule.for_seconds, d
+        if d.severity == OWN:
+            assert (alert["labels"]["severity"], rule.severity_field) == (SEVERITY_FROM_LABEL, "severity"), d
+        else:
+            assert (alert["labels"]["severity"], rule.severity, rule.severity_field) == (d.severity, d.severity, None)
+    # The issue's two disagreements, settled once: a stuck mount and ephemeral data, each with one duration.
+    assert policy["mount-stuck"].for_seconds == parse_duration(shipped["StorwatchMountStuck"]["for"]) == 300
+    assert policy["important-data-only-on-ephemeral-storage"].for_seconds == 600
+
+
+def test_the_alerts_meant_to_act_name_a_run_and_carry_the_action_label() -> None:
+    """The alerts the node's agent can act on carry storwatch_action="sync" (the README's route matches it) and the
+    run label (the agent's alert-sync-checkpoint rule copies that run), in every promtool case where they fire; no
+    other alert carries the action label."""
+    from storwatch.mixin.thresholds import DETECTIONS
+
+    acting = {d.alert for d in DETECTIONS if d.acts}
+    assert acting == {
+        "StorwatchImportantDataOnlyOnEphemeralStorage",
+        "StorwatchRecoveryPointOverBudget",
+        "StorwatchNodeDrainingWithEphemeralCheckpoints",
+    }
+    for a in alerts():
+        assert (a.labels == {SITE.action_label: SITE.action_value}) == (a.name in acting), a.name
+    tests = yaml.safe_load(PROMTOOL_TESTS.read_text(encoding="utf-8"))
+    fired = [
+        (case["alertname"], exp["exp_labels"])
+        for group in tests["tests"]
+        for case in group.get("alert_rule_test", [])
+        for exp in case["exp_alerts"]
+    ]
+    for name, labels in fired:
+        assert (labels.get(SITE.action_label) == SITE.action_value) == (name in acting), (name, labels)
+        if name in acting:
+            assert labels.get("run"), (name, labels)

@@ -21,7 +21,7 @@ from storwatch.policy.load import (
 
 FIXTURES = Path(__file__).parent / "fixtures" / "policy"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = REPO_ROOT / "policies" / "default.yaml"
+DEFAULT = REPO_ROOT / "storwatch" / "policies" / "default.yaml"
 
 
 def errors_of(*paths: Path) -> list[str]:
@@ -104,6 +104,31 @@ def test_every_problem_of_every_file_is_listed(tmp_path: Path) -> None:
         f"{a}:12: rules[2].actions[0].action: unknown action 'page'; known: log, event, webhook, request_checkpoint, "
         "sync",
         f"{b}:5: rules[0].message: {{nodename}}: not a field of the entity",
+    ]
+
+
+def test_an_entitys_own_severity_and_repeat_on_are_checked_against_its_kind(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "rules:\n  - name: copy\n    on: run\n    when: complete > 0\n    severity: '{severity}'\n"
+        "    repeat_on: [checkpoint]\n"
+    )
+    (rule,) = load_policy([str(good)]).rules
+    assert (rule.severity_field, rule.severity_shown, rule.repeat_on) == ("severity", "{severity}", ("checkpoint",))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "rules:\n"
+        "  - name: a\n    on: mount\n    when: stuck\n    severity: '{severity}'\n"
+        "  - name: b\n    on: run\n    when: complete > 0\n    severity: '{newest_verdict}'\n"
+        "  - name: c\n    on: run\n    when: complete > 0\n    repeat_on: [checkpoint, chekpoint]\n"
+        "  - name: d\n    on: run\n    when: complete > 0\n    repeat_on: checkpoint\n"
+    )
+    assert errors_of(bad) == [
+        f"{bad}:5: rules[0].severity: '{{severity}}' is not one of info, warning, critical",
+        f"{bad}:9: rules[1].severity: '{{newest_verdict}}' is not one of info, warning, critical, or \"{{severity}}\" "
+        "(each run's own)",
+        f"{bad}:13: rules[2].repeat_on: 'chekpoint': not a field of run",
+        f"{bad}:17: rules[3].repeat_on: expected a list of 1 to 8 fields of run",
     ]
 
 
@@ -260,6 +285,6 @@ def test_message_templates_fill_fields_and_nothing_else() -> None:
 
 def test_the_default_policy_loads_and_check_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     policy = load_policy([str(DEFAULT)])
-    assert len(policy.rules) == 10
+    assert len(policy.rules) == 13
     assert main(["policy", "check", str(DEFAULT)]) == 0
-    assert "10 rules" in capsys.readouterr().out
+    assert "13 rules" in capsys.readouterr().out

@@ -151,10 +151,9 @@ nothing then)."""
 
 @dataclass(frozen=True)
 class RuleMetrics:
-    severity: str
-    """info, warning or critical."""
-    firing: int
-    """Entities it fires for now."""
+    firing: Mapping[str, int]
+    """Entities it fires for now, by the severity each fires with (info, warning or critical): its one severity, 0
+    included; every severity for a rule that takes each entity's own."""
     errors_total: int
     """Evaluations that gave no bool, since the agent started."""
     disabled: bool = False

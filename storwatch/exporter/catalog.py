@@ -731,13 +731,17 @@ EPHEMERAL_IMPORTANT = _gauge(
 FINDING = _gauge(
     "checkpoints",
     "storwatch_finding",
-    "1 for each open finding (its sentence is on /api/status and in scan --json under findings).",
+    "1 for each open finding (its sentence is on /api/status and in scan --json under findings); its severity is "
+    "its run's, which the alerts about the run carry.",
     Label(
         "id",
         f"one per open finding: a run exported (at most {MAX_RUNS}) or a dataset directory (at most "
         f"{MAX_DATASET_DIRS}) on ephemeral storage; 16 hex digits",
     ),
     Label("severity", "how urgent", typing.get_args(Severity)),
+    Label("kind", "what the data is (analysis/findings.py)", ("checkpoint", "model", "dataset")),
+    Label("mountpoint", "one per volatile or node mount holding important data"),
+    Label("run", "the run's label, or the dataset directory's path; one per open finding"),
 )
 CHECKPOINT_SERIES_DROPPED = _gauge(
     "checkpoints",
@@ -894,9 +898,14 @@ RULE = Label(
 POLICY_RULE_FIRING = _gauge(
     "policy",
     "storwatch_policy_rule_firing",
-    "Entities for which the rule fires now (its condition held for its for, or within its keep_firing_for).",
+    "Entities for which the rule fires now (its condition held for its for, or within its keep_firing_for), by the "
+    "severity each fires with.",
     RULE,
-    Label("severity", "the severities a rule can have", POLICY_SEVERITIES),
+    Label(
+        "severity",
+        "the rule's severity; every severity for a rule that takes each entity's own (severity: \"{severity}\")",
+        POLICY_SEVERITIES,
+    ),
 )
 POLICY_RULE_ERRORS = _counter(
     "policy",

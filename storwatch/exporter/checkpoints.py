@@ -108,7 +108,7 @@ def _findings(view: View) -> Iterator[Family]:
     finding = catalog.FINDING.family()
     dropped = catalog.CHECKPOINT_SERIES_DROPPED.family()
     for f in view.findings:
-        finding.add((f.id, f.severity), 1)
+        finding.add((f.id, f.severity, f.kind, display_path(f.mountpoint), f.run), 1)
     by_mount: dict[tuple[str, str], int] = {}
     for (mountpoint, kind), size in view.important_bytes().items():  # over every run, those left out included
         key = (display_path(mountpoint), kind)
