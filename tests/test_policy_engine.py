@@ -370,7 +370,7 @@ def test_repeat_on_asks_again_for_every_newer_value_whatever_the_cooldown() -> N
     """Three newer checkpoints within the hour of the rule's cooldown: three more copies asked for, and the runner takes
     each (its idempotency counts the value), where the cooldown alone would ask for one an hour."""
     from storwatch.actions.runner import ActionRunner, Limits
-    from tests.test_action_runner import Recorder
+    from tests.builders import Recorder
 
     clock = [T0]
     sync = Recorder("sync")
