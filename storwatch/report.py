@@ -17,7 +17,7 @@ from typing import Any
 from storwatch.analysis.latency import WindowStats
 from storwatch.analysis.pods import ProcessPod, workload_name
 from storwatch.analysis.recovery import checkpoint_age_seconds, recovery_point_seconds
-from storwatch.analysis.view import MountView, View
+from storwatch.analysis.view import MountView, RunView, View
 from storwatch.classify import is_pseudo_mount
 from storwatch.printable import shown
 from storwatch.procfs.cgroup import SlurmJob
@@ -456,6 +456,8 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "corrupt": run.corrupt,
                 "unsafe": run.unsafe,
                 "write_in_progress": rv.writing,
+                # the copy that protects its newest save on durable storage (analysis/copies.py); null: none known
+                "durable_copy": _copy_dict(rv, view.timestamp),
                 "writers": list(rv.writers),
                 "writing_incomplete": run.writing_incomplete,
                 "orphaned_temps": run.orphaned_temps,
@@ -481,6 +483,20 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _copy_dict(rv: RunView, now: float) -> dict[str, Any] | None:
+    copy = rv.newest_copy
+    if copy is None:
+        return None
+    return {
+        "where": display_path(copy.where),
+        "how": copy.how,
+        "checkpoint": display_path(copy.checkpoint),
+        "covers": copy.covers,
+        "covers_age_seconds": checkpoint_age_seconds(copy, now),
+        "made_at": copy.made,
+    }
 
 
 def human_seconds(seconds: float | None) -> str:

@@ -182,6 +182,8 @@ class StallFeed:
         with self._lock:
             since = self.tracker.settled_before() - self.tracker.params.settle_seconds
         holders = GpuHolders(gpus, pods)
+        run_mounts: dict[str, set[str]] = {}
+        """Each GPU's runs' checkpoint mounts: the mount its strip draws, before any other it writes to."""
         for rv in runs:
             held = holders.of_run(rv) or frozenset()  # a run tied to no process charges no GPU's time
             d, w = write_spans(rv, held, since)
@@ -190,6 +192,7 @@ class StallFeed:
             if rv.mount is not None:
                 for gpu in held:
                     touches.setdefault(gpu, (set(), set()))[1].add(rv.mount.mount.mountpoint)
+                    run_mounts.setdefault(gpu, set()).add(rv.mount.mount.mountpoint)
         if gpus is not None and pods:
             volumes: dict[str, set[str]] = {}
             for mv in mounts:
@@ -221,7 +224,7 @@ class StallFeed:
             current = tuple(t.current(now))
             self.timeline.add_stalls(settled)
             self.timeline.add_writes(done)
-            drawn = {gpu: min(w) for gpu, (_, w) in touches.items() if w}
+            drawn = {gpu: min(run_mounts.get(gpu) or w) for gpu, (_, w) in touches.items() if w}
             picture = self.timeline.picture(now, current, writing, drawn)
             return StallState(dict(t.totals), current, t.params.settle_seconds), picture
 

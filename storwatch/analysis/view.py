@@ -72,6 +72,11 @@ class DurableCopy:
     made: float | None = None
     """When the copy was put in place (verified copies)."""
 
+    @property
+    def mtime(self) -> float:
+        """The save it protects, as a checkpoint's age reads it (analysis.recovery.checkpoint_age_seconds)."""
+        return self.covers
+
 
 @dataclass(frozen=True)
 class RunView:

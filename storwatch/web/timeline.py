@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from storwatch.printable import printable
@@ -36,8 +37,9 @@ CAUSE_WORDS = {
 }
 
 
-def findings_panel(findings: list[dict[str, Any]], search: SearchSummary) -> str:
-    """The findings, most severe first, and where the checkpoint scan looked: "nothing found" only of places it
+def findings_panel(findings: list[dict[str, Any]], search: SearchSummary, done: Mapping[str, str] | None = None) -> str:
+    """The findings, most severe first, each with what was done about its run (``done``: its newest durable copy, the
+    last checkpoint request and its answer), and where the checkpoint scan looked: "nothing found" only of places it
     searched, and where it searched nowhere, why and how to have a place searched."""
     e = html.escape
     caveats = f"<p class='note' id='search-caveats'>{shown(' '.join(search.caveats))}</p>" if search.caveats else ""
@@ -58,6 +60,7 @@ def findings_panel(findings: list[dict[str, Any]], search: SearchSummary) -> str
         f"<li class='finding {e(f['severity'])}' data-id='{e(f['id'])}'><b>{e(f['severity'])}</b> "
         f"<span class='sentence'>{shown(f['sentence'])}</span>"
         + (f" <span class='why'>({shown(f['severity_reason'])})</span>" if f.get("severity_reason") else "")
+        + (f"<br><span class='done'>Done: {shown(done[f['run']])}</span>" if done and done.get(f["run"]) else "")
         + "</li>"
         for f in findings
     )
