@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from storwatch import words
 from storwatch.analysis.latency import WindowStats
 from storwatch.analysis.pods import ProcessPod, workload_name
 from storwatch.analysis.recovery import checkpoint_age_seconds, recovery_point_seconds
@@ -584,14 +585,8 @@ def _ms(seconds: float | None) -> str:
 
 
 def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if value < 1024 or unit == "PiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
+    """A size in a table: "-" where unknown (storwatch.words says it in sentences)."""
+    return "-" if n is None else words.size(n)
 
 
 def used_ratio(usage: FsUsage | None) -> float | None:

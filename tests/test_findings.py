@@ -136,7 +136,7 @@ def test_two_runs_on_one_mount_are_two_findings_each_naming_its_run_and_path() -
     assert len({f.id for f in findings}) == 2 and len({f.sentence for f in findings}) == 2
     for f in findings:
         assert f.path == f"{SCRATCH}/{f.run}"
-        assert f.sentence.startswith(f"{f.run} ({SCRATCH}/{f.run}): 1 checkpoint, 0.0 MiB, newest 2 min old, ")
+        assert f.sentence.startswith(f"{f.run} ({SCRATCH}/{f.run}): 1 checkpoint, 4.0 KiB, newest 2 min old, ")
     view = View(Snapshot(NOW), Platform("generic", "test"), mounts=MOUNTS, checkpoints=tuple(runs), findings=findings)
     data = view_to_dict(view)
     assert {(f["run"], f["path"]) for f in data["findings"]} == {(r.label, r.directory) for r in runs}

@@ -49,7 +49,7 @@ STUCK = """\
     keep_firing_for: 3m
     severity: critical
     labels: {team: storage}
-    message: "{mountpoint} stuck for {stuck_seconds} s"
+    message: "{mountpoint} stuck for {stuck_seconds}"
     actions: [{action: log}, {action: event, params: {reason: Stuck}}]
 """
 

@@ -3,6 +3,7 @@ the loader and through ``storwatch policy check``; overrides as Falco's; the shi
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -279,8 +280,32 @@ def test_message_templates_fill_fields_and_nothing_else() -> None:
     ]
     fields = {"run": "a\x1b[31mb", "bytes": 3, "missing": None, "ratio": 0.25, "big": 3600.0, "l": ("x", "y")}
     assert render_message("{run} {bytes} {missing} {ratio} {big} {l} {{x}}", fields) == (
-        "a\\x1b[31mb 3 null 0.25 3600 x, y {x}"
+        "a\\x1b[31mb 3 B unknown 0.25 3600 x, y {x}"
     )
+
+
+def test_a_message_says_figures_in_words_by_the_unit_their_name_carries() -> None:
+    """A field's name says its unit (``_seconds``, ``bytes``, ``_ratio``, ``_share``): a message says the figure in
+    words, an unknown as unknown and an infinite one as unbounded, never null, None, inf or nan."""
+    fields = {
+        "age_seconds": 5400.0,
+        "left_seconds": 12.0,
+        "rp_seconds": math.inf,
+        "size_bytes": 3 << 30,
+        "headroom_bytes": -(1 << 20),
+        "utilization_ratio": 0.5,
+        "stall_share_10m": 0.25,
+        "gone": None,
+        "odd": math.nan,
+        "flag": True,
+        "none": (),
+    }
+    text = render_message(
+        "{age_seconds}|{left_seconds}|{rp_seconds}|{size_bytes}|{headroom_bytes}|{utilization_ratio}|"
+        "{stall_share_10m}|{gone}|{odd}|{flag}|{none}",
+        fields,
+    )
+    assert text == "2 h|12 s|unbounded|3.0 GiB|-1.0 MiB|50%|25%|unknown|unknown|yes|none"
 
 
 def test_the_default_policy_loads_and_check_says_so(capsys: pytest.CaptureFixture[str]) -> None:

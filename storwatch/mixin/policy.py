@@ -12,6 +12,7 @@ import textwrap
 from dataclasses import dataclass
 
 from storwatch.mixin.thresholds import DETECTIONS, OWN, SITE, THRESHOLDS, Detection, Site, Thresholds
+from storwatch.words import span
 
 WIDTH = 116
 """Lines of the file at most this long (the repository's 120, less the indent of a folded scalar)."""
@@ -90,72 +91,68 @@ def rules(th: Thresholds = THRESHOLDS, site: Site = SITE) -> tuple[PolicyRule, .
             "ephemeral_important",
             "finding",
             "kind != 'dataset' && durable_age_seconds == null",
-            "{kind} {run}: {bytes} bytes only on {durability} storage at {path} (lost with the node), no durable "
-            "copy; move it to {move_to}",
+            "{sentence}",
         ),
         PolicyRule(
             "recovery_point",
             "run",
             "gpus != null && gpus > 0 && recovery_point_seconds != null && recovery_point_seconds > rpo_budget_seconds",
-            "run {run} ({workload}, {gpus} GPUs): its newest checkpoint that survives losing the node is "
-            "{recovery_point_seconds} s old, over the budget; {gpu_seconds_at_risk} GPU-seconds at risk",
+            f"run {{run}} at {{path}} (written by {{workload}}): {{protection}}, over the "
+            f"{span(th.rpo_budget_seconds)} budget; {{at_risk}}; {{next_step}}",
         ),
         PolicyRule(
             "checkpoint_incomplete",
             "run",
             # A save in progress is incomplete until it ends: only one nothing writes counts.
             "incomplete > 0 && !writing",
-            "run {run}: {incomplete} incomplete checkpoints that nothing writes any more (a save cut short); a "
-            "restart cannot resume from them",
+            "run {run} at {path}: {incomplete} incomplete checkpoints that nothing writes any more (a save cut "
+            "short); a restart cannot resume from them",
         ),
         PolicyRule(
             "checkpoint_corrupt",
             "run",
             "corrupt > 0",
-            "run {run}: {corrupt} corrupt checkpoints (finished, then damaged, or never valid); a restart cannot "
-            "resume from them",
+            "run {run} at {path}: {corrupt} corrupt checkpoints (finished, then damaged, or never valid); a restart "
+            "cannot resume from them",
         ),
         PolicyRule(
             "checkpoint_unsafe",
             "run",
             "unsafe > 0",
-            "run {run}: {unsafe} checkpoints whose pickle names a global that runs code when loaded; do not load "
-            "them with torch.load(weights_only=False)",
+            "run {run} at {path}: {unsafe} checkpoints whose pickle names a global that runs code when loaded; do "
+            "not load them with torch.load(weights_only=False)",
         ),
         PolicyRule(
             "mount_stuck",
             "mount",
             "stuck",
-            "mount {mountpoint} ({fstype}) is not answering: a call has been in flight for {stuck_seconds} s",
+            "mount {mountpoint} ({fstype}) is not answering: a call has been in flight for {stuck_seconds}",
         ),
         PolicyRule(
             "stall_share",
             "gpu",
             "stall_share_10m != null && stall_share_10m > stall_share_limit",
-            "GPU {index} ({uuid}) lost {stall_share_10m} of the last 10 minutes waiting on storage (now: "
-            "{stall_cause} on {stall_mountpoint})",
+            "GPU {index} ({uuid}) lost {stall_share_10m} of the last 10 minutes waiting on storage ({stall_now})",
         ),
         PolicyRule(
             "headroom",
             "run",
             "headroom_bytes != null && headroom_bytes < 0",
-            "run {run}: its next checkpoint ({newest_complete_bytes} bytes) will not fit on {mountpoint} "
-            "({headroom_bytes} bytes short, with the margin)",
+            "run {run} at {path}: its next checkpoint ({newest_complete_bytes}) will not fit on {mountpoint} (the "
+            "space left after it, with the margin: {headroom_bytes})",
         ),
         PolicyRule(
             "draining",
             "run",
             "ephemeral == true && !durable_checkpoint && complete > 0 && leaving",
-            "run {run}: the node is draining ({node_draining}) or its pod is being deleted ({pod_terminating}, "
-            "{pod_seconds_left} s left) while its checkpoints are only on {durability} storage at {path}",
+            "run {run}: {going} while its checkpoints are only on {durability} storage at {path}; {next_step}",
         ),
         PolicyRule(
             "leaving_request",
             "run",
             "leaving && ephemeral == true && (pod_time == null || (pod_time > request_min_seconds && "
             "(write_cost_seconds == null || pod_time > 2.0 * write_cost_seconds)))",
-            "run {run}: the node is draining ({node_draining}) or its pod is being deleted ({pod_terminating}, "
-            "{pod_seconds_left} s left): asking for a checkpoint now",
+            "run {run} at {path}: {going}: asking for a checkpoint now",
             actions=("request_checkpoint",),
             comment="What storwatch does itself when the node or a pod goes: ask the run for a checkpoint where its "
             f"pod's time allows writing one (at least request_min_seconds, and twice its last save's time), then copy "
@@ -168,16 +165,16 @@ def rules(th: Thresholds = THRESHOLDS, site: Site = SITE) -> tuple[PolicyRule, .
             "leaving_sync",
             "run",
             "leaving && ephemeral == true && complete > 0",
-            "run {run}: the node is draining ({node_draining}) or its pod is being deleted ({pod_terminating}, "
-            "{pod_seconds_left} s left): copying its newest complete checkpoint {checkpoint} to durable storage",
+            "run {run} at {path}: {going}: copying its newest complete checkpoint {checkpoint} to durable storage "
+            "(sync.destinations)",
             actions=(f"sync: {{wait_for_requested_seconds: {wait:g}, reserve_seconds: {reserve:g}}}",),
         ),
         PolicyRule(
             "orphaned_temps",
             "run",
             f"orphaned_temps >= {th.orphaned_temps} || orphaned_temp_bytes > {th.orphaned_temp_bytes}",
-            "run {run}: {orphaned_temps} atomic_save temporaries whose writer is gone take {orphaned_temp_bytes} "
-            "bytes (its next save removes them)",
+            "run {run} at {path}: {orphaned_temps} atomic_save temporaries whose writer is gone take "
+            "{orphaned_temp_bytes} (its next save removes them)",
             actions=("log",),
         ),
         PolicyRule(
@@ -186,7 +183,7 @@ def rules(th: Thresholds = THRESHOLDS, site: Site = SITE) -> tuple[PolicyRule, .
             f"status == 'firing' && '{site.action_label}' in labels && labels['{site.action_label}'] == "
             f"'{site.action_value}' && entity_kind == 'run' && checkpoint != null",
             "alert {alertname} names run {entity_key}: copying its newest complete checkpoint {checkpoint} to "
-            "durable storage",
+            "durable storage (sync.destinations)",
             actions=("sync",),
             repeat_on=("checkpoint",),
             comment="An alert Alertmanager routes to this agent (the shipped alerts it can act on carry "

@@ -156,8 +156,10 @@ def alerts(th: Thresholds = THRESHOLDS, site: Site = SITE) -> tuple[Alert, ...]:
             # Only runs whose GPUs are here now: a finished run's last checkpoint ages forever and is nobody's loss.
             _with_run_severity(f"storwatch_recovery_point_seconds > {budget}\nand\nstorwatch_gpu_seconds_at_risk > 0"),
             "A training run would lose more than its recovery-point budget if its node died.",
-            "Run {{ $labels.run }} on node {{ $labels.node }} is training, and its newest checkpoint on storage that "
-            "survives losing the node is {{ $value | humanizeDuration }} old (+Inf: it has none there); the budget is "
+            # $value is +Inf for a run with no checkpoint there: said in words, not as "+Inf old".
+            "Run {{ $labels.run }} on node {{ $labels.node }} is training, and {{ if gt $value 1e300 }}no checkpoint "
+            "of it is on storage that survives losing the node{{ else }}its newest checkpoint on storage that "
+            "survives losing the node is {{ $value | humanizeDuration }} old{{ end }}; the budget is "
             f"{_seconds(th.rpo_budget_seconds)}.",
         ),
         alert(

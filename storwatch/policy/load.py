@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
+from storwatch import words
 from storwatch.actions.base import ACTION_NAMES, ENTITY_KINDS, SEVERITIES, Entity, EntityKind, FieldValue, Severity
 from storwatch.config import bounded_loader
 from storwatch.policy.cel import (
@@ -305,17 +306,26 @@ def template_problems(template: str, names: frozenset[str]) -> list[str]:
     return out
 
 
-def _text(value: FieldValue) -> str:
+def _text(value: FieldValue, name: str = "") -> str:
+    """A field's value as a message shows it, in words (storwatch.words) by the unit its name carries: ``*_seconds``
+    a length of time, ``bytes`` and ``*_bytes`` a size, ``*_ratio`` and ``*_share*`` a percentage; null is
+    "unknown" and an infinite figure "unbounded", never ``null`` or ``inf``."""
     if value is None:
-        return "null"
+        return words.UNKNOWN
     if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:g}" if not value.is_integer() or abs(value) >= 1e15 else str(int(value))
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        if name.endswith("_seconds"):
+            return words.span(float(value))
+        if name == "bytes" or name.endswith("_bytes"):
+            return words.size(value)
+        if name.endswith("_ratio") or "_share" in name:
+            return words.share(float(value))
+        return words.number(float(value))
     if isinstance(value, (tuple, list)):
-        return ", ".join(_text(v) for v in value)
+        return ", ".join(_text(v) for v in value) or "none"
     if isinstance(value, Mapping):
-        return ", ".join(f"{k}={_text(v)}" for k, v in value.items())
+        return ", ".join(f"{k}={_text(v)}" for k, v in value.items()) or "none"
     return str(value)
 
 
@@ -331,7 +341,7 @@ def render_message(template: str, fields: Mapping[str, FieldValue]) -> str:
         if token == "}}":
             return "}"
         name = m.group(1)
-        return _text(fields.get(name)) if name is not None else token
+        return _text(fields.get(name), name) if name is not None else token
 
     text = printable(_TEMPLATE_PART.sub(one, template))
     return text if len(text) <= 4 * MAX_MESSAGE_CHARS else text[: 4 * MAX_MESSAGE_CHARS - 3] + "..."

@@ -16,10 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from storwatch import words
 from storwatch.actions.base import ENTITY_KINDS, Alert, Entity, EntityKind, FieldValue, Severity
 from storwatch.policy.cel import MAX_LIST_ITEMS, MAX_STRING_CHARS, SCALAR, STRING_FIELD, Size, list_of, map_of
 
 if TYPE_CHECKING:
+    from storwatch.analysis.recovery import RunRecovery
     from storwatch.analysis.view import MountView, RunView, View
     from storwatch.sources.kubevolumes import ClusterObjects, PodInfo
 
@@ -227,6 +229,38 @@ _RUN = Kind(
             "The name of its newest complete checkpoint (a file or directory in the run); null without one.",
             True,
         ),
+        _f(
+            "protection",
+            "string",
+            "What protects it, in words: how old its newest checkpoint that survives losing the node is and where that "
+            "is, or that none does, or why that is unknown.",
+        ),
+        _f(
+            "at_risk",
+            "string",
+            "The GPU time lost if the node died now, in words (all of it when nothing survives; unknown while its GPUs "
+            "or its recovery point are).",
+        ),
+        _f(
+            "going",
+            "string",
+            "What is taking it away, in words: the node draining, its pod being deleted (with the time left); null "
+            "while neither.",
+            True,
+        ),
+        _f(
+            "move_to",
+            "string",
+            "Where its checkpoints could go: the first of sync.destinations, else a durable mount of its pod or the "
+            "node; null when none is known or it is on durable storage.",
+            True,
+        ),
+        _f(
+            "next_step",
+            "string",
+            "What to do about checkpoints only on storage lost with the node, in words: copy them to move_to, or, with "
+            "no durable destination known, how to set one; empty on durable storage.",
+        ),
     ),
 )
 
@@ -253,6 +287,12 @@ _GPU = Kind(
         ),
         _f("stall_cause", "string", "The cause of its newest current stall; null when none.", True),
         _f("stall_mountpoint", "string", "The mount its newest current stall is charged to; null when none.", True),
+        _f(
+            "stall_now",
+            "string",
+            "Its current stall in words (its cause and mount), or that it is not stalled, or that stalls are not "
+            "tracked.",
+        ),
         _f(
             "stall_seconds_total",
             "double",
@@ -578,6 +618,7 @@ def _run_entities(view: View) -> list[Entity]:
     severities = run_severity(view)
     draining = _node_draining(view)
     kube = view.kube
+    move_to = {f.run: f.move_to for f in view.findings if f.kind != "dataset"}
     out = []
     for rv in view.checkpoints:
         run = rv.run
@@ -643,6 +684,7 @@ def _run_entities(view: View) -> list[Entity]:
             "namespace": _s(pod.namespace) if pod is not None else None,
             "pod": _s(pod.name) if pod is not None else None,
             "checkpoint": _s(os.path.basename(newest_complete.path.rstrip("/"))) if newest_complete else None,
+            **_run_words(rv, rec, draining, pod, seconds_left, move_to.get(rv.label)),
         }
         pids = tuple(dict.fromkeys((*rv.writers, *run.writing_pids)))
         out.append(
@@ -660,6 +702,63 @@ def _run_entities(view: View) -> list[Entity]:
             )
         )
     return out
+
+
+def _run_words(
+    rv: RunView,
+    rec: RunRecovery | None,
+    draining: bool | None,
+    pod: PodInfo | None,
+    seconds_left: float | None,
+    move_to: str | None,
+) -> dict[str, FieldValue]:
+    """A run's figures in the words its messages use (storwatch.words): what protects it, what is at risk, what is
+    taking it away, and where its checkpoints could go."""
+    rp = rec.recovery_point_seconds if rec is not None else None
+    copy = rv.newest_copy
+    if rec is None or (rp is None and rec.unknown_reason is None):
+        protection = "whether a checkpoint of it survives losing the node is unknown"
+    elif rp is None:
+        why = rec.unknown_reason
+        protection = f"the age of its newest checkpoint that survives losing the node is unknown ({why})"
+    elif math.isinf(rp):
+        protection = "no checkpoint of it survives losing the node"
+    else:
+        protection = f"its newest checkpoint that survives losing the node is {words.span(rp)} old"
+        if copy is not None:
+            how = "storwatch's verified copy" if copy.how == "verified" else "a copy at the same path"
+            protection += f" ({how} at {copy.where})"
+    gpus = rec.gpus if rec is not None else None
+    if not gpus:
+        at_risk = "no GPU of this node is known to write it" if gpus == 0 else "its GPUs are unknown"
+    elif rp is None:
+        at_risk = f"the GPU time at risk on its {gpus} GPUs is unknown"
+    elif math.isinf(rp):
+        at_risk = f"all the GPU time of its {gpus} GPUs since it began is at risk"
+    else:
+        at_risk = f"{words.span(rp * gpus)} of GPU time at risk ({gpus} GPUs)"
+    parts = []
+    if draining:
+        parts.append("the node is draining")
+    if pod is not None and seconds_left is not None:
+        parts.append(f"its pod {_s(pod.namespace)}/{_s(pod.name)} is being deleted ({words.span(seconds_left)} left)")
+    ephemeral = rv.mount is not None and rv.mount.verdict.durability.ephemeral
+    if move_to is not None:
+        step = f"copy them to {_path(move_to)}"
+    elif ephemeral:
+        step = (
+            "no durable destination known: set sync.destinations (or checkpoints.roots on durable storage), as "
+            "this node has no cluster or region storage mounted"
+        )
+    else:
+        step = ""
+    return {
+        "protection": _s(protection) or "",
+        "at_risk": at_risk,
+        "going": " and ".join(parts) if parts else None,
+        "move_to": _path(move_to) if move_to is not None else None,
+        "next_step": _s(step) or "",
+    }
 
 
 def _run_owner(view: View, rv: RunView, pod: PodInfo | None) -> str | None:
@@ -720,6 +819,13 @@ def _gpu_entities(view: View, shares: Mapping[str, float | None]) -> list[Entity
             "stall_mountpoint": _path(now_stall[1]) if now_stall else None,
             "stall_seconds_total": None if state is None else float(settled.get(label, 0.0)),
             "stall_share_10m": _double(shares.get(label)) if state is not None else None,
+            "stall_now": (
+                "stalls are not tracked"
+                if state is None
+                else "not stalled now"
+                if now_stall is None
+                else f"now: {words.CAUSE_WORDS.get(now_stall[0], now_stall[0])} on {_path(now_stall[1])}"
+            ),
         }
         out.append(Entity("gpu", g.uuid or f"index:{g.index}", fields))
     return out

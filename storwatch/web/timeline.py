@@ -22,6 +22,7 @@ from typing import Any
 
 from storwatch.printable import printable
 from storwatch.report import NO_LATENCY_SOURCE, SearchSummary, human_seconds
+from storwatch.words import CAUSE_WORDS
 
 WIDTH, PLOT_HEIGHT, LATENCY_HEIGHT, MARGIN = 900, 90, 40, 48
 BUCKET_SECONDS = 10.0
@@ -30,11 +31,6 @@ MAX_SPAN_SECONDS = 86400.0
 """No stall or checkpoint write lasts a day: a span that began earlier than that before the picture's hour is a
 clock step or a forged time (an event line's ``start``), not something to draw."""
 CAUSE_COLOURS = {"checkpoint_write": "#e8871e", "data_read": "#8e44ad", "io_contention": "#c0392b"}
-CAUSE_WORDS = {
-    "checkpoint_write": "waiting on its checkpoint write",
-    "data_read": "waiting on dataset reads",
-    "io_contention": "waiting on a contended mount",
-}
 
 
 def findings_panel(findings: list[dict[str, Any]], search: SearchSummary, done: Mapping[str, str] | None = None) -> str:
