@@ -233,6 +233,36 @@ def test_eight_gpus_every_value_as_scripted(nvml: FakeNVML, run_source: Any) -> 
 
 
 @pytest.mark.realpart
+def test_a_script_directory_lets_each_job_script_its_own_gpu(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    # Several training jobs on one node each drive their own GPU (tests/test_e2e_writers.py): each replaces a file of
+    # its own in the directory, and the library reads every *.txt there as one script.
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+
+    def gpu_file(i: int, util: int, pid: int | None = None) -> None:
+        tmp = scripts / f"gpu-{i}.txt.tmp"  # not *.txt: never read half-written
+        tmp.write_text(f"gpu {i} uuid=GPU-job-{i} util={util}\n" + (f"proc {i} pid={pid} used={GIB}\n" if pid else ""))
+        tmp.replace(scripts / f"gpu-{i}.txt")
+
+    gpu_file(0, 10)
+    gpu_file(1, 20)
+    (scripts / "notes.md").write_text("gpu 5 util=99\n")  # not a script file
+    env = {"LD_LIBRARY_PATH": str(fake_nvml_lib), "FAKE_NVML_SCRIPT": str(scripts)}
+    with GPUSourceProcess(env) as proc:
+        gpus = by_index(proc.collect())
+        assert sorted(gpus) == [0, 1]
+        assert [gpus[i]["utilization_ratio"] for i in (0, 1)] == [pytest.approx(0.1), pytest.approx(0.2)]
+        assert gpus[0]["processes"] == gpus[1]["processes"] == []
+        gpu_file(1, 90, pid=4321)  # one job changes its GPU; the other's stays as it was
+        gpus = by_index(proc.collect())
+        assert gpus[1]["utilization_ratio"] == pytest.approx(0.9)
+        assert gpus[1]["processes"] == [{"pid": 4321, "used_memory_bytes": GIB, "sm_utilization": None}]
+        assert gpus[0]["utilization_ratio"] == pytest.approx(0.1) and gpus[0]["processes"] == []
+        gpu_file(2, 30)  # a file added
+        assert sorted(by_index(proc.collect())) == [0, 1, 2]
+
+
+@pytest.mark.realpart
 def test_made_up_samples_come_once_each(nvml: FakeNVML, run_source: Any) -> None:
     nvml.write_script("gpu 0 util=64 sample_ms=50\n")
     proc = run_source()
