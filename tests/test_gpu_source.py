@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes.util
 import itertools
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -260,6 +261,38 @@ def test_a_script_directory_lets_each_job_script_its_own_gpu(fake_nvml_lib: Path
         assert gpus[0]["utilization_ratio"] == pytest.approx(0.1) and gpus[0]["processes"] == []
         gpu_file(2, 30)  # a file added
         assert sorted(by_index(proc.collect())) == [0, 1, 2]
+
+
+@pytest.mark.realpart
+def test_a_jobs_driver_gpu_samples_its_idle_phase_exactly(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    # tests/fake_gpu.py, as the end-to-end jobs drive it: the samples the source reads idle exactly as long as the job
+    # was idle by its own clock, and once the job lets the GPU go, it holds no process.
+    from tests.fake_gpu import DriverGPU
+
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    env = {"LD_LIBRARY_PATH": str(fake_nvml_lib), "FAKE_NVML_SCRIPT": str(scripts)}
+    gpu = DriverGPU(str(scripts / "gpu-00.txt"), 0)
+    try:
+        wait_for(lambda: (scripts / "gpu-00.txt").exists(), 10, "the helper's first script")
+        with GPUSourceProcess(env) as proc:
+            first = by_index(proc.collect())[0]
+            assert [p["pid"] for p in first["processes"]] == [os.getpid()]
+            proc.request("sleep 0.5")
+            idle_from = time.time()
+            gpu.phase(2)
+            proc.request("sleep 0.7")
+            gpu.phase(97)
+            idle_to = time.time()
+            proc.request("sleep 0.5")
+            samples = first["utilization_samples"] + by_index(proc.collect())[0]["utilization_samples"]
+            idle = sum(t - prev for (prev, _), (t, ratio) in itertools.pairwise(samples) if ratio < 0.3)
+            assert idle_to - idle_from - 0.01 <= idle <= idle_to - idle_from, samples
+            gpu.release()
+            last = by_index(proc.collect())[0]
+            assert last["processes"] == [] and last["utilization_ratio"] == 0.0
+    finally:
+        gpu.release()
 
 
 @pytest.mark.realpart
