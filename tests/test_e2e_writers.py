@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import pytest
 
-from tests.agentproc import AgentProcess, running_agent, wait_until
+from tests.agentproc import AgentProcess, running_agent
 from tests.nvml import FakeNVMLUnavailable, build_fake_nvml
 from tests.realmounts import RealPartUnavailable, fuse_mount, loop_ext4_mount, tmpfs_mount
 
@@ -322,13 +322,12 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Out
 
         # A real job saves minutes after it starts, long after the agent has found its process; these save seconds
         # after, so each holds its GPU, computing, until the agent lists it among the GPU workloads.
-        def all_known() -> bool:
+        gate = time.monotonic() + 180
+        while not {job.proc.pid for job in jobs.values()} <= {w["pid"] for w in status().get("workloads", ())}:
             problem = failed_job()
             assert problem is None, problem
-            pids = {w["pid"] for w in status().get("workloads", ())}
-            return all(job.proc.pid in pids for job in jobs.values())
-
-        wait_until(all_known, timeout=180, interval=POLL_SECONDS, what="every job's process known to the agent")
+            assert time.monotonic() < gate, f"the agent did not list every job's process within 180 s; {agent.state()}"
+            time.sleep(POLL_SECONDS)
         for job in jobs.values():
             job.start.touch()
             time.sleep(START_APART_SECONDS)
