@@ -15,8 +15,9 @@ import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from storwatch.config import HOW_TO_ADD_ROOTS
 from storwatch.paths import DEFAULT_PROCFS, DEFAULT_SYSFS, HostPaths
-from storwatch.sources.checkpoint_key import HOW_TO_ADD, DefaultPlaces, SearchRoot
+from storwatch.sources.checkpoint_key import DefaultPlaces, SearchRoot
 from storwatch.vocabulary import (
     GENERIC,
     GRADIENT,
@@ -407,7 +408,7 @@ def searchable_directory(path: str) -> bool | str:
     if stat.S_ISDIR(st.st_mode):
         return True
     if stat.S_ISLNK(st.st_mode):
-        return f"a symbolic link, not followed; {HOW_TO_ADD} (its target)"
+        return f"a symbolic link, not followed; {HOW_TO_ADD_ROOTS} (its target)"
     return False
 
 
@@ -489,7 +490,7 @@ def default_places(
                 passed.append(
                     SearchRoot(
                         place.path,
-                        f"{place.what}; not searched by default: {verdict.reason}; {HOW_TO_ADD} to search it",
+                        f"{place.what}; not searched by default: {verdict.reason}; {HOW_TO_ADD_ROOTS} to search it",
                     )
                 )
             continue

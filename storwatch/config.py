@@ -199,6 +199,10 @@ class GPUConfig:
     of CPU per GPU a read on an H100, and the driver keeps about 14 s of samples; 0 reads them every tick."""
 
 
+HOW_TO_ADD_ROOTS = "name the directories to search in checkpoints.roots"
+"""How a user has a place searched for checkpoints, as a sentence ends with it."""
+
+
 @dataclass(frozen=True)
 class CheckpointsConfig:
     roots: tuple[str, ...] = ()

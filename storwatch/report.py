@@ -18,15 +18,12 @@ from storwatch import words
 from storwatch.analysis.latency import WindowStats
 from storwatch.analysis.pods import ProcessPod, workload_name
 from storwatch.analysis.recovery import checkpoint_age_seconds, recovery_point_seconds
-from storwatch.analysis.view import MountView, RunView, View
+from storwatch.analysis.view import MountView, RunView, View, VolumeRef
 from storwatch.classify import is_pseudo_mount
+from storwatch.config import HOW_TO_ADD_ROOTS
 from storwatch.printable import shown
 from storwatch.procfs.cgroup import SlurmJob
-from storwatch.sources.access import ACCESS
-from storwatch.sources.checkpoint_key import HOW_TO_ADD
-from storwatch.sources.kubevolumes import ClusterObjects, volume_ref
-from storwatch.sources.mounts import display_path
-from storwatch.vocabulary import FsUsage, Mount
+from storwatch.vocabulary import FsUsage
 
 GPU_OFF = "GPU source off"
 """The NVML error of a View without GPU facts (gpu.enabled: false)."""
@@ -113,15 +110,14 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
     """The View as plain data, every number in it finite or null (:func:`finite_data`; ``non_finite_values`` says
     which were not). ``sample_seconds``: the latency is that of one interval of this length (``scan --sample``),
     labelled ``sample`` rather than as the agent's minute and hour windows."""
-    cluster = view.kube.cluster if view.kube is not None else ClusterObjects()
     mounts = []
     for mv in view.mounts:
         m = mv.mount
         u = m.usage
         mounts.append(
             {
-                "mountpoint": display_path(m.mountpoint),
-                "device": display_path(m.device),
+                "mountpoint": shown(m.mountpoint),
+                "device": shown(m.device),
                 "fstype": m.fstype,
                 "durability": mv.verdict.durability.value,
                 "ephemeral": mv.verdict.durability.ephemeral,
@@ -143,11 +139,11 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
                 "files": u.files if u else None,
                 "files_free": u.files_free if u else None,
                 "usage_error": m.usage_error,
-                "root": display_path(m.root),
+                "root": shown(m.root),
                 "device_number": f"{m.major}:{m.minor}",
                 "stuck_probe": bool(mv.io.probe and mv.io.probe.stuck),
                 "io": _io_dict(mv, sample_seconds),
-                "kube": _volume_dict(m, cluster),
+                "kube": _volume_dict(mv.volume),
             }
         )
     data = {
@@ -163,7 +159,7 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
             "runs": view.left_out.runs,
             "findings": view.left_out.findings,
             "important_bytes": [
-                {"mountpoint": display_path(mp), "kind": kind, "bytes": size}
+                {"mountpoint": shown(mp), "kind": kind, "bytes": size}
                 for (mp, kind), size in sorted(view.left_out.important_bytes.items())
             ],
             "gpu_seconds_at_risk": view.left_out.gpu_seconds_at_risk,
@@ -171,7 +167,7 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
         "stalls": _stalls_dict(view),
         "timeline": _timeline_dict(view),
         "workloads": _workloads_list(view),
-        "checkpoint_roots": None if view.checkpoint_roots is None else [display_path(r) for r in view.checkpoint_roots],
+        "checkpoint_roots": None if view.checkpoint_roots is None else [shown(r) for r in view.checkpoint_roots],
         "checkpoint_search": _search_dict(view),
         "kubernetes": _kube_dict(view),
         "nvml": nvml_status(view),
@@ -205,8 +201,8 @@ def _search_dict(view: View) -> dict[str, Any] | None:
         return None
     plan = facts.plan
     return {
-        "searched": [{"path": display_path(r.path), "why": r.why} for r in plan.roots],
-        "passed_over": [{"path": display_path(r.path), "why": r.why} for r in plan.passed_over],
+        "searched": [{"path": shown(r.path), "why": r.why} for r in plan.roots],
+        "passed_over": [{"path": shown(r.path), "why": r.why} for r in plan.passed_over],
         "default_roots": plan.defaults,
         "pending": plan.pending,
         "nowhere": None if plan.roots else plan.nowhere(),
@@ -214,8 +210,7 @@ def _search_dict(view: View) -> dict[str, Any] | None:
     }
 
 
-def _volume_dict(mount: Mount, cluster: ClusterObjects) -> dict[str, Any] | None:
-    ref = volume_ref(mount, cluster)
+def _volume_dict(ref: VolumeRef | None) -> dict[str, Any] | None:
     if ref is None:
         return None
     return {
@@ -333,7 +328,7 @@ def _stalls_dict(view: View) -> dict[str, Any] | None:
 def _workloads_list(view: View) -> list[dict[str, Any]]:
     """Each GPU process's storage profile (sources/access.py): its tree's I/O counters (``io``, /proc/<pid>/io's
     fields, summed) and the mounts it has files open on. Per PID, as /metrics never is: rates are Prometheus's."""
-    facts = view.snapshot.get(ACCESS)
+    facts = view.access
     if facts is None:
         return []
     return [
@@ -344,8 +339,8 @@ def _workloads_list(view: View) -> list[dict[str, Any]]:
             "within": w.within,
             "processes": w.processes,
             "io": dataclasses.asdict(w.io),
-            "mounts_read": [display_path(m) for m in w.mounts_read],
-            "mounts_written": [display_path(m) for m in w.mounts_written],
+            "mounts_read": [shown(m) for m in w.mounts_read],
+            "mounts_written": [shown(m) for m in w.mounts_written],
             "sampled": w.sampled,
         }
         for pid, w in sorted(facts.workloads.items())
@@ -380,7 +375,7 @@ def _timeline_dict(view: View) -> dict[str, Any] | None:
                     {"start": s.start, "end": s.end, "cause": s.label, "mountpoint": s.detail} for s in g.stalls
                 ],
                 "writes": [{"start": w.start, "end": w.end, "run": w.label} for w in g.writes],
-                "latency_mountpoint": display_path(g.latency_mount) if g.latency_mount is not None else None,
+                "latency_mountpoint": shown(g.latency_mount) if g.latency_mount is not None else None,
                 # what measures that mount's latency (latency_sources): none, and "latency" is unknown, not empty
                 "latency_sources": latency_sources(mounts[g.latency_mount]) if g.latency_mount in mounts else None,
                 "latency": points(g.latency),
@@ -396,16 +391,16 @@ def _findings_list(view: View) -> list[dict[str, Any]]:
             "id": f.id,
             "kind": f.kind,
             "severity": f.severity,
-            "mountpoint": display_path(f.mountpoint),
+            "mountpoint": shown(f.mountpoint),
             "durability": f.durability,
             "pod_uid": f.pod_uid,
             "run": f.run,
-            "path": display_path(f.path),
+            "path": shown(f.path),
             "count": f.count,
             "bytes": f.bytes,
             "newest_age_seconds": f.newest_age_seconds,
             "durable_age_seconds": f.durable_age_seconds,
-            "move_to": None if f.move_to is None else display_path(f.move_to),
+            "move_to": None if f.move_to is None else shown(f.move_to),
             "sentence": f.sentence,
             # training only this node's storage holds (a lower bound where exposed_at_least), and why the severity
             "exposed_seconds": f.exposed_seconds,
@@ -426,11 +421,11 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
         out.append(
             {
                 "run": rv.label,
-                "path": display_path(run.path),
-                "directory": display_path(rv.directory),  # as the host names it (path: under --path.rootfs)
-                "mountpoint": display_path(rv.mount.mount.mountpoint) if rv.mount else None,
+                "path": shown(run.path),
+                "directory": shown(rv.directory),  # as the host names it (path: under --path.rootfs)
+                "mountpoint": shown(rv.mount.mount.mountpoint) if rv.mount else None,
                 "durability": rv.mount.verdict.durability.value if rv.mount else None,
-                "newest_complete": None if newest is None else display_path(newest.path),
+                "newest_complete": None if newest is None else shown(newest.path),
                 "newest_complete_age_seconds": recovery_point_seconds(run, view.timestamp),
                 "newest_complete_size_bytes": None if newest is None else newest.size_bytes,
                 "interval_seconds": run.interval_seconds,
@@ -463,10 +458,10 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "writing_incomplete": run.writing_incomplete,
                 "orphaned_temps": run.orphaned_temps,
                 "orphaned_temp_bytes": run.orphaned_temp_bytes,
-                "orphaned_temp_paths": [display_path(p) for p in run.orphaned_temp_paths],
+                "orphaned_temp_paths": [shown(p) for p in run.orphaned_temp_paths],
                 "checkpoints": [
                     {
-                        "path": display_path(c.path),
+                        "path": shown(c.path),
                         "format": c.format,
                         "verdict": c.verdict,
                         "reason": c.reason,
@@ -491,9 +486,9 @@ def _copy_dict(rv: RunView, now: float) -> dict[str, Any] | None:
     if copy is None:
         return None
     return {
-        "where": display_path(copy.where),
+        "where": shown(copy.where),
         "how": copy.how,
-        "checkpoint": display_path(copy.checkpoint),
+        "checkpoint": shown(copy.checkpoint),
         "covers": copy.covers,
         "covers_age_seconds": checkpoint_age_seconds(copy, now),
         "made_at": copy.made,
@@ -540,7 +535,7 @@ def _io_dict(mv: MountView, sample_seconds: float | None) -> dict[str, Any]:
         "device": io.device,
         "latency_sources": latency_sources(mv),
         "physical_devices": list(block.physical) if block else [],
-        "backing_file": display_path(block.backing_file) if block and block.backing_file else None,
+        "backing_file": shown(block.backing_file) if block and block.backing_file else None,
         "nfs": io.nfs is not None,
         "latency": latency,
         "probe": None
@@ -590,15 +585,8 @@ def human_bytes(n: int | None) -> str:
 
 
 def used_ratio(usage: FsUsage | None) -> float | None:
-    """The share of the space a user can write to that is used, as df(1) counts it: used / (used + avail).
-
-    Space reserved for root (ext4 keeps 5% by default) is neither: it is free but not available, and counting it in
-    the size made / look a third as full as df says."""
-    if usage is None:
-        return None
-    used = usage.size_bytes - usage.free_bytes
-    total = used + usage.avail_bytes
-    return used / total if total > 0 else None
+    """FsUsage.used_ratio, None without a usage."""
+    return None if usage is None else usage.used_ratio
 
 
 def usage_percent(mount: dict[str, Any]) -> str:
@@ -676,7 +664,7 @@ def search_summary(data: dict[str, Any]) -> SearchSummary:
                 None, _sentence(f"the checkpoint scan failed ({error}): nothing is known of what this node would lose")
             )
         if roots is not None:
-            return SearchSummary(None, _sentence(f"no place searched for checkpoints; {HOW_TO_ADD}"))
+            return SearchSummary(None, _sentence(f"no place searched for checkpoints; {HOW_TO_ADD_ROOTS}"))
         return SearchSummary(
             None, "The checkpoint scan has not reported yet: nothing is known yet of what this node would lose."
         )

@@ -74,6 +74,16 @@ class FsUsage:
     files: int
     files_free: int
 
+    @property
+    def used_ratio(self) -> float | None:
+        """The share of the space a user can write to that is used, as df(1) counts it: used / (used + avail).
+
+        Space reserved for root (ext4 keeps 5% by default) is neither: it is free but not available, and counting it
+        in the size made / look a third as full as df says."""
+        used = self.size_bytes - self.free_bytes
+        total = used + self.avail_bytes
+        return used / total if total > 0 else None
+
 
 @dataclass(frozen=True)
 class MountDevice:

@@ -167,7 +167,7 @@ def _gpus() -> GPUFacts:
     )
 
 
-def _kube() -> KubeFacts:
+def rich_kube() -> KubeFacts:
     pod = PodInfo(POD_UID, "trainer-0", "ml", "node-1", deletion_timestamp=NOW + 20, grace_seconds=30)
     node = NodeInfo(
         "node-1",
@@ -192,10 +192,10 @@ def _access() -> AccessFacts:
     return AccessFacts(NOW, {pid: workload(pid) for pid in (TRAINER, LOADER, SLURM_JOB)})
 
 
-def rich_view() -> View:
+def rich_view(kube: KubeFacts | None = None) -> View:
     """One View with facts for every area of the exporter: mounts with devices, NFS, a probe, GPUs in a pod, a Slurm
     job and neither, checkpoint runs on node and cluster storage with findings, the Kubernetes node being drained,
-    a Lustre client, GPU workloads' I/O, and stalls."""
+    a Lustre client, GPU workloads' I/O, and stalls. ``kube``: other Kubernetes facts than rich_kube()'s."""
     disks, errors = parse_diskstats(DISKSTATS)
     assert errors == []
     nfs_mounts, nfs_errors = MountStatsReader(lambda errors: None).read(NFSV3.read_bytes())
@@ -222,7 +222,7 @@ def rich_view() -> View:
         probes=(probe,),
         gpus=_gpus(),
         checkpoints=_checkpoint_facts(),
-        kube=_kube(),
+        kube=kube or rich_kube(),
         facts={
             CONTAINERS.name: ProcessFacts(
                 {

@@ -8,10 +8,11 @@ import dataclasses
 import math
 from pathlib import Path
 
+from storwatch.analysis.stall_share import StallShares
 from storwatch.analysis.stalls import StallState
-from storwatch.policy.schema import SCHEMA, StallShares, entities, markdown, problems
+from storwatch.policy.schema import SCHEMA, entities, markdown, problems
 from storwatch.sources.kubevolumes import HOST_PATH, ClusterObjects, VolumeInfo
-from tests.rich_view import NOW, rich_view
+from tests.rich_view import NOW, rich_kube, rich_view
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "policy.md"
 
@@ -63,22 +64,22 @@ def test_what_the_view_does_not_know_is_null() -> None:
 
 
 def test_the_stall_share_covers_ten_minutes_of_views() -> None:
+    """The agent keeps each GPU's share View after View (analysis/stall_share.py); the View carries it and the GPU's
+    entity reads it from there."""
     base = rich_view()
     shares = StallShares()
 
     def at(t: float, seconds: float) -> dict[str, float | None]:
-        totals = {("0", "/scratch", "checkpoint_write"): seconds}
-        view = dataclasses.replace(base, snapshot=dataclasses.replace(base.snapshot, timestamp=NOW + t))
-        return shares.observe(dataclasses.replace(view, stalls=StallState(totals=totals)))
+        return shares.observe(NOW + t, {("0", "/scratch", "checkpoint_write"): seconds}, ("0", "1", "2"))
 
     assert at(0, 100.0)["0"] is None
     assert at(300, 160.0)["0"] is None  # five minutes seen: not yet ten
     assert at(600, 250.0)["0"] == 150.0 / 600  # 150 s settled as stalled in the ten minutes
     assert at(900, 280.0)["0"] == 120.0 / 600  # since the View at 300
     assert at(960, 10.0)["0"] is None  # a total that dropped: the window starts again
-    one = entities(dataclasses.replace(base, stalls=StallState(totals={})), shares={"0": 0.25})
+    one = entities(dataclasses.replace(base, stalls=StallState(totals={}, share_10m={"0": 0.25})))
     assert [e.fields["stall_share_10m"] for e in one["gpu"]] == [0.25, None, None]
-    untracked = entities(dataclasses.replace(base, stalls=None), shares={"0": 0.25})
+    untracked = entities(dataclasses.replace(base, stalls=None))
     assert {e.fields["stall_share_10m"] for e in untracked["gpu"]} == {None}
     assert {e.fields["stalling"] for e in untracked["gpu"]} == {None}
 
@@ -87,12 +88,10 @@ def test_a_run_names_its_pod_its_grace_and_its_newest_complete_checkpoint() -> N
     """The run on the pod's hostPath volume carries the pod's name, how long it has left and its grace period, and
     its newest complete checkpoint (the incomplete step-300 being written is not it) for ``sync`` to copy; a run in
     no pod's volume whose writer is no pod names none."""
-    view = rich_view()
-    assert view.kube is not None
-    (pod,) = view.kube.cluster.pods.values()
+    kube = rich_kube()
+    (pod,) = kube.cluster.pods.values()
     pod = dataclasses.replace(pod, volumes=(VolumeInfo("scratch", HOST_PATH, path="/scratch"),))
-    kube = dataclasses.replace(view.kube, cluster=ClusterObjects(pods={pod.uid: pod}))
-    view = dataclasses.replace(view, snapshot=dataclasses.replace(view.snapshot, kube=kube))
+    view = rich_view(dataclasses.replace(kube, cluster=ClusterObjects(pods={pod.uid: pod})))
     runs = {e.key: e for e in entities(view)["run"]}
     llama = runs["llama"]
     assert {k: llama.fields[k] for k in ("namespace", "pod", "pod_terminating", "pod_grace_seconds")} == {
@@ -113,12 +112,10 @@ def test_each_entity_names_its_owner_as_the_kernel_and_the_cluster_say() -> None
     directory's owner (the uid the scan's lstat saw), else the user of the Slurm job whose process the kernel shows
     writing it; a finding is its run's; a workload is its pod's namespace or its job's user; the node's own things
     (mounts, GPUs, the node) are nobody's."""
-    view = rich_view()
-    assert view.kube is not None
-    (pod,) = view.kube.cluster.pods.values()
+    kube = rich_kube()
+    (pod,) = kube.cluster.pods.values()
     pod = dataclasses.replace(pod, volumes=(VolumeInfo("scratch", HOST_PATH, path="/scratch"),))
-    kube = dataclasses.replace(view.kube, cluster=ClusterObjects(pods={pod.uid: pod}))
-    view = dataclasses.replace(view, snapshot=dataclasses.replace(view.snapshot, kube=kube))
+    view = rich_view(dataclasses.replace(kube, cluster=ClusterObjects(pods={pod.uid: pod})))
     ents = entities(view)
     runs = {e.key: e.owner for e in ents["run"]}
     assert runs == {"llama": "namespace:ml", "models/llama-weights": "namespace:ml", "ckpt/bert": "uid:1000"}

@@ -30,7 +30,7 @@ from storwatch.exporter.area import SyncMetrics
 from storwatch.exporter.policy import PolicyMetrics
 from storwatch.policy.engine import Engine
 from storwatch.policy.load import PolicyError, load_policy
-from storwatch.policy.schema import EntityBuilder
+from storwatch.policy.schema import entities
 from storwatch.printable import Lines, printable
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,6 @@ class PolicyWorker:
         self.stop = stop
         self.checks = {name: action.check for name, action in actions.items()}
         self.engine = Engine(None, budget_seconds=config.budget_seconds)
-        self.builder = EntityBuilder()
         self.runner = ActionRunner(actions, clock=clock)
         sync = actions.get("sync")
         self.syncs: SyncJobs | None = sync.jobs if isinstance(sync, SyncAction) else None
@@ -153,7 +152,7 @@ class PolicyWorker:
             # What the runner refused for its rate since the last View is asked for again while its rule fires.
             for refused in self.runner.take_refused():
                 self.engine.owe(refused)
-            requests = self.engine.evaluate(self.builder.build(view, self.alerts.current()), view.timestamp)
+            requests = self.engine.evaluate(entities(view, self.alerts.current()), view.timestamp)
             self.last_cpu_seconds = time.thread_time() - started
             self.evaluations += 1
         # When a drain makes every run fire in one View, the runs with the most GPU-seconds at risk go first (each

@@ -20,6 +20,7 @@ from storwatch.analysis.build import VerdictCache, build_view
 from storwatch.analysis.io import WindowFeeder
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.stall_feed import StallFeed
+from storwatch.analysis.stall_share import StallShares
 from storwatch.analysis.view import View
 from storwatch.classify import Classifier
 from storwatch.config import Config
@@ -27,7 +28,6 @@ from storwatch.exporter import Exporter
 from storwatch.history import History
 from storwatch.registry import SOURCES
 from storwatch.snapshot import CORE_KEYS, Snapshot
-from storwatch.sources.access import ACCESS
 from storwatch.sources.kubevolumes import KubeVolumeEvidence
 from storwatch.vocabulary import Platform
 
@@ -152,6 +152,7 @@ class ViewMaker:
         self.windows = LatencyWindows()
         self.feeder = WindowFeeder(self.windows)
         self.stalls = stalls
+        self.shares = StallShares()
         self.kube_evidence = kube_evidence
         self.verdicts = VerdictCache()
         self.clock_watch = ClockWatch()
@@ -182,6 +183,8 @@ class ViewMaker:
             findings=config.findings,
         )
         stalls, timeline = self.stalls.update(
-            snap.timestamp, view.checkpoints, view.mounts, snap.gpus, view.pods, snap.get(ACCESS)
+            snap.timestamp, view.checkpoints, view.mounts, snap.gpus, view.pods, view.access
         )
-        return dataclasses.replace(view, stalls=stalls, timeline=timeline)
+        gpus = (str(g.index) for g in snap.gpus.gpus) if snap.gpus is not None else ()
+        shares = self.shares.observe(snap.timestamp, stalls.totals, gpus)
+        return dataclasses.replace(view, stalls=dataclasses.replace(stalls, share_10m=shares), timeline=timeline)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from storwatch.analysis.checkpoints import host_path, keep_runs, mount_locator, run_views
 from storwatch.analysis.findings import find
 from storwatch.analysis.io import mount_io
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.pods import process_pods
+from storwatch.analysis.recovery import RunRecovery
 from storwatch.analysis.rpo import DEFAULT_MTBF_SECONDS, recoveries
-from storwatch.analysis.view import MountView, View
+from storwatch.analysis.view import MountView, RunView, View
 from storwatch.classify import Classifier
 from storwatch.config import FindingsConfig
 from storwatch.paths import HostPaths
@@ -16,6 +19,7 @@ from storwatch.snapshot import Snapshot
 from storwatch.sources.access import ACCESS
 from storwatch.sources.copies import COPIES
 from storwatch.sources.fileevents import FILE_EVENTS
+from storwatch.sources.kubevolumes import ClusterObjects, KubeFacts, PodInfo, volume_ref
 from storwatch.vocabulary import Mount, Platform, Verdict
 
 
@@ -58,8 +62,11 @@ def build_view(
     ``findings``: how severe a finding is (the defaults where None); the node drains when the Kubernetes facts say
     so (off Kubernetes nothing tells a drain yet)."""
     found = (verdicts or VerdictCache()).verdicts(classifier, snapshot)
+    kube = snapshot.kube
+    cluster = kube.cluster if kube is not None else ClusterObjects()
     mounts = tuple(
-        MountView(m, verdict, mount_io(m, snapshot, windows)) for m, verdict in zip(snapshot.mounts, found, strict=True)
+        MountView(m, verdict, mount_io(m, snapshot, windows), volume_ref(m, cluster))
+        for m, verdict in zip(snapshot.mounts, found, strict=True)
     )
     paths = paths or HostPaths()
     copies = snapshot.get(COPIES)
@@ -86,7 +93,7 @@ def build_view(
         snapshot=snapshot,
         platform=platform,
         mounts=mounts,
-        checkpoints=kept.runs,
+        checkpoints=run_pods(kept.runs, kept.recovery, kube),
         checkpoint_roots=None if facts is None else tuple(host_path(paths, r) for r in facts.roots),
         ready=ready,
         pods=pods,
@@ -94,3 +101,33 @@ def build_view(
         recovery=kept.recovery,
         left_out=kept.left_out,
     )
+
+
+def run_pods(
+    runs: tuple[RunView, ...], recovery: tuple[RunRecovery, ...], kube: KubeFacts | None
+) -> tuple[RunView, ...]:
+    """Each run with the pod whose end takes it away (RunView.pod): the pod whose volume holds it, else, for a run
+    outside any pod's volume (a hostPath onto the node's disk, as /home on Together), the pod of the process that
+    writes it. Only where the Kubernetes source is on."""
+    if kube is None or not kube.enabled:
+        return runs
+    workloads = {r.run: r.workload for r in recovery}
+    out = []
+    for rv in runs:
+        pod: PodInfo | None = None
+        ref = rv.mount.volume if rv.mount is not None else None
+        if ref is not None and ref.pod_uid:
+            pod = kube.cluster.pod_for_uid(ref.pod_uid)
+        workload = workloads.get(rv.id)
+        if pod is None and workload:
+            pod = _pod_named(kube.cluster, workload)
+        out.append(rv if pod is None else dataclasses.replace(rv, pod=pod))
+    return tuple(out)
+
+
+def _pod_named(cluster: ClusterObjects, workload: str) -> PodInfo | None:
+    """The pod a workload name (``namespace/name``) names; None for a Slurm job, a process or an unknown pod."""
+    namespace, sep, name = workload.partition("/")
+    if not sep or not name or ":" in namespace:
+        return None
+    return next((p for p in cluster.pods.values() if p.namespace == namespace and p.name == name), None)

@@ -242,6 +242,9 @@ class StallState:
     totals: Mapping[tuple[str, str, Cause], float] = field(default_factory=dict)
     current: tuple[Stall, ...] = ()
     settle_seconds: float = 0.0
+    share_10m: Mapping[str, float | None] = field(default_factory=dict)
+    """Each GPU's settled stall time over the last ten minutes of Views, over ten minutes (analysis/stall_share.py),
+    by its NVML index; None for a GPU until ten minutes are covered."""
 
 
 BUSY_WEIGHT = 0.05

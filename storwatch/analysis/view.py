@@ -10,10 +10,19 @@ from typing import TYPE_CHECKING
 
 from storwatch.analysis.pods import ProcessPod
 from storwatch.analysis.recovery import RunRecovery
+
+# The sources' records and label values a consumer reads, re-exported: the exporter, report, page and policy import
+# them from here, never from sources/ (the import contract in pyproject.toml). The View is their one seam.
+from storwatch.checkpoints.scan import MAX_DATASET_DIRS
 from storwatch.procfs.cgroup import ContainerRef, SlurmJob
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount
 from storwatch.snapshot import Snapshot
+from storwatch.sources.access import AccessFacts, WorkloadAccess
+from storwatch.sources.checkpoints import CHECK_ERROR_REASONS, CLAIM_REJECT_REASONS
+from storwatch.sources.kubevolumes import PodInfo, VolumeRef
+from storwatch.sources.probe import BUCKETS as PROBE_BUCKETS
+from storwatch.sources.probe import PROBE_OPS
 from storwatch.vocabulary import CollectorStatus, Finding, Mount, Platform, Verdict
 
 if TYPE_CHECKING:
@@ -26,6 +35,7 @@ if TYPE_CHECKING:
     from storwatch.sources.diskio import DiskIO
     from storwatch.sources.gpu import GPUFacts
     from storwatch.sources.kubevolumes import KubeFacts
+    from storwatch.sources.lustre import LustreFacts
     from storwatch.sources.nfs import NFSStats
     from storwatch.sources.probe import ProbeResult
 
@@ -49,6 +59,9 @@ class MountView:
     mount: Mount
     verdict: Verdict
     io: MountIO = field(default_factory=MountIO)
+    volume: VolumeRef | None = None
+    """The pod, volume, claim, PV and StorageClass behind it (sources/kubevolumes.py volume_ref, joined once here);
+    None when it is no pod's volume or hostPath, or off Kubernetes."""
 
     @property
     def stuck(self) -> bool:
@@ -101,6 +114,9 @@ class RunView:
     saves: tuple[EventSave, ...] = ()
     """Its saves as the kernel's file events show them (analysis/writes.py), the ones ending last last; a save still
     being written last of all."""
+    pod: PodInfo | None = None
+    """The pod whose end takes the run away: the pod whose volume holds it, else the pod of the process that writes
+    it (a run on a hostPath onto the node's disk); None off Kubernetes or where no pod is known."""
     writers_seen: tuple[tuple[int, float], ...] = ()
     """Each writer, and the newest look (wall time) that found its work holding one of the run's checkpoint files open
     for writing: a process alive now with that PID that started before then is the one seen (a PID is never reused
@@ -218,6 +234,39 @@ class View:
         return self.snapshot.kube
 
     @property
+    def access(self) -> AccessFacts | None:
+        """Each GPU process tree's I/O counters and the mounts it has files open on (sources/access.py)."""
+        from storwatch.sources.access import ACCESS
+
+        return self.snapshot.get(ACCESS)
+
+    @property
+    def lustre(self) -> LustreFacts | None:
+        """Lustre clients' per-mount counters (sources/lustre.py)."""
+        from storwatch.sources.lustre import LUSTRE
+
+        return self.snapshot.get(LUSTRE)
+
+    @property
     def checkpoint_scan(self) -> CheckpointFacts | None:
         """The checkpoint source's facts beyond the runs: stuck roots, check errors."""
         return self.snapshot.checkpoints
+
+
+__all__ = [
+    "CHECK_ERROR_REASONS",
+    "CLAIM_REJECT_REASONS",
+    "MAX_DATASET_DIRS",
+    "PROBE_BUCKETS",
+    "PROBE_OPS",
+    "AccessFacts",
+    "DurableCopy",
+    "LeftOut",
+    "MountIO",
+    "MountView",
+    "PodInfo",
+    "RunView",
+    "View",
+    "VolumeRef",
+    "WorkloadAccess",
+]

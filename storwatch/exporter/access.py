@@ -15,13 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from storwatch.analysis.pods import workload_name
-from storwatch.analysis.view import View
+from storwatch.analysis.view import AccessFacts, View
 from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
 from storwatch.exporter.text import Family
+from storwatch.printable import shown
 from storwatch.procfs.pidio import ProcessIO, field_max, summed
-from storwatch.sources.access import ACCESS, AccessFacts
-from storwatch.sources.mounts import display_path
 
 COUNTERS: tuple[tuple[catalog.MetricSpec, str], ...] = (
     (catalog.WORKLOAD_READ_BYTES, "read_bytes"),
@@ -96,7 +95,7 @@ def _scan(facts: AccessFacts) -> Iterator[Family]:
 
 
 def families(view: View | None, state: ExportState) -> Iterator[Family]:
-    facts = view.snapshot.get(ACCESS) if view is not None else None
+    facts = view.access if view is not None else None
     if view is None or facts is None:
         return
     yield from _scan(facts)
@@ -129,7 +128,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
         for mp in opened[: facts.max_mounts_per_workload]:
             for mode, where in (("read", work.reads), ("write", work.writes)):
                 if mp in where:
-                    mounts.add((name, display_path(mp), mode), 1)
+                    mounts.add((name, shown(mp), mode), 1)
     memory.by_workload = written
     dropped.add(("workload",), len(order) - len(kept))
     dropped.add(("mountpoint",), mounts_dropped)

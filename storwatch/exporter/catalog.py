@@ -18,12 +18,10 @@ from typing import Literal
 
 from storwatch.analysis.checkpoints import MAX_RUNS
 from storwatch.analysis.stalls import CAUSES
-from storwatch.checkpoints.scan import MAX_DATASET_DIRS
+from storwatch.analysis.view import CHECK_ERROR_REASONS, CLAIM_REJECT_REASONS, MAX_DATASET_DIRS, PROBE_OPS
 from storwatch.config import DEFAULT_NFS_OPERATIONS
 from storwatch.exporter.area import ALERTMANAGER_ALERT_RESULTS, ALERTMANAGER_REQUEST_RESULTS, SYNC_COPY_RESULTS
 from storwatch.exporter.text import Family
-from storwatch.sources.checkpoints import CHECK_ERROR_REASONS, CLAIM_REJECT_REASONS
-from storwatch.sources.probe import PROBE_OPS
 from storwatch.vocabulary import PLATFORMS, Durability, Severity
 
 MetricType = Literal["gauge", "counter", "histogram"]

@@ -12,7 +12,7 @@ from storwatch.analysis.view import View
 from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
 from storwatch.exporter.text import Family
-from storwatch.sources.mounts import display_path
+from storwatch.printable import shown
 
 
 def families(view: View | None, state: ExportState) -> Iterator[Family]:
@@ -35,7 +35,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
         newest = run.newest_complete
         if newest is not None:
             durability = rv.mount.verdict.durability.value if rv.mount else "unknown"
-            mountpoint = display_path(rv.mount.mount.mountpoint) if rv.mount else ""
+            mountpoint = shown(rv.mount.mount.mountpoint) if rv.mount else ""
             last.add((rv.label, durability, mountpoint), newest.mtime)
             size.add(label, newest.size_bytes)
             timed = next((c for c in reversed(run.complete) if c.write_seconds is not None), None)
@@ -59,7 +59,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     stuck = catalog.CHECKPOINT_ROOT_STUCK.family()
     stuck_roots = {s.path for s in facts.stuck_roots}
     for root in sorted({*facts.roots, *stuck_roots}):
-        stuck.add((display_path(root),), 1 if root in stuck_roots else 0)
+        stuck.add((shown(root),), 1 if root in stuck_roots else 0)
     errors = catalog.CHECKPOINT_CHECK_ERRORS.family()
     for reason, count in sorted(facts.check_errors.items()):
         errors.add((reason,), count)
@@ -69,7 +69,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     unreadable = catalog.CHECKPOINT_UNREADABLE.family()
     refused = {u.path: u.entries for u in facts.unreadable}
     for root in sorted({*facts.roots, *refused}):
-        unreadable.add((display_path(root),), refused.get(root, 0))
+        unreadable.add((shown(root),), refused.get(root, 0))
     yield from (stuck, errors, claims, unreadable)
 
 
@@ -108,10 +108,10 @@ def _findings(view: View) -> Iterator[Family]:
     finding = catalog.FINDING.family()
     dropped = catalog.CHECKPOINT_SERIES_DROPPED.family()
     for f in view.findings:
-        finding.add((f.id, f.severity, f.kind, display_path(f.mountpoint), f.run), 1)
+        finding.add((f.id, f.severity, f.kind, shown(f.mountpoint), f.run), 1)
     by_mount: dict[tuple[str, str], int] = {}
     for (mountpoint, kind), size in view.important_bytes().items():  # over every run, those left out included
-        key = (display_path(mountpoint), kind)
+        key = (shown(mountpoint), kind)
         by_mount[key] = by_mount.get(key, 0) + size
     for key, size in sorted(by_mount.items()):
         important.add(key, size)

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from storwatch.analysis.view import View
+from storwatch.analysis.view import PROBE_BUCKETS, View
 from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
 from storwatch.exporter.catalog import MetricSpec
 from storwatch.exporter.text import Family, label_value
+from storwatch.printable import shown
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount
-from storwatch.sources.mounts import display_path
-from storwatch.sources.probe import BUCKETS
 
 _MS = 0.001
 
@@ -154,7 +153,7 @@ def _mount_io(view: View, left_out: frozenset[str]) -> Iterator[Family]:
     for mv in view.mounts:
         if mv.mount.mountpoint in left_out:
             continue
-        mp = display_path(mv.mount.mountpoint)
+        mp = shown(mv.mount.mountpoint)
         io = mv.io
         block = mv.mount.block
         if block is not None:
@@ -181,7 +180,7 @@ def _mount_io(view: View, left_out: frozenset[str]) -> Iterator[Family]:
     yield latency
 
 
-_PROBE_BOUNDS = (*(str(b) for b in BUCKETS), "+Inf")
+_PROBE_BOUNDS = (*(str(b) for b in PROBE_BUCKETS), "+Inf")
 
 
 def probe_families(view: View | None, state: ExportState) -> Iterator[Family]:
@@ -201,7 +200,7 @@ def probe_families(view: View | None, state: ExportState) -> Iterator[Family]:
         if probe is None:
             continue
         any_probe = True
-        mp = display_path(mv.mount.mountpoint)
+        mp = shown(mv.mount.mountpoint)
         for op, h in sorted(probe.histograms.items()):
             hist.add_histogram([mp, op], list(zip(_PROBE_BOUNDS, (float(c) for c in h.buckets), strict=True)), h.sum)
         success.add([mp], 1 if probe.seconds is not None else 0)

@@ -9,9 +9,8 @@ from storwatch.analysis.view import View
 from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
 from storwatch.exporter.text import Family
+from storwatch.printable import shown
 from storwatch.procfs.lustre import LliteStats
-from storwatch.sources.lustre import LUSTRE
-from storwatch.sources.mounts import display_path
 
 OPERATIONS = catalog.LUSTRE_OPERATIONS.values("operation")
 """The operations exported, of the 60 or so a client counts (the catalog lists them)."""
@@ -32,7 +31,7 @@ def _calls(stats: LliteStats, operation: str) -> int | None:
 
 
 def families(view: View | None, state: ExportState) -> Iterator[Family]:
-    facts = view.snapshot.get(LUSTRE) if view is not None else None
+    facts = view.lustre if view is not None else None
     if facts is None:
         return
     info = catalog.LUSTRE_CLIENT_INFO.family()
@@ -42,7 +41,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     seconds = catalog.LUSTRE_OPERATION_SECONDS.family()
     for client in facts.clients:
         stats = client.stats
-        where = (client.fsname, display_path(client.mountpoint) if client.mountpoint is not None else "")
+        where = (client.fsname, shown(client.mountpoint) if client.mountpoint is not None else "")
         info.add((*where, client.instance), 1)
         read.add(where, stats.total("read_bytes"))
         written.add(where, stats.total("write_bytes"))

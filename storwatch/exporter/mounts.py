@@ -9,7 +9,7 @@ from storwatch.analysis.view import View
 from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
 from storwatch.exporter.text import Family, label_value
-from storwatch.sources.mounts import display_path
+from storwatch.printable import shown
 from storwatch.vocabulary import Durability
 
 _DURABILITIES = tuple(Durability)
@@ -36,10 +36,10 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
         m, verdict = mv.mount, mv.verdict
         if m.mountpoint in left_out:
             continue
-        mp = display_path(m.mountpoint)
+        mp = shown(m.mountpoint)
         # One label set for the eight families labelled by mountpoint alone (catalog.MOUNTPOINT).
         labels = size.labels_for((mp,))
-        info.add((mp, display_path(m.device), m.fstype, verdict.durability.value, verdict.reason), 1)
+        info.add((mp, shown(m.device), m.fstype, verdict.durability.value, verdict.reason), 1)
         quoted = label_value(mp)
         for d, template in by_class:
             durability.add_text(template.format(quoted), 1 if d is verdict.durability else 0)

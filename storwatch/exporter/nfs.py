@@ -10,8 +10,8 @@ from storwatch.analysis.view import View
 from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
 from storwatch.exporter.text import Family, label_value, labels_template, value_text
+from storwatch.printable import shown
 from storwatch.procfs.mountstats import NFSMount, NFSOperation
-from storwatch.sources.mounts import display_path
 
 _MS = 0.001
 
@@ -143,7 +143,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
             continue
         text = memory.mounts.get(mountpoint)
         if text is None or text.mount != nfs:
-            text = _mount_text(display_path(mountpoint), nfs, text, state.nfs_operations)
+            text = _mount_text(shown(mountpoint), nfs, text, state.nfs_operations)
         written[mountpoint] = text
         for name, lines in text.by_metric.items():
             out[name].add_lines(lines)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -19,15 +18,13 @@ from typing import TYPE_CHECKING, Literal
 from storwatch import words
 from storwatch.actions.base import ENTITY_KINDS, Alert, Entity, EntityKind, FieldValue, Severity
 from storwatch.policy.cel import MAX_LIST_ITEMS, MAX_STRING_CHARS, SCALAR, STRING_FIELD, Size, list_of, map_of
+from storwatch.printable import shown
 
 if TYPE_CHECKING:
     from storwatch.analysis.recovery import RunRecovery
-    from storwatch.analysis.view import MountView, RunView, View
-    from storwatch.sources.kubevolumes import ClusterObjects, PodInfo
+    from storwatch.analysis.view import MountView, PodInfo, RunView, View
 
 FieldType = Literal["bool", "int", "double", "string", "list<string>", "map<string, string>"]
-STALL_WINDOW_SECONDS = 600.0
-"""The window of a GPU's ``stall_share_10m``."""
 
 
 @dataclass(frozen=True)
@@ -481,9 +478,8 @@ def _s(value: str | None) -> str | None:
 
 
 def _path(value: str) -> str:
-    from storwatch.sources.mounts import display_path
 
-    return _s(display_path(value)) or ""
+    return _s(shown(value)) or ""
 
 
 def _list(values: Iterable[str]) -> tuple[str, ...]:
@@ -506,61 +502,13 @@ def _double(value: float | None) -> float | None:
     return float(value)
 
 
-# -- a GPU's stall share over the last ten minutes
-
-
-class StallShares:
-    """Each GPU's settled stall seconds as Views report them, over the last ``window`` seconds of View time: what
-    ``stall_share_10m`` is made of. Kept by whoever builds entities View after View (:class:`EntityBuilder`)."""
-
-    MAX_SAMPLES = 4096
-    """Samples kept per GPU (a View a second for ten minutes is 600)."""
-
-    def __init__(self, window: float = STALL_WINDOW_SECONDS) -> None:
-        self.window = window
-        self._samples: dict[str, deque[tuple[float, float]]] = {}
-
-    def observe(self, view: View) -> dict[str, float | None]:
-        """Take the View's totals; return each GPU's share (by its stall label, the NVML index) where the window is
-        covered, else None for it."""
-        state = view.stalls
-        if state is None:
-            self._samples.clear()
-            return {}
-        totals: dict[str, float] = {}
-        for (gpu, _mp, _cause), seconds in state.totals.items():
-            totals[gpu] = totals.get(gpu, 0.0) + seconds
-        now = view.timestamp
-        gpus = {str(g.index) for g in view.gpus.gpus} if view.gpus is not None else set()
-        out: dict[str, float | None] = {}
-        for gpu in gpus | set(totals):
-            samples = self._samples.setdefault(gpu, deque(maxlen=self.MAX_SAMPLES))
-            total = totals.get(gpu, 0.0)
-            if samples and (total < samples[-1][1] or now <= samples[-1][0]):
-                # Totals only grow and time only moves on: a drop (the tracker's bound dropped a total) or a step
-                # back of the clock makes the window unknown until it is covered again.
-                samples.clear()
-            samples.append((now, total))
-            while len(samples) > 1 and samples[1][0] <= now - self.window:
-                samples.popleft()
-            start_t, start_total = samples[0]
-            out[gpu] = (total - start_total) / (now - start_t) if now - start_t >= self.window else None
-        for gone in set(self._samples) - gpus - set(totals):
-            del self._samples[gone]
-        return out
-
-
 # -- entities of a View
 
 
 def _mount_fields(mv: MountView, view: View, runs: int, important: int) -> dict[str, FieldValue]:
-    from storwatch.report import used_ratio
-    from storwatch.sources.kubevolumes import ClusterObjects, volume_ref
-
     m = mv.mount
     u = m.usage
-    cluster = view.kube.cluster if view.kube is not None else ClusterObjects()
-    ref = volume_ref(m, cluster)
+    ref = mv.volume
     lat = mv.io.latency
     read = lat.get("read")
     write = lat.get("write")
@@ -577,7 +525,7 @@ def _mount_fields(mv: MountView, view: View, runs: int, important: int) -> dict[
         "stuck_seconds": float(m.stuck_seconds),
         "size_bytes": u.size_bytes if u else None,
         "avail_bytes": u.avail_bytes if u else None,
-        "used_ratio": _double(used_ratio(u)),
+        "used_ratio": _double(u.used_ratio) if u else None,
         "files_free": u.files_free if u else None,
         "read_latency_p95_seconds": _double(read.minute.p95_seconds) if read else None,
         "write_latency_p95_seconds": _double(write.minute.p95_seconds) if write else None,
@@ -611,13 +559,9 @@ def run_severity(view: View) -> dict[str, Severity]:
 
 
 def _run_entities(view: View) -> list[Entity]:
-    from storwatch.analysis.recovery import recovery_point_seconds
-    from storwatch.sources.kubevolumes import volume_ref
-
     recovery = {r.run: r for r in view.recovery}
     severities = run_severity(view)
     draining = _node_draining(view)
-    kube = view.kube
     move_to = {f.run: f.move_to for f in view.findings if f.kind != "dataset"}
     out = []
     for rv in view.checkpoints:
@@ -629,19 +573,11 @@ def _run_entities(view: View) -> list[Entity]:
         terminating: bool | None = None
         seconds_left: float | None = None
         grace: float | None = None
-        pod: PodInfo | None = None
-        if kube is not None and kube.enabled:
-            if mount is not None:
-                ref = volume_ref(mount.mount, kube.cluster)
-                pod = kube.cluster.pod_for_uid(ref.pod_uid) if ref is not None and ref.pod_uid else None
-            if pod is None and rec is not None and rec.workload:
-                # A run outside any pod's volume (a hostPath onto the root disk, as /home on Together): the pod of
-                # the process that writes it is the one whose end takes the run's writer away.
-                pod = _pod_named(kube.cluster, rec.workload)
-            if pod is not None:
-                seconds_left = pod.seconds_left(view.timestamp)
-                terminating = seconds_left is not None
-                grace = pod.grace_seconds if pod.grace_seconds is not None else pod.termination_grace_seconds
+        pod = rv.pod  # the pod whose end takes the run away (analysis/build.py run_pods)
+        if pod is not None:
+            seconds_left = pod.seconds_left(view.timestamp)
+            terminating = seconds_left is not None
+            grace = pod.grace_seconds if pod.grace_seconds is not None else pod.termination_grace_seconds
         rp = rec.recovery_point_seconds if rec is not None else None
         durable = (
             rec is not None
@@ -661,7 +597,7 @@ def _run_entities(view: View) -> list[Entity]:
             "abandoned": run.abandoned,
             "newest_verdict": newest.verdict if newest else None,
             "newest_reason": _s(newest.reason) if newest else None,
-            "newest_complete_age_seconds": _double(recovery_point_seconds(run, view.timestamp)),
+            "newest_complete_age_seconds": _double(rec.newest_age_seconds) if rec else None,
             "newest_complete_bytes": newest_complete.size_bytes if newest_complete else None,
             "recovery_point_seconds": _double(rp),
             "durable_checkpoint": durable,
@@ -777,15 +713,7 @@ def _run_owner(view: View, rv: RunView, pod: PodInfo | None) -> str | None:
     return None
 
 
-def _pod_named(cluster: ClusterObjects, workload: str) -> PodInfo | None:
-    """The pod a workload name (``namespace/name``) names; None for a Slurm job, a process or an unknown pod."""
-    namespace, sep, name = workload.partition("/")
-    if not sep or not name or ":" in namespace:
-        return None
-    return next((p for p in cluster.pods.values() if p.namespace == namespace and p.name == name), None)
-
-
-def _gpu_entities(view: View, shares: Mapping[str, float | None]) -> list[Entity]:
+def _gpu_entities(view: View) -> list[Entity]:
     from storwatch.analysis.pods import workload_name
 
     facts = view.gpus
@@ -818,7 +746,7 @@ def _gpu_entities(view: View, shares: Mapping[str, float | None]) -> list[Entity
             "stall_cause": now_stall[0] if now_stall else None,
             "stall_mountpoint": _path(now_stall[1]) if now_stall else None,
             "stall_seconds_total": None if state is None else float(settled.get(label, 0.0)),
-            "stall_share_10m": _double(shares.get(label)) if state is not None else None,
+            "stall_share_10m": _double(state.share_10m.get(label)) if state is not None else None,
             "stall_now": (
                 "stalls are not tracked"
                 if state is None
@@ -833,9 +761,8 @@ def _gpu_entities(view: View, shares: Mapping[str, float | None]) -> list[Entity
 
 def _workload_entities(view: View) -> list[Entity]:
     from storwatch.analysis.pods import workload_name
-    from storwatch.sources.access import ACCESS
 
-    facts = view.snapshot.get(ACCESS)
+    facts = view.access
     if facts is None:
         return []
     gpus_of: dict[int, list[str]] = {}
@@ -966,11 +893,8 @@ def _alert_entities(
     return out
 
 
-def entities(
-    view: View, alerts: Sequence[Alert] = (), shares: Mapping[str, float | None] | None = None
-) -> dict[EntityKind, list[Entity]]:
-    """Every entity of ``view`` and ``alerts``, by kind. ``shares``: each GPU's stall share over the last ten
-    minutes (:class:`StallShares`, by NVML index); without it ``stall_share_10m`` is null."""
+def entities(view: View, alerts: Sequence[Alert] = ()) -> dict[EntityKind, list[Entity]]:
+    """Every entity of ``view`` and ``alerts``, by kind: views of the View's records, never joins of their own."""
     runs: dict[str, int] = {}
     for rv in view.checkpoints:
         if rv.mount is not None:
@@ -987,7 +911,7 @@ def entities(
         for mv in view.mounts
     ]
     run_entities = _run_entities(view)
-    gpus = _gpu_entities(view, shares or {})
+    gpus = _gpu_entities(view)
     return {
         "mount": mounts,
         "run": run_entities,
@@ -997,17 +921,6 @@ def entities(
         "node": [_node_entity(view)],
         "alert": _alert_entities(alerts, view.timestamp, {"run": run_entities, "mount": mounts, "gpu": gpus}),
     }
-
-
-class EntityBuilder:
-    """Builds each View's entities, keeping what a field needs across Views (the GPUs' stall shares). One per
-    engine; fed the Views in order."""
-
-    def __init__(self, stall_window: float = STALL_WINDOW_SECONDS) -> None:
-        self.shares = StallShares(stall_window)
-
-    def build(self, view: View, alerts: Sequence[Alert] = ()) -> dict[EntityKind, list[Entity]]:
-        return entities(view, alerts, self.shares.observe(view))
 
 
 # -- docs/policy.md
@@ -1173,12 +1086,9 @@ __all__ = [
     "MAX_STRING_CHARS",
     "SCHEMA",
     "SEVERITY_FIELDS",
-    "STALL_WINDOW_SECONDS",
-    "EntityBuilder",
     "Field",
     "FieldType",
     "Kind",
-    "StallShares",
     "alert_subject",
     "entities",
     "field_size",

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from storwatch.config import CheckpointsConfig
+from storwatch.config import HOW_TO_ADD_ROOTS, CheckpointsConfig
 from storwatch.paths import HostPaths
 from storwatch.sources import FactsKey
 
@@ -26,7 +26,6 @@ CONFIGURED = "named in checkpoints.roots"
 """Why a configured root is searched."""
 KUBELET_WHY = "the kubelet's pod volumes"
 """Why the kubelet's pods directory is searched."""
-HOW_TO_ADD = "name the directories to search in checkpoints.roots"
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ class SearchPlan:
         return (
             f"no place searched for checkpoints, so nothing is known of what this node would lose: {why}"
             + (f" (not searched: {passed})" if passed else "")
-            + f"; {HOW_TO_ADD}"
+            + f"; {HOW_TO_ADD_ROOTS}"
         )
 
 
