@@ -17,7 +17,7 @@ from typing import Any
 from storwatch import words
 from storwatch.analysis.latency import WindowStats
 from storwatch.analysis.pods import ProcessPod, workload_name
-from storwatch.analysis.recovery import checkpoint_age_seconds, recovery_point_seconds
+from storwatch.analysis.recovery import checkpoint_age_seconds
 from storwatch.analysis.view import MountView, RunView, View, VolumeRef
 from storwatch.classify import is_pseudo_mount
 from storwatch.config import HOW_TO_ADD_ROOTS
@@ -426,7 +426,7 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "mountpoint": shown(rv.mount.mount.mountpoint) if rv.mount else None,
                 "durability": rv.mount.verdict.durability.value if rv.mount else None,
                 "newest_complete": None if newest is None else shown(newest.path),
-                "newest_complete_age_seconds": recovery_point_seconds(run, view.timestamp),
+                "newest_complete_age_seconds": None if rec is None else rec.newest_age_seconds,
                 "newest_complete_size_bytes": None if newest is None else newest.size_bytes,
                 "interval_seconds": run.interval_seconds,
                 # null: no complete checkpoint survives losing this node (+Inf in storwatch_recovery_point_seconds),

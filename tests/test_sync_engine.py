@@ -150,7 +150,7 @@ def test_a_copy_goes_below_the_root_as_reached_verified_and_counted(
     assert metrics.copies == {"verified": 1, "failed": 0, "superseded": 0}
     # Asked again for the same checkpoint: nothing is copied again.
     again = action.run(_request(_run(host), transition="repeat"), 10.0)
-    assert again.outcome == "skipped" and "already done" in again.detail, again
+    assert again.outcome == "skipped" and "already copied to" in again.detail, again
     assert not (tmp_path / "durable").exists()  # the host's path, never the agent's own
 
 
@@ -205,10 +205,10 @@ def test_a_copy_still_going_when_its_pod_is_killed_is_stopped_and_leaves_nothing
     assert action.run(_request(_run(host)), 10.0).outcome == "ok"
     (job,) = engine.jobs.jobs()
     assert job.deadline_at == clock.now + 3600.0
-    wait_until(lambda: next(j for j in engine.jobs.jobs()).state == "copying", timeout=WAIT, what="the copy to start")
+    wait_until(lambda: next(j for j in engine.jobs.jobs()).state == "running", timeout=WAIT, what="the copy to start")
     # Then its pod is deleted with 8 s left: the repeat brings the copy's deadline forward.
     repeat = action.run(_request(_run(host, pod_seconds_left=8.0), transition="repeat"), 10.0)
-    assert repeat.outcome == "skipped" and "already copying" in repeat.detail, repeat
+    assert repeat.outcome == "skipped" and "already being copied" in repeat.detail, repeat
     assert engine.jobs.jobs()[0].deadline_at == clock.now + 8.0
     clock.now += 9.0
     done = _done(engine, job.job_id)
@@ -240,7 +240,7 @@ def test_a_newer_checkpoint_supersedes_the_copy_of_an_older_one(host: Path, engi
     action = SyncAction(engine.resolver, engine.jobs, AskedRuns(clock), "n", clock, paths=engine.resolver.paths)
     old = _run(host)
     assert action.run(_request(old), 10.0).outcome == "ok"
-    wait_until(lambda: engine.jobs.jobs()[0].state == "copying", timeout=WAIT, what="the old copy to start")
+    wait_until(lambda: engine.jobs.jobs()[0].state == "running", timeout=WAIT, what="the old copy to start")
     newer = host / VOLUME.lstrip("/") / "run1" / "step-200.pt"
     newer.write_bytes(b"newer" * 100)
     entity = Entity(

@@ -38,6 +38,7 @@ from storwatch.paths import HostPaths
 from storwatch.printable import printable
 from storwatch.sources.checkpoint_key import KUBELET_PODS
 from storwatch.sources.kubevolumes import VolumeDirectory, volume_directory
+from storwatch.sync import ACTIVE_STATES
 
 TEMPLATE_FIELDS = ("namespace", "pod", "run", "node", "checkpoint")
 """What a destination template may name."""
@@ -203,11 +204,10 @@ class SyncAction:
         left = _number(entity.fields.get("pod_seconds_left"))
         done = self.jobs.existing(source, mtime)
         if done is not None:
-            if left is not None and done.state in ("queued", "copying"):
+            if left is not None and done.state in ACTIVE_STATES:
                 self.jobs.limit(done.job_id, self.clock() + max(0.0, left))
-            return ActionResult(
-                "skipped", f"{printable(source)} is already {done.state} to {printable(done.destination)}"
-            )
+            being = {"queued": "queued to be copied", "running": "being copied", "done": "copied"}[done.state]
+            return ActionResult("skipped", f"{printable(source)} is already {being} to {printable(done.destination)}")
         if left is not None and left <= 0:
             return ActionResult("skipped", "its pod's grace period is over: a copy would not end before it is killed")
         deadline = self.resolver.deadline_seconds if left is None else min(self.resolver.deadline_seconds, left)

@@ -13,18 +13,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from storwatch.actions.sync_jobs import JobState, Observed, SyncJobs
+from storwatch.actions.sync_jobs import Observed, SyncJobs
 from storwatch.config import SyncConfig
 from storwatch.paths import HostPaths
-from storwatch.sync import Destinations, SyncJob, SyncRefused, SyncResult, SyncWorker
-
-_STATES: Mapping[str, JobState] = {
-    "queued": "queued",
-    "running": "copying",
-    "done": "done",
-    "failed": "failed",
-    "abandoned": "failed",
-}
+from storwatch.sync import STATES, Destinations, SyncJob, SyncRefused, SyncResult, SyncWorker
 
 
 @dataclass(frozen=True)
@@ -148,12 +140,12 @@ def observed(status: object) -> dict[int, Observed]:
     this copy wrote (none when the copy there was already verified)."""
     out: dict[int, Observed] = {}
     for job in status if isinstance(status, list) else ():
-        if not isinstance(job, SyncJob) or job.state not in _STATES:
+        if not isinstance(job, SyncJob) or job.state not in STATES:
             continue
         result = job.result
         done = job.state == "done" and result is not None
         out[job.job_id] = Observed(
-            state=_STATES[job.state],
+            state=job.state,
             started_at=job.started or None,
             finished_at=job.finished or None,
             bytes=result.written_bytes if done and result is not None else job.bytes_done,

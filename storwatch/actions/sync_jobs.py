@@ -14,12 +14,12 @@ import collections
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from typing import Protocol
 
 from storwatch.analysis.checkpoints import MAX_RUNS
 from storwatch.exporter.area import SYNC_COPY_RESULTS, SyncMetrics
+from storwatch.sync.result import ACTIVE_STATES, ENDED_STATES, JobState
 
-JobState = Literal["queued", "copying", "done", "failed"]
 HISTORY = 100
 """Jobs kept for /status (the oldest finished ones forgotten first)."""
 DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -132,12 +132,12 @@ class SyncJobs:
         return self._worker
 
     def existing(self, source: str, mtime: float) -> SyncJob | None:
-        """The job for this checkpoint that is queued, copying or done (a failed one is tried again)."""
+        """The job for this checkpoint that is queued, running or done (a failed or abandoned one is tried again)."""
         self.refresh()
         with self._lock:
             job_id = self._by_checkpoint.get((source, mtime))
             job = self._jobs.get(job_id) if job_id is not None else None
-        return job if job is not None and job.state != "failed" else None
+        return job if job is not None and job.state in ("queued", "running", "done") else None
 
     def submit(
         self,
@@ -163,7 +163,7 @@ class SyncJobs:
             older = [
                 j
                 for j in self._jobs.values()
-                if j.run == run and j.state in ("queued", "copying") and j.checkpoint_mtime < mtime
+                if j.run == run and j.state in ACTIVE_STATES and j.checkpoint_mtime < mtime
             ]
         for job in older:
             self._stop(self.worker, job.job_id, f"superseded by the run's newer checkpoint {source}", superseded=True)
@@ -200,14 +200,14 @@ class SyncJobs:
         """Take the worker's word on every job not yet finished; count the ones that finished since. A job past its
         deadline is cancelled first (the worker stops its copy, which removes its temporaries)."""
         with self._lock:
-            if self._worker is None or all(j.state in ("done", "failed") for j in self._jobs.values()):
+            if self._worker is None or all(j.state in ENDED_STATES for j in self._jobs.values()):
                 return
             worker = self._worker
             at = self.clock()
             late = [
                 j
                 for j in self._jobs.values()
-                if j.state not in ("done", "failed") and j.deadline_at is not None and at >= j.deadline_at
+                if j.state not in ENDED_STATES and j.deadline_at is not None and at >= j.deadline_at
             ]
         for job in late:
             self._stop(worker, job.job_id, "past its deadline (sync.deadline_seconds, or its pod's time left)")
@@ -216,7 +216,7 @@ class SyncJobs:
         with self._lock:
             for job_id, job in list(self._jobs.items()):
                 seen = observed.get(job_id)
-                if job.state in ("done", "failed") or seen is None:
+                if job.state in ENDED_STATES or seen is None:
                     continue
                 now = replace(
                     job,
@@ -226,15 +226,15 @@ class SyncJobs:
                     bytes=seen.bytes,
                     detail=seen.detail,
                 )
-                if now.state in ("done", "failed"):
+                if now.state in ENDED_STATES:
                     why = self._stopped.pop(job_id, None)
                     superseded = job_id in self._superseded
                     self._superseded.discard(job_id)
-                    if now.state == "failed" and why is not None:
+                    if now.state != "done" and why is not None:
                         now = replace(now, detail=f"{why}: {seen.detail}")
                     if now.finished_at is None:
                         now = replace(now, finished_at=self.clock())
-                    if now.state == "failed":
+                    if now.state != "done":
                         self._ended["superseded" if superseded else "failed"] += 1
                 self._jobs[job_id] = now
                 if now.state == "done":
@@ -261,7 +261,7 @@ class SyncJobs:
 
     def _trim(self) -> None:
         while len(self._jobs) > HISTORY:
-            old = next((i for i, j in self._jobs.items() if j.state in ("done", "failed")), None)
+            old = next((i for i, j in self._jobs.items() if j.state in ENDED_STATES), None)
             if old is None:
                 break  # every kept job is still going: the worker bounds those
             job = self._jobs.pop(old)
@@ -284,7 +284,7 @@ class SyncJobs:
                 cumulative.append((bound, total))
             return SyncMetrics(
                 bytes_total=self._bytes_total,
-                in_progress=sum(1 for j in self._jobs.values() if j.state in ("queued", "copying")),
+                in_progress=sum(1 for j in self._jobs.values() if j.state in ACTIVE_STATES),
                 last_success=dict(self._last_success),
                 duration_buckets=tuple(cumulative),
                 duration_sum=self._duration_sum,

@@ -24,12 +24,24 @@ from storwatch.sync.commit import CRASH_TABLE
 from storwatch.sync.copy import MARKERS, copy_verified
 from storwatch.sync.destinations import Destinations, safe_field
 from storwatch.sync.pipeline import CHUNK, LAG, READ_BACK
-from storwatch.sync.result import HASH_NAME, OK_OUTCOMES, OUTCOMES, SyncRefused, SyncResult
-from storwatch.sync.worker import STATES, SyncJob, SyncWorker, helper_command, helper_main
+from storwatch.sync.result import (
+    ACTIVE_STATES,
+    ENDED_STATES,
+    HASH_NAME,
+    OK_OUTCOMES,
+    OUTCOMES,
+    STATES,
+    JobState,
+    SyncRefused,
+    SyncResult,
+)
+from storwatch.sync.worker import SyncJob, SyncWorker, helper_command, helper_main
 
 __all__ = [
+    "ACTIVE_STATES",
     "CHUNK",
     "CRASH_TABLE",
+    "ENDED_STATES",
     "HASH_NAME",
     "LAG",
     "MANIFEST_SUFFIX",
@@ -41,6 +53,7 @@ __all__ = [
     "TEMP_NAME",
     "TEMP_TAG",
     "Destinations",
+    "JobState",
     "SyncJob",
     "SyncRefused",
     "SyncResult",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 HASH_NAME = "xxh3_128"
 """The hash of every file, read and read back: xxh3-128 hashes far faster than any disk writes (BENCHMARKS.md), so
@@ -17,6 +17,15 @@ of the source as it is), ``refused`` (it may not be made: the allowlist, a templ
 source, something at DEST that is not ours), ``source_changed``, ``no_space``, ``failed`` (an I/O error, a read-back
 that differs), ``stopped`` (``stop()``, ``cancel()``), ``abandoned`` (past its deadline, or the worker closed)."""
 OK_OUTCOMES = frozenset({"verified", "unchanged"})
+
+JobState = Literal["queued", "running", "done", "failed", "abandoned"]
+"""Where a copy is in its life, the one vocabulary of the worker, the sync action's jobs, /status and /api/status:
+``queued``, ``running``, then ``done`` (a verified copy, made or already there: its outcome one of OK_OUTCOMES),
+``failed`` (any other outcome the copy reported) or ``abandoned`` (its helper was killed: past its deadline,
+cancelled, the worker closed)."""
+STATES: tuple[JobState, ...] = get_args(JobState)
+ACTIVE_STATES: frozenset[JobState] = frozenset({"queued", "running"})
+ENDED_STATES: frozenset[JobState] = frozenset({"done", "failed", "abandoned"})
 
 
 class SyncRefused(Exception):

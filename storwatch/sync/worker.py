@@ -29,9 +29,7 @@ from typing import Any
 
 from storwatch.sync.copy import copy_verified
 from storwatch.sync.destinations import Destinations
-from storwatch.sync.result import SyncRefused, SyncResult, failed
-
-STATES = ("queued", "running", "done", "failed", "abandoned")
+from storwatch.sync.result import JobState, SyncRefused, SyncResult, failed
 
 
 @dataclass(frozen=True)
@@ -41,8 +39,8 @@ class SyncJob:
     job_id: int
     source: str
     dest: str
-    state: str
-    """One of STATES: ``done`` is a verified copy (made or already there), ``failed`` any other end the copy
+    state: JobState
+    """``done`` is a verified copy (made or already there), ``failed`` any other end the copy
     reported, ``abandoned`` a job whose helper was killed (past its deadline, cancelled, the worker closed)."""
     bytes_done: int = 0
     bytes_total: int = 0
@@ -67,7 +65,7 @@ class _Job:
     keep: int
     bandwidth: float | None
     submitted: float
-    state: str = "queued"
+    state: JobState = "queued"
     bytes_done: int = 0
     bytes_total: int = 0
     started: float = 0.0
@@ -273,7 +271,7 @@ class SyncWorker:
             result=j.result,
         )
 
-    def _finish(self, j: _Job, state: str, result: SyncResult) -> None:
+    def _finish(self, j: _Job, state: JobState, result: SyncResult) -> None:
         j.state = state
         j.finished = self._wall()
         j.result = dataclasses.replace(result, job_id=j.job_id)
@@ -376,7 +374,7 @@ class SyncWorker:
             self._forget()
             self._lock.notify_all()
 
-    def _kill(self, j: _Job, state: str, why: str) -> None:
+    def _kill(self, j: _Job, state: JobState, why: str) -> None:
         proc = j.proc
         if proc is not None:
             with contextlib.suppress(OSError):
