@@ -18,6 +18,7 @@ threads that ask (the ticker, the source workers): only the moment of the last s
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -127,3 +128,25 @@ class CpuBudget:
         if self.share <= 0 or cost is None:
             return seconds
         return max(seconds, min(self.longest, cost / self.share))
+
+
+class Backoff:
+    """The one backoff: a wait that doubles after each failure, up to ``cap``, and starts again at ``first`` after a
+    success. nvmlInit's retries, the Kubernetes watches' reconnects, a failing collector's log lines and a webhook's
+    retries all wait by it."""
+
+    def __init__(self, first: float, cap: float = math.inf) -> None:
+        self.first = first
+        self.cap = cap
+        self.wait = first
+        """The wait the next failure gets."""
+
+    def failed(self) -> float:
+        """One more failure: the wait before the next try (then doubled, capped, for the one after)."""
+        wait = self.wait
+        self.wait = min(self.wait * 2.0, self.cap)
+        return wait
+
+    def reset(self) -> None:
+        """A success: the next failure waits ``first`` again."""
+        self.wait = self.first

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from storwatch.pace import Backoff
 from storwatch.sources import gpu
 from tests.nvml import FakeNVML, FakeNVMLUnavailable, GPUSourceProcess, build_fake_nvml
 
@@ -158,11 +159,14 @@ def test_no_bindings_reports_nvml_down(tmp_path: Path) -> None:
 
 
 def test_backoff_doubles_to_five_minutes() -> None:
-    waits = [gpu.INIT_BACKOFF_FIRST_SECONDS]
-    for _ in range(12):
-        waits.append(gpu.next_backoff(waits[-1]))
+    """nvmlInit's retries wait by the agent's one Backoff (storwatch/pace.py): doubling to five minutes, and from the
+    first wait again after a success."""
+    backoff = Backoff(gpu.INIT_BACKOFF_FIRST_SECONDS, gpu.INIT_BACKOFF_MAX_SECONDS)
+    waits = [backoff.failed() for _ in range(12)]
     assert waits[:10] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
     assert waits[-1] == gpu.INIT_BACKOFF_MAX_SECONDS == 300
+    backoff.reset()
+    assert backoff.failed() == 1
 
 
 # -- on the fake library

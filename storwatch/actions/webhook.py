@@ -51,6 +51,7 @@ from storwatch import __version__
 from storwatch.actions.base import ActionRequest, ActionResult, FieldValue
 from storwatch.actions.params import Params
 from storwatch.actions.secret_file import MAX_SECRET_BYTES, SecretFileError, read_secret_file
+from storwatch.pace import Backoff
 from storwatch.printable import printable, shown_data
 
 MAX_BODY_BYTES = 256 << 10
@@ -282,9 +283,10 @@ class WebhookAction:
             return ActionResult("failed", f"ca_file: {printable(params.ca_file or '')}: {err}: not sent")
 
         last = ""
+        backoff = Backoff(params.backoff)
         for attempt in range(params.retries + 1):
             if attempt:
-                wait = params.backoff * 2 ** (attempt - 1)
+                wait = backoff.failed()
                 if time.monotonic() + wait >= deadline:
                     return ActionResult("failed", f"{last}; no time left for retry {attempt} of {params.retries}")
                 self._sleep(wait)

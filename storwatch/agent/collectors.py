@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from storwatch.pace import Backoff
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec
 from storwatch.sources import Configurable, CountsParseErrors, FactsKey, MayBeOff, Source
 from storwatch.vocabulary import CollectorStatus
@@ -67,7 +68,7 @@ class SourceState:
     """``failing`` when the current failure was last logged."""
     next_failure_log: float = 0.0
     """When (the Collectors' clock) a failure that goes on is logged again."""
-    failure_log_wait: float = FAILURE_LOG_FIRST_SECONDS
+    failure_log: Backoff = field(default_factory=lambda: Backoff(FAILURE_LOG_FIRST_SECONDS, FAILURE_LOG_MAX_SECONDS))
     soon: threading.Event = field(default_factory=threading.Event)
     """Set to end the worker's wait early (``collect_soon``, and the agent's stop)."""
     started: float | None = None
@@ -331,7 +332,7 @@ class Collectors:
         st.failing += 1
         if st.failing == 1 or not same_failure(error, st.last_error):
             log.warning("collector %s failed: %s", name, error)
-            st.failure_log_wait = FAILURE_LOG_FIRST_SECONDS
+            st.failure_log.reset()
         elif now >= st.next_failure_log:
             log.warning(
                 "collector %s still failing (%d failed runs since the last line, %d in a row): %s",
@@ -340,11 +341,10 @@ class Collectors:
                 st.failing,
                 error,
             )
-            st.failure_log_wait = min(st.failure_log_wait * 2.0, FAILURE_LOG_MAX_SECONDS)
         else:
             return
         st.failure_logged = st.failing
-        st.next_failure_log = now + st.failure_log_wait
+        st.next_failure_log = now + st.failure_log.failed()
 
     def statuses(self) -> tuple[CollectorStatus, ...]:
         """Each running source's last report, a failure where its collect() has been in flight for too long."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from storwatch.kubeclient import REQUEST_TIMEOUT, KubeClient, error_of, parse_time
+from storwatch.pace import Backoff
 from storwatch.sources.kubevolumes import (
     CONFIG_MAP,
     DOWNWARD_API,
@@ -266,14 +267,14 @@ class _Watcher:
             resp.release_conn()
 
     def _run(self) -> None:
-        backoff = self.source.backoff_initial
+        backoff = Backoff(self.source.backoff_initial, self.source.backoff_max)
         stop = self.source._stop
         while not stop.is_set():
             try:
                 if self.state.resource_version is None:
                     self._relist()
                 self._watch()
-                backoff = self.source.backoff_initial
+                backoff.reset()
             except _Gone:
                 log.info("kube: %s watch resourceVersion expired (410 Gone); relisting", self.state.kind)
                 self.state.resource_version = None
@@ -284,8 +285,7 @@ class _Watcher:
                     self.state.resource_version = None
                     continue
                 self.source._failed(self.state, f"{self.state.kind}: {type(err).__name__}: {err}")
-                stop.wait(backoff)
-                backoff = min(backoff * 2, self.source.backoff_max)
+                stop.wait(backoff.failed())
 
     def stop(self) -> None:
         resp = self._resp

@@ -12,7 +12,7 @@ devices from NVML.
 from __future__ import annotations
 
 from storwatch.sources.gpu.facts import GPUS, GPUFacts, GPUProcess, GPUState, MIGDevice
-from storwatch.sources.gpu.nvml import INIT_BACKOFF_FIRST_SECONDS, INIT_BACKOFF_MAX_SECONDS, NA, NAType, next_backoff
+from storwatch.sources.gpu.nvml import INIT_BACKOFF_FIRST_SECONDS, INIT_BACKOFF_MAX_SECONDS, NA, NAType
 from storwatch.sources.gpu.sampler import BUFFERED_READ_SECONDS, RETRYING
 from storwatch.sources.gpu.source import INIT_TIMEOUT_SECONDS, GPUSettings, GPUSource
 
@@ -31,5 +31,4 @@ __all__ = [
     "GPUState",
     "MIGDevice",
     "NAType",
-    "next_backoff",
 ]

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from storwatch.pace import Backoff
 from storwatch.sources import OnceLog
 
 log = logging.getLogger(__name__)
@@ -115,11 +116,6 @@ class NVMLDown(NVMLFailure):
     """An error that concerns NVML as a whole: release it and initialise again later."""
 
 
-def next_backoff(seconds: float) -> float:
-    """The wait before the next nvmlInit retry after one more failure (doubling, capped)."""
-    return min(seconds * 2.0, INIT_BACKOFF_MAX_SECONDS)
-
-
 def handle_address(handle: Any) -> int | None:
     """Where a device handle points: how an event's device is matched with the GPU it came from."""
     value = ctypes.cast(handle, ctypes.c_void_p).value
@@ -154,8 +150,7 @@ class NVML:
         """The ``pynvml`` module, once imported."""
         self.initialised = False
         self.init_error: str | None = "not initialised yet"
-        self.first_backoff = init_backoff_seconds
-        self.backoff = init_backoff_seconds
+        self.backoff = Backoff(init_backoff_seconds, INIT_BACKOFF_MAX_SECONDS)
         self.monotonic = monotonic
         self.next_init = 0.0
         """When (``monotonic``) nvmlInit may be tried again."""
@@ -259,8 +254,7 @@ class NVML:
         if error != self.init_error:
             log.warning("NVML unavailable: %s; retrying with backoff up to %.0f s", error, INIT_BACKOFF_MAX_SECONDS)
         self.init_error = error
-        self.next_init = self.monotonic() + self.backoff
-        self.backoff = next_backoff(self.backoff)
+        self.next_init = self.monotonic() + self.backoff.failed()
         return False
 
     def retry_in(self) -> float:
@@ -300,17 +294,16 @@ class NVML:
 
     def answered(self) -> None:
         """A whole tick was sampled: the next failure backs off from the first wait again."""
-        self.backoff = self.first_backoff
+        self.backoff.reset()
 
     def lose(self, error: str) -> None:
         """NVML stopped answering: release it, and initialise again after the backoff."""
         level = logging.WARNING if error != self.last_loss else logging.DEBUG
-        log.log(level, "NVML stopped answering: %s; releasing it, next nvmlInit in %.0f s", error, self.backoff)
+        log.log(level, "NVML stopped answering: %s; releasing it, next nvmlInit in %.0f s", error, self.backoff.wait)
         self.last_loss = error
         self.shutdown()
         self.init_error = error
-        self.next_init = self.monotonic() + self.backoff
-        self.backoff = next_backoff(self.backoff)
+        self.next_init = self.monotonic() + self.backoff.failed()
 
     def shutdown(self) -> None:
         """Free the event set and nvmlShutdown, so the driver is no longer held (for a driver upgrade)."""
@@ -349,6 +342,5 @@ __all__ = [
     "NVMLDown",
     "NVMLFailure",
     "handle_address",
-    "next_backoff",
     "text",
 ]
