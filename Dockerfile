@@ -12,6 +12,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY storwatch ./storwatch
+# The training side, whose contract (request and event-log names, temporaries) the agent reads: storwatch/training.py.
+COPY storwatch_training ./storwatch_training
 COPY policies ./policies
 # The shipped policy set is read from beside the package (storwatch/agent/policy.py, SHIPPED_DEFAULT), which a wheel
 # does not hold: copy it there. The build fails if it is not found, or if torch came in after all.
