@@ -12,7 +12,8 @@ the save's span in ``output_dir/.storwatch-events.jsonl`` and removes the reques
 
 The span: it begins when the last callback before the save returned (the step's end, or the logging or evaluation
 the Trainer does at that step before saving) and ends at ``on_save``, which the Trainer calls once the checkpoint's
-files are written and closed (after removing checkpoints past ``save_total_limit``, which counts in the span).
+files are written and closed (after removing checkpoints past ``save_total_limit``, which counts in the span); in a
+job of several processes, once every process has reached ``on_save`` (each writes its own RNG state).
 
 In a job of several processes all of them take part in a save, so the decision is theirs together: any process
 asked means all save (one small all-reduce at each polled step). A save that ``save_strategy="best"`` cancels after
@@ -33,13 +34,19 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from storwatch_training.requests import DEFAULT_SIGNALS, CheckpointRequests
 
 
+def _several_processes() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def _any_process(asked: bool, device: Any) -> bool:
     """Whether any process of the job was asked (all-reduce, max), or ``asked`` alone in a one-process job."""
+    if not _several_processes():
+        return asked
     import torch
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return asked
     flag = torch.tensor([1 if asked else 0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
@@ -94,6 +101,10 @@ class StorwatchCallback(TrainerCallback):
         self._mark()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if _several_processes():
+            import torch.distributed as dist
+
+            dist.barrier()  # each process writes its own part (its RNG state): the checkpoint is whole once all did
         end = time.time()
         start, self._before_save = self._before_save, None
         if not args.should_save or args.output_dir is None:

@@ -2,7 +2,9 @@
 tests/callback_jobs.py FRAMEWORK OUT``): the Hugging Face Trainer on a tiny GPT-2, Lightning with a ModelCheckpoint,
 or an Accelerate loop with automatic checkpoint naming. It imports nothing of storwatch's agent nor of the tests
 (``-I``: with ``--sys-path`` the tree holding ``storwatch_training``, else the installed distribution), so it runs in
-a fresh virtual environment holding only the framework and ``storwatch-training``.
+a fresh virtual environment holding only the framework and ``storwatch-training``. A job of several processes:
+the Trainer and Accelerate under ``torchrun``, Lightning with ``--processes N`` (its own DDP launcher); the process of
+rank 0 prints and records as below.
 
 Each step sleeps ``--step-seconds`` (its "compute"); at each step's end, before the callback looks, the job appends
 ``{"step", "t", "request"}`` to ``OUT/boundaries.jsonl`` (``request``: the agent's request file is there now). It
@@ -32,15 +34,22 @@ warnings.filterwarnings("ignore")
 REQUEST_NAME = ".storwatch-checkpoint-request"
 
 
+def rank() -> int:
+    """This process's rank in a job of several (torchrun sets RANK; Lightning's own launcher, LOCAL_RANK)."""
+    return int(os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or 0)
+
+
 class Boundaries:
-    """What the job records at each step's end, before the callback looks."""
+    """What the job records at each step's end, before the callback looks (a process of rank N > 0 in
+    ``boundaries-rankN.jsonl``, and it prints nothing)."""
 
     def __init__(self, out: Path, run_dir: Path) -> None:
         self.out = out
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)  # the job's output directory, as the agent would find it
-        self.log = open(out / "boundaries.jsonl", "a", buffering=1)  # noqa: SIM115 - open for the job's life
-        self.ready = False
+        name = "boundaries.jsonl" if rank() == 0 else f"boundaries-rank{rank()}.jsonl"
+        self.log = open(out / name, "a", buffering=1)  # noqa: SIM115 - open for the job's life
+        self.ready = rank() != 0
 
     def step_end(self, step: int) -> bool:
         """Record the boundary; whether the job should stop."""
@@ -135,7 +144,8 @@ def lightning_job(out: Path, args: argparse.Namespace) -> None:
             if boundaries.step_end(trainer.global_step):
                 trainer.should_stop = True
 
-    data = DataLoader(TensorDataset(torch.randn(args.max_steps, 8), torch.randn(args.max_steps, 2)), batch_size=1)
+    count = args.max_steps * args.processes
+    data = DataLoader(TensorDataset(torch.randn(count, 8), torch.randn(count, 2)), batch_size=1)
     periodic = ModelCheckpoint(
         dirpath=str(run_dir), every_n_train_steps=args.save_every, every_n_epochs=0, save_top_k=1
     )
@@ -143,7 +153,8 @@ def lightning_job(out: Path, args: argparse.Namespace) -> None:
         max_epochs=1,
         max_steps=args.max_steps,
         accelerator="cpu",
-        devices=1,
+        devices=args.processes,
+        strategy="ddp" if args.processes > 1 else "auto",
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -197,6 +208,9 @@ def main() -> None:
     ap.add_argument("--step-seconds", type=float, default=0.05)
     ap.add_argument("--keep", type=int, default=0, help="checkpoints the framework keeps (0: all)")
     ap.add_argument("--max-steps", type=int, default=3000)
+    ap.add_argument(
+        "--processes", type=int, default=1, help="Lightning's own DDP processes (the others: start under torchrun)"
+    )
     args = ap.parse_args()
     if args.sys_path:
         sys.path.insert(0, args.sys_path)
@@ -207,7 +221,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     JOBS[args.framework](args.out, args)
     agent = sorted(m for m in sys.modules if m == "storwatch" or m.startswith("storwatch."))
-    print(json.dumps({"done": True, "agent_imported": agent}), flush=True)
+    if rank() == 0:
+        print(json.dumps({"done": True, "agent_imported": agent}), flush=True)
 
 
 if __name__ == "__main__":

@@ -45,14 +45,27 @@ FRAMEWORKS = ("transformers", "lightning", "accelerate")
 class Job:
     """A running callback job (tests/callback_jobs.py), its stdout read line by line."""
 
-    def __init__(self, python: str, framework: str, out: Path, *extra: str, sys_path: Path | None = REPO) -> None:
+    def __init__(
+        self,
+        python: str,
+        framework: str,
+        out: Path,
+        *extra: str,
+        sys_path: Path | None = REPO,
+        prefix: Sequence[str] = ("-I",),
+    ) -> None:
+        """``prefix``: what comes between the interpreter and the script (``-I``, or torchrun's module and its
+        options)."""
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
-        command = [python, "-I", str(JOB_SCRIPT), framework, str(out), *extra]
+        command = [python, *prefix, str(JOB_SCRIPT), framework, str(out), *extra]
         if sys_path is not None:
             command += ["--sys-path", str(sys_path)]
         self.stderr = open(out / "stderr.txt", "w")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(command, cwd=out, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        # A session of its own: torchrun's and Lightning's worker processes go with it (close()).
+        self.proc = subprocess.Popen(
+            command, cwd=out, stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True
+        )
         self.run_dir = Path()
 
     def line(self, key: str, timeout: float) -> dict[str, Any]:
@@ -96,8 +109,9 @@ class Job:
         return done
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        if self.proc.returncode is None:  # not reaped: its process group is still its own
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
@@ -292,3 +306,39 @@ def test_accelerate_keeps_its_total_limit_beside_the_event_log_and_the_agents_re
     assert len(saves) == 5, saves  # one a step: the first, begun after the request, answers it
     assert sorted(p.name for p in run.iterdir() if p.is_dir()) == ["checkpoint_3", "checkpoint_4"]
     assert (run / "notes.txt").exists() and not (run / REQUEST_NAME).exists()
+
+
+PARTS = {
+    "transformers": ("rng_state_0.pth", "rng_state_1.pth"),
+    "accelerate": ("random_states_0.pkl", "random_states_1.pkl"),
+    "lightning": (),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_in_a_job_of_two_processes_a_signal_to_the_writer_makes_both_save(framework: str, tmp_path: Path) -> None:
+    """The agent signals the process it saw writing (rank 0) and no other: every process must take part in the save
+    (Lightning's and Accelerate's saves wait at a barrier, the Trainer saves each process's RNG state), so the
+    decision is theirs together. Decided by rank 0 alone, the job would hang or lose rank 1's part. Two CPU processes
+    over gloo: the Trainer and Accelerate under torchrun, Lightning with its own DDP launcher."""
+    pytest.importorskip(framework, reason="the training libraries are installed by make test")
+    out = tmp_path / "job"
+    options = ["--max-steps", "30", "--step-seconds", "0.2"]
+    if framework == "lightning":
+        job = Job(sys.executable, framework, out, *options, "--processes", "2")
+    else:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        job = Job(torchrun[0], framework, out, *options, prefix=torchrun[1:])
+    with jobs(job):
+        pid = job.ready()["pid"]
+        wait_until(lambda: catches(HostPaths(), pid, signal.SIGUSR1), 60, 0.1, "the handler installed")
+        os.kill(pid, signal.SIGUSR1)
+        done = job.line("done", 600)
+        assert job.proc.wait(60) == 0, job.stderr_text()[-3000:]
+    assert done["agent_imported"] == []
+    (line,) = job.saves()
+    saved = Path(line["path"])
+    assert saved.exists() and all((saved / part).is_file() for part in PARTS[framework]), sorted(saved.iterdir())
+    assert line["pid"] == pid and agent_takes(line, out)
