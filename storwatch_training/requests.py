@@ -36,7 +36,8 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -90,6 +91,16 @@ def _request_key(run_dir: str) -> _RequestKey | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What had asked at one moment (:meth:`CheckpointRequests.asked`)."""
+
+    signals: int
+    """Signals caught by then."""
+    requests: Mapping[str, _RequestKey]
+    """Run directory -> the request file there then."""
 
 
 class CheckpointRequests:
@@ -185,12 +196,19 @@ class CheckpointRequests:
 
     def answering(self) -> None:
         """A save begins (in any process of the job): it answers every signal caught and every request there now."""
-        self._answered_signals = self._caught
-        for run_dir in self.run_dirs:
-            key = _request_key(run_dir)
-            if key is not None:
-                with self._lock:
-                    self._answered[run_dir] = key
+        self.answered(self.asked())
+
+    def asked(self) -> Asked:
+        """What has asked so far: the signals caught, and the request files there now (:meth:`answered` takes it
+        once a save that began after this look has been made)."""
+        caught = self._caught
+        return Asked(caught, {d: key for d in self.run_dirs if (key := _request_key(d)) is not None})
+
+    def answered(self, asked: Asked) -> None:
+        """A save began after ``asked`` was taken: everything in it is answered."""
+        with self._lock:
+            self._answered_signals = max(self._answered_signals, asked.signals)
+            self._answered.update(asked.requests)
 
     def saved(self, path: str, start: float, end: float, step: int | None) -> SaveEvent | None:
         """The process that wrote a save records it (:func:`~storwatch_training.saves.record_save`) and removes the

@@ -31,7 +31,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from storwatch_training.requests import DEFAULT_SIGNALS, CheckpointRequests
+from storwatch_training.requests import DEFAULT_SIGNALS, Asked, CheckpointRequests
 
 
 def _several_processes() -> bool:
@@ -61,8 +61,13 @@ class StorwatchCallback(TrainerCallback):
         self.requests = CheckpointRequests(signals, poll_every_steps)
         self._before_save: float | None = None
         """When the last callback before a save returned: the save's start."""
+        self._asked: Asked | None = None
+        """What had asked when the Trainer last decided to save (or evaluated, after which it may decide): what
+        its save answers, once ``on_save`` shows it was made (``save_strategy="best"`` may cancel it)."""
 
-    def _mark(self) -> None:
+    def _mark(self, control: TrainerControl, evaluated: bool = False) -> None:
+        if control.should_save or evaluated:
+            self._asked = self.requests.asked()
         self._before_save = time.time()
 
     def on_train_begin(
@@ -83,22 +88,18 @@ class StorwatchCallback(TrainerCallback):
             asked = _any_process(self.requests.pending(step), args.device)
             if asked:
                 control.should_save = True
-        if control.should_save:
-            self.requests.answering()
-        self._mark()
+        self._mark(control)
 
     def on_epoch_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if control.should_save:
-            self.requests.answering()
-        self._mark()
+        self._mark(control)
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        self._mark()
+        self._mark(control)
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        self._mark()
+        self._mark(control, evaluated=True)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if _several_processes():
@@ -107,6 +108,8 @@ class StorwatchCallback(TrainerCallback):
             dist.barrier()  # each process writes its own part (its RNG state): the checkpoint is whole once all did
         end = time.time()
         start, self._before_save = self._before_save, None
+        asked, self._asked = self._asked, None
+        self.requests.answered(asked if asked is not None else self.requests.asked())  # in every process
         if not args.should_save or args.output_dir is None:
             return  # another process wrote it
         path = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")

@@ -250,16 +250,24 @@ def test_a_real_agent_asks_and_each_framework_answers_within_a_step_timed_exactl
                 return None
             return next((s for s in job.saves() if s["step"] == asked), {"missing": asked})
 
-        answers = {}
-        for framework, job in started.items():
-            try:
-                answers[framework] = wait_until(lambda j=job: answer(j), 300, 0.2, f"{framework} asked and answering")
-            except AssertionError as err:
-                status = json.loads(agent.fetch("/api/status").body)
-                raise AssertionError(f"{err}: runs {status['checkpoints']}, policy {status['policy']}") from None
-            assert "missing" not in answers[framework], (framework, answers[framework], job.saves())
-            # Stopped at once, so that its own saves (it keeps 3) leave the answer for the agent's next scan.
-            assert job.stop()["agent_imported"] == []
+        answers: dict[str, dict[str, Any]] = {}
+        stopped: dict[str, dict[str, Any]] = {}
+
+        def all_answered() -> dict[str, dict[str, Any]] | None:
+            for framework, job in started.items():
+                if framework not in answers and (got := answer(job)) is not None:
+                    answers[framework] = got
+                    # Stopped at once, so that its own saves (it keeps 3) leave the answer for the agent's next scan.
+                    stopped[framework] = job.stop()
+            return answers if len(answers) == len(started) else None
+
+        try:
+            wait_until(all_answered, 300, 0.2, "each job asked and answering")
+        except AssertionError as err:
+            status = json.loads(agent.fetch("/api/status").body)
+            raise AssertionError(f"{err}: {answers}; runs {status['checkpoints']}; {status['policy']}") from None
+        assert not [a for a in answers.values() if "missing" in a], answers
+        assert all(done["agent_imported"] == [] for done in stopped.values()), stopped
 
         seen: list[Any] = []
 

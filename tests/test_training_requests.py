@@ -149,3 +149,18 @@ def test_a_checkpoint_directorys_bytes_are_those_the_scan_counts(run: Path, tmp_
     (candidate,) = CheckpointScanner([str(tmp_path)], settle_seconds=0).scan().candidates
     assert event.bytes == candidate.size_bytes == 3502
     assert json.loads((run / EVENT_LOG_NAME).read_text())["path"] == str(ckpt)
+
+
+def test_a_save_decided_but_never_made_answers_nothing(requests: CheckpointRequests, run: Path) -> None:
+    """The Trainer takes what has asked when it decides to save, and counts it answered only at on_save: a save that
+    save_strategy="best" cancels after its evaluation leaves the request asking."""
+    requests.install()
+    place_request(str(run), None, "drain")
+    os.kill(os.getpid(), signal.SIGUSR1)
+    decided = requests.asked()
+    assert requests.pending(1) is True  # decided, not made: still asking
+    os.kill(os.getpid(), signal.SIGUSR1)  # a signal after the look: not answered by that save
+    requests.answered(decided)
+    assert requests.pending(2) is True
+    requests.answered(requests.asked())
+    assert requests.pending(3) is False
