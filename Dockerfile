@@ -14,11 +14,9 @@ COPY pyproject.toml README.md ./
 COPY storwatch ./storwatch
 # The training side, whose contract (request and event-log names, temporaries) the agent reads: storwatch/training.py.
 COPY storwatch_training ./storwatch_training
-COPY policies ./policies
-# The shipped policy set is read from beside the package (storwatch/agent/policy.py, SHIPPED_DEFAULT), which a wheel
-# does not hold: copy it there. The build fails if it is not found, or if torch came in after all.
+# The shipped policy set is package data (storwatch/policies/, read by storwatch/agent/policy.py, SHIPPED_DEFAULT). The
+# build fails if the installed package lacks it, or if torch came in after all.
 RUN pip install . \
-    && cp -r policies "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/policies" \
     && cd / && rm -rf /src \
     && python -c "import os, storwatch.agent.policy as p; assert os.path.isfile(p.SHIPPED_DEFAULT), p.SHIPPED_DEFAULT" \
     && python -c "import importlib.util as u; assert u.find_spec('torch') is None, 'torch in the image'"

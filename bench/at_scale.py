@@ -24,8 +24,8 @@ free, else the system's temporary directory; the 100,000 files take about 400 MB
     and StorageClass); the agent reaches it through a kubeconfig, NODE_NAME naming the node.
 
 The agent runs with that tree as its procfs, sysfs and host root and otherwise its defaults (the default policy set,
-policies/default.yaml, loaded; every source at its own cadence), but for one setting: the shipped image has no torch
-(Dockerfile), so its deep checks never start a torch.load child, while a development environment may well have
+storwatch/policies/default.yaml, loaded; every source at its own cadence), but for one setting: the shipped image has
+no torch (Dockerfile), so its deep checks never start a torch.load child, while a development environment may well have
 torch; ``checkpoints.deep_torch_load: false`` makes the agent here do what the image does (``--torch-load`` leaves
 it on: then each deep check of a Trainer checkpoint starts a child that imports torch, for each of its 11 torch.save
 files). The pods' volumes are directories on one filesystem here, not mounts of the agent's own mount table, so the

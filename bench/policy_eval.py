@@ -1,15 +1,14 @@
 """Cost of a policy condition's evaluation, with the two CEL libraries measured in one run on the same rules and
 entities: ``common-expression-language`` (Rust bindings, what storwatch uses) and ``cel-python`` (pure Python).
 
-The rules are the shipped default set (policies/default.yaml, macros expanded), the entities those of a View with
-facts for every area (the metric catalog test's rich View: 6 mounts, 3 runs, 3 GPUs...), each rule over the entities
-of its kind, as the engine calls it. Both libraries must give the same value for every (rule, entity), or the bench
-fails. Also measured: one evaluation of an expression at the static bounds (a comprehension over a 64-item list
+The rules are the shipped default set (storwatch/policies/default.yaml, macros expanded), the entities those of a View
+with facts for every area (the metric catalog test's rich View: 6 mounts, 3 runs, 3 GPUs...), each rule over the
+entities of its kind, as the engine calls it. Both libraries must give the same value for every (rule, entity), or the
+bench fails. Also measured: one evaluation of an expression at the static bounds (a comprehension over a 64-item list
 field of 4096-character strings, its body 40 substring searches and regex matches), the Rust library's worst case held
-under the GIL; the worst conditions the estimate still accepts (storwatch.policy.cel.estimate: each shape's count
-raised until the loader refuses it), each evaluated in a process of its own over a gpu whose every field is as large
-as the schema allows, for its time and how far its resident size rises; and the whole default set through the engine
-per View.
+under the GIL; the worst conditions the estimate still accepts (storwatch.policy.cel.estimate: each shape's count raised
+until the loader refuses it), each evaluated in a process of its own over a gpu whose every field is as large as the
+schema allows, for its time and how far its resident size rises; and the whole default set through the engine per View.
 
 Usage: .venv/bin/python bench/policy_eval.py [--rounds 200] [--json FILE]   (cel-python: pip install cel-python==0.5.0)
 """
@@ -46,7 +45,7 @@ def _celpy_value(value: Any) -> Any:
 
 
 def per_evaluation(rounds: int) -> dict[str, Any]:
-    policy = load_policy([str(ROOT / "policies" / "default.yaml")])
+    policy = load_policy([str(ROOT / "storwatch" / "policies" / "default.yaml")])
     view = rich_view()
     ents = entities(view)
     pairs: list[tuple[Any, Entity]] = [(r, e) for r in policy.rules for e in ents[r.on]]
@@ -161,7 +160,7 @@ def worst_accepted_measured(rounds: int) -> dict[str, Any]:
 
 
 def engine_per_view(rounds: int) -> dict[str, Any]:
-    policy = load_policy([str(ROOT / "policies" / "default.yaml")])
+    policy = load_policy([str(ROOT / "storwatch" / "policies" / "default.yaml")])
     view = rich_view()
     engine = Engine(policy, budget_seconds=float("inf"))
     times = []

@@ -35,15 +35,21 @@ verdicts:
   unsafe      a pickle in it names a global that runs code when loaded (os.system, builtins.exec, ...):
               never complete, whatever else holds; do not load it
   unknown     not a checkpoint, or a check stopped at a limit (the reason names it)
+  writing     (an unknown verdict) a process on this node holds one of its files open for writing: the save is
+              still running, which is no damage; verify it again once it has finished
 A "note:" line says what is no damage: classes a pickle names that storwatch does not know (read as inert
 records; checkpoints.allowed_globals in --config quiets it), bytes after a legacy file's last storage.
+
+A checkpoint with no end marker (a Hugging Face Trainer or Accelerate directory) is judged at once when no process
+holds any of its files open for writing (every process's open files in /proc; run as root, every process is seen);
+while that cannot be seen, only once nothing in it changed for 60 s.
 
 exit status:
   0  every path is a complete checkpoint
   1  some checkpoint is incomplete, corrupt or unsafe
   2  usage error (a path does not exist, a bad option or configuration)
-  3  none incomplete, corrupt or unsafe, but something could not be verified: no checkpoint was found, or a
-     check stopped at a limit
+  3  none incomplete, corrupt or unsafe, but something could not be verified: no checkpoint was found, a check
+     stopped at a limit, or a checkpoint is still being written
 
 Nothing is ever unpickled with the standard unpickler or executed: pickles are read by a restricted reader, and
 torch.load (weights_only=True, with --deep) runs in a separate, resource-limited process.
@@ -148,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure the write throughput of this node's mounts and plan checkpoint intervals for each",
         description="Measure sequential write throughput (O_DIRECT where taken, then fsync; the median of several "
         "writes of about a second each) of the mounts named, "
-        "and for a checkpoint size (default: the largest complete checkpoint under the checkpoint roots of --config, "
+        "and for a checkpoint size (default: the largest complete checkpoint the checkpoint scan finds, in its default "
+        "places and the checkpoints.roots of --config, "
         "else 10G; the output says which) print the write time, whether it "
         "survives losing the node, and the shortest interval that keeps checkpoint overhead under the budget. "
         "It writes a test file on each mount measured (in a fresh hidden directory, removed after): name the mounts "
@@ -574,7 +581,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if missing:
         print(f"storwatch verify: no such file or directory: {', '.join(map(printable, missing))}", file=sys.stderr)
         return EXIT_USAGE
-    limits = DeepLimits.from_config(_config_file(args.config).checkpoints)
+    config = _config_file(args.config)
+    limits = DeepLimits.from_config(config.checkpoints)
     # Names from disk may hold bytes that are not UTF-8 (kept as surrogates): printed escaped (printable), and never
     # an exception should a line still hold one.
     for stream in (sys.stdout, sys.stderr):
@@ -582,8 +590,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     results = []
+    writing: set[str] = set()
     for path in args.paths:
-        results.extend(_verify_path(path, args.deep, limits))
+        checked, held = _verify_path(path, args.deep, limits, config.host_paths())
+        results.extend(checked)
+        writing |= held
     if args.json:
         keys = ("path", "format", "verdict", "reason", "size_bytes", "deep", "notes", "unknown_globals")
         # No number here is a float (sizes are ints): allow_nan=False only keeps it so.
@@ -591,7 +602,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         for r in results:
-            print(_verdict_lines(r))
+            print(_verdict_lines(r, "WRITING" if r.path in writing else None))
     orphans = _orphaned_temps(args.paths)
     if orphans:
         # Not a verdict on any checkpoint (the exit status does not change): litter beside them.
@@ -608,14 +619,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_NOTHING_VERIFIED if "unknown" in verdicts or not results else EXIT_OK
 
 
-def _verdict_lines(r: Any) -> str:
-    """A check's lines: verdict, format and path, then the reason, then its notes. The path, the reason and the notes
-    (which may quote an entry's or a class's name) come from the files checked: escaped, so a name cannot rewrite the
-    lines around it."""
+def _verdict_lines(r: Any, label: str | None = None) -> str:
+    """A check's lines: verdict (or ``label``), format and path, then the reason, then its notes. The path, the reason
+    and the notes (which may quote an entry's or a class's name) come from the files checked: escaped, so a name
+    cannot rewrite the lines around it."""
     from storwatch.printable import printable
 
     return (
-        f"{r.verdict.upper():<10}  {printable(r.format or 'unknown'):<19}  {printable(r.path)}\n            "
+        f"{label or r.verdict.upper():<10}  {printable(r.format or 'unknown'):<19}  {printable(r.path)}\n            "
         + printable(r.reason)
         + "".join(f"\n            note: {printable(note)}" for note in r.notes)
     )
@@ -652,15 +663,18 @@ def _orphaned_temps(paths: Sequence[str]) -> list[tuple[str, int]]:
     return found
 
 
-def _verify_path(path: str, deep: bool, limits: Any = None) -> list[Any]:
+def _verify_path(path: str, deep: bool, limits: Any = None, paths: Any = None) -> tuple[list[Any], set[str]]:
     """The check of ``path``; for a directory that is no checkpoint itself (a run directory, a scan root), the check of
-    every checkpoint found below it, oldest first, by the agent's own scanner and bounds."""
-    from storwatch.checkpoints import check, identify
+    every checkpoint found below it, oldest first, by the agent's own scanner and bounds. With them, the paths of those
+    still being written (``_checked``)."""
+    from storwatch.checkpoints import identify
     from storwatch.checkpoints.scan import CheckpointScanner
+    from storwatch.paths import HostPaths
     from storwatch.printable import printable
 
+    paths = paths or HostPaths()
     if not os.path.isdir(path) or os.path.islink(path) or identify(path) is not None:
-        return [check(path, deep=deep, limits=limits)]
+        return _checked([path], deep, limits, paths)
     result = CheckpointScanner([path]).scan()
     if result.truncated_detail:
         print(
@@ -669,10 +683,64 @@ def _verify_path(path: str, deep: bool, limits: Any = None) -> list[Any]:
         )
     found = sorted(result.candidates, key=lambda c: (c.newest_mtime, c.path))
     if not found:
-        r = check(path, deep=deep, limits=limits)
-        return [dataclasses.replace(r, reason=f"{r.reason}, and none was found below it")]
+        (r,), writing = _checked([path], deep, limits, paths)
+        return [dataclasses.replace(r, reason=f"{r.reason}, and none was found below it")], writing
     print(f"storwatch verify: {printable(path)}: {len(found)} checkpoints found below it", file=sys.stderr)
-    return [check(c.path, deep=deep, limits=limits) for c in found]
+    return _checked([c.path for c in found], deep, limits, paths)
+
+
+def _checked(targets: list[str], deep: bool, limits: Any, paths: Any) -> tuple[list[Any], set[str]]:
+    """Each checkpoint's check, and the paths of those still being written. The Trainer and Accelerate mark no end
+    of a save, so the agent calls such a directory complete only once it has settled; a person checking a save needs
+    no wait when no process on the node holds any of its files open for writing (holders.py): its writer has closed
+    it, and it is judged now. One still held is being written, which is no damage (an ``unknown`` verdict that says
+    so, never ``incomplete``). What came out incomplete is looked at again after the checks, for a writer that opened
+    a file in the meantime."""
+    from storwatch.checkpoints import check
+    from storwatch.checkpoints.holders import writers_of
+
+    writers = writers_of(paths, targets)
+    results = []
+    for target in targets:
+        w = writers[target]
+        if w.holders:
+            results.append(_being_written(check(target, limits=limits), w))
+            continue
+        r = check(target, deep=deep, limits=limits, closed=w.closed)
+        if r.verdict == "incomplete" and not w.closed:
+            r = dataclasses.replace(r, notes=(*r.notes, _unseen_writers(w)))
+        results.append(r)
+    again = [r.path for r in results if r.verdict == "incomplete"]
+    later = writers_of(paths, again) if again else {}
+    for i, r in enumerate(results):
+        if r.path in later and later[r.path].holders:
+            results[i] = _being_written(r, later[r.path])
+    writing = {t for t in targets if writers[t].holders or (t in later and later[t].holders)}
+    return results, {r.path for r in results if r.path in writing and r.verdict == "unknown"}
+
+
+def _being_written(r: Any, w: Any) -> Any:
+    """A checkpoint a process holds open for writing: being written, not damaged (an unsafe pickle in what is there
+    already stays unsafe)."""
+    if r.verdict == "unsafe":
+        return r
+    first = w.holders[0]
+    more = f" (and {len(w.holders) - 1} more processes)" if len(w.holders) > 1 else ""
+    return dataclasses.replace(
+        r,
+        verdict="unknown",
+        reason=f"still being written by PID {first.pid} ({first.command}), which has {first.path} open for "
+        f"writing{more}: no damage is claimed; verify it again once the save has finished",
+    )
+
+
+def _unseen_writers(w: Any) -> str:
+    why = (
+        f"the open files of {w.unseen} processes running as its owner could not be read (as root they can)"
+        if w.unseen
+        else f"the look at open files stopped at {w.bound}"
+    )
+    return f"whether a process still writes it is not known: {why}, so it is judged only once settled"
 
 
 def apply_flags(args: argparse.Namespace) -> Any:
@@ -795,7 +863,10 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0, first
     paths = config.host_paths()
     facts: dict[str, Any] = {}
     statuses = []
-    ctx = SourceContext(paths, time.time, lambda key: facts.get(key.name), lambda consumer: None)
+    classifier = Classifier(platform.name, config.overrides())
+    ctx = SourceContext(
+        paths, time.time, lambda key: facts.get(key.name), lambda consumer: None, classifier=lambda: classifier
+    )
     sampled = [spec for spec in SOURCES if spec.scan == "sampled"] if sample_seconds > 0 else []
     first: dict[str, Any] = {}
     for spec in sampled:  # the first reads of the sampled sources, the second after the interval below
@@ -809,7 +880,10 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0, first
         section = spec.section_of(config)
         if spec.off_reason(section) is not None or spec.scan == "never" or (spec.scan == "sampled" and not sampled):
             continue
-        if spec.scan_off is not None and spec.scan_off(ctx, section) is not None:
+        off = spec.scan_off(ctx, section) if spec.scan_off is not None else None
+        if off is not None:
+            # Said as the agent says it (the report's empty tables read it: "no place searched for checkpoints...").
+            statuses.append(CollectorStatus(spec.name, False, 0.0, None, None, off_reason=off))
             continue
         started = time.monotonic()
         try:
@@ -840,7 +914,6 @@ def scan_view(config: Config, timeout: float, sample_seconds: float = 0.0, first
     if sampled:
         windows = LatencyWindows(capacity=4)
         WindowFeeder(windows).feed(snap)
-    classifier = Classifier(platform.name, config.overrides())
     if snap.kube is not None:
         classifier.add_provider(KubeVolumeEvidence(snap.kube))
     return build_view(
@@ -863,7 +936,15 @@ def _collect(source: Any, log: logging.Logger) -> None:
 
 def format_table(data: dict[str, Any], width: int) -> str:
     from storwatch.printable import printable
-    from storwatch.report import GPU_OFF, human_bytes, latency_cell, mount_state, no_gpus_line, usage_percent
+    from storwatch.report import (
+        GPU_OFF,
+        human_bytes,
+        latency_cell,
+        mount_state,
+        no_gpus_line,
+        search_summary,
+        usage_percent,
+    )
 
     # Kernel interfaces under /proc and /sys are not storage: named under the table, in --json with "pseudo": true.
     mounts = [m for m in data["mounts"] if not m["pseudo"]]
@@ -919,6 +1000,18 @@ def format_table(data: dict[str, Any], width: int) -> str:
     pseudo = [m["mountpoint"] for m in data["mounts"] if m["pseudo"]]
     if pseudo:
         out.append(f"not shown: {printable(', '.join(pseudo))} (kernel interfaces, not storage; listed by --json)")
+    # Where the checkpoint scan looked (or why nowhere): runs and findings are in --json.
+    search = search_summary(data)
+    runs = len(data["checkpoints"]) + data["left_out"]["runs"]
+    findings = len(data["findings"]) + data["left_out"]["findings"]
+    said = f"{search.searched}." if search.searched is not None else search.unsearched or ""
+    found = (
+        f"{runs} checkpoint run{'' if runs == 1 else 's'}, {findings} finding{'' if findings == 1 else 's'} "
+        "(listed by --json). "
+        if search.searched
+        else ""
+    )
+    out.append(printable(f"checkpoints: {found}{' '.join((said, *search.caveats))}"))
     if with_io:
         if window == "sample":
             out.append(f"latency: the average of one {data['sample_seconds']:g} s interval, in milliseconds")
@@ -1001,10 +1094,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    # The same one-shot collection as `scan`: with checkpoint roots to search (configured, or the kubelet's pod
-    # volumes), their walk, whose complete checkpoints give the size to plan for. A mount's statvfs gets what the
-    # agent gives it (mounts.statvfs_timeout_seconds, 1 s), not scan's quick 0.3 s: a mount called stuck is not
-    # measured at all, and on a node whose CPUs are all busy a healthy statvfs can take longer than 0.3 s to answer.
+    # The same one-shot collection as `scan`: with checkpoint roots to search (configured, the default places, the
+    # kubelet's pod volumes), their walk, whose complete checkpoints give the size to plan for. A mount's statvfs
+    # gets what the agent gives it (mounts.statvfs_timeout_seconds, 1 s), not scan's quick 0.3 s: a mount called
+    # stuck is not measured at all, and on a node whose CPUs are all busy a healthy statvfs can take longer than
+    # 0.3 s to answer.
     view = scan_view(config, config.mounts.statvfs_timeout_seconds, 0.0, () if args.all else args.mount)
     paths = config.host_paths()
     roots = default_roots(paths, config.checkpoints.roots, config.checkpoints.kubelet)

@@ -202,7 +202,14 @@ class GPUConfig:
 @dataclass(frozen=True)
 class CheckpointsConfig:
     roots: tuple[str, ...] = ()
-    """Host directories to search for checkpoints (the kubelet's pod volumes are added on Kubernetes nodes)."""
+    """Host directories to search for checkpoints, besides the default places and the kubelet's pod volumes."""
+    default_roots: bool = True
+    """Also search the places where the platform puts people's data that the node loses, as the platform preset and
+    the mount table say (storwatch.classify.default_places): home directories where they are node-local (on
+    together-slurm /home is NFS and is not searched; on gradient the workspace /home/paperspace and /artifacts),
+    node-local scratch (together-slurm: /scratch, /local, /mnt/local-nvme, /tmp) and every node-local or in-memory
+    data mount up to three levels below / (an NVMe at /mnt/nvme, /scratch, /opt/dlami/nvme), never the root
+    filesystem's system directories; false: ``roots`` (and the kubelet's pod volumes) alone."""
     kubelet: bool = True
     """Search /var/lib/kubelet/pods under the host root when it exists."""
     interval_seconds: float = number(30.0, 0.1, 86400)
@@ -274,7 +281,7 @@ class PolicyConfig:
 
     enabled: bool = True
     default_set: bool = True
-    """Load the shipped default set (policies/default.yaml) before ``files``."""
+    """Load the shipped default set (storwatch/policies/default.yaml, package data) before ``files``."""
     files: tuple[str, ...] = ()
     """More policy files, loaded in order after the default set (a later file may override an earlier rule)."""
     budget_seconds: float = number(0.02, 0.001, 10.0)
@@ -370,6 +377,9 @@ class SyncConfig:
     deadline_seconds: float = number(3600.0, 1.0, 7 * 86400)
     """Past this a copy is abandoned: its helper process is killed (a destination on a hung mount never holds the
     agent) and its temporaries are removed by the next copy into the same directory."""
+    copies_interval_seconds: float = number(30.0, 1.0, 86400)
+    """How often the durable roots are walked for the verified copies storwatch made there (what makes a run safe: its
+    recovery point, finding and alerts resolve once a copy of its newest checkpoint is seen)."""
     job_scratch: tuple[str, ...] = ()
     """Where a Slurm job's node-local scratch directories are, as host paths with ``{job}``, ``{uid}`` and ``{user}``
     (``/scratch/{user}/{job}``): what ``storwatch sync --job`` looks in besides where the job's processes work and

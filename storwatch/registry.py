@@ -13,10 +13,11 @@ import dataclasses
 import importlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
+from storwatch.classify import Classifier, default_places, searchable_directory
 from storwatch.config import (
     CheckpointsConfig,
     Config,
@@ -26,23 +27,26 @@ from storwatch.config import (
     MountsConfig,
     NFSConfig,
     ProbesConfig,
+    SyncConfig,
 )
 from storwatch.config import load_config as _load_config
 from storwatch.config import parse_config as _parse_config
 from storwatch.pace import Pace
 from storwatch.paths import HostPaths
-from storwatch.sources import FactsKey, Source, access, lustre
+from storwatch.procfs.mountinfo import MountInfo, parse_mountinfo
+from storwatch.sources import FactsKey, Source, access, copies, fileevents, lustre, read_first
 from storwatch.sources.access import ACCESS, AccessConfig
-from storwatch.sources.checkpoint_key import CHECKPOINTS, default_roots
+from storwatch.sources.checkpoint_key import CHECKPOINTS, DefaultPlaces, SearchPlan, search_plan
 from storwatch.sources.diskio import DISKIO, DiskIOSource
 from storwatch.sources.gpu import GPUS, GPUFacts, GPUSource
 from storwatch.sources.gpu import RETRYING as GPU_RETRYING
 from storwatch.sources.kubevolumes import KUBE, KubeFacts
 from storwatch.sources.lustre import LUSTRE, LustreConfig
-from storwatch.sources.mounts import MOUNTS, MountFacts, MountSource
+from storwatch.sources.mounts import MOUNTS, MountFacts, MountSource, mount_of
 from storwatch.sources.nfs import NFS, NFSSource
 from storwatch.sources.probe import PROBES, ProbeSource, ProbeTarget
 from storwatch.sources.processes import CONTAINERS, ProcessSource
+from storwatch.vocabulary import Mount
 
 if TYPE_CHECKING:
     from storwatch.analysis.view import View
@@ -75,6 +79,9 @@ class SourceContext:
     pace: Pace = field(default_factory=Pace)
     """The agent's pace, which the workers of ``paced`` sources wait by (storwatch/pace.py); never quiet unless the
     agent configures it."""
+    classifier: Callable[[], Classifier] | None = None
+    """The durability classifier as it stands (platform preset, overrides; a reload may replace it), for the
+    checkpoint source's default places; None: the default places cannot be chosen."""
 
 
 @dataclass(frozen=True)
@@ -193,17 +200,56 @@ def _stuck_mount_paths(ctx: SourceContext) -> list[str]:
     return [ctx.paths.root(m.mountpoint) for m in mounts or () if m.stuck]
 
 
+def _mount_table(ctx: SourceContext) -> tuple[Sequence[Mount] | None, str | None]:
+    """The mounts as the mount source last read them; before it first has, the host's mount table read here (a file
+    of procfs: no mount is touched), so the first scan already searches the default places. None, and why, where
+    neither can be had."""
+    mounts: MountFacts | None = ctx.latest(MOUNTS)
+    if mounts is not None:
+        return mounts, None
+    try:
+        data = read_first(ctx.paths.mountinfo_candidates(), "the mount table")
+    except OSError as err:
+        return None, str(err)
+    infos, _ = parse_mountinfo(data)
+    if not infos:
+        return None, "the mount table has no line that could be read"
+    by_point: dict[str, MountInfo] = {}
+    for info in infos:  # a later mount over the same point hides the earlier
+        by_point.pop(info.mountpoint, None)
+        by_point[info.mountpoint] = info
+    return [mount_of(info) for info in by_point.values()], None
+
+
+def checkpoint_plan(ctx: SourceContext, section: CheckpointsConfig) -> SearchPlan:
+    """Where the checkpoint scan searches under ``section``: the configured roots, the default places the platform
+    preset and the mount table choose (storwatch.classify.default_places; ``checkpoints.default_roots``), the
+    kubelet's pod volumes."""
+    if not section.default_roots:
+        return search_plan(ctx.paths, section, None)
+    if ctx.classifier is None:
+        return search_plan(ctx.paths, section, None, "no durability classifier was given")
+    mounts, why = _mount_table(ctx)
+    if mounts is None:
+        return search_plan(ctx.paths, section, None, why)
+    places: DefaultPlaces = default_places(
+        ctx.classifier(), mounts, lambda host_path: searchable_directory(ctx.paths.root(host_path))
+    )
+    return search_plan(ctx.paths, section, places)
+
+
 def _checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> CheckpointSource:
     from storwatch.sources.checkpoints import CheckpointSource
 
     return CheckpointSource(
-        default_roots(ctx.paths, section.roots, section.kubelet),
+        (),
         section,
         clock=ctx.clock,
         # A mount whose statvfs is stuck would hang the walk's helper too: its directories wait until it answers.
         stuck_paths=lambda: _stuck_mount_paths(ctx),
-        # A reload applies the roots too: the same host paths, as this agent sees them.
-        resolve_roots=lambda s: default_roots(ctx.paths, s.roots, s.kubelet),
+        # Asked at every collection, and so of a reloaded section: the default places follow the mount table.
+        plan=lambda s: checkpoint_plan(ctx, s),
+        paths=ctx.paths,
     )
 
 
@@ -221,9 +267,11 @@ def _scan_checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> Checkpo
     from storwatch.sources.checkpoints import CheckpointSource
 
     source = CheckpointSource(
-        default_roots(ctx.paths, section.roots, section.kubelet),
+        (),
         dataclasses.replace(section, deep_per_scan=0),
         clock=ctx.clock,
+        plan=lambda s: checkpoint_plan(ctx, s),
+        paths=ctx.paths,
     )
     progress = sys.stderr.isatty()
     try:
@@ -243,9 +291,8 @@ def _scan_checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> Checkpo
 
 
 def _no_checkpoint_roots(ctx: SourceContext, section: CheckpointsConfig) -> str | None:
-    if default_roots(ctx.paths, section.roots, section.kubelet):
-        return None
-    return "no checkpoints.roots configured and no kubelet pod volumes on this node"
+    plan = checkpoint_plan(ctx, section)
+    return None if plan.roots else plan.nowhere()
 
 
 def _scan_kube(ctx: SourceContext, section: KubeConfig) -> KubeFacts:
@@ -351,6 +398,16 @@ SOURCES: tuple[SourceSpec[Any, Any], ...] = (
         "sampled",
         metrics=ExporterArea("lustre"),
         paced=True,
+    ),
+    SourceSpec("copies", "sync", SyncConfig, copies.COPIES, copies.make, scan="never"),
+    SourceSpec(
+        "file_events",
+        "file_events",
+        fileevents.FileEventsConfig,
+        fileevents.FILE_EVENTS,
+        fileevents.make,
+        "enabled",
+        "never",
     ),
     SourceSpec(
         "access",

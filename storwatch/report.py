@@ -11,16 +11,19 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from storwatch import words
 from storwatch.analysis.latency import WindowStats
 from storwatch.analysis.pods import ProcessPod, workload_name
 from storwatch.analysis.recovery import checkpoint_age_seconds, recovery_point_seconds
-from storwatch.analysis.view import MountView, View
+from storwatch.analysis.view import MountView, RunView, View
 from storwatch.classify import is_pseudo_mount
 from storwatch.printable import shown
 from storwatch.procfs.cgroup import SlurmJob
 from storwatch.sources.access import ACCESS
+from storwatch.sources.checkpoint_key import HOW_TO_ADD
 from storwatch.sources.kubevolumes import ClusterObjects, volume_ref
 from storwatch.sources.mounts import display_path
 from storwatch.vocabulary import FsUsage, Mount
@@ -169,6 +172,7 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
         "timeline": _timeline_dict(view),
         "workloads": _workloads_list(view),
         "checkpoint_roots": None if view.checkpoint_roots is None else [display_path(r) for r in view.checkpoint_roots],
+        "checkpoint_search": _search_dict(view),
         "kubernetes": _kube_dict(view),
         "nvml": nvml_status(view),
         "ready": view.ready,
@@ -191,6 +195,23 @@ def view_to_dict(view: View, sample_seconds: float | None = None) -> dict[str, A
     }
     plain, non_finite = finite_data(data)
     return {**plain, NON_FINITE: non_finite}
+
+
+def _search_dict(view: View) -> dict[str, Any] | None:
+    """Where the checkpoint scan searched and why, the places it passed over and why not, and whether its walk
+    stopped at a limit; None before it first reports (or for a scan given roots alone)."""
+    facts = view.checkpoint_scan
+    if facts is None or facts.plan is None:
+        return None
+    plan = facts.plan
+    return {
+        "searched": [{"path": display_path(r.path), "why": r.why} for r in plan.roots],
+        "passed_over": [{"path": display_path(r.path), "why": r.why} for r in plan.passed_over],
+        "default_roots": plan.defaults,
+        "pending": plan.pending,
+        "nowhere": None if plan.roots else plan.nowhere(),
+        "stopped_at_limit": facts.truncated_reason if facts.truncated else None,
+    }
 
 
 def _volume_dict(mount: Mount, cluster: ClusterObjects) -> dict[str, Any] | None:
@@ -422,7 +443,8 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "write_cost_seconds": None if rec is None else rec.write_cost_seconds,
                 "recommended_interval_seconds": None if rec is None else rec.recommended_interval_seconds,
                 "workload": None if rec is None else rec.workload,
-                "gpus": 0 if rec is None else rec.gpus,
+                # null: nothing ties the run to a process (no pod's volume holds it, no writer was seen): unknown
+                "gpus": None if rec is None else rec.gpus,
                 # null without a GPU here, or while the recovery point is unbounded (+Inf in
                 # storwatch_gpu_seconds_at_risk; with "gpus" above 0)
                 "gpu_seconds_at_risk": None
@@ -435,6 +457,8 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
                 "corrupt": run.corrupt,
                 "unsafe": run.unsafe,
                 "write_in_progress": rv.writing,
+                # the copy that protects its newest save on durable storage (analysis/copies.py); null: none known
+                "durable_copy": _copy_dict(rv, view.timestamp),
                 "writers": list(rv.writers),
                 "writing_incomplete": run.writing_incomplete,
                 "orphaned_temps": run.orphaned_temps,
@@ -460,6 +484,20 @@ def _checkpoints_dict(view: View) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _copy_dict(rv: RunView, now: float) -> dict[str, Any] | None:
+    copy = rv.newest_copy
+    if copy is None:
+        return None
+    return {
+        "where": display_path(copy.where),
+        "how": copy.how,
+        "checkpoint": display_path(copy.checkpoint),
+        "covers": copy.covers,
+        "covers_age_seconds": checkpoint_age_seconds(copy, now),
+        "made_at": copy.made,
+    }
 
 
 def human_seconds(seconds: float | None) -> str:
@@ -547,14 +585,8 @@ def _ms(seconds: float | None) -> str:
 
 
 def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if value < 1024 or unit == "PiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
+    """A size in a table: "-" where unknown (storwatch.words says it in sentences)."""
+    return "-" if n is None else words.size(n)
 
 
 def used_ratio(usage: FsUsage | None) -> float | None:
@@ -603,14 +635,75 @@ def no_gpus_line(data: dict[str, Any]) -> str:
     return f"no GPUs: NVML not available ({nvml['error'] or 'no reason given'})"
 
 
+@dataclass(frozen=True)
+class SearchSummary:
+    """What the checkpoint scan says of where it looked, in sentences for a page or a terminal."""
+
+    places: str | None
+    """"/home (home directories, node-local on together-k8s: ...); ...": where it searched, or None where nowhere."""
+    unsearched: str | None
+    """Why no place was searched and how to have one searched, or that the scan has not reported: where
+    ``searched`` is None."""
+    caveats: tuple[str, ...] = ()
+    """What the search could not see: a walk stopped at a limit, a failed collection, places passed over."""
+    partial: bool = False
+    """Some of what was searched was not seen (a walk stopped at a limit, a failed collection)."""
+
+    @property
+    def searched(self) -> str | None:
+        """ "Searched /home (...); ...", or None where no place was searched."""
+        return None if self.places is None else f"Searched {self.places}"
+
+
+def _places(entries: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{e['path']} ({e['why']})" for e in entries)
+
+
+def search_summary(data: dict[str, Any]) -> SearchSummary:
+    """Where the checkpoint scan looked, from the report's ``checkpoint_search`` (or, where the scan has no facts,
+    its collector's state): never "nothing found" for a place it did not look."""
+    search = data.get("checkpoint_search")
+    status = next((c for c in data.get("collectors") or () if c["name"] == "checkpoints"), None)
+    error = status["error"] if status is not None and status["state"] == "failed" else None
+    if search is None:
+        roots = data.get("checkpoint_roots")
+        if roots:  # a scan given its roots alone, without a plan that says why each
+            return SearchSummary("; ".join(roots), None, partial=bool(error))
+        if status is not None and status["state"] == "off":
+            return SearchSummary(None, _sentence(status["off_reason"] or "the checkpoint scan is off"))
+        if error:
+            return SearchSummary(
+                None, _sentence(f"the checkpoint scan failed ({error}): nothing is known of what this node would lose")
+            )
+        if roots is not None:
+            return SearchSummary(None, _sentence(f"no place searched for checkpoints; {HOW_TO_ADD}"))
+        return SearchSummary(
+            None, "The checkpoint scan has not reported yet: nothing is known yet of what this node would lose."
+        )
+    caveats = [_sentence(f"the checkpoint scan failed: {error}")] if error else []
+    if not search["searched"]:
+        return SearchSummary(None, _sentence(search["nowhere"]), tuple(caveats))
+    if search["stopped_at_limit"]:
+        caveats.append(f"The walk stopped at a limit ({search['stopped_at_limit']}): what lies past it was not seen.")
+    partial = bool(error or search["stopped_at_limit"])
+    if search["pending"]:
+        caveats.append(_sentence(f"the default places could not be chosen ({search['pending']})"))
+    if search["passed_over"]:
+        caveats.append(f"Not searched: {_places(search['passed_over'])}.")
+    return SearchSummary(_places(search["searched"]), None, tuple(caveats), partial)
+
+
+def _sentence(text: str) -> str:
+    return (text[:1].upper() + text[1:]).rstrip(".") + "."
+
+
 def no_checkpoints_line(data: dict[str, Any]) -> str:
-    """What an empty checkpoint table means: where the scan looked, or that it has nowhere to look."""
-    roots = data.get("checkpoint_roots")
-    if roots is None:
-        return "no checkpoints: the checkpoint scan has not reported yet"
-    if not roots:
-        return "no checkpoints: no directories to search (checkpoints.roots is empty and this is no Kubernetes node)"
-    return "no checkpoints under " + ", ".join(roots)
+    """What an empty checkpoint table means: where the scan looked, or why it looked nowhere."""
+    summary = search_summary(data)
+    if summary.places is None:
+        said = summary.unsearched or ""
+        return " ".join(("no checkpoints: " + said[:1].lower() + said[1:], *summary.caveats))
+    return " ".join((f"no checkpoints under {summary.places}.", *summary.caveats))
 
 
 def mount_state(mount: dict[str, Any]) -> str:

@@ -311,12 +311,14 @@ def start_agent(
     cwd: str | os.PathLike[str] | None = None,
     nofile: int | None = None,
     prefix: Sequence[str] = (),
+    python: str = sys.executable,
 ) -> AgentProcess:
     """Start ``python -m storwatch agent *args`` and return at once; :meth:`AgentProcess.wait_serving` waits for its
     port. The caller stops it (:meth:`AgentProcess.stop`). Starting several this way and then waiting for each lets
     them start concurrently. ``nofile``: the agent's file descriptor limit (RLIMIT_NOFILE, soft and hard).
-    ``prefix``: a command that execs the agent (``setpriv --bounding-set=-all`` runs it without capabilities)."""
-    cmd = [*prefix, sys.executable, "-m", "storwatch", "agent", *args]
+    ``prefix``: a command that execs the agent (``setpriv --bounding-set=-all`` runs it without capabilities).
+    ``python``: the interpreter (another virtual environment's, to run the storwatch installed there)."""
+    cmd = [*prefix, python, "-m", "storwatch", "agent", *args]
 
     def limit_fds() -> None:
         if nofile is not None:
@@ -349,15 +351,16 @@ def running_agent(
     cwd: str | os.PathLike[str] | None = None,
     nofile: int | None = None,
     prefix: Sequence[str] = (),
+    python: str = sys.executable,
 ) -> Iterator[AgentProcess]:
     """Start ``python -m storwatch agent *args`` and yield it once it logged its port; stop it afterwards.
 
     ``args`` should include ``--listen 127.0.0.1:0``. ``env`` is laid over this process's environment (a value of
     None removes the variable). ``timeout`` bounds the wait for the port line; :class:`AgentStartError` (with the
     agent's stderr) if it exits first or the deadline passes. ``cwd`` defaults to the repository root, so the
-    working tree's ``storwatch`` is the one imported. ``nofile``: see :func:`start_agent`.
+    working tree's ``storwatch`` is the one imported. ``nofile``, ``python``: see :func:`start_agent`.
     """
-    agent = start_agent(*args, env=env, stop_timeout=stop_timeout, cwd=cwd, nofile=nofile, prefix=prefix)
+    agent = start_agent(*args, env=env, stop_timeout=stop_timeout, cwd=cwd, nofile=nofile, prefix=prefix, python=python)
     try:
         agent.wait_serving(timeout)
         yield agent

@@ -14,11 +14,13 @@ import stat
 import struct
 import sys
 import tempfile
+import threading
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from storwatch.actions.base import ActionRequest, ActionResult
 from storwatch.analysis.findings import find
 from storwatch.analysis.stall_feed import StallFeed
 from storwatch.analysis.stalls import StallParams
@@ -360,3 +362,24 @@ def sync_tree(top: Path) -> dict[str, tuple[Any, ...]]:
             else:
                 out[rel] = ("file", stat.S_IMODE(st.st_mode), path.read_bytes())
     return out
+
+
+class Recorder:
+    """An action that records what it was asked, and blocks while ``gate`` is closed."""
+
+    def __init__(self, name: str = "record") -> None:
+        self.name = name
+        self.runs: list[ActionRequest] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.answer = ActionResult("ok", "done")
+
+    def check(self, params: Mapping[str, object]) -> list[str]:
+        return []
+
+    def run(self, request: ActionRequest, timeout: float) -> ActionResult:
+        self.runs.append(request)
+        self.entered.set()
+        self.gate.wait(30)
+        return self.answer

@@ -5,6 +5,12 @@ once into a directory of its own with ``pytorch_model.bin`` and a custom object)
 ``dcp.save`` and a legacy-format ``torch.save``. No model or data set is downloaded: the model is built from a config
 and the data are random tokens made here. Prints one JSON object: what was written, by kind.
 
+``OUT --fresh``: only the Trainer and Accelerate, then it stays alive (a training job after its saves) until its
+standard input closes. ``OUT --interrupt before|during``: two Accelerate ``save_state`` with automatic naming, then a
+third that stops, the process alive, where a kill would cut it: ``before`` its random states are written (the model,
+optimizer and scheduler states are), ``during`` (``random_states_0.pkl`` half written and held open). It prints
+``{"pid": ..., "state": the third save's directory}`` when stopped there, and waits to be killed.
+
 Run in a process of its own so that the libraries (and their threads and warnings) never enter the test process.
 """
 
@@ -108,7 +114,9 @@ class Counter:
         self.steps = state["steps"]
 
 
-def accelerate_states(out: Path) -> list[str]:
+def accelerate_training(out: Path) -> tuple[Any, Any]:
+    """An Accelerator (its project in ``out/auto``) prepared with a model, optimizer, scheduler, data loader and a
+    custom object, and a function that trains one epoch."""
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
@@ -130,6 +138,11 @@ def accelerate_states(out: Path) -> list[str]:
             optimizer.zero_grad()
             counter.steps += 1
 
+    return accelerator, epoch
+
+
+def accelerate_states(out: Path) -> list[str]:
+    accelerator, epoch = accelerate_training(out)
     written = []
     epoch()
     plain = out / "plain" / "ckpt"
@@ -168,6 +181,49 @@ def legacy_save(out: Path) -> list[str]:
     return [str(path)]
 
 
+def accelerate_interrupted(out: Path, where: str) -> None:
+    """Two save_state, then a third stopped where a kill would cut it (the module doc), until killed."""
+    import io
+    import time
+
+    accelerator, epoch = accelerate_training(out)
+    accelerator.project_configuration.automatic_checkpoint_naming = True
+    for _ in range(2):
+        epoch()
+        accelerator.save_state()
+    epoch()
+    real_save = torch.save
+
+    def stop_at_random_states(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        # Accelerate's checkpointing calls torch.save for the random states (and, through its own save(), for the
+        # optimizer and scheduler states before them): the stop is at the first random states file.
+        if not (isinstance(f, str | os.PathLike) and os.path.basename(f).startswith("random_states_")):
+            real_save(obj, f, *args, **kwargs)
+            return
+        held = None
+        if where == "during":
+            whole = io.BytesIO()
+            real_save(obj, whole)
+            held = open(f, "wb")  # noqa: SIM115 (held open until the process is killed)
+            held.write(whole.getvalue()[: len(whole.getvalue()) // 2])
+            held.flush()
+        sys.stdout.write(json.dumps({"pid": os.getpid(), "state": os.path.dirname(os.path.abspath(f))}) + "\n")
+        sys.stdout.flush()
+        while True:
+            time.sleep(3600)
+
+    torch.save = stop_at_random_states
+    accelerator.save_state()
+
+
+def fresh(out: Path) -> None:
+    """The Trainer's and Accelerate's saves, then alive (a job training on) until standard input closes."""
+    written = {"hf-trainer": hf_trainer(out / "hf"), "accelerate": accelerate_states(out / "accelerate")}
+    sys.stdout.write(json.dumps(written) + "\n")
+    sys.stdout.flush()
+    sys.stdin.read()
+
+
 def main(out: Path) -> None:
     torch.manual_seed(0)
     written = {
@@ -181,4 +237,11 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if sys.argv[2:3] == ["--fresh"]:
+        torch.manual_seed(0)
+        fresh(Path(sys.argv[1]))
+    elif sys.argv[2:3] == ["--interrupt"]:
+        torch.manual_seed(0)
+        accelerate_interrupted(Path(sys.argv[1]), sys.argv[3])
+    else:
+        main(Path(sys.argv[1]))

@@ -544,6 +544,7 @@ def loop_ext4_mount(
     mkfs_timeout: float = 300.0,
     losetup_args: Sequence[str] = (),
     preallocate: bool = False,
+    mkfs_via: str | os.PathLike[str] | None = None,
 ) -> Iterator[LoopMount]:
     """An ext4 image of ``size_mb`` MiB (sparse, or written through with zeros with ``preallocate``) on its own loop
     device, mounted at ``dir``.
@@ -553,7 +554,10 @@ def loop_ext4_mount(
     its image, so its writes cost what the disk under it costs). ``preallocate`` gives every block of the image a
     place on the disk under it before mkfs, as a real disk has: a write into a sparse image's hole costs an
     allocation in the filesystem under it that a write into a written block does not, so timings on a sparse image
-    depend on which blocks were written before.
+    depend on which blocks were written before. ``mkfs_via``: a directory that holds the same files as
+    ``image_dir`` another way (the backing directory of a FUSE passthrough mounted at ``image_dir``): the image is
+    made and formatted there, so a FUSE filesystem that delays writes slows the loop device's I/O and not mkfs's
+    hundreds of small writes (seconds each image).
 
     Once mounted, the device is set to autoclear (``losetup -d`` of a device in use). Teardown: unmount (lazily if
     busy); wait until no process of this test (this one and those it started) holds the filesystem, up to 10 s, then
@@ -571,8 +575,9 @@ def loop_ext4_mount(
             image_dir = tempfile.mkdtemp(prefix="storwatch-img-")
             stack.callback(shutil.rmtree, image_dir, True)
         image = Path(image_dir, f"{IMAGE_PREFIX}{uuid.uuid4().hex[:12]}.img")
+        made = image if mkfs_via is None else Path(mkfs_via, image.name)
         stack.callback(_remove_image, image)
-        with open(image, "wb") as fh:
+        with open(made, "wb") as fh:
             if preallocate:
                 zeros = bytes(1 << 20)
                 for _ in range(size_mb):
@@ -581,7 +586,7 @@ def loop_ext4_mount(
                 os.fsync(fh.fileno())
             else:
                 fh.truncate(size_mb * 1024 * 1024)
-        _run([mkfs, "-q", "-F", *mkfs_args, os.fspath(image)], timeout=mkfs_timeout)
+        _run([mkfs, "-q", "-F", *mkfs_args, os.fspath(made)], timeout=mkfs_timeout)
         try:
             loop_device = _run(["losetup", "-f", "--show", *losetup_args, os.fspath(image)]).stdout.strip()
         except MountError:

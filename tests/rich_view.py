@@ -11,6 +11,7 @@ from storwatch.analysis.io import WindowFeeder
 from storwatch.analysis.latency import LatencyWindows
 from storwatch.analysis.stalls import StallState
 from storwatch.analysis.view import View
+from storwatch.checkpoints.manifest import FoundCopy
 from storwatch.checkpoints.scan import DatasetDir
 from storwatch.classify import Classifier
 from storwatch.procfs.cgroup import ContainerRef, SlurmJob
@@ -29,6 +30,7 @@ from storwatch.sources.checkpoints import (
     StuckRoot,
     Unreadable,
 )
+from storwatch.sources.copies import COPIES, CopiesFacts
 from storwatch.sources.diskio import DiskIO
 from storwatch.sources.gpu import GPUFacts, GPUProcess, GPUState
 from storwatch.sources.kubevolumes import ClusterObjects, KubeFacts, NodeInfo, PodInfo
@@ -232,6 +234,20 @@ def rich_view() -> View:
             ),
             LUSTRE.name: LustreFacts(NOW, (LustreClient("scratch-ffff9bc043537800", "scratch", "/lustre", stats),)),
             ACCESS.name: _access(),
+            COPIES.name: CopiesFacts(
+                (
+                    FoundCopy(
+                        "/mnt/datasets/durable/llama/step-100",
+                        "/scratch/llama/step-100",
+                        "/scratch/llama",
+                        NOW - 3600.0,
+                        NOW - 3000.0,
+                        20 * GiB,
+                        4,
+                    ),
+                ),
+                ("/mnt/datasets/durable",),
+            ),
         },
     )
     windows = LatencyWindows()

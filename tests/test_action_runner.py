@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Iterator, Mapping
 
@@ -16,29 +15,9 @@ from storwatch.actions.base import ActionRequest, ActionResult, Entity
 from storwatch.actions.log import LogAction
 from storwatch.actions.registry import ACTION_NAMES, checks, registry
 from storwatch.actions.runner import ActionRunner, Limits
+from tests.builders import Recorder
 
 T0 = 1_800_000_000.0
-
-
-class Recorder:
-    """An action that records what it was asked, and blocks while ``gate`` is closed."""
-
-    def __init__(self, name: str = "record") -> None:
-        self.name = name
-        self.runs: list[ActionRequest] = []
-        self.gate = threading.Event()
-        self.gate.set()
-        self.entered = threading.Event()
-        self.answer = ActionResult("ok", "done")
-
-    def check(self, params: Mapping[str, object]) -> list[str]:
-        return []
-
-    def run(self, request: ActionRequest, timeout: float) -> ActionResult:
-        self.runs.append(request)
-        self.entered.set()
-        self.gate.wait(30)
-        return self.answer
 
 
 def req(rule: str = "r1", key: str = "/mnt/a", **kw: object) -> ActionRequest:

@@ -114,14 +114,22 @@ def test_metrics_served_after_start(default_agent: tuple[AgentProcess, str]) -> 
         "processes": 1.0,
     }
     assert {name: success.get(name) for name in expected} == expected
-    # Off without a config choosing probes, cluster credentials, or anywhere to look for checkpoints (no
-    # checkpoints.roots, no kubelet here): neither succeeds nor fails.
+    # Off without a config choosing probes, or cluster credentials: neither succeeds nor fails.
     enabled = dict((labels["collector"], value) for labels, value in samples(body, "storwatch_collector_enabled"))
-    off = {"probe", "kube", "checkpoints"}
+    off = {"probe", "kube"}
     assert {name: enabled.get(name) for name in off} == dict.fromkeys(off, 0.0)
     assert not off & success.keys()
+    # Checkpoints: the default places of this machine (a node-local /home, data mounts) are searched, and the
+    # collector reports; with none of them (and no kubelet), it is off, saying so.
+    search = wait_until(
+        lambda: json.loads(agent.fetch("/api/status").body)["checkpoint_search"], 30.0, what="the checkpoint scan"
+    )
+    now = agent.fetch("/metrics").text()
+    scanned = {labels["collector"]: v for labels, v in samples(now, "storwatch_collector_enabled")}["checkpoints"]
+    reported = {labels["collector"] for labels, _ in samples(now, "storwatch_collector_success")}
+    assert (scanned, "checkpoints" in reported) == ((1.0, True) if search["searched"] else (0.0, False)), search
     assert set(enabled) == set(BY_NAME)  # every source reports
-    for name in set(BY_NAME) - expected.keys() - off:  # the rest succeed on any machine, or are off with a reason
+    for name in set(BY_NAME) - expected.keys() - off - {"checkpoints"}:  # the rest succeed, or are off with a reason
         assert success.get(name) == 1.0 or (enabled[name] == 0.0 and name not in success), name
     roots = [labels for labels, value in samples(body, "storwatch_mount_info") if labels["mountpoint"] == "/"]
     assert len(roots) == 1, body
@@ -237,7 +245,7 @@ STOP_WAIT_SECONDS = 60.0
 """How long a test waits for agents to exit after a signal before it calls them hung: a bound against a deadlock,
 generous for a loaded machine."""
 
-LIGHT_CONFIG = "gpu: {enabled: false}\nkube: {enabled: false}\ncheckpoints: {kubelet: false}\n"
+LIGHT_CONFIG = "gpu: {enabled: false}\nkube: {enabled: false}\ncheckpoints: {kubelet: false, default_roots: false}\n"
 """The sources that cost most to start left out: the signal tests start many agents at once on a small machine."""
 
 

@@ -121,6 +121,29 @@ def assert_truncated(result: CheckResult, size: int) -> None:
         ({"noext": LEGACY_HEAD[:5]}, "noext", None),
         ({"d/random_states_0.pkl": b"PK\x03\x04", "d/optimizer.bin": b""}, "d", "accelerate"),
         ({"d/checkpoint_3/random_states_0.pkl": b"PK\x03\x04"}, "d/checkpoint_3", "accelerate"),
+        # A save_state killed before its random states: its model's weights beside a state only save_state names so.
+        ({"d/model.safetensors": b"", "d/optimizer.bin": b""}, "d", "accelerate"),
+        ({"d/pytorch_model.bin": b"", "d/scheduler.bin": b""}, "d", "accelerate"),
+        ({"d/pytorch_model_fsdp_0/.metadata": b"", "d/optimizer_0/.metadata": b""}, "d", "accelerate"),
+        ({"d/model.safetensors": b"", "d/optimizer.pt": b"PK\x03\x04"}, "d", None),  # the Trainer's names, no marker
+        ({"d/optimizer.bin": b""}, "d", None),  # a lone optimizer state says nothing of the directory
+        # The Trainer under FSDP writes Accelerate's names through Accelerate's functions: still the Trainer's.
+        ({"d/pytorch_model_fsdp.bin": b"", "d/optimizer.bin": b"", "d/trainer_state.json": b"{}"}, "d", None),
+        (
+            {"d/checkpoint-5/pytorch_model_fsdp.bin": b"", "d/checkpoint-5/optimizer.bin": b""},
+            "d/checkpoint-5",
+            "hf-trainer",
+        ),
+        # ... or before its optimizer state: a step directory beside finished saves of its series.
+        (
+            {"d/checkpoint_1/random_states_0.pkl": b"PK", "d/checkpoint_2/model.safetensors": b""},
+            "d/checkpoint_2",
+            "accelerate",
+        ),
+        ({"d/checkpoint_1/random_states_0.pkl": b"PK", "d/checkpoint_2/x": b""}, "d/checkpoint_2", None),
+        ({"d/checkpoint_1/random_states_0.pkl": b"PK", "d/step_2/model.safetensors": b""}, "d/step_2", None),
+        ({"d/step_1/random_states_0.pkl": b"PK", "d/other/model.safetensors": b""}, "d/other", None),
+        ({"d/step_1/model.pt": b"PK\x03\x04", "d/step_2/model.safetensors": b""}, "d/step_2", None),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -592,6 +615,85 @@ def test_hf_trainer_complete_only_after_settle_time(tmp_path: Path) -> None:
     for p in (*ckpt.iterdir(), ckpt):
         os.utime(p, (t0, t0))
     assert check(str(ckpt), now=t0 + 120).verdict == "incomplete"
+
+
+def test_without_an_end_marker_a_directory_no_process_holds_is_judged_at_once(tmp_path: Path) -> None:
+    """``closed``: the caller (storwatch verify) saw that no process holds any of its files open for writing, so a
+    Trainer directory is judged now, not after the settle time; that never makes a save without its end marker, or
+    a damaged file, complete."""
+    ckpt = tmp_path / "checkpoint-500"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(safetensors_bytes({"w": ("F32", [2], bytes(8))}))
+    t0 = 1_800_000_000.0
+    assert check(str(ckpt), now=t0, closed=True).verdict == "incomplete"  # no trainer_state.json
+    (ckpt / "trainer_state.json").write_text("{}")
+    for p in (*ckpt.iterdir(), ckpt):
+        os.utime(p, (t0, t0))
+    assert check(str(ckpt), now=t0 + 1).verdict == "incomplete"  # the agent's rule: not settled yet
+    assert check(str(ckpt), now=t0 + 1, closed=True).verdict == "complete"
+    (ckpt / "model.safetensors").write_bytes(b"\x01")
+    assert check(str(ckpt), now=t0 + 1, closed=True).verdict == "incomplete"
+    empty = tmp_path / "e.pt"
+    empty.write_bytes(b"")
+    result = check(str(empty), closed=True)
+    assert (result.format, result.verdict) == (None, "unknown"), result
+    assert "no process has it open for writing" in result.reason
+
+
+def test_a_trainer_directory_under_fsdp_cut_short_is_the_trainers(tmp_path: Path) -> None:
+    """Under FSDP the Trainer saves through Accelerate's functions (pytorch_model_fsdp.bin, optimizer.bin): cut short
+    before its trainer_state.json it is a Trainer save that did not finish, not a save_state without random states."""
+    ckpt = tmp_path / "checkpoint-5"
+    ckpt.mkdir()
+    for name in ("pytorch_model_fsdp.bin", "optimizer.bin"):
+        torch_like_zip(ckpt / name)
+    result = check(str(ckpt), closed=True)
+    assert (result.format, result.verdict) == ("hf-trainer", "incomplete"), result
+    assert result.reason.startswith("no trainer_state.json")
+
+
+def _accelerate_save(path: Path, processes: int = 1, objects: int = 1) -> None:
+    """What Accelerate's save_state writes, in its order (tests/test_framework_checkpoints.py has the real thing)."""
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(safetensors_bytes({"w": ("F32", [2], bytes(8))}))
+    for name in ("optimizer.bin", "scheduler.bin"):
+        torch_like_zip(path / name)
+    for i in range(processes):
+        torch_like_zip(path / f"random_states_{i}.pkl")
+    for i in range(objects):
+        torch_like_zip(path / f"custom_checkpoint_{i}.pkl")
+
+
+def test_accelerate_every_process_writes_its_random_states(tmp_path: Path) -> None:
+    state = tmp_path / "ckpt"
+    _accelerate_save(state, processes=3)
+    assert check(str(state), closed=True).verdict == "complete"
+    (state / "random_states_1.pkl").unlink()
+    result = check(str(state), closed=True)
+    assert (result.format, result.verdict) == ("accelerate", "incomplete"), result
+    assert result.reason.startswith("random_states_1.pkl missing beside random_states_2.pkl")
+    (state / "random_states_0.pkl").unlink()
+    result = check(str(state), closed=True)
+    assert (result.format, result.verdict) == ("accelerate", "incomplete"), result
+    assert "but no random_states_0.pkl" in result.reason
+
+
+def test_accelerate_registered_objects_come_last_and_an_earlier_save_says_which(tmp_path: Path) -> None:
+    """save_state writes each registered object's state after the random states: a save without the one the run's
+    nearest earlier save holds did not finish. A save from before the object was registered is complete, and no
+    evidence against the later ones."""
+    run = tmp_path / "checkpoints"
+    _accelerate_save(run / "checkpoint_0", objects=0)
+    for n in (1, 2):
+        _accelerate_save(run / f"checkpoint_{n}", objects=2)
+    _accelerate_save(run / "checkpoint_3", objects=1)
+    for n in (0, 1, 2):
+        assert check(str(run / f"checkpoint_{n}"), closed=True).verdict == "complete"
+    result = check(str(run / "checkpoint_3"), closed=True)
+    assert (result.format, result.verdict) == ("accelerate", "incomplete"), result
+    assert result.reason.startswith("no custom_checkpoint_1.pkl, which the run's earlier save checkpoint_2 holds")
+    torch_like_zip(run / "checkpoint_3" / "custom_checkpoint_1.pkl")
+    assert check(str(run / "checkpoint_3"), closed=True).verdict == "complete"
 
 
 def test_deepspeed_latest_names_the_finished_step(tmp_path: Path) -> None:

@@ -164,6 +164,41 @@ LAYOUTS: list[tuple[str, list[str], dict[str, tuple[str, str]]]] = [
         {"jobs/alpha/model.pt": ("file", "jobs/alpha"), "jobs/beta/model.pt": ("file", "jobs/beta")},
     ),
     (
+        # Accelerate's save_state killed before its random states (model and optimizer written), and one killed before
+        # its optimizer state: each one checkpoint of the series, not files of a run of their own.
+        "accelerate-cut-short",
+        [
+            "acc/checkpoints/checkpoint_0/model.safetensors",
+            "acc/checkpoints/checkpoint_0/optimizer.bin",
+            "acc/checkpoints/checkpoint_0/random_states_0.pkl",
+            "acc/checkpoints/checkpoint_0/custom_checkpoint_0.pkl",
+            "acc/checkpoints/checkpoint_1/model.safetensors",
+            "acc/checkpoints/checkpoint_1/optimizer.bin",
+            "acc/checkpoints/checkpoint_2/model.safetensors",
+        ],
+        {
+            "acc/checkpoints/checkpoint_0": ("dir", "acc/checkpoints"),
+            "acc/checkpoints/checkpoint_1": ("dir", "acc/checkpoints"),
+            "acc/checkpoints/checkpoint_2": ("dir", "acc/checkpoints"),
+        },
+    ),
+    (
+        # Only a step directory of the series holding nothing but what save_state writes is taken for a cut save.
+        "accelerate-series-beside-others",
+        [
+            "acc/step_1/pytorch_model.bin",
+            "acc/step_1/random_states_0.pkl",
+            "acc/step_2/pytorch_model.bin",
+            "acc/step_2/notes.txt",
+            "acc/epoch_3/pytorch_model.bin",
+        ],
+        {
+            "acc/step_1": ("dir", "acc"),
+            "acc/step_2/pytorch_model.bin": ("file", "acc/step_2"),
+            "acc/epoch_3/pytorch_model.bin": ("file", "acc/epoch_3"),
+        },
+    ),
+    (
         "candidate-file-in-root",
         ["final.safetensors", "readme.md"],
         {"final.safetensors": ("file", ".")},
@@ -188,6 +223,27 @@ def test_layouts_found_and_grouped(root: Path, files: list[str], expected: dict[
     assert runs == {run for _, run in expected.values()}
     for run in result.runs:
         assert all(c.run == run.path for c in run.candidates)
+
+
+def test_an_empty_step_directory_beside_accelerate_saves_is_one_cut_short_and_keeps_its_place(root: Path) -> None:
+    """save_state makes its directory first: killed then, the directory is a save that wrote nothing, one checkpoint
+    of the series (its check calls it incomplete); the weights written next join it, on a rescan too."""
+    for name in ("model.safetensors", "optimizer.bin", "random_states_0.pkl"):
+        write(root / "run" / "checkpoint_0" / name, 100)
+    (root / "run" / "checkpoint_1").mkdir()
+    scanner = CheckpointScanner([str(root)])
+    result = scanner.scan()
+    assert by_path(result, root) == {"run/checkpoint_0": ("dir", "run"), "run/checkpoint_1": ("dir", "run")}
+    cut = next(c for c in result.candidates if c.path.endswith("checkpoint_1"))
+    assert (cut.files, cut.size_bytes, cut.reason) == (0, 0, "beside accelerate step directories")
+    write(root / "run" / "checkpoint_1" / "model.safetensors", 40)
+    age_tree(root)
+    for _ in range(2):  # listed, then from the cache
+        result = scanner.scan()
+        assert by_path(result, root) == {"run/checkpoint_0": ("dir", "run"), "run/checkpoint_1": ("dir", "run")}
+        cut = next(c for c in result.candidates if c.path.endswith("checkpoint_1"))
+        assert (cut.files, cut.size_bytes) == (1, 40)
+    assert scanner.stats.dirs_listed == 0
 
 
 def test_dir_candidate_size_mtime_and_reason(root: Path) -> None:

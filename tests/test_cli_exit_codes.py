@@ -30,6 +30,7 @@ from tests.builders import SYNC_LEFTOVER
 from tests.builders import sync_checkpoint as make_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = REPO_ROOT / "storwatch" / "policies"
 WAIT = 120.0
 """A bound against a command that never ends, generous for a loaded machine."""
 
@@ -123,7 +124,7 @@ def fixture_node(tmp: Path) -> None:
 
 
 def policy_files(tmp: Path) -> None:
-    shutil.copy(REPO_ROOT / "policies" / "default.yaml", tmp / "default.yaml")
+    shutil.copy(SHIPPED / "default.yaml", tmp / "default.yaml")
     (tmp / "bad_policy.yaml").write_text(
         "rules:\n  - name: a\n    on: mount\n    when: nope > 1\n  - name: b\n    on: nothing\n    when: 'true'\n"
     )
@@ -244,7 +245,7 @@ CASES = [
         id="policy-check-1",
     ),
     pytest.param(
-        Case(("policy", "test", str(REPO_ROOT / "policies" / "default_test.yaml")), 0, "0 failures: passed"),
+        Case(("policy", "test", str(SHIPPED / "default_test.yaml")), 0, "0 failures: passed"),
         id="policy-test-0",
     ),
     pytest.param(

@@ -3,9 +3,13 @@ they should go (a layout like Together's Kubernetes nodes: a pod's scratch empty
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from storwatch.analysis.findings import find, severity
+from storwatch.analysis.copies import join_copies
+from storwatch.analysis.findings import find as find_joined
+from storwatch.analysis.findings import severity
 from storwatch.analysis.view import MountView, RunView, View
 from storwatch.config import FindingsConfig
 from storwatch.exporter import ExportState, render_text
@@ -16,6 +20,15 @@ from storwatch.sources.checkpoints import Checkpoint, RunState
 from storwatch.vocabulary import Durability, Mount, Platform, Verdict
 
 NOW = 1_800_000_000.0
+
+
+def find(runs: object, mounts: object, now: float, **kw: object) -> tuple[Any, ...]:
+    """The findings of ``runs`` once joined with their durable copies, as the View's runs are (analysis/copies.py)."""
+    from storwatch.paths import HostPaths
+
+    return find_joined(join_copies(list(runs), (), HostPaths()), mounts, now, **kw)  # type: ignore[arg-type]
+
+
 POD = "0b5c6f3e-1c9a-4a5e-9c1f-2b7d8e9f0a1b"
 SCRATCH = f"/var/lib/kubelet/pods/{POD}/volumes/kubernetes.io~empty-dir/scratch"
 PVC = f"/var/lib/kubelet/pods/{POD}/volumes/kubernetes.io~csi/pvc-ckpt/mount"
@@ -61,7 +74,8 @@ def test_checkpoints_on_a_pods_scratch_volume_go_to_the_same_pods_pvc() -> None:
     assert finding.severity == "critical"  # the durable copy is 3 h old, the newest work 6 min
     assert finding.sentence == (
         f"llama/run1 ({SCRATCH}/llama/run1): 3 checkpoints, 42.8 GiB, newest 6 min old, only on node storage "
-        f"{SCRATCH}; newest durable copy 3 h old; copy them to {PVC}"
+        f"{SCRATCH}; newest durable copy 3 h old (step-100.pt: a copy at the same path at {PVC}/llama/run1); "
+        f"copy them to {PVC}"
     )
     assert finding.exposed_seconds == 10800.0 - 360.0 and not finding.exposed_at_least
     assert finding.severity_reason == (
@@ -88,7 +102,8 @@ def test_no_durable_storage_on_the_node_is_said() -> None:
     (finding,) = find([home], (MOUNTS[0], HOME), NOW)
     assert finding.move_to is None
     assert finding.sentence.endswith(
-        "no durable destination known: this node has no cluster or region storage to copy to"
+        "no durable destination known: set sync.destinations (or checkpoints.roots on durable storage), as this node "
+        "has no cluster or region storage mounted"
     )
 
 
@@ -104,7 +119,8 @@ def test_findings_in_the_scrape_and_the_report() -> None:
     assert f'storwatch_ephemeral_important_bytes{{kind="checkpoint",mountpoint="{SCRATCH}"}} 1015.0' in lines
     assert 'storwatch_ephemeral_important_bytes{kind="checkpoint",mountpoint="/home"} 5.0' in lines
     for f in findings:
-        assert f'storwatch_finding{{id="{f.id}",severity="{f.severity}"}} 1.0' in lines
+        labels = f'id="{f.id}",kind="{f.kind}",mountpoint="{f.mountpoint}",run="{f.run}",severity="{f.severity}"'
+        assert f"storwatch_finding{{{labels}}} 1.0" in lines
     data = view_to_dict(view)
     assert [f["bytes"] for f in data["findings"]] == [1000, 15, 5]  # most severe first, then the biggest
     assert data["findings"][0]["move_to"] == PVC
@@ -120,7 +136,7 @@ def test_two_runs_on_one_mount_are_two_findings_each_naming_its_run_and_path() -
     assert len({f.id for f in findings}) == 2 and len({f.sentence for f in findings}) == 2
     for f in findings:
         assert f.path == f"{SCRATCH}/{f.run}"
-        assert f.sentence.startswith(f"{f.run} ({SCRATCH}/{f.run}): 1 checkpoint, 0.0 MiB, newest 2 min old, ")
+        assert f.sentence.startswith(f"{f.run} ({SCRATCH}/{f.run}): 1 checkpoint, 4.0 KiB, newest 2 min old, ")
     view = View(Snapshot(NOW), Platform("generic", "test"), mounts=MOUNTS, checkpoints=tuple(runs), findings=findings)
     data = view_to_dict(view)
     assert {(f["run"], f["path"]) for f in data["findings"]} == {(r.label, r.directory) for r in runs}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes.util
 import itertools
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -230,6 +231,68 @@ def test_eight_gpus_every_value_as_scripted(nvml: FakeNVML, run_source: Any) -> 
     assert third[2]["xid_counts"] == {"79": 3, "48": 2, "13": 1}
     assert third[5]["utilization_samples"] == [[pytest.approx(1700000000.5), pytest.approx(0.25)]]
     assert third[0]["utilization_ratio"] == pytest.approx(0.70)
+
+
+@pytest.mark.realpart
+def test_a_script_directory_lets_each_job_script_its_own_gpu(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    # Several training jobs on one node each drive their own GPU (tests/test_e2e_writers.py): each replaces a file of
+    # its own in the directory, and the library reads every *.txt there as one script.
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+
+    def gpu_file(i: int, util: int, pid: int | None = None) -> None:
+        tmp = scripts / f"gpu-{i}.txt.tmp"  # not *.txt: never read half-written
+        tmp.write_text(f"gpu {i} uuid=GPU-job-{i} util={util}\n" + (f"proc {i} pid={pid} used={GIB}\n" if pid else ""))
+        tmp.replace(scripts / f"gpu-{i}.txt")
+
+    gpu_file(0, 10)
+    gpu_file(1, 20)
+    (scripts / "notes.md").write_text("gpu 5 util=99\n")  # not a script file
+    env = {"LD_LIBRARY_PATH": str(fake_nvml_lib), "FAKE_NVML_SCRIPT": str(scripts)}
+    with GPUSourceProcess(env) as proc:
+        gpus = by_index(proc.collect())
+        assert sorted(gpus) == [0, 1]
+        assert [gpus[i]["utilization_ratio"] for i in (0, 1)] == [pytest.approx(0.1), pytest.approx(0.2)]
+        assert gpus[0]["processes"] == gpus[1]["processes"] == []
+        gpu_file(1, 90, pid=4321)  # one job changes its GPU; the other's stays as it was
+        gpus = by_index(proc.collect())
+        assert gpus[1]["utilization_ratio"] == pytest.approx(0.9)
+        assert gpus[1]["processes"] == [{"pid": 4321, "used_memory_bytes": GIB, "sm_utilization": None}]
+        assert gpus[0]["utilization_ratio"] == pytest.approx(0.1) and gpus[0]["processes"] == []
+        gpu_file(2, 30)  # a file added
+        assert sorted(by_index(proc.collect())) == [0, 1, 2]
+
+
+@pytest.mark.realpart
+def test_a_jobs_driver_gpu_samples_its_idle_phase_exactly(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    # tests/fake_gpu.py, as the end-to-end jobs drive it: the samples the source reads idle exactly as long as the job
+    # was idle by its own clock, and once the job lets the GPU go, it holds no process.
+    from tests.fake_gpu import DriverGPU
+
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    env = {"LD_LIBRARY_PATH": str(fake_nvml_lib), "FAKE_NVML_SCRIPT": str(scripts)}
+    gpu = DriverGPU(str(scripts / "gpu-00.txt"), 0)
+    try:
+        wait_for(lambda: (scripts / "gpu-00.txt").exists(), 10, "the helper's first script")
+        with GPUSourceProcess(env) as proc:
+            first = by_index(proc.collect())[0]
+            assert [p["pid"] for p in first["processes"]] == [os.getpid()]
+            proc.request("sleep 0.5")
+            idle_from = time.time()
+            gpu.phase(2)
+            proc.request("sleep 0.7")
+            gpu.phase(97)
+            idle_to = time.time()
+            proc.request("sleep 0.5")
+            samples = first["utilization_samples"] + by_index(proc.collect())[0]["utilization_samples"]
+            idle = sum(t - prev for (prev, _), (t, ratio) in itertools.pairwise(samples) if ratio < 0.3)
+            assert idle_to - idle_from - 0.01 <= idle <= idle_to - idle_from, samples
+            gpu.release()
+            last = by_index(proc.collect())[0]
+            assert last["processes"] == [] and last["utilization_ratio"] == 0.0
+    finally:
+        gpu.release()
 
 
 @pytest.mark.realpart

@@ -108,8 +108,10 @@ def test_agent_with_a_hung_mount(tmp_path: Path, real_mounts) -> None:  # type: 
     hung = real_mounts(fuse_mount(tmp_path / "hung", block_statfs=True))
     mp = str(hung.mountpoint)
     config = tmp_path / "storwatch.yaml"
+    # No checkpoint search (this machine's /home would be a default place): the statvfs helper is the only one.
     config.write_text(
         "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.5\n  statvfs_timeout_seconds: 0.3\n  max_inflight: 8\n"
+        "checkpoints:\n  default_roots: false\n"
     )
     prefix = _own_table(tmp_path, hung.mountpoint)
     with running_agent("--config", str(config), "--listen", "127.0.0.1:0", prefix=prefix) as agent:
@@ -155,8 +157,11 @@ def test_scan_with_a_hung_mount_finishes_and_reports_it_stuck(tmp_path: Path, re
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "storwatch", "scan", "--json", "--timeout", "0.3"]
     hung = real_mounts(fuse_mount(tmp_path / "hung", block_statfs=True))
+    # Its own mount table ("/" and the hung one): the host's other mounts, hung ones among them on a busy machine,
+    # would take the scan's working slots first, leaving the hung one unmeasured rather than stuck.
+    prefix = _own_table(tmp_path, hung.mountpoint)
+    command = [*prefix, sys.executable, "-m", "storwatch", "scan", "--json", "--timeout", "0.3"]
     # The hung statfs never returns while the mount lives: a scan that waited on it would never finish (the run's
     # timeout only keeps the test from hanging with it).
     out = subprocess.run(command, capture_output=True, timeout=EXIT_WAIT_SECONDS, check=True)

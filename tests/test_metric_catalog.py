@@ -42,7 +42,8 @@ def policy_scrape() -> str:
     from storwatch.policy.schema import entities
 
     view = rich_view()
-    engine = Engine(load_policy([str(REPO_ROOT / "policies" / "default.yaml")]), budget_seconds=float("inf"))
+    shipped = REPO_ROOT / "storwatch" / "policies" / "default.yaml"
+    engine = Engine(load_policy([str(shipped)]), budget_seconds=float("inf"))
     for minute in range(61):
         engine.evaluate(entities(view), view.timestamp + 60 * minute)
     actions = {("mount-stuck", "log", "ok"): 2, ("mount-stuck", "event", "failed"): 1}
@@ -147,7 +148,7 @@ def test_the_check_is_live() -> None:
         "# HELP storwatch_mount_stuck Another help.\n# TYPE storwatch_mount_stuck gauge\n"
         'storwatch_mount_stuck{mountpoint="/",pid="7"} 1.0\n'
         f"# HELP storwatch_finding {BY_NAME['storwatch_finding'].help}\n# TYPE storwatch_finding gauge\n"
-        'storwatch_finding{id="0123456789abcdef",severity="mild"} 1.0\n'
+        'storwatch_finding{id="0123456789abcdef",kind="checkpoint",mountpoint="/",run="r",severity="mild"} 1.0\n'
     )
     problems = catalog_problems(text)
     assert len(problems) == 4, problems
@@ -272,6 +273,16 @@ def test_the_process_metrics_are_prometheus_clients_own() -> None:
 
 def test_the_gpu_areas_throttle_bits_are_the_catalogs_reasons() -> None:
     assert tuple(gpu_area._THROTTLE_BITS) == BY_NAME["storwatch_gpu_clock_throttled"].values("reason")
+
+
+def test_copies_by_result_are_written_at_zero_before_any_copy_ends() -> None:
+    """So the first failed copy is a rise that rate() and increase() see, not a new series they skip."""
+    from storwatch.exporter import sync as sync_area
+    from storwatch.exporter.area import SyncMetrics
+
+    text = render_text(sync_area.families(SyncMetrics())).decode("utf-8")
+    lines = [line for line in text.splitlines() if line.startswith("storwatch_sync_copies_total{")]
+    assert lines == [f'storwatch_sync_copies_total{{result="{r}"}} 0.0' for r in ("verified", "failed", "superseded")]
 
 
 def test_a_label_template_writes_what_add_writes() -> None:

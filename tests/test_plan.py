@@ -120,7 +120,8 @@ def plan_config(tmp_path: Path, roots: list[Path]) -> Path:
     config = tmp_path / "storwatch.yaml"
     config.write_text(
         "kube: {enabled: false}\ngpu: {enabled: false}\n"
-        f"checkpoints: {{roots: {json.dumps([str(r) for r in roots])}, kubelet: false}}\n"
+        # The configured roots alone: not this machine's own default places (its /home).
+        f"checkpoints: {{roots: {json.dumps([str(r) for r in roots])}, kubelet: false, default_roots: false}}\n"
     )
     return config
 

@@ -8,18 +8,20 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from storwatch.cli import main
 from storwatch.policy.testing import run_test_file
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-POLICIES = REPO_ROOT / "policies"
+POLICIES = REPO_ROOT / "storwatch" / "policies"
+CASES = len(yaml.safe_load((POLICIES / "default_test.yaml").read_text(encoding="utf-8"))["tests"])
 
 
 def test_the_default_sets_cases_pass(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["policy", "test", str(POLICIES / "default_test.yaml")]) == 0
     out = capsys.readouterr()
-    assert out.out.strip() == f"{POLICIES / 'default_test.yaml'}: 9 cases, 0 failures: passed"
+    assert out.out.strip() == f"{POLICIES / 'default_test.yaml'}: {CASES} cases, 0 failures: passed"
     assert out.err == ""
 
 
@@ -54,18 +56,19 @@ def test_a_case_expecting_a_wrong_action_fails(tmp_path: Path, capsys: pytest.Ca
         "at 1800s: actions: expected [orphaned-temporaries-piling-up webhook litter firing], got "
         "[orphaned-temporaries-piling-up log litter firing]"
     ]
-    assert out.out.strip().endswith("9 cases, 1 failures: FAILED")
+    assert out.out.strip().endswith(f"{CASES} cases, 1 failures: FAILED")
 
 
 def test_a_case_expecting_a_firing_too_early_fails(tmp_path: Path) -> None:
     path = copy_with(
         tmp_path,
-        "      - at: 4m\n        firing: []\n",
-        "      - at: 4m\n        firing: [{rule: next-checkpoint-will-not-fit, key: full}]\n",
+        "      - at: 9m\n        firing: []\n      - at: 10m\n        firing: [{rule: next",
+        "      - at: 9m\n        firing: [{rule: next-checkpoint-will-not-fit, key: full}]\n      - at: 10m\n"
+        "        firing: [{rule: next",
     )
     result = run_test_file(str(path))
     (failure,) = result.failures
-    assert "at 240s: firing: expected [next-checkpoint-will-not-fit full], got []" in failure
+    assert "at 540s: firing: expected [next-checkpoint-will-not-fit full], got []" in failure
 
 
 def test_a_bad_test_file_is_named_with_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

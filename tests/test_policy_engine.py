@@ -49,7 +49,7 @@ STUCK = """\
     keep_firing_for: 3m
     severity: critical
     labels: {team: storage}
-    message: "{mountpoint} stuck for {stuck_seconds} s"
+    message: "{mountpoint} stuck for {stuck_seconds}"
     actions: [{action: log}, {action: event, params: {reason: Stuck}}]
 """
 
@@ -348,3 +348,105 @@ def test_the_catalogs_policy_values_are_the_policys() -> None:
     assert catalog.ACTION_OUTCOMES == OUTCOMES
     assert catalog.MAX_POLICY_RULES == MAX_RULES
     assert RULE_NAME.pattern.endswith("{0,63}")  # "each name at most 64 letters...", as the label's bound says
+
+
+def ckpt_run(name: str, checkpoint: str, severity: str = "warning") -> Entity:
+    return Entity(
+        "run", "alice/llm", {"run": "alice/llm", "checkpoint": checkpoint, "complete": 3, "severity": severity}
+    )
+
+
+SYNC_EACH = """\
+  - name: copy-each
+    on: run
+    when: complete > 0
+    cooldown: 1h
+    repeat_on: [checkpoint]
+    actions: [{action: sync}]
+"""
+
+
+def test_repeat_on_asks_again_for_every_newer_value_whatever_the_cooldown() -> None:
+    """Three newer checkpoints within the hour of the rule's cooldown: three more copies asked for, and the runner takes
+    each (its idempotency counts the value), where the cooldown alone would ask for one an hour."""
+    from storwatch.actions.runner import ActionRunner, Limits
+    from tests.builders import Recorder
+
+    clock = [T0]
+    sync = Recorder("sync")
+    runner = ActionRunner({"sync": sync}, clock=lambda: clock[0], limits={"sync": Limits(10.0, 100, 0.0)})
+    engine = Engine(policy(SYNC_EACH))
+    steps = [(0, "step-100.pt"), (60, "step-100.pt"), (600, "step-200.pt"), (900, "step-200.pt")]
+    steps += [(1200, "step-300.pt"), (1800, "step-400.pt"), (2400, "step-400.pt")]
+    try:
+        for t, checkpoint in steps:
+            clock[0] = T0 + t
+            for request in engine.evaluate(of(ckpt_run("alice/llm", checkpoint)), T0 + t):
+                runner.submit(request)
+        assert runner.wait_idle(10)
+    finally:
+        runner.close()
+    asked = [(r.transition, r.entity.fields["checkpoint"], r.at - T0) for r in sync.runs]
+    assert asked == [
+        ("firing", "step-100.pt", 0),
+        ("repeat", "step-200.pt", 600),
+        ("repeat", "step-300.pt", 1200),
+        ("repeat", "step-400.pt", 1800),
+    ]
+    # Without repeat_on, the cooldown alone: one copy in that hour.
+    engine = Engine(policy(SYNC_EACH.replace("    repeat_on: [checkpoint]\n", "")))
+    once = [r for t, c in steps for r in engine.evaluate(of(ckpt_run("alice/llm", c)), T0 + t)]
+    assert [(r.transition, r.entity.fields["checkpoint"]) for r in once] == [("firing", "step-100.pt")]
+
+
+def test_repeat_on_a_firing_held_back_by_the_cooldown_announces_it_when_the_value_changes() -> None:
+    engine = Engine(policy(SYNC_EACH.replace("when: complete > 0", "when: complete > 2")))
+    gone = Entity("run", "alice/llm", {"run": "alice/llm", "checkpoint": "step-100.pt", "complete": 1})
+    steps = [(0, ckpt_run("x", "step-100.pt")), (60, gone), (120, ckpt_run("x", "step-100.pt"))]
+    steps += [(180, ckpt_run("x", "step-200.pt"))]
+    got = [(t, r.transition) for t, e in steps for r in engine.evaluate(of(e), T0 + t)]
+    assert got == [(0, "firing"), (60, "resolved"), (180, "firing")]
+
+
+def test_a_rule_may_take_each_entitys_own_severity() -> None:
+    engine = Engine(policy(SYNC_EACH.replace("    cooldown: 1h\n", '    severity: "{severity}"\n')))
+    requests = engine.evaluate(of(ckpt_run("x", "a.pt", "critical")), T0)
+    assert [r.severity for r in requests] == ["critical"]
+    (active,) = engine.status().active
+    assert active.severity == "critical"
+    (rule,) = engine.status().rules
+    assert rule.severity == "{severity}" and rule.firing_by_severity == {"info": 0, "warning": 0, "critical": 1}
+    text = render_text(families(engine.status().metrics())).decode()
+    assert [line for line in lines(text) if "rule_firing" in line] == [
+        'storwatch_policy_rule_firing{rule="copy-each",severity="critical"} 1.0',
+        'storwatch_policy_rule_firing{rule="copy-each",severity="info"} 0.0',
+        'storwatch_policy_rule_firing{rule="copy-each",severity="warning"} 0.0',
+    ]
+    # The severity follows the entity's as it changes (no new firing: the same one, now a warning).
+    assert engine.evaluate(of(ckpt_run("x", "a.pt", "warning")), T0 + 60) == []
+    assert engine.status().active[0].severity == "warning"
+
+
+def test_the_readmes_sync_rule_copies_every_newer_checkpoint() -> None:
+    """The README's own sync rule ("Sync"), as printed there: three newer checkpoints within an hour, three more
+    copies asked for."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Sync\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", section, re.S) if "action: sync" in b]
+    engine = Engine(parse_policy([("README.md", block)]))
+    (rule,) = engine.policy.rules
+
+    def at_risk(checkpoint: str) -> Entity:
+        fields = {"run": "alice/llm", "ephemeral": True, "complete": 2, "gpus": 8, "checkpoint": checkpoint}
+        return Entity("run", "alice/llm", {**fields, "severity": "critical"})
+
+    steps = [(0, "step-100"), (300, "step-100"), (900, "step-200"), (1500, "step-300"), (2400, "step-400")]
+    asked = [
+        (t, r.action, r.entity.fields["checkpoint"]) for t, c in steps for r in engine.evaluate(of(at_risk(c)), T0 + t)
+    ]
+    assert asked == [(0, "sync", "step-100"), (900, "sync", "step-200"), (1500, "sync", "step-300"),
+                     (2400, "sync", "step-400")]  # fmt: skip
+    assert engine.status().active[0].severity == "critical" and rule.repeat_on == ("checkpoint",)

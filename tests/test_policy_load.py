@@ -3,6 +3,7 @@ the loader and through ``storwatch policy check``; overrides as Falco's; the shi
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from storwatch.policy.load import (
 
 FIXTURES = Path(__file__).parent / "fixtures" / "policy"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = REPO_ROOT / "policies" / "default.yaml"
+DEFAULT = REPO_ROOT / "storwatch" / "policies" / "default.yaml"
 
 
 def errors_of(*paths: Path) -> list[str]:
@@ -104,6 +105,31 @@ def test_every_problem_of_every_file_is_listed(tmp_path: Path) -> None:
         f"{a}:12: rules[2].actions[0].action: unknown action 'page'; known: log, event, webhook, request_checkpoint, "
         "sync",
         f"{b}:5: rules[0].message: {{nodename}}: not a field of the entity",
+    ]
+
+
+def test_an_entitys_own_severity_and_repeat_on_are_checked_against_its_kind(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "rules:\n  - name: copy\n    on: run\n    when: complete > 0\n    severity: '{severity}'\n"
+        "    repeat_on: [checkpoint]\n"
+    )
+    (rule,) = load_policy([str(good)]).rules
+    assert (rule.severity_field, rule.severity_shown, rule.repeat_on) == ("severity", "{severity}", ("checkpoint",))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "rules:\n"
+        "  - name: a\n    on: mount\n    when: stuck\n    severity: '{severity}'\n"
+        "  - name: b\n    on: run\n    when: complete > 0\n    severity: '{newest_verdict}'\n"
+        "  - name: c\n    on: run\n    when: complete > 0\n    repeat_on: [checkpoint, chekpoint]\n"
+        "  - name: d\n    on: run\n    when: complete > 0\n    repeat_on: checkpoint\n"
+    )
+    assert errors_of(bad) == [
+        f"{bad}:5: rules[0].severity: '{{severity}}' is not one of info, warning, critical",
+        f"{bad}:9: rules[1].severity: '{{newest_verdict}}' is not one of info, warning, critical, or \"{{severity}}\" "
+        "(each run's own)",
+        f"{bad}:13: rules[2].repeat_on: 'chekpoint': not a field of run",
+        f"{bad}:17: rules[3].repeat_on: expected a list of 1 to 8 fields of run",
     ]
 
 
@@ -254,12 +280,36 @@ def test_message_templates_fill_fields_and_nothing_else() -> None:
     ]
     fields = {"run": "a\x1b[31mb", "bytes": 3, "missing": None, "ratio": 0.25, "big": 3600.0, "l": ("x", "y")}
     assert render_message("{run} {bytes} {missing} {ratio} {big} {l} {{x}}", fields) == (
-        "a\\x1b[31mb 3 null 0.25 3600 x, y {x}"
+        "a\\x1b[31mb 3 B unknown 0.25 3600 x, y {x}"
     )
+
+
+def test_a_message_says_figures_in_words_by_the_unit_their_name_carries() -> None:
+    """A field's name says its unit (``_seconds``, ``bytes``, ``_ratio``, ``_share``): a message says the figure in
+    words, an unknown as unknown and an infinite one as unbounded, never null, None, inf or nan."""
+    fields = {
+        "age_seconds": 5400.0,
+        "left_seconds": 12.0,
+        "rp_seconds": math.inf,
+        "size_bytes": 3 << 30,
+        "headroom_bytes": -(1 << 20),
+        "utilization_ratio": 0.5,
+        "stall_share_10m": 0.25,
+        "gone": None,
+        "odd": math.nan,
+        "flag": True,
+        "none": (),
+    }
+    text = render_message(
+        "{age_seconds}|{left_seconds}|{rp_seconds}|{size_bytes}|{headroom_bytes}|{utilization_ratio}|"
+        "{stall_share_10m}|{gone}|{odd}|{flag}|{none}",
+        fields,
+    )
+    assert text == "2 h|12 s|unbounded|3.0 GiB|-1.0 MiB|50%|25%|unknown|unknown|yes|none"
 
 
 def test_the_default_policy_loads_and_check_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     policy = load_policy([str(DEFAULT)])
-    assert len(policy.rules) == 10
+    assert len(policy.rules) == 13
     assert main(["policy", "check", str(DEFAULT)]) == 0
-    assert "10 rules" in capsys.readouterr().out
+    assert "13 rules" in capsys.readouterr().out

@@ -53,9 +53,11 @@ def test_what_the_view_does_not_know_is_null() -> None:
         None,
         None,
     )
-    llama = next(e for e in ents["run"] if e.key == "llama")  # only on node-local storage
-    assert llama.fields["recovery_point_seconds"] == math.inf and llama.fields["durable_checkpoint"] is False
-    assert llama.fields["node_draining"] is True
+    weights = next(e for e in ents["run"] if e.key == "models/llama-weights")  # only on node-local storage, no copy
+    assert weights.fields["recovery_point_seconds"] == math.inf and weights.fields["durable_checkpoint"] is False
+    assert weights.fields["node_draining"] is True
+    llama = next(e for e in ents["run"] if e.key == "llama")  # node-local, its step-100 copied to durable storage
+    assert llama.fields["recovery_point_seconds"] == 3600.0 and llama.fields["durable_checkpoint"] is True
     node = ents["node"][0].fields
     assert (node["draining"], node["stuck_mounts"], node["terminating_pods"]) == (True, 1, 1)
 
@@ -132,3 +134,50 @@ def test_each_entity_names_its_owner_as_the_kernel_and_the_cluster_say() -> None
     owned = dataclasses.replace(bert, run=dataclasses.replace(bert.run, uid=1234))
     view = dataclasses.replace(view, checkpoints=tuple(owned if rv is bert else rv for rv in view.checkpoints))
     assert {e.key: e.owner for e in entities(view)["run"]}["ckpt/bert"] == "uid:1234"
+
+
+def test_an_alert_acts_on_the_run_mount_or_gpu_its_labels_name() -> None:
+    """The most specific label decides (run, then mountpoint, then uuid or gpu); a run label naming no run here names
+    nothing (not its mount); the alert's actions are its subject's, within its subject's owner's budgets."""
+    from storwatch.actions.base import Alert, acted_on
+
+    view = rich_view()
+
+    def alert(fp: str, **labels: str) -> Alert:
+        return Alert(fp, "firing", {"alertname": "X", "node": "n", **labels}, {}, NOW - 60.0, None, NOW)
+
+    alerts = [
+        alert("a1", run="llama", mountpoint="/home"),
+        alert("a2", mountpoint="/scratch"),
+        alert("a3", uuid="GPU-00000001-aaaa-bbbb-cccc-dddddddddddd", gpu="0"),
+        alert("a4", gpu="2"),
+        alert("a5", run="gone", mountpoint="/scratch"),
+        alert("a6"),
+    ]
+    ents = entities(view, alerts)
+    by_fp = {e.key: e for e in ents["alert"]}
+    assert [(e.key, *problems("alert", e.fields)) for e in by_fp.values()] == [(fp,) for fp in by_fp]
+    named = {fp: (e.fields["entity_kind"], e.fields["entity_key"], e.fields["checkpoint"]) for fp, e in by_fp.items()}
+    assert named == {
+        "a1": ("run", "llama", "step-200"),
+        "a2": ("mount", "/scratch", None),
+        "a3": ("gpu", "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd", None),
+        "a4": ("gpu", "GPU-00000002-aaaa-bbbb-cccc-dddddddddddd", None),
+        "a5": (None, None, None),
+        "a6": (None, None, None),
+    }
+    llama = next(e for e in ents["run"] if e.key == "llama")
+    a1 = by_fp["a1"]
+    assert a1.subject == llama and acted_on(a1) is a1.subject and a1.owner == llama.owner
+    assert (a1.subject.checkpoint_path, a1.subject.run_dir) == (llama.checkpoint_path, llama.run_dir)
+    assert acted_on(by_fp["a5"]) is by_fp["a5"] and by_fp["a5"].owner is None
+
+
+def test_a_run_has_its_findings_severity_and_a_warning_without_one() -> None:
+    view = rich_view()
+    severity = {e.key: e.fields["severity"] for e in entities(view)["run"]}
+    findings = {f.run: f.severity for f in view.findings if f.kind != "dataset"}
+    assert findings == {"llama": "critical", "models/llama-weights": "critical"}
+    assert severity == {**findings, "ckpt/bert": "warning"}  # bert is on durable storage: no finding
+    calm = dataclasses.replace(view, findings=tuple(dataclasses.replace(f, severity="warning") for f in view.findings))
+    assert {e.fields["severity"] for e in entities(calm)["run"]} == {"warning"}

@@ -248,10 +248,10 @@ def test_an_agents_own_mount_table_holds_no_other_tests_mount(tmp_path: Path) ->
             stack.callback(agent.wait)
             stack.callback(agent.kill)
             _wait_for_exec(agent, "sleep")  # the namespace is set up and the command runs
-            table = Path(f"/proc/{agent.pid}/mountinfo").read_text()
+            table = Path(f"/proc/{agent.pid}/mountinfo").read_text(errors="surrogateescape")  # odd names of others
             assert f" {ours.mountpoint} " in table
             assert f" {theirs.mountpoint} " not in table
-            assert Path(f"/proc/{agent.pid}/root/proc/1/mountinfo").read_text().count("\n") == 2  # "/" and ours
+            assert Path(f"/proc/{agent.pid}/root/proc/1/mountinfo").read_bytes().count(b"\n") == 2  # "/" and ours
         # the other test's filesystem is not kept alive by the agent's namespace (its loop device is gone, or held by
         # others only), while the agent still runs
         agent_ns = os.readlink(f"/proc/{agent.pid}/ns/mnt")

@@ -318,3 +318,19 @@ def test_params_and_what_needs_no_request(action: RequestCheckpointAction, tmp_p
     resolved = ActionRequest("r", "request_checkpoint", {}, entity, "info", "m", transition="resolved")
     assert action.run(resolved, 5).outcome == "skipped"
     assert not (run / REQUEST_NAME).exists()
+
+
+def test_an_alerts_rule_asks_the_run_the_alert_names(action: RequestCheckpointAction, tmp_path: Path) -> None:
+    """A rule ``on: alert`` asks in the directory of the run its labels name (``Entity.subject``); an alert naming no
+    run of this node names no directory."""
+    run = tmp_path / "run1"
+    run.mkdir()
+    subject = Entity("run", "run1", {"run": "run1"}, run_dir=str(run))
+    fields = {"alertname": "StorwatchRecoveryPointOverBudget", "entity_kind": "run", "entity_key": "run1"}
+    alert = Entity("alert", "4f1a", fields, subject=subject)
+    request = ActionRequest("on-alert", "request_checkpoint", {}, alert, "critical", "over budget")
+    result = action.run(request, timeout=10)
+    assert result.outcome == "ok" and (run / REQUEST_NAME).is_file(), result
+    alone = Entity("alert", "9e2b", {"alertname": "StorwatchRecoveryPointOverBudget"})
+    result = action.run(ActionRequest("on-alert", "request_checkpoint", {}, alone, "critical", "m"), timeout=10)
+    assert result == ActionResult("failed", "the alert names no run of this node")

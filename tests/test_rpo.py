@@ -120,7 +120,7 @@ def test_gpu_seconds_at_risk_count_the_gpus_of_the_pod_the_run_writes_into() -> 
     )
     assert (durable.gpus, durable.gpu_seconds_at_risk) == (2, 600.0)  # 300 s of work on each of 2 GPUs
     assert local.gpus == 2 and local.gpu_seconds_at_risk == math.inf  # nothing survives the node
-    assert outside.gpus == 0 and outside.gpu_seconds_at_risk is None  # not in a pod's volume: not counted
+    assert outside.gpus is None and outside.gpu_seconds_at_risk is None  # tied to no process: unknown, not 0
     runs = (pod_run("durable", pvc, Durability.CLUSTER),)
     view = View(Snapshot(NOW), Platform("generic", "test"), checkpoints=runs, recovery=(durable,))
     lines = set(render_text(checkpoints_area.families(view, ExportState())).decode().splitlines())

@@ -127,10 +127,10 @@ def test_an_empty_gpu_table_says_why(gpus: GPUFacts, line: str) -> None:
     ("roots", "line"),
     [
         pytest.param(None, "no checkpoints: the checkpoint scan has not reported yet", id="not-yet"),
-        pytest.param((), "no checkpoints: no directories to search", id="nowhere"),
+        pytest.param((), "no checkpoints: no place searched for checkpoints; name the directories", id="nowhere"),
         pytest.param(
             ("/host/ckpt", "/host/var/lib/kubelet/pods"),
-            "no checkpoints under /ckpt, /var/lib/kubelet/pods",
+            "no checkpoints under /ckpt; /var/lib/kubelet/pods.",
             id="roots-as-the-host-names-them",
         ),
     ],

@@ -166,3 +166,23 @@ def table(page: str, table_id: str) -> tuple[list[str], list[list[str]]]:
     parser.close()
     (header,) = parser.head_rows
     return header, parser.body_rows
+
+
+def test_a_gpu_strip_draws_its_runs_mount_before_others_it_writes_to() -> None:
+    """GPU 0's process writes logs on /aaa-logs (first by name) and its run's checkpoints on /scratch: the strip
+    beside the GPU draws /scratch's latency, the mount its saves wait on."""
+    from storwatch.procfs.pidio import ProcessIO
+    from storwatch.sources.access import AccessFacts, WorkloadAccess
+
+    t0 = 1_000_000.0
+    mv = on(Durability.NODE, "/scratch")
+    c = dataclasses.replace(ckpt(0.0), mtime=t0 - 10, write_start=t0 - 20, write_seconds=10.0, writer_pid=4242)
+    rv = RunView(RunState("/scratch/run", "/scratch", (c,)), "run", mv)
+    logs = WorkloadAccess(4242, 1, ProcessIO(), mounts_written=("/aaa-logs",))
+    access = AccessFacts(t0, {4242: logs})
+    feed = StallFeed()
+    for i in range(3):  # a GPU is drawn from its second reading on
+        feed.observe(stall_gpus(t0 + i, 0.9), [])
+    _, picture = feed.update(t0 + 3, [rv], [mv], stall_gpus(t0, 0.9), {}, access)
+    (gpu0,) = [g for g in picture.gpus if g.gpu == "0"]
+    assert gpu0.latency_mount == "/scratch", gpu0

@@ -1,8 +1,9 @@
 """The sync action on the real copy engine (storwatch/actions/sync_engine.py over storwatch.sync's SyncWorker, its
 helper processes and real files): sync.destinations reached below the host root, a field that would lead out refused
 with nothing written, a copy verified and counted, a copy past its pod's time stopped with nothing left at its path,
-a newer checkpoint of a run superseding an older one's copy, the action's deadline from the pod's time left, its
-rescan while it waits for the checkpoint it asked for; and the collectors' collect_soon."""
+a newer checkpoint of a run superseding an older one's copy (each end counted by its result), the action's deadline
+from the pod's time left, its rescan while it waits for the checkpoint it asked for; and the collectors'
+collect_soon."""
 
 from __future__ import annotations
 
@@ -146,6 +147,7 @@ def test_a_copy_goes_below_the_root_as_reached_verified_and_counted(
     metrics = engine.jobs.metrics()
     assert metrics.bytes_total == dest.stat().st_size and metrics.in_progress == 0
     assert list(metrics.last_success) == ["run1"]
+    assert metrics.copies == {"verified": 1, "failed": 0, "superseded": 0}
     # Asked again for the same checkpoint: nothing is copied again.
     again = action.run(_request(_run(host), transition="repeat"), 10.0)
     assert again.outcome == "skipped" and "already done" in again.detail, again
@@ -211,6 +213,7 @@ def test_a_copy_still_going_when_its_pod_is_killed_is_stopped_and_leaves_nothing
     clock.now += 9.0
     done = _done(engine, job.job_id)
     assert done.state == "failed" and "past its deadline" in done.detail, done
+    assert engine.jobs.metrics().copies == {"verified": 0, "failed": 1, "superseded": 0}
     dest_dir = host / "durable" / "train" / "trainer-0" / "scratch%2Frun1"
     wait_until(lambda: not any(dest_dir.iterdir()), timeout=WAIT, what="the copy's temporaries to go")
     # Asked again once the pod's time is up: no copy is started.
@@ -257,6 +260,8 @@ def test_a_newer_checkpoint_supersedes_the_copy_of_an_older_one(host: Path, engi
     dest_dir = host / "durable" / "train" / "trainer-0" / "scratch%2Frun1"
     assert (dest_dir / "step-200.pt").read_bytes() == newer.read_bytes()
     assert not (dest_dir / "step-100.pt").exists()
+    # The older copy's end is no failure: it gave way to the newer checkpoint.
+    assert engine.jobs.metrics().copies == {"verified": 1, "failed": 0, "superseded": 1}
 
 
 def test_waiting_for_the_checkpoint_asked_for_asks_for_a_scan(host: Path, engines: list[SyncEngine]) -> None:

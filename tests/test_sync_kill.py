@@ -3,7 +3,7 @@ source, and a restart completes and leaves no temporary.
 
 Two copies, each onto a tmpfs of its own (fast, so the kills are many; the source on another): one 2 GiB file, and a
 directory of 64 shards beside a DCP ``.metadata`` marker. A copy runs in a child process killed with SIGKILL at a
-random moment: uniform over a whole run (start-up included), in its tail (after the last byte was read: the
+random moment: at a point of its reading (it waits there until killed), in its tail (after the last byte was read: the
 read-back, the markers, the manifest, the renames), or as soon as DEST appears (between the copy's rename and its
 manifest's). After each kill the final path is checked against the source; the next run is the restart, which must
 first remove what the killed one left. A complete DEST is sometimes kept and a shard of its source rewritten, so that
@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,14 +48,19 @@ sys.path.insert(0, sys.argv[1])
 from storwatch.sync import copy_verified
 
 sixty_fourths = [0]
+hold_at = int(sys.argv[5]) if len(sys.argv) > 5 else None
 
 def progress(done, total):
-    # How far the copy has read, in 64ths: the test kills at a point of the copy, not at a time it guessed.
+    # How far the copy has read, in 64ths: the test kills at a point of the copy, not at a time it guessed. With a
+    # point to hold at, the copy's reading thread waits there (its other threads go on) until the kill comes, so the
+    # kill always finds the copy running.
     at = done * 64 // total if total else 64
     if at > sixty_fourths[0]:
         sixty_fourths[0] = at
         sys.stdout.write(f"at {at}\n")
         sys.stdout.flush()
+        if hold_at is not None and at >= hold_at:
+            sys.stdin.read()
     if done >= total:
         sys.stdout.write("read\n")
         sys.stdout.flush()
@@ -81,42 +86,58 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _spawn(src: Path, dest: Path, root: Path) -> subprocess.Popen[bytes]:
+def _spawn(src: Path, dest: Path, root: Path, hold_at: int | None = None) -> subprocess.Popen[bytes]:
+    """The copy in a child; with ``hold_at`` (in 64ths of the source read), its reading thread waits there."""
+    held = [] if hold_at is None else [str(hold_at)]
     return subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(REPO_ROOT), str(src), str(dest), str(root)],
+        [sys.executable, "-c", CHILD, str(REPO_ROOT), str(src), str(dest), str(root), *held],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
 
 
+def _lines(proc: subprocess.Popen[bytes], timeout: float) -> Iterator[bytes]:
+    """The child's lines as they come, until its end, for at most ``timeout`` seconds. Read from the pipe itself, a
+    line at a time as the child writes them: a buffered reader could hold a line the child wrote last, waiting for
+    more that never comes while the child waits to be killed."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    pending = b""
+    end = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while time.monotonic() < end:
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                yield line
+            if sel.select(timeout=0.5):
+                more = os.read(fd, 4096)
+                if not more:
+                    if pending:
+                        yield pending
+                    return
+                pending += more
+    raise TimeoutError
+
+
 def _wait_line(proc: subprocess.Popen[bytes], want: bytes, timeout: float) -> bool:
     """Read the child's lines until ``want`` (True) or its end (False)."""
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if sel.select(timeout=0.5):
-                line = proc.stdout.readline()
-                if not line:
-                    return False
-                if line.strip() == want:
-                    return True
-    raise AssertionError(f"no {want!r} from the copy within {timeout} s")
+    try:
+        return any(line.strip() == want for line in _lines(proc, timeout))
+    except TimeoutError:
+        raise AssertionError(f"no {want!r} from the copy within {timeout} s") from None
 
 
 def _wait_read(proc: subprocess.Popen[bytes], sixty_fourths: int, timeout: float) -> None:
     """Read the child's lines until it has read at least ``sixty_fourths`` 64ths of the source (or it ends)."""
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if sel.select(timeout=0.5):
-                line = proc.stdout.readline().split()
-                if not line or line[0] == b"read" or (line[0] == b"at" and int(line[1]) >= sixty_fourths):
-                    return
-    raise AssertionError(f"the copy did not read {sixty_fourths}/64 of the source within {timeout} s")
+    try:
+        for raw in _lines(proc, timeout):
+            line = raw.split()
+            if line and (line[0] == b"read" or (line[0] == b"at" and int(line[1]) >= sixty_fourths)):
+                return
+    except TimeoutError:
+        raise AssertionError(f"the copy did not read {sixty_fourths}/64 of the source within {timeout} s") from None
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> bool:
@@ -175,9 +196,10 @@ def _sigkills(
     modes = ["uniform", "tail", "at-commit"]
     for i in range(kills):
         mode = rng.choices(modes, weights)[0]
-        proc = _spawn(src, dest, root)
-        if mode == "uniform":  # anywhere in the reading and writing, by how far it has read
-            _wait_read(proc, rng.randrange(64), WAIT)
+        point = rng.randrange(1, 64)
+        proc = _spawn(src, dest, root, point if mode == "uniform" else None)
+        if mode == "uniform":  # anywhere in the reading and writing, by how far it has read (it waits there)
+            _wait_read(proc, point, WAIT)
         elif mode == "tail":
             if _wait_line(proc, b"read", WAIT):
                 time.sleep(rng.uniform(0, tail))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import random
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -198,3 +200,48 @@ def test_a_run_directory_with_a_dataset_shard_named_bin_claims_no_damage(
     assert results["step-1.safetensors"]["verdict"] == "complete"
     assert results["train.bin"]["verdict"] == "unknown"
     assert "not a checkpoint format" in results["train.bin"]["reason"]
+
+
+def _trainer_checkpoint(run: Path) -> Path:
+    """A Hugging Face Trainer directory just written (the real one is in tests/test_framework_checkpoints.py)."""
+    ckpt = run / "checkpoint-5"
+    ckpt.mkdir(parents=True)
+    write_safetensors(ckpt / "model.safetensors")
+    torch_like_zip(ckpt / "optimizer.pt")
+    (ckpt / "trainer_state.json").write_text("{}")
+    return ckpt
+
+
+def test_a_checkpoint_no_process_holds_is_judged_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The Trainer marks no end of a save; a person checking one that was just saved, which no process holds open
+    for writing, gets its verdict now, not INCOMPLETE until it has settled."""
+    ckpt = _trainer_checkpoint(tmp_path)
+    assert main(["verify", str(ckpt)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("COMPLETE") and "hf-trainer" in out, out
+
+
+def test_a_checkpoint_held_open_for_writing_is_being_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = _trainer_checkpoint(tmp_path)
+    hold = "import sys; f = open(sys.argv[1], 'ab'); print('open', flush=True); sys.stdin.read()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hold, str(ckpt / "optimizer.pt")], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        assert proc.stdout.readline() == b"open\n"
+        text = main(["verify", str(tmp_path)])
+        out = capsys.readouterr().out
+        data = main(["verify", "--json", str(ckpt)])
+        results = json.loads(capsys.readouterr().out)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert text == 3 and data == 3  # nothing damaged, nothing verified yet
+    assert out.startswith("WRITING") and "INCOMPLETE" not in out, out
+    assert f"still being written by PID {proc.pid} (python), which has {ckpt}/optimizer.pt open for writing" in out
+    assert [(r["format"], r["verdict"]) for r in results] == [("hf-trainer", "unknown")]
+    assert results[0]["reason"].startswith(f"still being written by PID {proc.pid}")
+    assert main(["verify", str(ckpt)]) == 0  # closed: complete at once

@@ -55,6 +55,15 @@ class Entity:
     """Who it belongs to, as the kernel and the cluster say (never a name a tenant wrote): ``namespace:NS`` for the
     Kubernetes namespace of its pod, else ``uid:N`` (its directory's owner, or its Slurm job's user); None for what
     is the node's (a mount, a GPU). Each owner has its own budget of each action (storwatch.actions.runner)."""
+    subject: Entity | None = None
+    """For an alert: the run, mount or GPU of this node its labels name (``run``, else ``mountpoint``, else ``uuid``
+    or ``gpu``), as of the same View; None when they name none here. The actions act on it (:func:`acted_on`)."""
+
+
+def acted_on(entity: Entity) -> Entity:
+    """What an action acts on: the entity an alert's labels name, where they name one of this node; else the entity
+    itself (an alert naming nothing here stays the alert, and an action that needs a run says so)."""
+    return entity.subject if entity.kind == "alert" and entity.subject is not None else entity
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,9 @@ class ActionRequest:
     within it, however often the same request is submitted."""
     deferred: bool = False
     """Asked again after the runner refused it for its rate (it was counted then, and is not again while refused)."""
+    revision: str = ""
+    """What the rule's ``repeat_on`` fields held when it was asked (empty without them): a request for a newer value
+    is not the same request, whatever the cooldown (storwatch.actions.runner's idempotency)."""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from storwatch.actions._request_worker import OP, command
-from storwatch.actions.base import ActionRequest, ActionResult, Entity
+from storwatch.actions.base import ActionRequest, ActionResult, Entity, acted_on
 from storwatch.actions.params import Params
 from storwatch.blocking import BlockingCalls
 from storwatch.paths import HostPaths
@@ -134,7 +134,9 @@ class RequestCheckpointAction:
             return ActionResult("failed", "; ".join(errors))
         if request.transition == "resolved":
             return ActionResult("skipped", "a resolved rule asks for no checkpoint")
-        entity = request.entity
+        entity = acted_on(request.entity)  # an alert's: the run its labels name
+        if entity.kind == "alert":
+            return ActionResult("failed", "the alert names no run of this node")
         if entity.run_dir is None:
             return ActionResult("failed", f"a {entity.kind} entity names no run directory to ask in")
         placed, mode = self._place(entity.run_dir, entity.run_root, request_text(request), min(timeout, FILE_SECONDS))

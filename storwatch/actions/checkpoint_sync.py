@@ -15,6 +15,8 @@ and a later request for the same checkpoint tightens the deadline of the copy al
 waits for the checkpoint it asked for, it asks the checkpoint source for a scan now (``rescan``), so that a
 checkpoint written in answer is seen within the rule's cooldown rather than at the next scan interval.
 
+An alert's rule copies the run the alert names (its ``run`` label: ``Entity.subject``), as a run's rule would.
+
 Params: ``destination`` (one of ``sync.destinations``; default the first), ``template`` (default ``sync.template``),
 ``wait_for_requested_seconds`` (default 0: after this agent asked the run for a checkpoint, how long to wait for one
 newer than the request before copying the newest there is), ``reserve_seconds`` (default 10: stop waiting once the
@@ -28,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from storwatch.actions.base import ActionRequest, ActionResult, Entity
+from storwatch.actions.base import ActionRequest, ActionResult, Entity, acted_on
 from storwatch.actions.checkpoint_request import AskedRuns
 from storwatch.actions.params import Params
 from storwatch.actions.sync_jobs import SyncJobs
@@ -177,11 +179,19 @@ class SyncAction:
             return ActionResult("failed", "; ".join(errors))
         if request.transition == "resolved":
             return ActionResult("skipped", "a resolved rule asks for no copy")
-        entity = request.entity
+        entity = acted_on(request.entity)
         if self.resolver is None or self.jobs is None or not self.resolver.roots:
             return ActionResult("skipped", "no durable root to copy to: sync.destinations is empty")
-        if entity.kind != "run" or entity.checkpoint_path is None or entity.checkpoint_mtime is None:
-            return ActionResult("skipped", f"the {entity.kind} has no complete checkpoint to copy")
+        if entity.kind == "alert":
+            return ActionResult(
+                "skipped", "the alert names no run of this node (its run label, if any, is no run the agent sees)"
+            )
+        if entity.kind != "run":
+            return ActionResult(
+                "skipped", f"{entity.kind} {printable(entity.key)} is not a run: sync copies a run's newest checkpoint"
+            )
+        if entity.checkpoint_path is None or entity.checkpoint_mtime is None:
+            return ActionResult("skipped", f"run {printable(entity.key)} has no complete checkpoint to copy")
         if entity.fields.get("ephemeral") is not True:
             return ActionResult("skipped", "its checkpoints are not only on storage lost with the node")
         source, mtime = entity.checkpoint_path, entity.checkpoint_mtime

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from storwatch.actions.base import ActionRequest, ActionResult, Entity
+from storwatch.actions.base import ActionRequest, ActionResult, Entity, acted_on
 from storwatch.actions.kube_events import KubeEvents
 from storwatch.actions.params import Params
 
@@ -95,7 +95,7 @@ class EventAction:
         if resolved:
             reason = reason[: MAX_REASON - len("Resolved")] + "Resolved"
         event_type = params.event_type or ("Normal" if resolved or request.severity == "info" else "Warning")
-        target = None if params.about == "node" else pod_of(request.entity)
+        target = None if params.about == "node" else pod_of(acted_on(request.entity))  # an alert's: its run's
         if isinstance(target, str):
             return ActionResult("failed", target)
         message = request.message[:MAX_MESSAGE]

@@ -5,17 +5,17 @@ an action that says where a request goes (``lane(params)``: a webhook's receiver
 nor the webhooks to other receivers.
 
 At submission a request is dropped, and counted, when the same (rule, action, params, entity kind and key,
-transition) was accepted within the rule's cooldown (``skipped``: idempotent however often it is submitted), or when
-its lane's queue is full (``skipped``). It is refused for its rate (``rate_limited``) when any of its budgets is
-empty: its action's token bucket, its rule's for that action, and its entity's owner's for that action (the
-Kubernetes namespace or the uid a run belongs to: ``Entity.owner``), so that neither one rule nor one tenant's
-entities use up what the others need; a token is taken from all three or from none. A request refused for its rate
-is not dropped: :meth:`ActionRunner.take_refused` hands it back to the engine, which asks again, View after View,
-while its rule still fires (storwatch.policy.engine), until tokens return; a request asked again so
-(``deferred``) and refused again is not counted again. A dry run is logged and counted (``dry_run``) and does
-nothing. Every outcome is counted by (rule, action, outcome), for ``storwatch_policy_actions_total``, and the last
-results are kept for /status. A request that failed is forgotten by the idempotency check, so the next submission
-tries again.
+transition, and the values of the rule's ``repeat_on`` fields) was accepted within the rule's cooldown (``skipped``:
+idempotent however often it is submitted), or when its lane's queue is full (``skipped``). It is refused for its
+rate (``rate_limited``) when any of its budgets is empty: its action's token bucket, its rule's for that action, and
+its entity's owner's for that action (the Kubernetes namespace or the uid a run belongs to: ``Entity.owner``), so
+that neither one rule nor one tenant's entities use up what the others need; a token is taken from all three or from
+none. A request refused for its rate is not dropped: :meth:`ActionRunner.take_refused` hands it back to the engine,
+which asks again, View after View, while its rule still fires (storwatch.policy.engine), until tokens return; a
+request asked again so (``deferred``) and refused again is not counted again. A dry run is logged and counted
+(``dry_run``) and does nothing. Every outcome is counted by (rule, action, outcome), for
+``storwatch_policy_actions_total``, and the last results are kept for /status. A request that failed is forgotten by
+the idempotency check, so the next submission tries again.
 """
 
 from __future__ import annotations
@@ -105,11 +105,11 @@ class ActionRecord:
 
 def idempotency_key(request: ActionRequest) -> tuple[str, ...]:
     """What makes two requests the same: rule, action, its params (two webhooks of one rule are two actions),
-    entity and transition."""
+    entity, transition, and what the rule's ``repeat_on`` fields held (a newer checkpoint is a new request)."""
     params = json.dumps(request.params, sort_keys=True, default=repr)
     digest = hashlib.sha256(params.encode()).hexdigest()[:16]
     entity = request.entity
-    return (request.rule, request.action, digest, entity.kind, entity.key, request.transition)
+    return (request.rule, request.action, digest, entity.kind, entity.key, request.transition, request.revision)
 
 
 class _Lane:

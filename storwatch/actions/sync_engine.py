@@ -171,10 +171,12 @@ class SyncEngine:
         paths: HostPaths,
         clock: Callable[[], float],
         command: Sequence[str] | None = None,
+        copied: Callable[[object], object] = lambda job: None,
     ) -> None:
-        """``command``: how a copy's helper process starts (tests; default ``storwatch.sync.helper_command()``)."""
+        """``command``: how a copy's helper process starts (tests; default ``storwatch.sync.helper_command()``);
+        ``copied``: told of each copy that ended verified."""
         self.resolver = EngineResolver(section, paths)
-        self.jobs = SyncJobs(lambda: EngineWorker(self.resolver, command), observed, clock)
+        self.jobs = SyncJobs(lambda: EngineWorker(self.resolver, command), observed, clock, copied)
 
     def configure(self, section: SyncConfig) -> None:
         self.resolver.configure(section)

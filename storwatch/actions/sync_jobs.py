@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 from storwatch.analysis.checkpoints import MAX_RUNS
-from storwatch.exporter.area import SyncMetrics
+from storwatch.exporter.area import SYNC_COPY_RESULTS, SyncMetrics
 
 JobState = Literal["queued", "copying", "done", "failed"]
 HISTORY = 100
@@ -96,8 +96,17 @@ Reader = Callable[[object], Mapping[int, Observed]]
 class SyncJobs:
     """The copies started by the ``sync`` action, over one copy worker (made on first use)."""
 
-    def __init__(self, make_worker: Callable[[], Worker], read: Reader, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        make_worker: Callable[[], Worker],
+        read: Reader,
+        clock: Callable[[], float],
+        copied: Callable[[SyncJob], object] = lambda job: None,
+    ) -> None:
+        """``copied``: told of each copy that ended verified (the agent has the durable copies looked at again, so
+        the run it protects is seen safe without waiting for the next walk)."""
         self._make_worker = make_worker
+        self._copied = copied
         self._read = read
         self.clock = clock
         self._worker: Worker | None = None
@@ -111,6 +120,10 @@ class SyncJobs:
         self._stopped: dict[int, str] = {}
         """Why this module stopped a job (its deadline, a newer checkpoint), until the worker says it ended: the
         worker's word on a stopped copy says only that it stopped."""
+        self._superseded: set[int] = set()
+        """Which of those were stopped for a newer checkpoint of their run (an end that is no failure), until they
+        end."""
+        self._ended = dict.fromkeys(SYNC_COPY_RESULTS, 0)
 
     @property
     def worker(self) -> Worker:
@@ -153,7 +166,7 @@ class SyncJobs:
                 if j.run == run and j.state in ("queued", "copying") and j.checkpoint_mtime < mtime
             ]
         for job in older:
-            self._stop(self.worker, job.job_id, f"superseded by the run's newer checkpoint {source}")
+            self._stop(self.worker, job.job_id, f"superseded by the run's newer checkpoint {source}", superseded=True)
         job_id = self.worker.submit(
             source,
             destination,
@@ -169,8 +182,10 @@ class SyncJobs:
             self._trim()
         return job
 
-    def _stop(self, worker: Worker, job_id: int, why: str) -> None:
+    def _stop(self, worker: Worker, job_id: int, why: str, superseded: bool = False) -> None:
         with self._lock:
+            if job_id not in self._stopped and superseded:
+                self._superseded.add(job_id)
             self._stopped.setdefault(job_id, why)
         worker.cancel(job_id, why)
 
@@ -197,6 +212,7 @@ class SyncJobs:
         for job in late:
             self._stop(worker, job.job_id, "past its deadline (sync.deadline_seconds, or its pod's time left)")
         observed = self._read(worker.status())
+        done: list[SyncJob] = []
         with self._lock:
             for job_id, job in list(self._jobs.items()):
                 seen = observed.get(job_id)
@@ -212,15 +228,23 @@ class SyncJobs:
                 )
                 if now.state in ("done", "failed"):
                     why = self._stopped.pop(job_id, None)
+                    superseded = job_id in self._superseded
+                    self._superseded.discard(job_id)
                     if now.state == "failed" and why is not None:
                         now = replace(now, detail=f"{why}: {seen.detail}")
                     if now.finished_at is None:
                         now = replace(now, finished_at=self.clock())
+                    if now.state == "failed":
+                        self._ended["superseded" if superseded else "failed"] += 1
                 self._jobs[job_id] = now
                 if now.state == "done":
                     self._succeeded(now)
+                    done.append(now)
+        for job in done:
+            self._copied(job)
 
     def _succeeded(self, job: SyncJob) -> None:
+        self._ended["verified"] += 1
         self._bytes_total += job.bytes
         self._last_success.pop(job.run, None)
         self._last_success[job.run] = job.finished_at or self.clock()
@@ -264,6 +288,7 @@ class SyncJobs:
                 last_success=dict(self._last_success),
                 duration_buckets=tuple(cumulative),
                 duration_sum=self._duration_sum,
+                copies=dict(self._ended),
             )
 
     def close(self) -> None:

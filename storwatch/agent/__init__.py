@@ -141,13 +141,18 @@ class Agent:
         self._view_kube: tuple[object, object] | None = None
         """The Kubernetes objects (pods and the rest, this Node) the last View was made with."""
         self._was_quiet = False
-        context = SourceContext(config.host_paths(), clock, self.latest, self.subscribe, self.pace)
+        context = SourceContext(
+            config.host_paths(), clock, self.latest, self.subscribe, self.pace, classifier=lambda: self.classifier
+        )
         states = Collectors.made(lambda spec: spec.section_of(config), context) if sources is None else []
         self._collectors = Collectors(
             states if sources is None else [given(s) for s in sources], context, clock, self._stop, self._reported
         )
         self._threads: list[threading.Thread] = []
-        self.sync = SyncEngine(config.sync, config.host_paths(), clock)
+        # A verified copy makes its run safe: the durable copies are looked at again at once (sources/copies.py).
+        self.sync = SyncEngine(
+            config.sync, config.host_paths(), clock, copied=lambda job: self._collectors.collect_soon("copies")
+        )
         """The sync action's copies: the allowlisted roots and the copy worker (started by the first copy)."""
         self.policy = self._policy_worker(config)
         self.exporter.state.policy = self.policy.metrics

@@ -4,15 +4,16 @@ the View's entities (with the alerts Alertmanager posted), evaluates the rules o
 they ask for to the runner, which runs each off this thread too. A View that comes while an evaluation runs replaces
 the one waiting: the worker always judges the newest, and never slows the tick or a scrape.
 
-The policy is the shipped default set (``policies/default.yaml``, unless ``policy.default_set`` is false) followed by
-``policy.files`` in order. A policy that cannot be loaded at start leaves the agent running with no rules, the errors
+The policy is the shipped default set (``storwatch/policies/default.yaml``, package data: found the same way from a
+wheel, an editable install and the image; unless ``policy.default_set`` is false) followed by ``policy.files`` in
+order. A policy that cannot be loaded at start leaves the agent running with no rules, the errors
 logged and ``storwatch_policy_last_reload_success`` 0; on a reload the last good policy stays in force.
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -34,8 +35,9 @@ from storwatch.printable import Lines, printable
 
 log = logging.getLogger(__name__)
 
-SHIPPED_DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "policies", "default.yaml")
-"""The default set as the source tree and the container image hold it (beside the package)."""
+SHIPPED_DEFAULT = str(importlib.resources.files("storwatch") / "policies" / "default.yaml")
+"""The default set, package data of ``storwatch`` (pyproject.toml's package-data): a file in the installed package, as
+every installation this agent supports unpacks it (a wheel, an editable install, the image)."""
 
 
 def _at_risk(request: ActionRequest) -> float:

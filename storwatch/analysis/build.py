@@ -14,6 +14,8 @@ from storwatch.config import FindingsConfig
 from storwatch.paths import HostPaths
 from storwatch.snapshot import Snapshot
 from storwatch.sources.access import ACCESS
+from storwatch.sources.copies import COPIES
+from storwatch.sources.fileevents import FILE_EVENTS
 from storwatch.vocabulary import Mount, Platform, Verdict
 
 
@@ -60,7 +62,8 @@ def build_view(
         MountView(m, verdict, mount_io(m, snapshot, windows)) for m, verdict in zip(snapshot.mounts, found, strict=True)
     )
     paths = paths or HostPaths()
-    runs = run_views(snapshot.checkpoints, mounts, paths, snapshot.get(ACCESS))
+    copies = snapshot.get(COPIES)
+    runs = run_views(snapshot.checkpoints, mounts, paths, snapshot.get(ACCESS), copies, snapshot.get(FILE_EVENTS))
     locate = mount_locator(mounts, paths)
     facts = snapshot.checkpoints
     pods = process_pods(snapshot.containers, snapshot.kube)
@@ -76,6 +79,7 @@ def build_view(
             [(d, locate(d.path), host_path(paths, d.path)) for d in (facts.datasets if facts is not None else ())],
             findings,
             snapshot.kube is not None and snapshot.kube.draining,
+            () if copies is None else tuple(host_path(paths, r) for r in copies.roots),
         ),
     )
     return View(

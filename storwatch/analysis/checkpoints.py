@@ -10,16 +10,26 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from storwatch.analysis.copies import copy_dests, join_copies, without_copies
 from storwatch.analysis.recovery import RunRecovery
 from storwatch.analysis.view import LeftOut, MountView, RunView
-from storwatch.analysis.writes import run_writes, timed_by_open_files
-from storwatch.checkpoints.record import RunId
+from storwatch.analysis.writes import (
+    EventSave,
+    burst_writers,
+    event_saves,
+    run_writes,
+    timed_by_file_events,
+    timed_by_open_files,
+)
+from storwatch.checkpoints.record import Checkpoint, RunId
 from storwatch.paths import HostPaths
 from storwatch.vocabulary import Finding
 
 if TYPE_CHECKING:
     from storwatch.sources.access import AccessFacts
     from storwatch.sources.checkpoints import CheckpointFacts, RunState
+    from storwatch.sources.copies import CopiesFacts
+    from storwatch.sources.fileevents import FileEventFacts
 
 MAX_RUNS = 100
 """Runs with series and rows of their own (keep_runs): the run label stays bounded whatever the node holds. The sums
@@ -75,9 +85,13 @@ def run_views(
     mounts: tuple[MountView, ...],
     paths: HostPaths,
     access: AccessFacts | None = None,
+    copies: CopiesFacts | None = None,
+    events: FileEventFacts | None = None,
 ) -> tuple[RunView, ...]:
     """Every run the scan holds with its mount, newest first (unbounded: keep_runs bounds what gets series), with
-    what the GPU processes' open files say of its writes (analysis/writes.py)."""
+    each save's span from the kernel's file events, else from what the GPU processes' open files say
+    (analysis/writes.py), and its durable copies (analysis/copies.py); a run made only of verified copies of ours is
+    no run of its own. A checkpoint a file of which is still open for writing is not yet one to restore from."""
     if facts is None or not facts.runs:
         return ()
     mount_of = mount_locator(mounts, paths)
@@ -85,26 +99,50 @@ def run_views(
     runs = sorted(facts.runs, key=lambda r: max((c.mtime for c in r.checkpoints), default=0.0), reverse=True)
     labels = run_labels(facts.runs)
     writes = run_writes(access, (r.id for r in runs), paths)
+    spans = events.spans if events is not None else ()
     out = []
     for r in runs:
+        saves = event_saves(r.path, spans) if spans else ()
+        checkpoints = tuple(_judged(c, saves) for c in r.checkpoints) if saves else r.checkpoints
         w = writes.get(r.id)
         if w is not None:
-            timed = tuple(timed_by_open_files(c, w.files) for c in r.checkpoints)
-            run = dataclasses.replace(r, checkpoints=timed)
-            out.append(
-                RunView(
-                    run,
-                    labels[r.id],
-                    mount_of(r.path),
-                    host_path(paths, r.path),
-                    w.writers,
-                    w.open_since,
-                    w.writers_seen,
-                )
+            checkpoints = tuple(timed_by_open_files(c, w.files) for c in checkpoints)
+        open_since = min((s.start for s in saves if s.end is None and s.start is not None), default=None)
+        if w is not None and w.open_since is not None:
+            open_since = w.open_since if open_since is None else min(open_since, w.open_since)
+        run = dataclasses.replace(r, checkpoints=checkpoints) if checkpoints is not r.checkpoints else r
+        writers = w.writers if w is not None else ()
+        if not writers and saves:  # each save too quick to be seen open: the write counters' bursts say who
+            writers = burst_writers(run, saves, access)
+        out.append(
+            RunView(
+                run,
+                labels[r.id],
+                mount_of(r.path),
+                host_path(paths, r.path),
+                writers,
+                open_since,
+                writers_seen=w.writers_seen if w is not None else (),
+                saves=saves,
             )
-        else:
-            out.append(RunView(r, labels[r.id], mount_of(r.path), host_path(paths, r.path)))
-    return tuple(out)
+        )
+    found = copies.copies if copies is not None else ()
+    if found:
+        out = without_copies(out, copy_dests(found, paths))
+    return tuple(join_copies(out, found, paths))
+
+
+def _judged(c: Checkpoint, saves: tuple[EventSave, ...]) -> Checkpoint:
+    """A checkpoint timed by its file events; one the scan judged complete while a file of it is still open for
+    writing (written out, but not yet flushed and closed) is still being written."""
+    timed, writing = timed_by_file_events(c, saves)
+    if writing and timed.verdict == "complete":
+        return dataclasses.replace(
+            timed,
+            verdict="incomplete",
+            reason="being written: a file of it is still open for writing (its writer has not closed it yet)",
+        )
+    return timed
 
 
 @dataclass(frozen=True)

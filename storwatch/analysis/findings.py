@@ -25,36 +25,27 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from storwatch import words
 from storwatch.analysis.recovery import checkpoint_age_seconds
 from storwatch.analysis.view import MountView, RunView
 from storwatch.config import FindingsConfig
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 from storwatch.vocabulary import Finding, Severity
+from storwatch.words import span
 
 if TYPE_CHECKING:
     from storwatch.checkpoints.scan import DatasetDir
-
-
-def _span(seconds: float) -> str:
-    """A length of time in words."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172_800:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} d"
 
 
 def _age(seconds: float | None) -> str:
     """An age in words, with "old"; a time in the future is said to be so (its age is unknown)."""
     if seconds is None:
         return "dated in the future (age unknown)"
-    return f"{_span(seconds)} old"
+    return f"{span(seconds)} old"
 
 
 def severity(
@@ -65,7 +56,7 @@ def severity(
     bound where ``at_least``) is past ``rules.rpo_budget_seconds``; a warning otherwise, an unknown span included
     (a date in the future is past no budget). ``draining``: whatever the caller knows of the node being drained."""
     budget = rules.rpo_budget_seconds
-    words = f"the {_span(budget)} recovery-point budget (findings.rpo_budget_seconds)"
+    words = f"the {span(budget)} recovery-point budget (findings.rpo_budget_seconds)"
     if draining and rules.critical_while_draining:
         return "critical", "the node is draining, and its storage goes with it"
     if exposed_seconds is None:
@@ -75,7 +66,7 @@ def severity(
             "no span of training is known to be only on this node (no durable copy, and its checkpoints here were "
             f"written at one time: how long it trained before them is unknown); within {words}"
         )
-    held = ("at least " if at_least else "") + _span(exposed_seconds)
+    held = ("at least " if at_least else "") + span(exposed_seconds)
     if exposed_seconds > budget:
         return "critical", f"{held} of training only on this node, past {words}"
     return "warning", f"{held} of training only on this node, within {words}"
@@ -86,9 +77,8 @@ class _Dated:
     mtime: float
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
-
+COVERED_SLACK_SECONDS = 0.001
+"""A checkpoint whose newest change is no later than this after the save a copy protects is that save."""
 
 MODEL_FORMATS = frozenset({"safetensors", "safetensors-sharded", "gguf"})
 """Formats in which model weights are published and downloaded (not training state)."""
@@ -171,7 +161,7 @@ def dataset_findings(
         where = mv.mount.mountpoint
         move_to = durable_place(_pod_of(d.path))
         sentence = (
-            f"{d.files} dataset shard{'s' if d.files != 1 else ''}, {_gib(d.bytes)}, in {where_label}, only on "
+            f"{d.files} dataset shard{'s' if d.files != 1 else ''}, {words.size(d.bytes)}, in {where_label}, only on "
             f"{mv.verdict.durability.value} storage {where}"
             + (
                 f"; keep the source copy on {move_to}"
@@ -208,54 +198,64 @@ def find(
     datasets: Iterable[tuple[DatasetDir, MountView | None, str]] = (),
     rules: FindingsConfig | None = None,
     draining: bool = False,
+    destinations: Sequence[str] = (),
 ) -> tuple[Finding, ...]:
     """The findings of the View's checkpoint runs and dataset directories at ``now``, most severe first, then by
-    bytes. ``rules``: the severity settings (the defaults where None); ``draining``: the node is being drained."""
+    bytes. ``rules``: the severity settings (the defaults where None); ``draining``: the node is being drained;
+    ``destinations``: the durable roots copies go to (sync.destinations, as the host names them), the first the
+    place a run's checkpoints are told to go before any durable mount."""
     rules = rules or FindingsConfig()
     runs, mounts = tuple(runs), tuple(mounts)
-    durable_newest: dict[str, _Dated] = {}
-    for rv in runs:
-        newest = rv.run.newest_complete
-        if newest is not None and rv.mount is not None and not rv.mount.verdict.durability.ephemeral:
-            known = durable_newest.get(rv.id.below_root)
-            if known is None or newest.mtime > known.mtime:
-                durable_newest[rv.id.below_root] = _Dated(newest.mtime)
     out: list[Finding] = []
-    durable_place = _durable_places(mounts)
+    places = _durable_places(mounts)
+
+    def durable_place(pod_uid: str | None) -> str | None:
+        return destinations[0] if destinations else places(pod_uid)
+
     for rv in runs:
         mv = rv.mount
-        complete = rv.run.complete
-        if mv is None or not complete or not mv.verdict.durability.ephemeral:
+        if mv is None or not rv.run.complete or not mv.verdict.durability.ephemeral:
+            continue
+        copy = rv.newest_copy  # the newest save with a durable copy: what protects the run
+        # What is only on this node: the complete checkpoints newer than the save its newest durable copy protects.
+        # None left: the run is covered, and no finding (what protects it is on /status and in /api/status).
+        complete = [c for c in rv.run.complete if copy is None or c.mtime > copy.covers + COVERED_SLACK_SECONDS]
+        if not complete:
             continue
         size = sum(c.size_bytes for c in complete)
         newest = max(complete, key=lambda c: c.mtime)
         newest_age = checkpoint_age_seconds(newest, now)
-        durable = durable_newest.get(rv.id.below_root)  # a copy: the same path below another root
-        durable_age = None if durable is None else checkpoint_age_seconds(durable, now)
+        durable_age = None if copy is None else checkpoint_age_seconds(_Dated(copy.covers), now)
         pod_uid = _pod_of(rv.run.path)
         move_to = durable_place(pod_uid)
         # The training only this node holds. A date in the future (newest here, or the copy) makes it unknown: it
         # counts neither as fresh nor as stale. Without a durable copy the run's work before its oldest checkpoint
         # here is unknown, so the span of those here is a lower bound.
         exposed: float | None
-        if newest_age is None or (durable is not None and durable_age is None):
+        if newest_age is None or (copy is not None and durable_age is None):
             exposed = None
-        elif durable is not None:
-            exposed = max(0.0, newest.mtime - durable.mtime)
+        elif copy is not None:
+            exposed = max(0.0, newest.mtime - copy.covers)
         else:
             exposed = max(0.0, newest.mtime - min(c.mtime for c in complete))
-        level, why = severity(exposed, durable is None, draining, rules)
+        level, why = severity(exposed, copy is None, draining, rules)
         where = mv.mount.mountpoint
         kind = kind_of((c.format, os.path.basename(c.path)) for c in complete)
         noun = "model file" if kind == "model" else "checkpoint"
+        count = f"{len(complete)} {noun}{'s' if len(complete) != 1 else ''}"
+        if copy is None:
+            copied = "no durable copy"
+        else:
+            by = "storwatch's verified copy" if copy.how == "verified" else "a copy at the same path"
+            copied = f"newest durable copy {_age(durable_age)} ({copy.checkpoint}: {by} at {copy.where})"
         sentence = (
-            f"{rv.label} ({rv.directory}): {len(complete)} {noun}{'s' if len(complete) != 1 else ''}, "
-            f"{_gib(size)}, newest {_age(newest_age)}, only on {mv.verdict.durability.value} storage {where}; "
-            + ("no durable copy" if durable is None else f"newest durable copy {_age(durable_age)}")
+            f"{rv.label} ({rv.directory}): {count}, {words.size(size)}, newest {_age(newest_age)}, only on "
+            f"{mv.verdict.durability.value} storage {where}; {copied}; "
             + (
-                "; copy them to " + move_to
+                f"copy them to {move_to}"
                 if move_to
-                else "; no durable destination known: this node has no cluster or region storage to copy to"
+                else "no durable destination known: set sync.destinations (or checkpoints.roots on durable storage), "
+                "as this node has no cluster or region storage mounted"
             )
         )
         key = os.fsencode(f"checkpoint\0{where}\0{rv.run.path}")  # the id stays what it was before kinds
@@ -276,7 +276,7 @@ def find(
                 move_to=move_to,
                 sentence=sentence,
                 exposed_seconds=exposed,
-                exposed_at_least=durable is None,
+                exposed_at_least=copy is None,
                 severity_reason=why,
             )
         )

@@ -85,8 +85,9 @@ class RunRecovery:
     headroom_bytes: int | None = None
     """Space left on the run's mount once its next checkpoint is written: available bytes less HEADROOM_MARGIN times
     the newest complete checkpoint's size (negative: it will not fit). None without both."""
-    gpus: int = 0
-    """GPUs on this node held by the pod the run writes into (its checkpoints are on one of the pod's volumes)."""
+    gpus: int | None = 0
+    """GPUs on this node held by the pod the run writes into (its checkpoints are on one of the pod's volumes), or by
+    the processes the kernel shows writing it; None when nothing ties the run to a process: unknown, never 0."""
     workload: str | None = None
     """Who writes the run: its pod (``namespace/name`` or ``pod:<uid>``), Slurm job (``job:<id>``) or process
     (``pid:<pid>``); None when nothing says (analysis.pods.workload_name)."""
@@ -101,6 +102,6 @@ class RunRecovery:
     @property
     def gpu_seconds_at_risk(self) -> float | None:
         """GPU time lost if this node died now: the recovery point times the run's GPUs here (None without any GPU,
-        or while the recovery point is unknown)."""
+        while its GPUs are unknown, or while the recovery point is unknown)."""
         point = self.recovery_point_seconds
         return point * self.gpus if self.gpus and point is not None else None

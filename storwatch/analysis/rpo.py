@@ -4,8 +4,9 @@ checkpoint given what a checkpoint costs here.
 Pure arithmetic on the View's checkpoint runs and a time (the View's), so every consumer gets the same figures:
 
 - the **recovery point** is the age of the run's newest complete checkpoint on storage that survives losing this
-  node (``cluster`` or ``region``); a run with none there has an unbounded one (``inf``): losing the node loses all of
-  its work, whatever sits on node-local disks;
+  node (``cluster`` or ``region``): the run's own, or, for a run on node-local storage, the newest save one of its
+  durable copies protects (analysis/copies.py); a run with neither has an unbounded one (``inf``): losing the node
+  loses all of its work, whatever sits on node-local disks;
 - the **write cost** is how long the newest timed complete checkpoint took to write (its first file to its last);
 - the **overhead** is that cost over the run's current interval: the share of time spent checkpointing;
 - the **recommended interval** is Young's first-order optimum, sqrt(2 C M), with Daly's higher-order correction
@@ -27,9 +28,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from storwatch.analysis.pods import ProcessPod, workload_name
-from storwatch.analysis.recovery import RunRecovery, future_dated_reason, recovery_point_seconds
+from storwatch.analysis.recovery import (
+    RunRecovery,
+    checkpoint_age_seconds,
+    future_dated_reason,
+    recovery_point_seconds,
+)
 from storwatch.analysis.view import RunView
 from storwatch.procfs.cgroup import SlurmJob
 from storwatch.sources.gpu.facts import GPUFacts
@@ -38,6 +45,11 @@ from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 DEFAULT_MTBF_SECONDS = 86_400.0
 """A day: the order of the interruptions seen by large training jobs (thousands of GPUs fail every few hours; a job
 on a few nodes, every week or so). Set ``checkpoints.mtbf_seconds`` for the jobs a cluster runs."""
+
+
+@dataclass(frozen=True)
+class _Dated:
+    mtime: float
 
 
 def young_interval(cost_seconds: float, mtbf_seconds: float) -> float:
@@ -83,19 +95,20 @@ class GpuHolders:
                 if pod is not None and pod.pod_uid is not None:
                     self.by_pod.setdefault(pod.pod_uid, set()).add(index)
 
-    def of_run(self, rv: RunView) -> frozenset[str]:
+    def of_run(self, rv: RunView) -> frozenset[str] | None:
         """The GPUs whose work writes the run: those with a process of the pod whose volume holds the run (on
         Kubernetes: the run's path is under that pod's kubelet volume directory), or, for a run outside any pod's
         volume, those with the process its event log names as the writer, or the writer of a save in progress (its
         temporary's name carries it; off Kubernetes PIDs are the host's), or seen with its checkpoint files open for
-        writing (analysis/writes.py)."""
+        writing (analysis/writes.py). None when nothing ties the run to any process: its GPUs are unknown (never
+        taken for none)."""
         where = parse_kubelet_volume_path(rv.run.path)
         if where is not None:
             return frozenset(self.by_pod.get(where.pod_uid, ()))
-        if not self.by_pid:
-            return frozenset()
         writers = {c.writer_pid for c in rv.run.checkpoints if c.writer_pid is not None}
         writers |= set(rv.run.writing_pids) | set(rv.writers)
+        if not writers:
+            return None
         return frozenset(g for pid in writers for g in self.by_pid.get(pid, ()))
 
 
@@ -130,7 +143,7 @@ def run_recovery(
     rv: RunView,
     now: float,
     mtbf_seconds: float = DEFAULT_MTBF_SECONDS,
-    gpus: int = 0,
+    gpus: int | None = 0,
     workload: str | None = None,
     rates: Mapping[str, float] | None = None,
 ) -> RunRecovery:
@@ -140,8 +153,15 @@ def run_recovery(
     newest = run.newest_complete
     unknown = future_dated_reason(newest, now) if newest is not None else None
     point: float | None = math.inf
+    copy = rv.newest_copy
     if durable and newest is not None:
         point = newest_age  # None while the newest is dated in the future
+    elif copy is not None:
+        point = checkpoint_age_seconds(_Dated(copy.covers), now)
+        if point is None:
+            unknown = (
+                "its newest durable copy is of a save dated in the future (a clock stepped, or a date set by hand)"
+            )
     timed = next((c for c in reversed(run.complete) if c.write_seconds is not None), None)
     cost = timed.write_seconds if timed is not None else None
     interval = run.interval_seconds
@@ -178,6 +198,9 @@ def recoveries(
     rates = tier_rates(runs)
     pods, jobs = pods or {}, jobs or {}
     holders = GpuHolders(gpus, pods)
-    return tuple(
-        run_recovery(rv, now, mtbf_seconds, len(holders.of_run(rv)), run_workload(rv, pods, jobs), rates) for rv in runs
-    )
+    out = []
+    for rv in runs:
+        held = holders.of_run(rv)
+        count = None if held is None else len(held)
+        out.append(run_recovery(rv, now, mtbf_seconds, count, run_workload(rv, pods, jobs), rates))
+    return tuple(out)

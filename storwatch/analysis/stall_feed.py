@@ -57,10 +57,22 @@ def write_spans(rv: RunView, gpus: frozenset[str], since: float) -> tuple[list[W
     if rv.mount is None or not gpus:
         return [], []
     mp = rv.mount.mount.mountpoint
+    # The saves the kernel's file events show are known as soon as they end, before the scan has seen what they
+    # wrote; the checkpoints' own spans come after them, one write per checkpoint (the same key), so an event log's
+    # exact span replaces what the events said of the same save.
     done = [
+        WriteSpan(rv.label, mp, s.start, s.end, gpus, s.checkpoint)
+        for s in rv.saves
+        if s.start is not None and s.end is not None and s.end >= since
+    ]
+    evented = {s.checkpoint for s in rv.saves if s.start is not None and s.end is not None}
+    done += [
         WriteSpan(rv.label, mp, c.write_start, c.write_start + c.write_seconds, gpus, c.path)
         for c in rv.run.checkpoints
-        if c.write_start is not None and c.write_seconds is not None and c.write_start + c.write_seconds >= since
+        if c.write_start is not None
+        and c.write_seconds is not None
+        and c.write_start + c.write_seconds >= since
+        and not (c.write_timed_by == "file_events" and c.path in evented)
     ]
     writing = []
     if rv.open_writes_since is not None:  # its checkpoint files open for writing (analysis/writes.py)
@@ -170,14 +182,17 @@ class StallFeed:
         with self._lock:
             since = self.tracker.settled_before() - self.tracker.params.settle_seconds
         holders = GpuHolders(gpus, pods)
+        run_mounts: dict[str, set[str]] = {}
+        """Each GPU's runs' checkpoint mounts: the mount its strip draws, before any other it writes to."""
         for rv in runs:
-            held = holders.of_run(rv)
+            held = holders.of_run(rv) or frozenset()  # a run tied to no process charges no GPU's time
             d, w = write_spans(rv, held, since)
             done += d
             writing += w
             if rv.mount is not None:
                 for gpu in held:
                     touches.setdefault(gpu, (set(), set()))[1].add(rv.mount.mount.mountpoint)
+                    run_mounts.setdefault(gpu, set()).add(rv.mount.mount.mountpoint)
         if gpus is not None and pods:
             volumes: dict[str, set[str]] = {}
             for mv in mounts:
@@ -209,7 +224,7 @@ class StallFeed:
             current = tuple(t.current(now))
             self.timeline.add_stalls(settled)
             self.timeline.add_writes(done)
-            drawn = {gpu: min(w) for gpu, (_, w) in touches.items() if w}
+            drawn = {gpu: min(run_mounts.get(gpu) or w) for gpu, (_, w) in touches.items() if w}
             picture = self.timeline.picture(now, current, writing, drawn)
             return StallState(dict(t.totals), current, t.params.settle_seconds), picture
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from storwatch.analysis.latency import LatencySummary
     from storwatch.analysis.stalls import StallState
     from storwatch.analysis.timeline import TimelinePicture
+    from storwatch.analysis.writes import EventSave
     from storwatch.checkpoints.record import RunId
     from storwatch.sources.checkpoints import CheckpointFacts, RunState
     from storwatch.sources.diskio import DiskIO
@@ -56,6 +57,28 @@ class MountView:
 
 
 @dataclass(frozen=True)
+class DurableCopy:
+    """A copy of a run's checkpoint on storage that survives losing this node: what makes the run safe."""
+
+    where: str
+    """The copy, as the host names it."""
+    covers: float
+    """The save it protects: the source checkpoint's newest modification time when it was copied (UNIX seconds)."""
+    how: str
+    """``verified`` (a copy storwatch made and read back: its manifest, root's, describes it) or ``same path`` (a
+    complete checkpoint at the same path below another root, on durable storage: a copy made by hand)."""
+    checkpoint: str
+    """The name of the checkpoint it is a copy of."""
+    made: float | None = None
+    """When the copy was put in place (verified copies)."""
+
+    @property
+    def mtime(self) -> float:
+        """The save it protects, as a checkpoint's age reads it (analysis.recovery.checkpoint_age_seconds)."""
+        return self.covers
+
+
+@dataclass(frozen=True)
 class RunView:
     """A checkpoint run joined with the mount it is on."""
 
@@ -73,10 +96,20 @@ class RunView:
     """The GPU processes seen writing its checkpoints (their files open for writing: analysis/writes.py)."""
     open_writes_since: float | None = None
     """When its checkpoint files open for writing now were first seen open; None when none is."""
+    copies: tuple[DurableCopy, ...] = ()
+    """Its checkpoints' copies on durable storage (analysis/copies.py), the newest save first."""
+    saves: tuple[EventSave, ...] = ()
+    """Its saves as the kernel's file events show them (analysis/writes.py), the ones ending last last; a save still
+    being written last of all."""
     writers_seen: tuple[tuple[int, float], ...] = ()
     """Each writer, and the newest look (wall time) that found its work holding one of the run's checkpoint files open
     for writing: a process alive now with that PID that started before then is the one seen (a PID is never reused
     while its process lives)."""
+
+    @property
+    def newest_copy(self) -> DurableCopy | None:
+        """The copy that protects the newest save."""
+        return self.copies[0] if self.copies else None
 
     @property
     def directory(self) -> str:

@@ -20,13 +20,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from storwatch.checkpoints.record import Checkpoint, RunId
 from storwatch.checkpoints.scan import checkpoint_member
 from storwatch.paths import HostPaths
 from storwatch.sources.access import AccessFacts, WrittenFile
+
+if TYPE_CHECKING:
+    from storwatch.sources.checkpoints import RunState
+    from storwatch.sources.fileevents import FileSpan
 
 SPAN_TOLERANCE = 0.25
 """The most a write span's two ends together may be uncertain by, as a share of its length, to be a duration."""
@@ -105,7 +110,7 @@ def timed_by_open_files(c: Checkpoint, files: Iterable[WrittenFile]) -> Checkpoi
     """The checkpoint with its write span from its open files where they were seen: from its birth (or, without
     one, from its files first seen open) to when the last of them was seen closed. An event log's span is kept; a
     checkpoint with a file still open is left as it is (its save goes on)."""
-    if c.write_timed_by == "event_log":
+    if c.write_timed_by in ("event_log", "file_events"):
         return c
     mine = _members(c, files)
     if not mine or any(f.open for f in mine):
@@ -154,3 +159,134 @@ def timed_by_open_files(c: Checkpoint, files: Iterable[WrittenFile]) -> Checkpoi
         write_timed_by="open_files",
         write_untimed_reason=None,
     )
+
+
+SAVE_GAP_SECONDS = 30.0
+"""Two writes to one checkpoint directory further apart than this are two saves (a directory saved over again)."""
+
+
+@dataclass(frozen=True)
+class EventSave:
+    """One save of one checkpoint, from the kernel's file events (sources/fileevents.py)."""
+
+    checkpoint: str
+    """The checkpoint it writes (a file, or the top directory below the run), as this process reaches it."""
+    start: float | None
+    """Its first file's creation (or first write), or its directory's making; None when it began out of sight."""
+    end: float | None
+    """Its last file's close, or its move into place; None while a file of it is still open for writing."""
+
+
+def event_saves(run_path: str, spans: Iterable[FileSpan]) -> tuple[EventSave, ...]:
+    """The saves below a run's directory that the file events show, oldest first: a checkpoint file's each write,
+    and a checkpoint directory's writes, one save per burst (directory made or moved in, files written in it)."""
+    prefix = run_path.rstrip("/") + "/"
+    renamed = {(s.moved_from, s.start) for s in spans if s.moved_from is not None}
+    by_top: dict[str, list[FileSpan]] = {}
+    for s in spans:
+        if not s.path.startswith(prefix) or (s.path, s.start) in renamed:
+            continue  # a temporary renamed into place: its save is its final name's
+        below = s.path[len(prefix) :]
+        top = below.split("/", 1)[0]
+        if "/" not in below and s.kind == "file" and not checkpoint_member(below):
+            continue
+        by_top.setdefault(prefix + top, []).append(s)
+    out: list[EventSave] = []
+    for top, members in by_top.items():
+        if all(s.path == top and s.kind == "file" for s in members):  # a checkpoint file: each span one save
+            out.extend(EventSave(top, s.start, s.end) for s in members)
+            continue
+        # A directory: its spans in time, a save per burst.
+        members.sort(key=lambda s: s.start if s.start is not None else (s.end or math.inf))
+        burst: list[FileSpan] = []
+        for s in members:
+            at = s.start if s.start is not None else s.end
+            last = max((x.end or x.start or -math.inf for x in burst), default=None)
+            if burst and at is not None and last is not None and at - last > SAVE_GAP_SECONDS:
+                out.append(_burst(top, burst))
+                burst = []
+            burst.append(s)
+        if burst:
+            out.append(_burst(top, burst))
+    out.sort(key=lambda e: e.end if e.end is not None else math.inf)
+    return tuple(out)
+
+
+def _burst(top: str, spans: list[FileSpan]) -> EventSave:
+    starts = [s.start for s in spans if s.start is not None]
+    files = [s for s in spans if s.kind == "file"]
+    if any(s.end is None for s in files):
+        return EventSave(top, min(starts, default=None), None)
+    ends = [s.end for s in spans if s.end is not None]
+    return EventSave(top, min(starts, default=None), max(ends, default=None))
+
+
+def timed_by_file_events(c: Checkpoint, saves: Iterable[EventSave]) -> tuple[Checkpoint, bool]:
+    """The checkpoint with its write span from the file events (its save whose end is at or after its last change),
+    and whether a save of it is being written now (a file of it still open: not yet a checkpoint to restore from).
+    An event log's span is kept. A save that began out of sight (moved in from a directory not watched) starts at the
+    file's birth where the filesystem keeps one, else it is not timed."""
+    mine = [s for s in saves if s.checkpoint == c.path]
+    writing = any(s.end is None for s in mine)
+    if c.write_timed_by == "event_log":
+        return c, writing
+    ended = [s for s in mine if s.end is not None and s.end >= c.mtime - EVENT_SLACK_SECONDS]
+    if not ended:
+        return c, writing
+    save = min(ended, key=lambda s: s.end or math.inf)  # the save that wrote what the scan saw
+    assert save.end is not None
+    start = save.start
+    if start is None and c.write_timed_by == "birth_mtime" and c.write_start is not None:
+        start = c.write_start  # a temporary written elsewhere and renamed in keeps its inode, and its birth
+    if start is None or not save.end > start:
+        reason = "its file was moved in from a directory not watched, and this filesystem keeps no birth time"
+        return dataclasses.replace(
+            c, write_seconds=None, write_bytes_per_second=None, write_timed_by=None, write_untimed_reason=reason
+        ), writing
+    seconds = save.end - start
+    return dataclasses.replace(
+        c,
+        write_start=start,
+        write_seconds=seconds,
+        write_bytes_per_second=c.size_bytes / seconds,
+        write_timed_by="file_events",
+        write_untimed_reason=None,
+    ), writing
+
+
+EVENT_SLACK_SECONDS = 0.01
+"""A file's mtime is set by its last write, before the close (or the rename) that ends its save: the save that wrote
+what the scan saw ends at or after it, give or take the clock's coarse ticks."""
+
+
+BURST_SLACK_SECONDS = 0.5
+"""How far outside a save's span a write burst may begin or end and still be its writer's: the burst is known only
+between two looks at the write counters."""
+MATCHED_SAVES = 8
+"""The newest saves matched with the write bursts (those of the last minutes)."""
+
+
+def burst_writers(run: RunState, saves: Sequence[EventSave], access: AccessFacts | None) -> tuple[int, ...]:
+    """The GPU workloads whose write bursts match the run's newest saves (analysis/writes.py ``event_saves``): a
+    workload whose processes passed at least half a checkpoint's bytes to write calls while it was written, and the
+    only one that did; of the run's owner (or root). What ties a run to its GPUs where each save is too quick to be
+    seen open: the kernel's write counters and the kernel's file events, never a name."""
+    if access is None or not access.workloads:
+        return ()
+    sizes = {c.path: c.size_bytes for c in run.checkpoints}
+    found: set[int] = set()
+    for save in list(saves)[-MATCHED_SAVES:]:
+        size = sizes.get(save.checkpoint)
+        if save.start is None or save.end is None or not size:
+            continue
+        low, high = save.start - BURST_SLACK_SECONDS, save.end + BURST_SLACK_SECONDS
+        matched: set[int] = set()
+        for pid, w in access.workloads.items():
+            if run.uid is not None and w.uid is not None and w.uid not in (run.uid, 0):
+                continue
+            wrote = sum(n for begun, seen, n in w.write_bursts if seen >= low and begun <= high)
+            if wrote >= size / 2:
+                matched.add(w.within if w.within is not None else pid)
+        if len(matched) == 1:
+            found |= matched
+    return tuple(sorted(found))

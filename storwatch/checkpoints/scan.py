@@ -8,9 +8,15 @@ What is a candidate
     file or one of the markers in ``DIR_MARKERS`` (torch.distributed.checkpoint ``.metadata``, torchsnapshot
     ``.snapshot_metadata``, a sharded safetensors index, Orbax ``commit_success.txt``/``_CHECKPOINT_METADATA``,
     ``trainer_state.json``, Accelerate's ``random_states_0.pkl``: a ``save_state`` directory is one checkpoint, not
-    one per file). Everything below a candidate directory belongs to it: its size is the sum of the sizes
+    one per file), or holding entries whose names together are a format's layout (``dir_layout``: Accelerate's
+    model weights beside its ``optimizer.bin``, what a ``save_state`` killed before its random states leaves).
+    Everything below a candidate directory belongs to it: its size is the sum of the sizes
     of all regular files in its subtree, and no nested candidate is reported (``checkpoint-500/global_step500/`` is
-    one checkpoint, not two).
+    one checkpoint, not two);
+  * a step directory (``checkpoint_3``) holding nothing but what a format's saves write before their last file
+    (``scan_partial_member``: Accelerate's weights alone), or nothing at all, beside a sibling step directory of the
+    same prefix that is a candidate directory of that format: a save of that series cut short, one checkpoint (whose
+    check calls it incomplete), not files of a run of their own.
   A name makes a candidate, not a checkpoint: its check (``checkpoints.formats``) says what it is, and a file of no
   format under a checkpoint's name (nanoGPT's ``train.bin`` of tokens) is ``unknown``, not a damaged checkpoint.
 
@@ -82,6 +88,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from storwatch.checkpoints.formats import REGISTRY
+from storwatch.checkpoints.formats.steps import STEP_NAME
 from storwatch.training import TEMP_MARKER, is_temp_name
 
 log = logging.getLogger(__name__)
@@ -92,6 +99,9 @@ FILE_SUFFIXES = tuple(suffix for f in REGISTRY for suffix in f.scan_suffixes)
 """torch.distributed.checkpoint shard files: the directory holding them is the candidate, not the shards."""
 DIR_MARKERS = frozenset(marker for f in REGISTRY for marker in f.scan_markers)
 """A directory holding an entry with one of these names is a candidate directory."""
+_MARKER_FORMAT = {marker: f.name for f in REGISTRY for marker in f.scan_markers}
+_LAYOUTS = tuple((f.name, f.dir_layout) for f in REGISTRY if f.dir_layout is not None)
+_PARTIAL_MEMBERS = {f.name: f.scan_partial_member for f in REGISTRY if f.scan_partial_member is not None}
 _CANDIDATE_DIR_NAME = re.compile("|".join(f.scan_dir_name for f in REGISTRY if f.scan_dir_name is not None))
 _STEP_DIR_NAME = re.compile(r"(\D*)\d+")
 _ANY_SUFFIXES = (*FILE_SUFFIXES, DCP_SUFFIX)
@@ -250,12 +260,14 @@ class DatasetDir:
 class _DirAcc:
     """A candidate directory's totals, summed over its subtree during one walk."""
 
-    __slots__ = ("allocated", "files", "mtime_ns", "newest_ns", "path", "reason", "root", "size")
+    __slots__ = ("allocated", "files", "fmt", "mtime_ns", "newest_ns", "path", "reason", "root", "size")
 
     def __init__(self, path: str, root: str, reason: str, mtime_ns: int) -> None:
         self.path, self.root, self.reason = path, root, reason
         self.mtime_ns = self.newest_ns = mtime_ns
         self.size = self.files = self.allocated = 0
+        self.fmt = _reason_format(reason)
+        """The format its reason names (a marker's, a layout's), else None."""
 
 
 class _FileTotals:
@@ -379,6 +391,7 @@ class CheckpointScanner:
                     break
                 merged.setdefault(path, listing)
             self._cache = merged
+        self._adopt_cut_short()
         candidates, runs = _group_runs(self._candidates())
         self.stats = ScanStats(
             dirs_listed=self._listed,
@@ -593,6 +606,9 @@ class CheckpointScanner:
                 elif entry.is_symlink():
                     self._symlinks += 1
         self._count(entries, path)
+        if marker is None and not inside and (candidate_files or subdirs):
+            names = (*candidate_files, *subdirs)
+            marker = next((f"layout {name}" for name, layout in _LAYOUTS if layout(names)), None)
         if marker is not None and not inside:
             # A candidate by its content, found only now: its files belong to it and are stat'ed after all.
             # scandir on a descriptor rewinds it when done, so it can be read again.
@@ -618,6 +634,47 @@ class CheckpointScanner:
         )
 
     # -- results
+
+    def _adopt_cut_short(self) -> None:
+        """Step directories a save of their siblings' series was cut short in (the module doc's second kind of
+        candidate directory): each becomes one candidate directory, holding the files the walk took one by one."""
+        series: dict[tuple[str, str], str] = {}
+        for acc in self._dirs:
+            step = STEP_NAME.fullmatch(os.path.basename(acc.path))
+            if step is not None and acc.fmt in _PARTIAL_MEMBERS:
+                series[(os.path.dirname(acc.path), step.group(1))] = acc.fmt
+        if not series:
+            return
+        adopted: dict[str, _DirAcc] = {}
+        for path, listing in self._seen.items():
+            if listing.marker is not None or listing.file_bytes is not None or listing.subdirs or path in self.roots:
+                continue  # a candidate already, inside one, or holding more than a save's files
+            step = STEP_NAME.fullmatch(os.path.basename(path))
+            fmt = series.get((os.path.dirname(path), step.group(1))) if step is not None else None
+            if fmt is None or listing.entries != len(listing.candidate_files):
+                continue
+            if not all(_PARTIAL_MEMBERS[fmt](name) for name in listing.candidate_files):
+                continue
+            root = max((r for r in self.roots if path.startswith(r.rstrip("/") + "/")), key=len, default=None)
+            if root is not None:
+                acc = _DirAcc(path, root, f"beside {fmt} step directories", listing.mtime_ns)
+                acc.fmt = fmt
+                adopted[path] = acc
+        if not adopted:
+            return
+        kept: list[tuple[str, str, str, os.stat_result]] = []
+        for found in self._files:
+            into = adopted.get(os.path.dirname(found[0]))
+            if into is None:
+                kept.append(found)
+                continue
+            st = found[3]
+            into.size += st.st_size
+            into.allocated += st.st_blocks * 512
+            into.files += 1
+            into.newest_ns = max(into.newest_ns, st.st_mtime_ns)
+        self._files = kept
+        self._dirs.extend(adopted.values())
 
     def _candidates(self) -> list[_Found]:
         """What the walk found, by path: each candidate but its run, which needs them all (_group_runs)."""
@@ -647,6 +704,15 @@ class _Found(NamedTuple):
     mtime_ns: int
     newest_ns: int
     allocated_bytes: int
+
+
+def _reason_format(reason: str) -> str | None:
+    """The format a candidate directory's reason names: its marker's (``marker random_states_0.pkl``), its layout's
+    (``layout accelerate``)."""
+    kind, _, what = reason.partition(" ")
+    if kind == "marker":
+        return _MARKER_FORMAT.get(what)
+    return what if kind == "layout" else None
 
 
 def _name_pattern(name: str) -> str:

@@ -151,10 +151,9 @@ nothing then)."""
 
 @dataclass(frozen=True)
 class RuleMetrics:
-    severity: str
-    """info, warning or critical."""
-    firing: int
-    """Entities it fires for now."""
+    firing: Mapping[str, int]
+    """Entities it fires for now, by the severity each fires with (info, warning or critical): its one severity, 0
+    included; every severity for a rule that takes each entity's own."""
     errors_total: int
     """Evaluations that gave no bool, since the agent started."""
     disabled: bool = False
@@ -171,6 +170,11 @@ class PolicyMetrics:
     """Actions run, by (rule, action, result): the action runner's counts."""
 
 
+SYNC_COPY_RESULTS = ("verified", "failed", "superseded")
+"""How a checkpoint copy ends: copied, read back and checked; failed (refused, an error, a source that changed, or
+past its deadline: sync.deadline_seconds or its pod's time left); stopped for a newer checkpoint of the same run."""
+
+
 @dataclass(frozen=True)
 class SyncMetrics:
     """What the sync action's copies did (storwatch.actions.sync_jobs), for storwatch_sync_*."""
@@ -184,3 +188,5 @@ class SyncMetrics:
     duration_buckets: tuple[tuple[float, int], ...] = ()
     """The completed copies' durations: (upper bound, cumulative count), ``inf`` last."""
     duration_sum: float = 0.0
+    copies: Mapping[str, int] = field(default_factory=dict)
+    """By result (:data:`SYNC_COPY_RESULTS`): the copies that ended since the agent started."""

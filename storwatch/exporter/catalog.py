@@ -20,7 +20,7 @@ from storwatch.analysis.checkpoints import MAX_RUNS
 from storwatch.analysis.stalls import CAUSES
 from storwatch.checkpoints.scan import MAX_DATASET_DIRS
 from storwatch.config import DEFAULT_NFS_OPERATIONS
-from storwatch.exporter.area import ALERTMANAGER_ALERT_RESULTS, ALERTMANAGER_REQUEST_RESULTS
+from storwatch.exporter.area import ALERTMANAGER_ALERT_RESULTS, ALERTMANAGER_REQUEST_RESULTS, SYNC_COPY_RESULTS
 from storwatch.exporter.text import Family
 from storwatch.sources.checkpoints import CHECK_ERROR_REASONS, CLAIM_REJECT_REASONS
 from storwatch.sources.probe import PROBE_OPS
@@ -664,10 +664,17 @@ CHECKPOINT_ORPHANED_TEMP_BYTES = _gauge(
 RECOVERY_POINT = _gauge(
     "checkpoints",
     "storwatch_recovery_point_seconds",
-    "Age of the run's newest complete checkpoint on storage that survives losing this node (cluster or region); "
-    "+Inf when it has none there.",
+    "Age of the run's newest complete checkpoint on storage that survives losing this node (cluster or region): its "
+    "own, or the save its newest durable copy protects; +Inf when it has neither.",
     RUN,
     allow_inf=True,
+)
+DURABLE_COPY = _gauge(
+    "checkpoints",
+    "storwatch_checkpoint_durable_copy_timestamp_seconds",
+    "When the save the run's newest durable copy protects was made (a verified copy storwatch made, or a checkpoint "
+    "at the same path below a durable root); no series while the run has none.",
+    RUN,
 )
 CHECKPOINT_OVERHEAD = _gauge(
     "checkpoints",
@@ -724,13 +731,17 @@ EPHEMERAL_IMPORTANT = _gauge(
 FINDING = _gauge(
     "checkpoints",
     "storwatch_finding",
-    "1 for each open finding (its sentence is on /api/status and in scan --json under findings).",
+    "1 for each open finding (its sentence is on /api/status and in scan --json under findings); its severity is "
+    "its run's, which the alerts about the run carry.",
     Label(
         "id",
         f"one per open finding: a run exported (at most {MAX_RUNS}) or a dataset directory (at most "
         f"{MAX_DATASET_DIRS}) on ephemeral storage; 16 hex digits",
     ),
     Label("severity", "how urgent", typing.get_args(Severity)),
+    Label("kind", "what the data is (analysis/findings.py)", ("checkpoint", "model", "dataset")),
+    Label("mountpoint", "one per volatile or node mount holding important data"),
+    Label("run", "the run's label, or the dataset directory's path; one per open finding"),
 )
 CHECKPOINT_SERIES_DROPPED = _gauge(
     "checkpoints",
@@ -887,9 +898,14 @@ RULE = Label(
 POLICY_RULE_FIRING = _gauge(
     "policy",
     "storwatch_policy_rule_firing",
-    "Entities for which the rule fires now (its condition held for its for, or within its keep_firing_for).",
+    "Entities for which the rule fires now (its condition held for its for, or within its keep_firing_for), by the "
+    "severity each fires with.",
     RULE,
-    Label("severity", "the severities a rule can have", POLICY_SEVERITIES),
+    Label(
+        "severity",
+        "the rule's severity; every severity for a rule that takes each entity's own (severity: \"{severity}\")",
+        POLICY_SEVERITIES,
+    ),
 )
 POLICY_RULE_ERRORS = _counter(
     "policy",
@@ -928,6 +944,14 @@ SYNC_BYTES = _counter(
     "sync",
     "storwatch_sync_bytes_total",
     "Bytes of the checkpoint copies that completed, verified, since the agent started.",
+)
+SYNC_COPIES = _counter(
+    "sync",
+    "storwatch_sync_copies_total",
+    "Checkpoint copies that ended since the agent started, by result: verified (copied, read back and checked), "
+    "failed (refused, an error, a source that changed, or past its deadline: sync.deadline_seconds or its pod's time "
+    "left), superseded (stopped for a newer checkpoint of the same run). Each result is written from the start, at 0.",
+    Label("result", "how a copy ends (exporter/area.py SYNC_COPY_RESULTS)", SYNC_COPY_RESULTS),
 )
 SYNC_IN_PROGRESS = _gauge(
     "sync", "storwatch_sync_in_progress", "Checkpoint copies queued or running in the copy worker now."

@@ -80,6 +80,10 @@ def _recovery(view: View) -> Iterator[Family]:
     at_risk = catalog.GPU_SECONDS_AT_RISK.family()
     headroom = catalog.CHECKPOINT_HEADROOM.family()
     by_tier = catalog.CHECKPOINT_TIER_WRITE.family()
+    copied = catalog.DURABLE_COPY.family()
+    for rv in view.checkpoints:
+        if rv.newest_copy is not None:
+            copied.add((rv.label,), rv.newest_copy.covers)
     for r in view.recovery:
         label = (r.label,)
         for tier, seconds in sorted(r.tier_write_seconds.items()):
@@ -96,7 +100,7 @@ def _recovery(view: View) -> Iterator[Family]:
             recommended.add(label, r.recommended_interval_seconds)
     dropped_risk = catalog.CHECKPOINT_DROPPED_GPU_SECONDS_AT_RISK.family()
     dropped_risk.add((), view.left_out.gpu_seconds_at_risk)
-    yield from (point, overhead, recommended, at_risk, headroom, by_tier, dropped_risk)
+    yield from (point, overhead, recommended, at_risk, headroom, by_tier, dropped_risk, copied)
 
 
 def _findings(view: View) -> Iterator[Family]:
@@ -104,7 +108,7 @@ def _findings(view: View) -> Iterator[Family]:
     finding = catalog.FINDING.family()
     dropped = catalog.CHECKPOINT_SERIES_DROPPED.family()
     for f in view.findings:
-        finding.add((f.id, f.severity), 1)
+        finding.add((f.id, f.severity, f.kind, display_path(f.mountpoint), f.run), 1)
     by_mount: dict[tuple[str, str], int] = {}
     for (mountpoint, kind), size in view.important_bytes().items():  # over every run, those left out included
         key = (display_path(mountpoint), kind)

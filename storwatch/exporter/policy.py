@@ -19,7 +19,8 @@ def families(metrics: PolicyMetrics) -> Iterator[Family]:
     errors = catalog.POLICY_RULE_ERRORS.family()
     disabled = catalog.POLICY_RULE_DISABLED.family()
     for name, rule in sorted(metrics.rules.items()):
-        firing.add((name, rule.severity), rule.firing)
+        for severity, count in sorted(rule.firing.items()):
+            firing.add((name, severity), count)
         errors.add((name,), rule.errors_total)
         disabled.add((name,), 1 if rule.disabled else 0)
     reload = catalog.POLICY_LAST_RELOAD_SUCCESS.family()

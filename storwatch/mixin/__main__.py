@@ -1,5 +1,6 @@
-"""``python -m storwatch.mixin [--check] [--root DIR]``: write alerts/ and dashboards/ from storwatch/mixin/, or with
-``--check`` exit 1 naming each file that differs from what the code makes."""
+"""``python -m storwatch.mixin [--check] [--root DIR]``: write alerts/, dashboards/ and the agent's default policy
+(storwatch/policies/default.yaml) from storwatch/mixin/, or with ``--check`` exit 1 naming each file that differs
+from what the code makes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 from storwatch.mixin.dashboards import dashboards
+from storwatch.mixin.policy import policy_file
 from storwatch.mixin.rules import prometheus_rule, rules_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -15,7 +17,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def generated() -> dict[str, str]:
     """Every generated file, by its path below the repository's root."""
-    files = {"alerts/storwatch.rules.yaml": rules_file(), "alerts/prometheusrule.yaml": prometheus_rule()}
+    files = {
+        "alerts/storwatch.rules.yaml": rules_file(),
+        "alerts/prometheusrule.yaml": prometheus_rule(),
+        "storwatch/policies/default.yaml": policy_file(),
+    }
     files.update({f"dashboards/{name}": text for name, text in dashboards().items()})
     return files
 

@@ -4,8 +4,9 @@ one evaluation to the next, and the action requests that state's transitions mak
 States follow Prometheus's alerting rules: an entity whose condition holds is *pending*, and *firing* once it has
 held for the rule's ``for``; a firing one stays firing while the condition holds and for ``keep_firing_for`` after it
 first stops holding, then resolves. An entity that is gone counts as not holding. Actions run when an entity starts
-firing, again while it fires at most once per ``cooldown`` (never with a cooldown of 0), and when it resolves (if its
-firing was announced); a new firing within ``cooldown`` of the last run is not announced until the cooldown is over.
+firing, again while it fires at most once per ``cooldown`` (never with a cooldown of 0) and whenever one of the
+rule's ``repeat_on`` fields changes (a newer checkpoint: whatever the cooldown), and when it resolves (if its firing
+was announced); a new firing within ``cooldown`` of the last run is not announced until the cooldown is over.
 
 An action the runner refused for its rate is owed (:meth:`Engine.owe`): asked again (``deferred``) at every
 evaluation while its entity still fires, whatever the cooldown, until the runner takes it; a resolution is owed until
@@ -20,12 +21,13 @@ policy is loaded again. A reload keeps the state of each rule whose name and def
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from storwatch.actions.base import ENTITY_KINDS, ActionRequest, Entity, EntityKind, FieldValue, Severity
+from storwatch.actions.base import ENTITY_KINDS, SEVERITIES, ActionRequest, Entity, EntityKind, FieldValue, Severity
 from storwatch.exporter.policy import PolicyMetrics, RuleMetrics
 from storwatch.policy.cel import EvalError
 from storwatch.policy.load import Policy, Rule, render_message
@@ -52,6 +54,8 @@ class _EntityState:
     """Its firing's actions ran (not held back by the cooldown)."""
     last_run: float | None = None
     """When its firing or repeat actions last ran."""
+    revision: str | None = None
+    """What its rule's ``repeat_on`` fields held when its actions last ran (or were held back by the cooldown)."""
     owed: dict[int, Literal["firing", "repeat"]] = field(default_factory=dict)
     """Its rule's actions (by index) that the runner refused for their rate, with the transition they carried: asked
     again at the next evaluation while it fires."""
@@ -84,6 +88,7 @@ class Active:
     since: float
     """Pending since, or firing since."""
     severity: Severity
+    """The rule's severity, or the entity's own (``severity: "{severity}"``)."""
     announced: bool
     """Its actions ran for this firing (False while the cooldown holds them back, and while pending)."""
     message: str
@@ -93,7 +98,8 @@ class Active:
 class RuleStatus:
     name: str
     on: EntityKind
-    severity: Severity
+    severity: str
+    """Its severity, or ``{FIELD}`` where each entity's own is taken."""
     where: str
     """``FILE:LINE`` of its definition."""
     enabled: bool
@@ -103,6 +109,9 @@ class RuleStatus:
     dry_run: bool
     firing: int
     pending: int
+    firing_by_severity: Mapping[Severity, int]
+    """``firing`` by the severity each entity fires with: the rule's one severity (0 included), or for a rule that
+    takes each entity's own, every severity."""
     errors_total: int
     """Evaluations that did not give a bool (a null compared, a missing key...), since the agent started."""
     last_error: str | None
@@ -130,7 +139,9 @@ class PolicyStatus:
         runner's counts by (rule, action, result)."""
         return PolicyMetrics(
             rules={
-                r.name: RuleMetrics(r.severity, r.firing, r.errors_total, r.disabled_reason is not None)
+                r.name: RuleMetrics(
+                    {str(k): n for k, n in r.firing_by_severity.items()}, r.errors_total, r.disabled_reason is not None
+                )
                 for r in self.rules
             },
             last_reload_success=self.last_reload_success,
@@ -264,8 +275,12 @@ class Engine:
             last = state.last_run.pop(key, None)
             if last is not None and rule.cooldown_seconds > 0 and now - last < rule.cooldown_seconds:
                 s.last_run = last  # held back: announced once the cooldown since that run is over
+                s.revision = revision(rule, entity)
                 return []
             return self._announce(state, s, "firing", now)
+        if rule.repeat_on and revision(rule, entity) != s.revision:
+            # A newer value of a repeat_on field (a newer checkpoint): the actions run again, whatever the cooldown.
+            return self._announce(state, s, "repeat" if s.announced else "firing", now)
         if s.last_run is not None and rule.cooldown_seconds > 0 and now - s.last_run >= rule.cooldown_seconds:
             return self._announce(state, s, "repeat" if s.announced else "firing", now)
         if s.owed:
@@ -301,6 +316,7 @@ class Engine:
     ) -> list[ActionRequest]:
         s.announced = True
         s.last_run = now
+        s.revision = revision(state.rule, s.entity)
         # Every action is asked now; one whose firing never went out is asked for that firing, not a repeat.
         unfired = [i for i, owed in s.owed.items() if owed == "firing"]
         s.owed = {}
@@ -329,7 +345,7 @@ class Engine:
                 action=a.action,
                 params=a.params,
                 entity=entity,
-                severity=rule.severity,
+                severity=rule.severity_of(entity),
                 message=message,
                 labels=dict(rule.labels),
                 transition=transition,
@@ -337,6 +353,7 @@ class Engine:
                 at=now,
                 cooldown=rule.cooldown_seconds,
                 deferred=deferred,
+                revision=revision(rule, entity),
             )
             for index, a in enumerate(rule.actions)
             if only is None or index in only
@@ -387,17 +404,25 @@ class Engine:
         for s in self._rules.values():
             r = s.rule
             firing = sum(1 for e in s.entities.values() if e.firing_since is not None)
+            by_severity: dict[Severity, int] = (
+                {r.severity: 0} if r.severity_field is None else dict.fromkeys(SEVERITIES, 0)
+            )
+            for e in s.entities.values():
+                if e.firing_since is not None:
+                    level = r.severity_of(e.entity)
+                    by_severity[level] = by_severity.get(level, 0) + 1
             rules.append(
                 RuleStatus(
                     r.name,
                     r.on,
-                    r.severity,
+                    r.severity_shown,
                     r.where,
                     r.enabled,
                     s.disabled_reason,
                     r.dry_run,
                     firing,
                     len(s.entities) - firing,
+                    by_severity,
                     s.errors_total,
                     s.last_error,
                     s.evaluations_total,
@@ -413,7 +438,7 @@ class Engine:
                         key,
                         "firing" if firing_now else "pending",
                         e.firing_since if e.firing_since is not None else e.pending_since,
-                        r.severity,
+                        r.severity_of(e.entity),
                         e.announced,
                         self.message(r, e.entity),
                     )
@@ -428,6 +453,13 @@ class Engine:
             self.reload_errors,
             self.reloads_failed_total,
         )
+
+
+def revision(rule: Rule, entity: Entity) -> str:
+    """What the rule's ``repeat_on`` fields of ``entity`` hold, as text ("" without them)."""
+    if not rule.repeat_on:
+        return ""
+    return json.dumps([entity.fields.get(name) for name in rule.repeat_on], default=str, allow_nan=True)
 
 
 def empty_entities() -> dict[EntityKind, list[Entity]]:

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from storwatch.actions.base import ACTION_NAMES, ENTITY_KINDS, SEVERITIES, EntityKind, FieldValue, Severity
+from storwatch import words
+from storwatch.actions.base import ACTION_NAMES, ENTITY_KINDS, SEVERITIES, Entity, EntityKind, FieldValue, Severity
 from storwatch.config import bounded_loader
 from storwatch.policy.cel import (
     DEFAULT_BOUNDS,
@@ -28,7 +29,7 @@ from storwatch.policy.cel import (
     expand,
     size_of,
 )
-from storwatch.policy.schema import SCHEMA
+from storwatch.policy.schema import SCHEMA, SEVERITY_FIELDS
 
 if TYPE_CHECKING:
     import yaml
@@ -62,6 +63,8 @@ MAX_MESSAGE_CHARS = 1024
 MAX_ACTIONS = 8
 MAX_MACROS = 256
 MAX_LISTS = 256
+MAX_REPEAT_ON = 8
+"""Fields a rule's ``repeat_on`` may name."""
 MAX_DURATION_SECONDS = 30 * 86400.0
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)(ms|s|m|h|d|w))+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
@@ -78,6 +81,7 @@ RULE_FIELDS = (
     "message",
     "actions",
     "cooldown",
+    "repeat_on",
     "enabled",
     "dry_run",
 )
@@ -113,6 +117,10 @@ class Rule:
     for_seconds: float = 0.0
     keep_firing_for_seconds: float = 0.0
     severity: Severity = "warning"
+    """Its severity, unless ``severity_field`` takes each entity's own."""
+    severity_field: str | None = None
+    """``severity: "{FIELD}"``: each entity's severity is that field's value (storwatch.policy.schema
+    SEVERITY_FIELDS), warning where it is no severity."""
     labels: Mapping[str, str] = field(default_factory=dict)
     message: str = ""
     """The template: ``{field}`` filled from the entity (render with :func:`render_message`)."""
@@ -120,10 +128,25 @@ class Rule:
     cooldown_seconds: float = 0.0
     """While firing, the actions run again at most this often; a new firing within it of the last run is not
     announced again. 0: only when it starts firing and when it resolves."""
+    repeat_on: tuple[str, ...] = ()
+    """Fields of its kind: while it fires, the actions run again whenever one of them changes (a run's newest
+    ``checkpoint``), whatever the cooldown."""
     enabled: bool = True
     dry_run: bool = False
     where: str = ""
     """``FILE:LINE`` of its definition."""
+
+    @property
+    def severity_shown(self) -> str:
+        """Its severity as a person reads it in a list of rules: the severity, or ``{FIELD}`` (each entity's own)."""
+        return self.severity if self.severity_field is None else f"{{{self.severity_field}}}"
+
+    def severity_of(self, entity: Entity) -> Severity:
+        """The severity of its firing for ``entity``."""
+        if self.severity_field is None:
+            return self.severity
+        value = entity.fields.get(self.severity_field)
+        return next((s for s in SEVERITIES if s == value), "warning")
 
     def definition(self) -> tuple[object, ...]:
         """Everything that decides what the rule does: a reload keeps the state of a rule whose name and definition
@@ -135,10 +158,12 @@ class Rule:
             self.for_seconds,
             self.keep_firing_for_seconds,
             self.severity,
+            self.severity_field,
             tuple(sorted(self.labels.items())),
             self.message,
             tuple((a.action, _frozen(a.params)) for a in self.actions),
             self.cooldown_seconds,
+            self.repeat_on,
             self.enabled,
             self.dry_run,
         )
@@ -281,17 +306,26 @@ def template_problems(template: str, names: frozenset[str]) -> list[str]:
     return out
 
 
-def _text(value: FieldValue) -> str:
+def _text(value: FieldValue, name: str = "") -> str:
+    """A field's value as a message shows it, in words (storwatch.words) by the unit its name carries: ``*_seconds``
+    a length of time, ``bytes`` and ``*_bytes`` a size, ``*_ratio`` and ``*_share*`` a percentage; null is
+    "unknown" and an infinite figure "unbounded", never ``null`` or ``inf``."""
     if value is None:
-        return "null"
+        return words.UNKNOWN
     if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:g}" if not value.is_integer() or abs(value) >= 1e15 else str(int(value))
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        if name.endswith("_seconds"):
+            return words.span(float(value))
+        if name == "bytes" or name.endswith("_bytes"):
+            return words.size(value)
+        if name.endswith("_ratio") or "_share" in name:
+            return words.share(float(value))
+        return words.number(float(value))
     if isinstance(value, (tuple, list)):
-        return ", ".join(_text(v) for v in value)
+        return ", ".join(_text(v) for v in value) or "none"
     if isinstance(value, Mapping):
-        return ", ".join(f"{k}={_text(v)}" for k, v in value.items())
+        return ", ".join(f"{k}={_text(v)}" for k, v in value.items()) or "none"
     return str(value)
 
 
@@ -307,7 +341,7 @@ def render_message(template: str, fields: Mapping[str, FieldValue]) -> str:
         if token == "}}":
             return "}"
         name = m.group(1)
-        return _text(fields.get(name)) if name is not None else token
+        return _text(fields.get(name), name) if name is not None else token
 
     text = printable(_TEMPLATE_PART.sub(one, template))
     return text if len(text) <= 4 * MAX_MESSAGE_CHARS else text[: 4 * MAX_MESSAGE_CHARS - 3] + "..."
@@ -535,10 +569,27 @@ class _Loader:
                 except ValueError as err:
                     self.errors.add(where, v, sub, str(err))
             elif key == "severity":
-                if value not in SEVERITIES:
-                    self.errors.add(where, v, sub, f"{value!r} is not one of {', '.join(SEVERITIES)}")
-                else:
+                own = SEVERITY_FIELDS.get(on)
+                if value in SEVERITIES or (own is not None and value == f"{{{own}}}"):
                     out[key] = value
+                else:
+                    also = f', or "{{{own}}}" (each {on}\'s own)' if own else ""
+                    self.errors.add(where, v, sub, f"{value!r} is not one of {', '.join(SEVERITIES)}{also}")
+            elif key == "repeat_on":
+                names = SCHEMA[on].names
+                if (
+                    not isinstance(value, list)
+                    or not value
+                    or len(value) > MAX_REPEAT_ON
+                    or not all(isinstance(n, str) for n in value)
+                ):
+                    self.errors.add(where, v, sub, f"expected a list of 1 to {MAX_REPEAT_ON} fields of {on}")
+                elif unknown := [n for n in value if n not in names]:
+                    self.errors.add(where, v, sub, f"{', '.join(map(repr, unknown))}: not a field of {on}")
+                elif len(set(value)) != len(value):
+                    self.errors.add(where, v, sub, "a field is named twice")
+                else:
+                    out[key] = tuple(value)
             elif key in ("enabled", "dry_run"):
                 if not isinstance(value, bool):
                     self.errors.add(where, v, sub, f"expected true or false, got {value!r}")
@@ -710,6 +761,7 @@ class _Loader:
                 expanded = "" if source == draft.when else " (macros expanded)"
                 self.errors.add(draft.where, None, f"{draft.path}.when", f"CEL{expanded}: {text}", line=line)
                 continue
+            severity: str = draft.values.get("severity", "warning")
             rules.append(
                 Rule(
                     name=draft.name,
@@ -718,11 +770,13 @@ class _Loader:
                     expression=expression,
                     for_seconds=draft.values.get("for", 0.0),
                     keep_firing_for_seconds=draft.values.get("keep_firing_for", 0.0),
-                    severity=draft.values.get("severity", "warning"),
+                    severity=severity if severity in SEVERITIES else "warning",
+                    severity_field=None if severity in SEVERITIES else severity.strip("{}"),
                     labels=draft.values.get("labels", {}),
                     message=draft.values.get("message", ""),
                     actions=draft.values.get("actions", ()),
                     cooldown_seconds=draft.values.get("cooldown", 0.0),
+                    repeat_on=draft.values.get("repeat_on", ()),
                     enabled=draft.values.get("enabled", True),
                     dry_run=draft.values.get("dry_run", False),
                     where=f"{draft.where}:{draft.line}",

@@ -16,10 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from storwatch.actions.base import ENTITY_KINDS, Alert, Entity, EntityKind, FieldValue
+from storwatch import words
+from storwatch.actions.base import ENTITY_KINDS, Alert, Entity, EntityKind, FieldValue, Severity
 from storwatch.policy.cel import MAX_LIST_ITEMS, MAX_STRING_CHARS, SCALAR, STRING_FIELD, Size, list_of, map_of
 
 if TYPE_CHECKING:
+    from storwatch.analysis.recovery import RunRecovery
     from storwatch.analysis.view import MountView, RunView, View
     from storwatch.sources.kubevolumes import ClusterObjects, PodInfo
 
@@ -168,13 +170,26 @@ _RUN = Kind(
             "the mount's usage or a complete checkpoint.",
             True,
         ),
-        _f("gpus", "int", "GPUs on this node held by the pod it writes into."),
+        _f(
+            "gpus",
+            "int",
+            "GPUs on this node held by the pod it writes into, or by the processes seen writing it; null when nothing "
+            "ties it to a process (unknown, never 0).",
+            True,
+        ),
         _f(
             "gpu_seconds_at_risk",
             "double",
             "GPU time lost if the node died now (recovery point x GPUs; infinity without a durable checkpoint); null "
             "without GPUs or while the recovery point is unknown.",
             True,
+        ),
+        _f(
+            "severity",
+            "string",
+            "How urgent its risk is: its finding's severity (critical when the training only this node's storage "
+            "holds is past the recovery-point budget, or while the node drains), warning when it has no finding "
+            "(nothing of it is only on storage lost with the node). The alerts about it carry the same.",
         ),
         _f(
             "workload",
@@ -214,6 +229,38 @@ _RUN = Kind(
             "The name of its newest complete checkpoint (a file or directory in the run); null without one.",
             True,
         ),
+        _f(
+            "protection",
+            "string",
+            "What protects it, in words: how old its newest checkpoint that survives losing the node is and where that "
+            "is, or that none does, or why that is unknown.",
+        ),
+        _f(
+            "at_risk",
+            "string",
+            "The GPU time lost if the node died now, in words (all of it when nothing survives; unknown while its GPUs "
+            "or its recovery point are).",
+        ),
+        _f(
+            "going",
+            "string",
+            "What is taking it away, in words: the node draining, its pod being deleted (with the time left); null "
+            "while neither.",
+            True,
+        ),
+        _f(
+            "move_to",
+            "string",
+            "Where its checkpoints could go: the first of sync.destinations, else a durable mount of its pod or the "
+            "node; null when none is known or it is on durable storage.",
+            True,
+        ),
+        _f(
+            "next_step",
+            "string",
+            "What to do about checkpoints only on storage lost with the node, in words: copy them to move_to, or, with "
+            "no durable destination known, how to set one; empty on durable storage.",
+        ),
     ),
 )
 
@@ -240,6 +287,12 @@ _GPU = Kind(
         ),
         _f("stall_cause", "string", "The cause of its newest current stall; null when none.", True),
         _f("stall_mountpoint", "string", "The mount its newest current stall is charged to; null when none.", True),
+        _f(
+            "stall_now",
+            "string",
+            "Its current stall in words (its cause and mount), or that it is not stalled, or that stalls are not "
+            "tracked.",
+        ),
         _f(
             "stall_seconds_total",
             "double",
@@ -352,12 +405,31 @@ _ALERT = Kind(
         _f("starts_at", "double", "When it started firing (seconds since the epoch)."),
         _f("ends_at", "double", "When it ended; null while it fires.", True),
         _f("age_seconds", "double", "Seconds since it started firing, at the View's time."),
+        _f(
+            "entity_kind",
+            "string",
+            "The kind of the entity of this node its labels name, which its actions act on: run (its run label), "
+            "else mount (mountpoint), else gpu (uuid, or gpu: the NVML index); null when they name none here.",
+            True,
+        ),
+        _f("entity_key", "string", "That entity's key; null when the alert names none here.", True),
+        _f(
+            "checkpoint",
+            "string",
+            "The newest complete checkpoint of the run it names (what sync copies); null without one.",
+            True,
+        ),
     ),
 )
 
 SCHEMA: Mapping[EntityKind, Kind] = {k.kind: k for k in (_MOUNT, _RUN, _GPU, _WORKLOAD, _FINDING, _NODE, _ALERT)}
 """Every kind's fields, in the order of ENTITY_KINDS."""
 assert tuple(SCHEMA) == ENTITY_KINDS
+
+SEVERITY_FIELDS: Mapping[EntityKind, str] = {"run": "severity", "finding": "severity", "alert": "severity"}
+"""The field holding each kind's own severity, where it has one: a rule's ``severity: "{severity}"`` takes it per
+entity, so a run shows one severity in its finding, the policy's rules and the alerts. A value that is not info,
+warning or critical (an alert without a severity label) counts as warning."""
 
 
 def type_problem(f: Field, value: object) -> str | None:
@@ -527,13 +599,26 @@ def _node_draining(view: View) -> bool | None:
     return kube.node.draining
 
 
+def run_severity(view: View) -> dict[str, Severity]:
+    """Each run's severity, by its label: its checkpoint or model finding's, warning for a run without one (nothing of
+    it is only on storage lost with the node). What a run entity's ``severity`` holds; the alerts about a run take
+    the same from ``storwatch_finding``'s severity label, warning where it has no finding (storwatch/mixin/rules.py)."""
+    out: dict[str, Severity] = {rv.label: "warning" for rv in view.checkpoints}
+    for f in view.findings:
+        if f.kind != "dataset" and f.run in out and (out[f.run] == "warning" or f.severity == "critical"):
+            out[f.run] = f.severity
+    return out
+
+
 def _run_entities(view: View) -> list[Entity]:
     from storwatch.analysis.recovery import recovery_point_seconds
     from storwatch.sources.kubevolumes import volume_ref
 
     recovery = {r.run: r for r in view.recovery}
+    severities = run_severity(view)
     draining = _node_draining(view)
     kube = view.kube
+    move_to = {f.run: f.move_to for f in view.findings if f.kind != "dataset"}
     out = []
     for rv in view.checkpoints:
         run = rv.run
@@ -584,8 +669,9 @@ def _run_entities(view: View) -> list[Entity]:
             "write_cost_seconds": _double(rec.write_cost_seconds) if rec else None,
             "recommended_interval_seconds": _double(rec.recommended_interval_seconds) if rec else None,
             "headroom_bytes": rec.headroom_bytes if rec else None,
-            "gpus": rec.gpus if rec else 0,
+            "gpus": rec.gpus if rec else None,
             "gpu_seconds_at_risk": _double(rec.gpu_seconds_at_risk) if rec else None,
+            "severity": severities.get(rv.label, "warning"),
             "workload": _s(rec.workload) if rec else None,
             "writing": rv.writing,
             "writers": len(rv.writers),
@@ -598,6 +684,7 @@ def _run_entities(view: View) -> list[Entity]:
             "namespace": _s(pod.namespace) if pod is not None else None,
             "pod": _s(pod.name) if pod is not None else None,
             "checkpoint": _s(os.path.basename(newest_complete.path.rstrip("/"))) if newest_complete else None,
+            **_run_words(rv, rec, draining, pod, seconds_left, move_to.get(rv.label)),
         }
         pids = tuple(dict.fromkeys((*rv.writers, *run.writing_pids)))
         out.append(
@@ -615,6 +702,63 @@ def _run_entities(view: View) -> list[Entity]:
             )
         )
     return out
+
+
+def _run_words(
+    rv: RunView,
+    rec: RunRecovery | None,
+    draining: bool | None,
+    pod: PodInfo | None,
+    seconds_left: float | None,
+    move_to: str | None,
+) -> dict[str, FieldValue]:
+    """A run's figures in the words its messages use (storwatch.words): what protects it, what is at risk, what is
+    taking it away, and where its checkpoints could go."""
+    rp = rec.recovery_point_seconds if rec is not None else None
+    copy = rv.newest_copy
+    if rec is None or (rp is None and rec.unknown_reason is None):
+        protection = "whether a checkpoint of it survives losing the node is unknown"
+    elif rp is None:
+        why = rec.unknown_reason
+        protection = f"the age of its newest checkpoint that survives losing the node is unknown ({why})"
+    elif math.isinf(rp):
+        protection = "no checkpoint of it survives losing the node"
+    else:
+        protection = f"its newest checkpoint that survives losing the node is {words.span(rp)} old"
+        if copy is not None:
+            how = "storwatch's verified copy" if copy.how == "verified" else "a copy at the same path"
+            protection += f" ({how} at {copy.where})"
+    gpus = rec.gpus if rec is not None else None
+    if not gpus:
+        at_risk = "no GPU of this node is known to write it" if gpus == 0 else "its GPUs are unknown"
+    elif rp is None:
+        at_risk = f"the GPU time at risk on its {gpus} GPUs is unknown"
+    elif math.isinf(rp):
+        at_risk = f"all the GPU time of its {gpus} GPUs since it began is at risk"
+    else:
+        at_risk = f"{words.span(rp * gpus)} of GPU time at risk ({gpus} GPUs)"
+    parts = []
+    if draining:
+        parts.append("the node is draining")
+    if pod is not None and seconds_left is not None:
+        parts.append(f"its pod {_s(pod.namespace)}/{_s(pod.name)} is being deleted ({words.span(seconds_left)} left)")
+    ephemeral = rv.mount is not None and rv.mount.verdict.durability.ephemeral
+    if move_to is not None:
+        step = f"copy them to {_path(move_to)}"
+    elif ephemeral:
+        step = (
+            "no durable destination known: set sync.destinations (or checkpoints.roots on durable storage), as "
+            "this node has no cluster or region storage mounted"
+        )
+    else:
+        step = ""
+    return {
+        "protection": _s(protection) or "",
+        "at_risk": at_risk,
+        "going": " and ".join(parts) if parts else None,
+        "move_to": _path(move_to) if move_to is not None else None,
+        "next_step": _s(step) or "",
+    }
 
 
 def _run_owner(view: View, rv: RunView, pod: PodInfo | None) -> str | None:
@@ -675,6 +819,13 @@ def _gpu_entities(view: View, shares: Mapping[str, float | None]) -> list[Entity
             "stall_mountpoint": _path(now_stall[1]) if now_stall else None,
             "stall_seconds_total": None if state is None else float(settled.get(label, 0.0)),
             "stall_share_10m": _double(shares.get(label)) if state is not None else None,
+            "stall_now": (
+                "stalls are not tracked"
+                if state is None
+                else "not stalled now"
+                if now_stall is None
+                else f"now: {words.CAUSE_WORDS.get(now_stall[0], now_stall[0])} on {_path(now_stall[1])}"
+            ),
         }
         out.append(Entity("gpu", g.uuid or f"index:{g.index}", fields))
     return out
@@ -773,9 +924,29 @@ def _node_entity(view: View) -> Entity:
     return Entity("node", "node", fields)
 
 
-def _alert_entities(alerts: Iterable[Alert], now: float) -> list[Entity]:
+def alert_subject(labels: Mapping[str, str], named: Mapping[EntityKind, Sequence[Entity]]) -> Entity | None:
+    """The entity of this node an alert's labels name: the run its ``run`` label names (the run label of the
+    storwatch_* series), else the mount of its ``mountpoint``, else the GPU of its ``uuid``, else of its ``gpu`` (the
+    NVML index, as storwatch_gpu_* label it). The most specific label present decides: a run label naming no run
+    here names nothing, rather than its mount. ``named``: the View's runs, mounts and GPUs."""
+    if "run" in labels:
+        return next((e for e in named.get("run", ()) if e.key == labels["run"]), None)
+    if "mountpoint" in labels:
+        return next((e for e in named.get("mount", ()) if e.fields.get("mountpoint") == labels["mountpoint"]), None)
+    if "uuid" in labels:
+        return next((e for e in named.get("gpu", ()) if e.fields.get("uuid") == labels["uuid"]), None)
+    if "gpu" in labels:
+        return next((e for e in named.get("gpu", ()) if str(e.fields.get("index")) == labels["gpu"]), None)
+    return None
+
+
+def _alert_entities(
+    alerts: Iterable[Alert], now: float, named: Mapping[EntityKind, Sequence[Entity]] | None = None
+) -> list[Entity]:
     out = []
     for a in alerts:
+        subject = alert_subject(a.labels, named or {})
+        checkpoint = subject.fields.get("checkpoint") if subject is not None and subject.kind == "run" else None
         fields: dict[str, FieldValue] = {
             "fingerprint": _s(a.fingerprint) or "",
             "status": a.status,
@@ -786,8 +957,12 @@ def _alert_entities(alerts: Iterable[Alert], now: float) -> list[Entity]:
             "starts_at": float(a.starts_at),
             "ends_at": _double(a.ends_at),
             "age_seconds": max(0.0, float(now - a.starts_at)),
+            "entity_kind": subject.kind if subject is not None else None,
+            "entity_key": _s(subject.key) if subject is not None else None,
+            "checkpoint": checkpoint if isinstance(checkpoint, str) else None,
         }
-        out.append(Entity("alert", a.fingerprint, fields))
+        # The actions of an alert's rules act on its subject, within its owner's budgets.
+        out.append(Entity("alert", a.fingerprint, fields, owner=subject.owner if subject else None, subject=subject))
     return out
 
 
@@ -812,14 +987,15 @@ def entities(
         for mv in view.mounts
     ]
     run_entities = _run_entities(view)
+    gpus = _gpu_entities(view, shares or {})
     return {
         "mount": mounts,
         "run": run_entities,
-        "gpu": _gpu_entities(view, shares or {}),
+        "gpu": gpus,
         "workload": _workload_entities(view),
         "finding": _finding_entities(view, {e.key: e.owner for e in run_entities}),
         "node": [_node_entity(view)],
-        "alert": _alert_entities(alerts, view.timestamp),
+        "alert": _alert_entities(alerts, view.timestamp, {"run": run_entities, "mount": mounts, "gpu": gpus}),
     }
 
 
@@ -894,7 +1070,8 @@ def markdown() -> str:
         "",
         "A policy file (YAML) holds `rules`, and may hold `macros` and `lists` that rules use. Several files load in",
         "order; a later one may `override` a rule of an earlier one. `storwatch policy check FILE...` checks files,",
-        "`storwatch policy test FILE...` runs test cases against them; `policies/default.yaml` is the shipped set.",
+        "`storwatch policy test FILE...` runs test cases against them; `storwatch/policies/default.yaml` (package",
+        "data, generated with the alert rules from `storwatch/mixin/thresholds.py`) is the shipped set.",
         "",
         "```yaml",
         "lists:",
@@ -907,13 +1084,14 @@ def markdown() -> str:
         "    when: at_risk && complete > 0 # a CEL expression over the entity's fields (below)",
         "    for: 5m                      # true this long before it fires (default 0: at once)",
         "    keep_firing_for: 2m          # keeps firing this long after it stops being true (default 0)",
-        "    severity: warning            # info, warning or critical",
+        '    severity: warning            # info, warning or critical; "{severity}": each entity\'s own (below)',
         "    labels: {team: ml-infra}",
         '    message: "run {run} has no checkpoint that survives losing the node"',
         "    actions:",
         "      - action: event",
         "        params: {}",
         "    cooldown: 1h                 # the actions run again while it keeps firing, at most this often",
+        "    repeat_on: [checkpoint]      # and whenever one of these fields changes while it fires (a newer one)",
         "    enabled: true",
         "    dry_run: false               # actions say what they would do, and do nothing",
         "  # in a later file: change that rule (as Falco's override does)",
@@ -926,8 +1104,18 @@ def markdown() -> str:
         "Durations are a number of seconds or a string such as `90s`, `5m`, `2h`, `1d`. A rule's state is kept per",
         "entity (rule, kind, key): pending from the first View its condition holds, firing once it has held for",
         "`for`, resolved once it has not held for `keep_firing_for`, as in Prometheus alerting rules. Actions run",
-        "when it starts firing, again while it fires at most once per `cooldown` (never when the cooldown is 0),",
-        "and when it resolves. A reload keeps the state of every rule whose name and definition did not change.",
+        "when it starts firing, again while it fires at most once per `cooldown` (never when the cooldown is 0) and",
+        "whenever a field of `repeat_on` changes (whatever the cooldown: a sync rule with `repeat_on: [checkpoint]`",
+        "copies every newer checkpoint), and when it resolves. A reload keeps the state of every rule whose name and",
+        "definition did not change.",
+        "",
+        '`severity: "{severity}"` gives each entity the severity of its own `severity` field (runs, findings and',
+        "alerts have one; a value that is no severity, as an alert without a severity label, counts as a warning),",
+        "so a run shows one severity in its finding, in the policy's rules about it and in the alerts about it.",
+        "",
+        "A rule `on: alert` acts on what the alert names: its labels `run`, else `mountpoint`, else `uuid` or `gpu`",
+        "name a run, mount or GPU of this node (`entity_kind`, `entity_key`), and its `sync` and",
+        "`request_checkpoint` actions act on that run as a rule on the run would.",
         "",
         "`message` fills `{field}` with the entity's field (null as `null`); `{{` and `}}` are braces. Nothing else",
         "is read: no attribute, index or format spec.",
@@ -984,15 +1172,18 @@ def markdown() -> str:
 __all__ = [
     "MAX_STRING_CHARS",
     "SCHEMA",
+    "SEVERITY_FIELDS",
     "STALL_WINDOW_SECONDS",
     "EntityBuilder",
     "Field",
     "FieldType",
     "Kind",
     "StallShares",
+    "alert_subject",
     "entities",
     "field_size",
     "markdown",
     "problems",
+    "run_severity",
     "type_problem",
 ]

@@ -1,5 +1,6 @@
-"""Parsers for a process's I/O accounting and open files: ``<procfs>/<pid>/io``, the access mode in
-``<procfs>/<pid>/fdinfo/<fd>`` and the children lists in ``<procfs>/<pid>/task/<tid>/children``.
+"""Parsers for a process's I/O accounting and open files: ``<procfs>/<pid>/io``, the access mode and inode in
+``<procfs>/<pid>/fdinfo/<fd>``, the children lists in ``<procfs>/<pid>/task/<tid>/children`` and the signal mask and
+user IDs in ``<procfs>/<pid>/status``.
 
 ``io`` (proc(5)): ``rchar``/``wchar`` are bytes passed to read and write calls (page cache hits included), ``syscr``/
 ``syscw`` the number of those calls, ``read_bytes``/``write_bytes`` what reached (or will reach) the storage layer,
@@ -99,4 +100,27 @@ def caught_signals(status: bytes) -> int | None:
             if not text or len(text) > 32 or any(c not in b"0123456789abcdefABCDEF" for c in text):
                 return None
             return int(text, 16)
+    return None
+
+
+def fd_inode(fdinfo: bytes) -> int | None:
+    """The inode number of the open file, from the ``ino:`` line (decimal) of a ``<pid>/fdinfo/<fd>`` file (Linux
+    5.14 and later); None when the line is missing or not a number."""
+    for raw in fdinfo.splitlines():
+        name, _, rest = raw.partition(b":")
+        if name.strip() == b"ino":
+            text = rest.strip()
+            return int(text) if text.isdigit() and len(text) <= 20 else None
+    return None
+
+
+def status_uids(status: bytes) -> tuple[int, ...] | None:
+    """The real, effective, saved and filesystem user IDs from the ``Uid:`` line of ``<procfs>/<pid>/status`` (the
+    filesystem one owns the files the process creates). None when the line is missing or malformed."""
+    for line in status.splitlines():
+        if line.startswith(b"Uid:"):
+            words = line[len(b"Uid:") :].split()
+            if len(words) != 4 or not all(w.isdigit() and len(w) <= 10 for w in words):
+                return None
+            return tuple(int(w) for w in words)
     return None

@@ -68,6 +68,8 @@ MAX_WRITTEN_FILES = 256
 ENDED_KEEP_SECONDS = 3600.0
 """How long the files an ended workload wrote are remembered (their saves' spans)."""
 MAX_ENDED_FILES = 1024
+MAX_BURSTS = 64
+"""Write bursts remembered per workload (the newest)."""
 MAX_WATCHED = 256
 """Open files watched between passes, over every workload."""
 
@@ -149,6 +151,12 @@ class WorkloadAccess:
     written: tuple[WrittenFile, ...] = ()
     """The regular files its processes were seen writing while it lives (at most MAX_WRITTEN_FILES, the newest),
     oldest first: which run directories this GPU work writes, and when each file was open."""
+    write_bursts: tuple[tuple[float, float, int], ...] = ()
+    """The bursts its processes wrote between two looks at their write counters (every WATCH_SECONDS): (the look
+    before, the look that saw it, bytes passed to write calls), each of at least WRITE_TRIGGER_BYTES, the newest
+    MAX_BURSTS: a save too quick to be seen open is seen here, to be matched with the file events' saves."""
+    uid: int | None = None
+    """The GPU process's user (the owner of its ``<procfs>/<pid>``, which the kernel sets to its effective uid)."""
 
 
 @dataclass(frozen=True)
@@ -267,6 +275,7 @@ class _Workload:
     """Files seen open for writing, by host path."""
     looked: dict[int, float] = field(default_factory=dict)
     """Each process's last full look at its open files (when the pass read all of them)."""
+    bursts: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=MAX_BURSTS))
 
     def queue(self, root: int) -> Iterator[int]:
         """Its descendants once each, starting after the one read last, then those found on the way."""
@@ -350,6 +359,8 @@ class AccessSource:
         self._ended: deque[tuple[float, WrittenFile]] = deque()
         """What ended workloads wrote, with when each ended."""
         self._wchar: dict[int, int] = {}
+        self._wchar_at: dict[int, float] = {}
+        """When each write counter in ``_wchar`` was read."""
         """Each watched process's write counter at the last look between passes."""
         self.parse_errors = 0
         self._bad = OnceLog(log)
@@ -564,16 +575,24 @@ class AccessSource:
                 sampled=sampled,
                 processes_known=len(work.records),
                 written=self._written(root),
+                write_bursts=tuple(work.bursts),
+                uid=self._uid(root),
             )
         known = {p for w in self._workloads.values() for p in w.records}
         self._fd_cursor = {p: c for p, c in self._fd_cursor.items() if p in known}
         # the write counters as this pass read them: the looks until the next pass compare with these
-        self._wchar = {
-            p: rec.counters.wchar
+        fresh = {
+            p: (w, rec.counters.wchar)
             for w in self._workloads.values()
             for p, rec in w.records.items()
             if rec.counters is not None and rec.read_pass == self._pass
         }
+        for p, (w, wchar) in fresh.items():  # a burst between the last look and this pass is a burst all the same
+            before, at = self._wchar.get(p), self._wchar_at.get(p)
+            if before is not None and at is not None and wchar - before >= WRITE_TRIGGER_BYTES:
+                w.bursts.append((at, now, wchar - before))
+        self._wchar = {p: wchar for p, (_, wchar) in fresh.items()}
+        self._wchar_at = dict.fromkeys(self._wchar, now)
         self._facts = AccessFacts(
             now,
             out,
@@ -600,6 +619,12 @@ class AccessSource:
     def _written(self, root: int) -> tuple[WrittenFile, ...]:
         work = self._workloads.get(root)
         return tuple(w.frozen() for w in work.written.values()) if work is not None else ()
+
+    def _uid(self, pid: int) -> int | None:
+        try:
+            return os.stat(self.paths.proc(str(pid))).st_uid
+        except OSError:
+            return None
 
     def _comm(self, pid: int) -> str | None:
         data = _read_small(self.paths.proc(str(pid), "comm"), MAX_COMM)
@@ -676,9 +701,14 @@ class AccessSource:
                 if counters is None:
                     self._wchar.pop(pid, None)
                     continue
-                before = self._wchar.get(pid)
-                self._wchar[pid] = counters.wchar
-                if before is None or counters.wchar - before < WRITE_TRIGGER_BYTES or read >= MAX_TRIGGERED_PER_LOOK:
+                before, before_at = self._wchar.get(pid), self._wchar_at.get(pid)
+                now = self.clock()
+                self._wchar[pid], self._wchar_at[pid] = counters.wchar, now
+                if before is None or counters.wchar - before < WRITE_TRIGGER_BYTES:
+                    continue
+                if before_at is not None:
+                    work.bursts.append((before_at, now, counters.wchar - before))
+                if read >= MAX_TRIGGERED_PER_LOOK:
                     continue
                 read += 1
                 if host is None:

@@ -46,7 +46,7 @@ from storwatch.pace import CpuBudget
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.sources import FactsKey, checkpoint_key
-from storwatch.sources.checkpoint_key import KUBELET_PODS, default_roots
+from storwatch.sources.checkpoint_key import KUBELET_PODS, SearchPlan, SearchRoot, default_roots
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 from storwatch.sources.writers import GONE, WriterCheck
 from storwatch.sources.writers import REJECT_REASONS as WRITER_REJECT_REASONS
@@ -63,6 +63,8 @@ __all__ = [
     "CheckpointFacts",
     "CheckpointSource",
     "RunState",
+    "SearchPlan",
+    "SearchRoot",
     "StuckRoot",
     "default_roots",
 ]
@@ -188,6 +190,9 @@ class CheckpointFacts:
     """Tenants' claims refused since the agent started, by reason (each of CLAIM_REJECT_REASONS, zeros included)."""
     unreadable: tuple[Unreadable, ...] = ()
     """Units whose last walk could not read some entries; the collection is then a failure naming them."""
+    plan: SearchPlan | None = None
+    """Where this collection searched and why (``roots`` as the host names them, each with why it was chosen), and the
+    places passed over; None for a source given its roots alone (a one-off walk of named directories)."""
 
 
 CHECKPOINTS: FactsKey[CheckpointFacts] = checkpoint_key.CHECKPOINTS
@@ -233,20 +238,25 @@ class CheckpointSource:
         stuck_paths: Callable[[], Iterable[str]] | None = None,
         mountpoints: Callable[[], Iterable[str]] | None = None,
         calls: BlockingCalls | None = None,
-        resolve_roots: Callable[[CheckpointsConfig], Sequence[str]] | None = None,
+        plan: Callable[[CheckpointsConfig], SearchPlan] | None = None,
         writers: WriterCheck | None = None,
         max_inflight: int = 8,
+        paths: HostPaths | None = None,
     ) -> None:
         """``settings``: the ``checkpoints`` section (the defaults when None), taken whole on every reload;
-        ``resolve_roots``: the scan roots a (reloaded) section names, as this agent sees them."""
+        ``plan``: where to search under a section, asked again at every collection (the default places follow the
+        mount table), its roots reached below ``paths``' root; without it, ``roots`` (as reached) are searched."""
         self.roots = tuple(os.path.normpath(r) for r in roots)
+        self.plan = plan
+        self.paths = paths if paths is not None else HostPaths()
+        self.searching: SearchPlan | None = None
+        """The plan of the last collection."""
         self.settings = settings if settings is not None else CheckpointsConfig()
         self.budget = CpuBudget(self.settings.scan_cpu_share, self.settings.scan_max_interval_seconds)
         """What a scan costs (the helper's CPU for it and this source's), and so how often one comes."""
         self.interval_seconds = self.settings.interval_seconds
         self.limits = DeepLimits.from_config(self.settings)
         """The bounds of every check, sent to the helper with each request."""
-        self.resolve_roots = resolve_roots
         self.stuck_paths = stuck_paths
         self.mountpoints = mountpoints if mountpoints is not None else OwnMountpoints()
         self.clock = clock
@@ -282,11 +292,21 @@ class CheckpointSource:
         self.budget.configure(settings.scan_cpu_share, settings.scan_max_interval_seconds)
         self.budget.forget()
         self.limits = DeepLimits.from_config(settings)
-        if self.resolve_roots is not None:
-            roots = tuple(os.path.normpath(r) for r in self.resolve_roots(settings))
-            if roots != self.roots:
-                log.info("checkpoint roots now %s", ", ".join(roots) or "none")
-                self.roots = roots
+
+    def _replan(self) -> SearchPlan | None:
+        """Where to search now (the plan's roots become ``roots``), said in the log when it changed."""
+        if self.plan is None:
+            return None
+        plan = self.plan(self.settings)
+        roots = tuple(os.path.normpath(r) for r in plan.local_roots(self.paths))
+        if plan != self.searching:
+            if plan.roots:
+                log.info("searching for checkpoints in %s", "; ".join(f"{r.path} ({r.why})" for r in plan.roots))
+            else:
+                log.info("%s", plan.nowhere())
+        self.searching = plan
+        self.roots = roots
+        return plan
 
     # -- units
 
@@ -316,12 +336,16 @@ class CheckpointSource:
 
     @property
     def off_reason(self) -> str | None:
-        """Off where there is nowhere to look: no checkpoints.roots configured and no kubelet pod volumes."""
-        return None if self.roots else "no checkpoints.roots configured and no kubelet pod volumes on this node"
+        """Off where there is nowhere to look (no root configured, no default place, no kubelet pod volumes)."""
+        if self.roots:
+            return None
+        return self.searching.nowhere() if self.searching is not None else "no checkpoint roots to search"
 
     def collect(self) -> CheckpointFacts:
+        searching = self._replan()
         if not self.roots:
-            return CheckpointFacts(self.clock(), (), False, None, 0.0, ())
+            self._units = {}
+            return CheckpointFacts(self.clock(), (), False, None, 0.0, (), plan=searching)
         settings = self.settings
         cpu_started = time.thread_time()
         helper_cpu, rescans = 0.0, 0
@@ -437,6 +461,7 @@ class CheckpointSource:
             self._dataset_dirs(),
             dict(self._claims_rejected),
             unreadable,
+            searching,
         )
 
     def _dataset_dirs(self) -> tuple[DatasetDir, ...]:

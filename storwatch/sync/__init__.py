@@ -19,10 +19,10 @@ The parts, in the order a copy passes them:
 
 from __future__ import annotations
 
+from storwatch.checkpoints.manifest import MANIFEST_SUFFIX, TEMP_NAME, TEMP_TAG
 from storwatch.sync.commit import CRASH_TABLE
 from storwatch.sync.copy import MARKERS, copy_verified
 from storwatch.sync.destinations import Destinations, safe_field
-from storwatch.sync.names import MANIFEST_SUFFIX, TEMP_NAME, TEMP_TAG
 from storwatch.sync.pipeline import CHUNK, LAG, READ_BACK
 from storwatch.sync.result import HASH_NAME, OK_OUTCOMES, OUTCOMES, SyncRefused, SyncResult
 from storwatch.sync.worker import STATES, SyncJob, SyncWorker, helper_command, helper_main

@@ -21,19 +21,16 @@ import contextlib
 import ctypes
 import errno
 import fcntl
-import json
 import os
 import signal
-import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from storwatch.sync.names import MANIFEST_SUFFIX, MANIFEST_VERSION, MAX_MANIFEST_BYTES, TEMP_NAME, temp_name
+from storwatch.checkpoints.manifest import MANIFEST_SUFFIX, TEMP_NAME, describes, ours, read_manifest, temp_name
 from storwatch.sync.pipeline import libc_function
 from storwatch.sync.result import Abort, SyncRefused
-from storwatch.sync.tree import kind_of, remove_tree
+from storwatch.sync.tree import remove_tree
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -139,82 +136,6 @@ def _exists(dir_fd: int, name: str) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Manifests
-
-
-def read_manifest(dir_fd: int, name: str) -> dict[str, Any] | None:
-    """A manifest of ours, or None for anything else (unreadable, too large, not our schema)."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks = []
-        total = 0
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > MAX_MANIFEST_BYTES:
-                return None
-            chunks.append(chunk)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    try:
-        data = json.loads(b"".join(chunks))
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict) or data.get("storwatch_sync") != MANIFEST_VERSION:
-        return None
-    if not isinstance(data.get("inode"), int) or not isinstance(data.get("entries"), list):
-        return None
-    return data
-
-
-_IDENTITY = ("path", "type", "size", "mtime_ns", "target")
-
-
-def identity(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """What says a listed entry is the one a manifest recorded (not its hash, mode or owner)."""
-    return {k: entry[k] for k in _IDENTITY if k in entry}
-
-
-def manifest_run(manifest: Mapping[str, Any]) -> str | None:
-    """The run a manifest's copy is of: what the copy recorded, or (a manifest written before runs were recorded)
-    the directory holding its source."""
-    run = manifest.get("run")
-    if isinstance(run, str):
-        return run
-    source = manifest.get("source")
-    return os.path.dirname(source) if isinstance(source, str) else None
-
-
-def describes(manifest: Mapping[str, Any] | None, dir_fd: int, name: str) -> bool:
-    """Whether ``manifest`` describes the copy at ``name``: the same inode, and the same type and mtime of its top (an
-    inode number alone could have been reused by something else since)."""
-    if manifest is None or not manifest["entries"] or not isinstance(manifest["entries"][0], dict):
-        return False
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        return False
-    top = manifest["entries"][0]
-    same = (st.st_ino, kind_of(st.st_mode), st.st_mtime_ns) == (manifest["inode"], top.get("type"), top.get("mtime_ns"))
-    return same
-
-
-def ours(dir_fd: int, name: str) -> dict[str, Any] | None:
-    """The manifest of the copy at ``name``, when the copy there is the one it describes."""
-    manifest = read_manifest(dir_fd, name + MANIFEST_SUFFIX)
-    return manifest if describes(manifest, dir_fd, name) else None
 
 
 def write_manifest(dir_fd: int, name: str, data: bytes, mode: int) -> None:

@@ -40,10 +40,18 @@ from typing import Any
 
 import xxhash
 
+from storwatch.checkpoints.manifest import (
+    MANIFEST_SUFFIX,
+    MANIFEST_VERSION,
+    identity,
+    is_ours,
+    manifest_run,
+    ours,
+    temp_name,
+)
 from storwatch.nofollow import DIR_FLAGS, NotFollowed, open_below
 from storwatch.sync.access import source_reach
-from storwatch.sync.commit import commit, dir_lock, identity, manifest_run, ours, point, recover, retain, write_manifest
-from storwatch.sync.names import MANIFEST_SUFFIX, MANIFEST_VERSION, is_ours, temp_name
+from storwatch.sync.commit import commit, dir_lock, point, recover, retain, write_manifest
 from storwatch.sync.pipeline import FileJob, Pipeline, read_full
 from storwatch.sync.result import HASH_NAME, OK_OUTCOMES, Abort, SyncRefused, SyncResult
 from storwatch.sync.tree import MAX_DEPTH, Dirs, Entry, check_links, kind_of, remove_tree, walk, what
@@ -594,6 +602,7 @@ class _Copy:
             "storwatch_sync": MANIFEST_VERSION,
             "source": self.src,
             "run": self.source_run,
+            "source_mtime": max(e.st.st_mtime_ns for e in entries) / 1e9,
             "dest": self.dest,
             "inode": inode,
             "hash": HASH_NAME,

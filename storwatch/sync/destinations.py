@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from storwatch.sync.names import MANIFEST_SUFFIX, NAME_MAX, TEMP_TAG, is_ours
+from storwatch.checkpoints.manifest import MANIFEST_SUFFIX, NAME_MAX, TEMP_TAG, is_ours
 from storwatch.sync.result import SyncRefused
 
 if TYPE_CHECKING:  # the copy's helper process never reads the configuration: its start-up is the copy's time

@@ -17,6 +17,7 @@ from storwatch.report import (
     mount_state,
     no_checkpoints_line,
     no_gpus_line,
+    search_summary,
     usage_percent,
 )
 from storwatch.web.timeline import findings_panel, shown, timelines
@@ -113,6 +114,7 @@ def render_status_page(data: dict[str, Any]) -> str:
                 pods=e(", ".join(pods)),
             )
         )
+    done = what_was_done(data)
     ckpt_rows = []
     for r in data["checkpoints"]:
         problems = []
@@ -139,7 +141,8 @@ def render_status_page(data: dict[str, Any]) -> str:
             "<tr class='{cls}'><td class='mountpoint'>{run}</td><td class='mountpoint path'>{path}</td>"
             "<td class='durability'><span class='d-{dur}'>{dur}</span></td><td class='num'>{age}</td>"
             "<td class='num'>{size}</td><td class='num'>{interval}</td>"
-            "<td class='num'>{kept}</td><td>{state}</td></tr>".format(
+            "<td class='num'>{kept}</td><td>{state}</td><td class='done'>{done}</td></tr>".format(
+                done=shown(done.get(r["run"], "")) or "-",
                 cls="stuck" if r["corrupt"] or r.get("unsafe") else "",
                 run=shown(r["run"]),
                 path=shown(r.get("directory") or r["path"]),
@@ -157,7 +160,7 @@ def render_status_page(data: dict[str, Any]) -> str:
     if not gpu_rows:
         gpu_rows.append(f"<tr><td colspan='8' class='empty'>{e(no_gpus_line(data))}</td></tr>")
     if not ckpt_rows:
-        ckpt_rows.append(f"<tr><td colspan='8' class='empty'>{shown(no_checkpoints_line(data))}</td></tr>")
+        ckpt_rows.append(f"<tr><td colspan='9' class='empty'>{shown(no_checkpoints_line(data))}</td></tr>")
     gpu_note = _gpu_note(data)
     collectors = ", ".join(_collector_text(c) for c in data["collectors"])
     plat = data["platform"]
@@ -167,8 +170,10 @@ def render_status_page(data: dict[str, Any]) -> str:
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="10">
 <title>storwatch status</title>
 <style>
-body {{ font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }}
-table {{ border-collapse: collapse; width: 100%; }}
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; overflow-wrap: anywhere; }}
+table {{ border-collapse: collapse; width: 100%; table-layout: auto; }}
+td.num {{ overflow-wrap: normal; }} td.done {{ font-size: 12px; }}
+#node-state.leaving {{ border: 1px solid #e0b4b4; background: #fff6f6; padding: 0 1em; }}
 th, td {{ border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }}
 th {{ background: #f3f3f3; }} td.num {{ text-align: right; white-space: nowrap; }}
 tr.stuck {{ background: #fde2e2; }} .mountpoint {{ font-family: monospace; }}
@@ -179,14 +184,17 @@ td.kube {{ font-size: 12px; }}
 #findings li.critical b {{ color: #b00020; }} #findings li.warning b {{ color: #b36b00; }}
 #findings {{ border: 1px solid #e0b4b4; background: #fff6f6; padding: 0 1em; }}
 #findings.none {{ border-color: #c8e6c9; background: #f5fbf5; }} figure {{ margin: 0.5em 0; }}
+#findings.unsearched, #findings.unsure {{ border-color: #e6d3a3; background: #fffaf0; }}
 </style></head><body>
 <h1>storwatch</h1>
 <p class="summary"><span>platform: <b id="platform">{e(plat["name"])}</b> ({e(plat["detected_by"])})</span>
 <span>mounts: <b id="mount-count">{len(storage)}</b></span>
 <span>ephemeral (volatile or node): <b id="ephemeral-count">{ephemeral}</b></span>
 <span>stuck: <b id="stuck-count">{stuck_count}</b></span></p>
-{findings_panel(data.get("findings") or [])}
+{findings_panel(data.get("findings") or [], search_summary(data), done)}
+{_node_section(data)}
 {_policy_section(data.get("policy"), data.get("generated_at"))}
+{_alerts_section(data.get("alerts"), data.get("generated_at"))}
 <h2>Mounts</h2>
 <table id="mounts"><thead><tr><th>Mountpoint</th><th>Device</th><th>Type</th><th>Durability</th><th>Reason</th>
 <th>Kubernetes</th><th>Used</th><th>Size</th><th>Avail</th><th>State</th></tr></thead>
@@ -211,7 +219,7 @@ Used is counted as df counts it, used / (used + available): space reserved for r
 {timelines(data)}
 <h2>Checkpoints</h2>
 <table id="checkpoints"><thead><tr><th>Run</th><th>Path</th><th>Durability</th><th>Newest complete, age</th>
-<th>Size</th><th>Interval</th><th>Kept</th><th>State</th></tr></thead>
+<th>Size</th><th>Interval</th><th>Kept</th><th>State</th><th>Done about it</th></tr></thead>
 <tbody>
 {chr(10).join(ckpt_rows)}
 </tbody></table>
@@ -231,6 +239,105 @@ its last round.</p>
 
 
 POLICY_ACTIONS_SHOWN = 20
+ALERTS_SHOWN = 50
+
+
+def what_was_done(data: dict[str, Any]) -> dict[str, str]:
+    """For each run, what protects it and what the agent did about it, in words: its newest durable copy (where, how
+    old the save it protects), and the last checkpoint request the policy made of it, with its answer (a save newer
+    than the request)."""
+    now = data.get("generated_at")
+    requests: dict[str, dict[str, Any]] = {}
+    for a in (data.get("policy") or {}).get("actions") or ():
+        if a.get("action") == "request_checkpoint" and a.get("kind") == "run" and a.get("key") not in requests:
+            requests[a["key"]] = a  # newest first
+    syncs: dict[str, dict[str, Any]] = {}
+    for j in (data.get("policy") or {}).get("syncs") or ():
+        syncs.setdefault(j["run"], j)  # newest first
+    out: dict[str, str] = {}
+    for r in data.get("checkpoints") or ():
+        parts = []
+        copy = r.get("durable_copy")
+        if copy is not None:
+            how = "verified copy" if copy["how"] == "verified" else "copy at the same path"
+            age = human_seconds(copy["covers_age_seconds"])
+            parts.append(f"{how} of {copy['checkpoint']} (a save {age} old) at {copy['where']}")
+        elif r.get("durability") in ("volatile", "node"):
+            parts.append("no durable copy")
+        job = syncs.get(r["run"])
+        if job is not None and job["state"] in ("queued", "running"):
+            parts.append(f"copy to {job['destination']} {job['state']}")
+        elif job is not None and job["state"] != "done" and copy is None:
+            parts.append(
+                f"copy to {job['destination']} {job['state']}" + (f": {job['detail']}" if job.get("detail") else "")
+            )
+        asked = requests.get(r["run"])
+        if asked is not None and now is not None:
+            when = human_seconds(max(0.0, now - asked["at"]))
+            text = f"checkpoint asked {when} ago ({asked['outcome']}"
+            text += f": {asked['detail']})" if asked.get("detail") else ")"
+            age = r.get("newest_complete_age_seconds")
+            if age is not None and now - age > asked["at"]:
+                text += f"; answered by a save {human_seconds(age)} old"
+            elif asked["outcome"] in ("ok", "dry_run"):
+                text += "; not answered yet"
+            parts.append(text)
+        if parts:
+            out[r["run"]] = "; ".join(parts)
+    return out
+
+
+def _node_section(data: dict[str, Any]) -> str:
+    """The node's drain and the pods being deleted, as states of their own (only with a Kubernetes API)."""
+    kube = data.get("kubernetes") or {}
+    if not kube.get("enabled"):
+        return ""
+    node = kube.get("node") or {}
+    leaving = kube.get("terminating_pods") or []
+    words = []
+    if node.get("draining"):
+        taints = ", ".join(node.get("removal_taints") or ())
+        words.append("<b>draining</b>: cordoned" + (f", with the removal taint {shown(taints)}" if taints else ""))
+    elif node.get("cordoned"):
+        words.append("<b>cordoned</b> (no removal taint: not draining)")
+    else:
+        words.append("not cordoned, not draining")
+    if leaving:
+        pods = "; ".join(
+            f"{shown(p['namespace'])}/{shown(p['pod'])}"
+            + ("" if p.get("seconds_left") is None else f" ({human_seconds(p['seconds_left'])} left)")
+            for p in leaving
+        )
+        words.append(f"<b>pods being deleted</b>: {pods}")
+    cls = " class='leaving'" if node.get("draining") or leaving else ""
+    name = shown(node.get("name") or "this node")
+    return f"<section id='node-state'{cls}><p>Node {name}: {'; '.join(words)}.</p></section>"
+
+
+def _alerts_section(alerts: list[dict[str, Any]] | None, now: float | None) -> str:
+    """The alerts Alertmanager posted for this node: which, about what, firing or resolved, since when."""
+    if alerts is None:
+        return ""
+    e = html.escape
+    rows = []
+    for a in alerts[-ALERTS_SHOWN:]:
+        labels = a.get("labels") or {}
+        about = ", ".join(f"{k}={labels[k]}" for k in ("run", "mountpoint", "gpu", "uuid") if k in labels)
+        since = "-" if now is None else f"{human_seconds(max(0.0, now - a['starts_at']))} ago"
+        rows.append(
+            f"<tr class='{e(a['status'])}'><td>{shown(labels.get('alertname', '?'))}</td>"
+            f"<td>{shown(labels.get('severity', '-'))}</td><td class='mountpoint'>{shown(about or '-')}</td>"
+            f"<td>{e(a['status'])}</td><td class='num'>{e(since)}</td>"
+            f"<td>{shown((a.get('annotations') or {}).get('summary', ''))}</td></tr>"
+        )
+    if not rows:
+        rows.append("<tr><td colspan='6' class='empty'>none received</td></tr>")
+    return f"""<h3>Alerts received from Alertmanager</h3>
+<table id="alerts-received"><thead><tr><th>Alert</th><th>Severity</th><th>About</th><th>Status</th><th>Since</th>
+<th>Summary</th></tr></thead>
+<tbody>
+{chr(10).join(rows)}
+</tbody></table>"""
 
 
 def _policy_section(policy: dict[str, Any] | None, now: float | None) -> str:

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from storwatch.printable import printable
-from storwatch.report import NO_LATENCY_SOURCE, human_seconds
+from storwatch.report import NO_LATENCY_SOURCE, SearchSummary, human_seconds
+from storwatch.words import CAUSE_WORDS
 
 WIDTH, PLOT_HEIGHT, LATENCY_HEIGHT, MARGIN = 900, 90, 40, 48
 BUCKET_SECONDS = 10.0
@@ -29,19 +31,24 @@ MAX_SPAN_SECONDS = 86400.0
 """No stall or checkpoint write lasts a day: a span that began earlier than that before the picture's hour is a
 clock step or a forged time (an event line's ``start``), not something to draw."""
 CAUSE_COLOURS = {"checkpoint_write": "#e8871e", "data_read": "#8e44ad", "io_contention": "#c0392b"}
-CAUSE_WORDS = {
-    "checkpoint_write": "waiting on its checkpoint write",
-    "data_read": "waiting on dataset reads",
-    "io_contention": "waiting on a contended mount",
-}
 
 
-def findings_panel(findings: list[dict[str, Any]]) -> str:
+def findings_panel(findings: list[dict[str, Any]], search: SearchSummary, done: Mapping[str, str] | None = None) -> str:
+    """The findings, most severe first, each with what was done about its run (``done``: its newest durable copy, the
+    last checkpoint request and its answer), and where the checkpoint scan looked: "nothing found" only of places it
+    searched, and where it searched nowhere, why and how to have a place searched."""
     e = html.escape
+    caveats = f"<p class='note' id='search-caveats'>{shown(' '.join(search.caveats))}</p>" if search.caveats else ""
     if not findings:
+        if search.searched is None:
+            return (
+                "<section id='findings' class='unsearched'><h2>At risk</h2>"
+                f"<p id='searched'>{shown(search.unsearched or '')}</p>{caveats}</section>"
+            )
         return (
-            "<section id='findings' class='none'><h2>At risk</h2><p>Nothing important found on storage that is "
-            "lost with this node.</p></section>"
+            f"<section id='findings' class='{'unsure' if search.partial else 'none'}'><h2>At risk</h2>"
+            f"<p id='searched'>{shown(search.searched)}: nothing important found on storage that is lost with this "
+            f"node.</p>{caveats}</section>"
         )
     # One line a finding, in the report's order (most severe, then largest, first): its sentence names the run and
     # its directory, the bytes, the age and where the data should go; then why it is as severe as it is.
@@ -49,10 +56,12 @@ def findings_panel(findings: list[dict[str, Any]]) -> str:
         f"<li class='finding {e(f['severity'])}' data-id='{e(f['id'])}'><b>{e(f['severity'])}</b> "
         f"<span class='sentence'>{shown(f['sentence'])}</span>"
         + (f" <span class='why'>({shown(f['severity_reason'])})</span>" if f.get("severity_reason") else "")
+        + (f"<br><span class='done'>Done: {shown(done[f['run']])}</span>" if done and done.get(f["run"]) else "")
         + "</li>"
         for f in findings
     )
-    return f"<section id='findings'><h2>At risk</h2><ul>\n{items}\n</ul></section>"
+    where = f"<p class='note' id='searched'>{shown(search.searched)}.</p>" if search.searched else ""
+    return f"<section id='findings'><h2>At risk</h2><ul>\n{items}\n</ul>{where}{caveats}</section>"
 
 
 def shown(text: str) -> str:

@@ -7,7 +7,11 @@
  *
  * The script is read at nvmlInit and re-read whenever its mtime, size or inode changes; that is checked at init, on
  * every nvmlDeviceGetCount_v2 (once per sampling tick) and on every nvmlEventSetWait_v2, so a test can change values
- * between ticks. One directive a line, '#' starts a comment, values are integers (0x... allowed) unless noted:
+ * between ticks. FAKE_NVML_SCRIPT may name a directory instead: its files named *.txt (not starting with '.') are
+ * read in name order as one script, again whenever one of them is added, removed or changed, so that several
+ * processes can each script their own GPUs in a file of their own (replaced atomically, with a temporary whose name
+ * does not end in .txt). One directive a line, '#' starts a comment, values are integers (0x... allowed) unless
+ * noted:
  *
  *   driver VERSION                            nvmlSystemGetDriverVersion (a word; default 550.54.15)
  *   init error=CODE                           nvmlInit* fails with CODE (e.g. 9 = NVML_ERROR_DRIVER_NOT_LOADED)
@@ -37,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
@@ -186,7 +191,7 @@ struct script {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct script S;
 static int script_loaded;
-static struct stat script_stat;
+static unsigned long long script_sig; /* of the script as last read (script_files) */
 static int refcount;
 static unsigned long long gpu_calls[MAX_GPUS];
 /* Xid events delivered so far, per GPU and code, across reloads: a script's counts are cumulative. */
@@ -366,6 +371,57 @@ static void parse_line(struct script *s, char *line) {
     }
 }
 
+/* A script directory: its *.txt files, read in name order as one script (each file ends a line). */
+#define MAX_SCRIPT_FILES 256
+#define MAX_SCRIPT_BYTES (1 << 20)
+
+static int is_script_file(const struct dirent *e) {
+    size_t n = strlen(e->d_name);
+    return e->d_name[0] != '.' && n > 4 && strcmp(e->d_name + n - 4, ".txt") == 0;
+}
+
+/* An FNV-1a step: the signature of what was read, to see any change of a file's name, inode, mtime or size. */
+static unsigned long long fnv(unsigned long long h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+static unsigned long long stat_signature(unsigned long long h, const struct stat *st) {
+    h = fnv(h, &st->st_ino, sizeof st->st_ino);
+    h = fnv(h, &st->st_mtim.tv_sec, sizeof st->st_mtim.tv_sec);
+    h = fnv(h, &st->st_mtim.tv_nsec, sizeof st->st_mtim.tv_nsec);
+    return fnv(h, &st->st_size, sizeof st->st_size);
+}
+
+/* The script's files (path itself, or a directory's *.txt in name order) and their signature; 0 files on error. */
+static int script_files(const char *path, const struct stat *st, char files[][4096], unsigned long long *sig) {
+    *sig = stat_signature(14695981039346656037ULL, st);
+    if (!S_ISDIR(st->st_mode)) {
+        snprintf(files[0], 4096, "%s", path);
+        return 1;
+    }
+    struct dirent **list;
+    int n = scandir(path, &list, is_script_file, alphasort);
+    if (n < 0)
+        return 0;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        struct stat fst;
+        if (k < MAX_SCRIPT_FILES) {
+            snprintf(files[k], 4096, "%s/%s", path, list[i]->d_name);
+            if (stat(files[k], &fst) == 0 && S_ISREG(fst.st_mode)) {
+                *sig = fnv(stat_signature(*sig, &fst), list[i]->d_name, strlen(list[i]->d_name));
+                k++;
+            }
+        }
+        free(list[i]);
+    }
+    free(list);
+    return k;
+}
+
 /* gpu lines reset a GPU's fields, so they are parsed first and the other lines (lost, mig, ...) after them. */
 static void reload_if_changed(int force) {
     const char *path = getenv("FAKE_NVML_SCRIPT");
@@ -378,13 +434,26 @@ static void reload_if_changed(int force) {
         }
         return;
     }
-    if (script_loaded && !force && st.st_mtim.tv_sec == script_stat.st_mtim.tv_sec &&
-        st.st_mtim.tv_nsec == script_stat.st_mtim.tv_nsec && st.st_size == script_stat.st_size &&
-        st.st_ino == script_stat.st_ino)
+    static char files[MAX_SCRIPT_FILES][4096];
+    unsigned long long sig;
+    int nfiles = script_files(path, &st, files, &sig);
+    if (script_loaded && !force && sig == script_sig)
         return;
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return;
+    static char text[MAX_SCRIPT_BYTES + 2];
+    size_t len = 0;
+    for (int i = 0; i < nfiles; i++) {
+        FILE *f = fopen(files[i], "r");
+        if (!f) {
+            if (!S_ISDIR(st.st_mode))
+                return;
+            continue; /* replaced or removed since the listing: the next check sees a new signature */
+        }
+        len += fread(text + len, 1, MAX_SCRIPT_BYTES - len, f);
+        fclose(f);
+        if (len > 0 && text[len - 1] != '\n')
+            text[len++] = '\n';
+    }
+    text[len] = 0;
     static struct script next;
     memset(&next, 0, sizeof next);
     snprintf(next.driver, STR, "550.54.15");
@@ -392,22 +461,24 @@ static void reload_if_changed(int force) {
         next.gpus[i].lost_after = -1;
     char line[8192];
     for (int pass = 0; pass < 2; pass++) {
-        rewind(f);
-        while (fgets(line, sizeof line, f)) {
+        for (const char *p = text; *p;) {
+            const char *eol = strchr(p, '\n');
+            size_t n = eol ? (size_t)(eol - p) + 1 : strlen(p);
+            snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), p);
+            p += n;
             char first[16] = {0};
             sscanf(line, "%15s", first);
             if ((strcmp(first, "gpu") == 0) == (pass == 0))
                 parse_line(&next, line);
         }
     }
-    fclose(f);
     for (int i = 0; i < next.nrules; i++)
         for (int j = 0; j < S.nrules; j++)
             if (S.rules[j].kind == next.rules[i].kind && strcmp(S.rules[j].fn, next.rules[i].fn) == 0 &&
                 S.rules[j].gpu == next.rules[i].gpu && S.rules[j].ms == next.rules[i].ms)
                 next.rules[i].done = S.rules[j].done;
     S = next;
-    script_stat = st;
+    script_sig = sig;
     script_loaded = 1;
 }
 

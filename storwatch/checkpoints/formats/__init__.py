@@ -59,7 +59,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from storwatch.checkpoints import pickles
@@ -105,7 +105,10 @@ from storwatch.checkpoints.formats.steps import (
     _check_hf_trainer,
     _check_megatron,
     _check_orbax,
+    accelerate_beside,
+    accelerate_layout,
     is_accelerate_entry,
+    is_accelerate_member,
 )
 from storwatch.checkpoints.formats.zip import _LOCAL_SIG, _check_torch_zip
 from storwatch.checkpoints.limits import DeepLimits, LimitReached
@@ -140,8 +143,15 @@ class Format:
     """The name decides before the directory is listed (a name no other format's directory takes)."""
     dir_entry: Callable[[str], bool] | None = None
     """A directory holding an entry of which this is true is of this format."""
+    dir_layout: Callable[[Collection[str]], bool] | None = None
+    """A directory whose entries' names, taken together, are true of this is of this format (no one entry says it:
+    a model's weights beside an optimizer state of this framework's name)."""
     dir_rank: int = 0
     """Among formats recognised in a directory's listing, the lower rank wins (a Megatron step holds DCP files)."""
+    dir_beside: Callable[[str, Collection[str]], bool] | None = None
+    """The last resort, when no format's name, entry or layout took the directory: true of a directory (its path and
+    its entries' names) that its siblings make this format's (a step directory a save of their series left cut
+    short). It may list the parent."""
     scan_suffixes: tuple[str, ...] = ()
     """Files the scan takes as checkpoints by themselves (outside a checkpoint directory)."""
     scan_markers: frozenset[str] = frozenset()
@@ -150,6 +160,10 @@ class Format:
     """A regular expression: directories so named are taken by the scan as checkpoint directories."""
     shard_suffix: str | None = None
     """Shard files: the scan takes the directory holding them, not the shards."""
+    scan_partial_member: Callable[[str], bool] | None = None
+    """A name of what this format's saves write before their last file: the scan takes a step directory holding
+    nothing but such files (or nothing at all) as one checkpoint of this format, cut short, when a sibling step
+    directory with its prefix is a candidate of this format (the ``dir_beside`` rule)."""
 
 
 REGISTRY: tuple[Format, ...] = (
@@ -212,9 +226,12 @@ REGISTRY: tuple[Format, ...] = (
         "accelerate",
         _check_accelerate,
         dir_entry=is_accelerate_entry,
+        dir_layout=accelerate_layout,
         dir_rank=2,
-        # Accelerator.save_state: one directory of several files, not one checkpoint per file.
+        dir_beside=accelerate_beside,
+        # Accelerator.save_state: one directory of several files, not one checkpoint per file, finished or not.
         scan_markers=frozenset({ACCELERATE_MARKER}),
+        scan_partial_member=is_accelerate_member,
     ),
     Format(
         "orbax",
@@ -240,7 +257,8 @@ REGISTRY: tuple[Format, ...] = (
 FORMATS = tuple(f.name for f in REGISTRY)
 _CHECKS: dict[str, Check] = {f.name: f.check for f in REGISTRY}
 _BY_DIR_RANK = sorted(
-    (f for f in REGISTRY if f.dir_name is not None or f.dir_entry is not None), key=lambda f: f.dir_rank
+    (f for f in REGISTRY if f.dir_name is not None or f.dir_entry is not None or f.dir_layout is not None),
+    key=lambda f: f.dir_rank,
 )
 _HEAD_BYTES = max(SNIFF_BYTES, *(len(f.magic) for f in REGISTRY if f.magic is not None))
 
@@ -310,6 +328,11 @@ def _identify_dir(path: str, name: str) -> str | None:
         entry = f.dir_entry
         if entry is not None and any(entry(e) for e in entries):
             return f.name
+        if f.dir_layout is not None and f.dir_layout(entries):
+            return f.name
+    for f in REGISTRY:
+        if f.dir_beside is not None and f.dir_beside(path, entries):
+            return f.name
     return None
 
 
@@ -322,11 +345,23 @@ def check(
     now: float | None = None,
     settle_seconds: float = 60.0,
     limits: DeepLimits | None = None,
+    closed: bool = False,
 ) -> CheckResult:
     """Check one checkpoint file or directory; never raises. ``now`` (seconds since the epoch) is injected for the
-    settle time; ``limits`` bounds the check (the defaults are safe for an agent reading hostile files)."""
+    settle time; ``limits`` bounds the check (the defaults are safe for an agent reading hostile files). ``closed``:
+    the caller saw that no process holds any of its files open for writing, so what has no end marker (a Trainer or
+    Accelerate directory, an empty file) is judged now instead of after ``settle_seconds``."""
     limits = limits or DEFAULT_LIMITS
-    ctx = _Ctx(deep, time.time() if now is None else now, settle_seconds, limits, limits.deadline(), identify, _CHECKS)
+    ctx = _Ctx(
+        deep,
+        time.time() if now is None else now,
+        settle_seconds,
+        limits,
+        limits.deadline(),
+        identify,
+        _CHECKS,
+        closed=closed,
+    )
     fmt: str | None = None
     size, mtime = 0, 0.0
     limit: str | None = None
@@ -403,6 +438,12 @@ def _no_torch_format(path: str, st: os.stat_result, ctx: _Ctx) -> _Finding:
     opens its file before it writes a byte, so an empty file changed within the settle time may be a save that has
     just begun, ``incomplete`` (and so "being written" for the scan) until it settles."""
     if st.st_size == 0:
+        if ctx.closed:
+            return (
+                "unknown",
+                f"{path} is empty and no process has it open for writing: not a checkpoint format (no save wrote a "
+                "byte of it); no damage is claimed",
+            )
         if ctx.now - ctx.settle <= st.st_mtime <= ctx.now + ctx.settle:
             return (
                 "incomplete",

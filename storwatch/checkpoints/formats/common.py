@@ -130,6 +130,9 @@ class _Ctx:
     """Globals the pickles read so far name that are neither allowed nor unsafe, with how often (pickles.Reader)."""
     notes: list[str] = field(default_factory=list)
     """Findings that are no damage, in words (CheckResult.notes)."""
+    closed: bool = False
+    """The caller saw that no process holds any of the checkpoint's files open for writing: what has no end marker
+    is judged now, not once it has settled."""
 
     def note(self, text: str) -> None:
         if text not in self.notes and len(self.notes) < MAX_NOTED_GLOBALS:

@@ -1,0 +1,172 @@
+"""The helper process behind the file events source (``sources/fileevents.py``): it holds an inotify descriptor, adds
+and removes watches as the agent asks, and streams the kernel's events back, each stamped with the time it read them.
+A watch is added on a thread of its own (the lookup of a directory on a hung mount blocks in the kernel: it strands that
+thread here, never one of the agent's). Standard library only.
+
+Requests, one a line on standard input: ``limit N`` (watches held at most), ``watch ID DEPTH HEXPATH`` (answered
+``watched ID WD`` or ``refused ID ERRNO TEXT``; then each directory below it, DEPTH levels down, is watched too, each
+said as ``below WD PARENT_WD HEXNAME``), ``unwatch WD``. A directory made (or moved in) below a watch of DEPTH above 0
+is watched at once, with DEPTH one less, before its files are written: ``auto WD PARENT_WD`` precedes that directory's
+event. Lines out: ``ready`` once it reads requests, then, as they come, ``ev TIME WD MASK COOKIE HEXNAME`` (TIME the
+wall clock when the event was read, the name hex-encoded bytes) and the answers. It exits when its standard input
+closes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import time
+
+from storwatch.procfs.inotify import IN_CREATE, IN_IGNORED, IN_ISDIR, IN_MOVED_TO, WATCH_MASK, parse_events
+
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+READ_BYTES = 1 << 16
+
+
+class _Inotify:
+    def __init__(self) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.inotify_init1.argtypes = [ctypes.c_int]
+        self.libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        self.libc.inotify_rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+        fd = self.libc.inotify_init1(_IN_CLOEXEC)
+        if fd < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+        self.fd = fd
+
+    def add(self, path: bytes) -> int:
+        wd = self.libc.inotify_add_watch(self.fd, path, WATCH_MASK)
+        if wd < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+        return int(wd)
+
+    def remove(self, wd: int) -> None:
+        self.libc.inotify_rm_watch(self.fd, wd)
+
+
+_out = threading.Lock()
+
+
+def _say(line: str) -> None:
+    with _out:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+_paths: dict[int, tuple[bytes, int]] = {}
+"""Each watch's directory and the depth below it still watched as directories appear."""
+_paths_lock = threading.Lock()
+_limit = [4096]
+"""Watches held at most (the agent's ``file_events.max_watches``)."""
+
+
+def _add(notify: _Inotify, path: bytes, depth: int) -> int:
+    with _paths_lock:
+        if len(_paths) >= _limit[0]:
+            raise OSError(28, "past file_events.max_watches")  # ENOSPC, as the kernel's own limit says
+    wd = notify.add(path)
+    with _paths_lock:
+        _paths[wd] = (path, depth)
+    return wd
+
+
+def _watch(notify: _Inotify, req_id: str, path: bytes, depth: int) -> None:
+    try:
+        wd = _add(notify, path, depth)
+    except OSError as err:
+        _say(f"refused {req_id} {err.errno or 0} {(err.strerror or str(err)).replace(chr(10), ' ')}")
+        return
+    _say(f"watched {req_id} {wd}")
+    # The directories already below it: a run's checkpoint directories, a root's users and their runs.
+    queue = [(wd, path, depth)]
+    while queue:
+        parent_wd, parent, left = queue.pop(0)
+        if left <= 0:
+            continue
+        try:
+            with os.scandir(parent) as it:
+                names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for name in sorted(names):
+            child = os.path.join(parent, os.fsencode(name))
+            try:
+                child_wd = _add(notify, child, left - 1)
+            except OSError:
+                continue
+            _say(f"below {child_wd} {parent_wd} {os.fsencode(name).hex()}")
+            queue.append((child_wd, child, left - 1))
+
+
+def _watch_below(notify: _Inotify, parent_wd: int, name: bytes) -> int | None:
+    """Watch a directory just made (or moved in) below a watch that watches what appears below it; its watch, or None.
+    Here, at once: by the time the agent read the event, the directory's first files would be written. A lookup that
+    hangs (a mount that hangs) holds this loop, in this helper only; the agent then sees no events and falls back."""
+    with _paths_lock:
+        parent = _paths.get(parent_wd)
+    if parent is None or parent[1] <= 0:
+        return None
+    try:
+        return _add(notify, parent[0].rstrip(b"/") + b"/" + name, parent[1] - 1)
+    except OSError:
+        return None
+
+
+def _requests(notify: _Inotify) -> None:
+    for line in sys.stdin:
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "watch" and parts[2].isdigit():
+            try:
+                path = bytes.fromhex(parts[3])
+            except ValueError:
+                continue
+            threading.Thread(target=_watch, args=(notify, parts[1], path, int(parts[2])), daemon=True).start()
+        elif len(parts) == 2 and parts[0] == "limit" and parts[1].isdigit():
+            _limit[0] = int(parts[1])
+        elif len(parts) == 2 and parts[0] == "unwatch" and parts[1].isdigit():
+            with _paths_lock:
+                _paths.pop(int(parts[1]), None)
+            notify.remove(int(parts[1]))
+    os._exit(0)  # the agent is gone, or asked this helper to stop
+
+
+def main() -> None:
+    try:
+        notify = _Inotify()
+    except OSError as err:
+        _say(f"unavailable {err.errno or 0} {err.strerror or err}")
+        return
+    _say("ready")
+    threading.Thread(target=_requests, args=(notify,), daemon=True).start()
+    while True:
+        data = os.read(notify.fd, READ_BYTES)
+        now = time.time()
+        events, _ = parse_events(data)
+        lines = []
+        for e in events:
+            if e.mask & IN_IGNORED:  # the kernel dropped the watch (its directory is gone): no longer held
+                with _paths_lock:
+                    _paths.pop(e.wd, None)
+            if e.mask & IN_ISDIR and e.mask & (IN_CREATE | IN_MOVED_TO) and e.name:
+                child = _watch_below(notify, e.wd, e.name)
+                if child is not None:
+                    lines.append(f"auto {child} {e.wd}")  # before its event, which it belongs to
+            lines.append(f"ev {now:.6f} {e.wd} {e.mask} {e.cookie} {e.name.hex()}")
+        if lines:
+            with _out:
+                sys.stdout.write("\n".join(lines) + "\n")
+                sys.stdout.flush()
+
+
+def command() -> list[str]:
+    """How the source starts this helper: isolated (``-I``), with the tree this module comes from first on
+    ``sys.path``."""
+    tree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"import sys; sys.path.insert(0, {tree!r}); from storwatch._events_worker import main; main()"
+    return [sys.executable, "-I", "-c", code]

@@ -1,0 +1,409 @@
+"""The file events source: the kernel's own word on each checkpoint write, from inotify on the run directories the
+checkpoint scan has found and on its roots. A file's write span runs from its creation (or, for a file rewritten in
+place, the first write to it) to its close after writing, or to its move into place (a save through a temporary and a
+rename: the temporary's span, ending at the rename, becomes the final name's); a directory's from its creation to its
+move into place. Exact to the event: the helper that reads them stamps each with the time it read it.
+
+The watches are bounded (``max_watches``; a directory the kernel refuses, past its ``max_user_watches``, is counted
+and left to the fallback), and added by a helper process (``_events_worker.py``), so a run directory on a hung mount
+strands a thread there, never one of the agent's. Where the kernel gives no inotify at all, the collector fails saying
+so, and write spans fall back to the writers' open files and the files' birth times (analysis/writes.py). Only
+checkpoint files and their temporaries (``checkpoints.scan.checkpoint_member``) make spans: a log written beside them
+makes none. The events say nothing of which process wrote: who writes a run stays the kernel's open files' word.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from storwatch._events_worker import command
+from storwatch.checkpoints.scan import checkpoint_member
+from storwatch.config import number
+from storwatch.procfs.inotify import (
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_IGNORED,
+    IN_ISDIR,
+    IN_MODIFY,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_Q_OVERFLOW,
+)
+from storwatch.sources import Context, FactsKey
+from storwatch.sources.checkpoint_key import CHECKPOINTS
+
+log = logging.getLogger(__name__)
+
+MAX_LINES = 200_000
+"""Event lines waiting between two collections at most; past it they are dropped and counted as lost."""
+SPAN_KEEP_SECONDS = 3600.0
+"""Ended spans are kept this long (the write spans of the saves the scan has yet to judge)."""
+MAX_OPEN = 4096
+"""Files being written tracked at most (a save of thousands of shards): past it the oldest are forgotten."""
+MAX_SUBDIR_DEPTH = 2
+"""Directories below a watched run directory (a checkpoint's own directory, and one level in it) are watched, those
+there and those that appear, this deep at most."""
+ROOT_DEPTH = 3
+"""Directories below a scan root watched, this deep (a root's users, their projects, their runs): the first saves of
+a run the scan has not found yet are timed too."""
+START_SECONDS = 10.0
+"""How long the helper may take to start and say it reads requests."""
+
+
+@dataclass(frozen=True)
+class FileEventsConfig:
+    enabled: bool = True
+    interval_seconds: float = number(1.0, 0.1, 3600)
+    """How often the events read are turned into spans (they are read as they come)."""
+    max_watches: int = number(4096, 1, 1_000_000)
+    """Directories watched at most (each costs about 1 KiB of the kernel's memory)."""
+    max_spans: int = number(8192, 16, 1_000_000)
+    """Ended write spans kept at most (the newest)."""
+
+
+@dataclass(frozen=True)
+class FileSpan:
+    """A file's write, or a directory's making, as the kernel's events tell it."""
+
+    path: str
+    """Where it is now, as this process reaches it."""
+    kind: str
+    """``file`` or ``dir``."""
+    start: float | None
+    """Its creation, or (a file rewritten in place) its first write; None when it began out of sight (moved in from
+    a directory not watched, or before its directory was watched)."""
+    end: float | None
+    """A file: its close after writing, or its move into place; None while it is being written. A directory: its
+    move into place; None when it was made where it is."""
+    end_how: str = ""
+    """``closed`` or ``moved``."""
+    moved_from: str | None = None
+    """The temporary it was renamed from."""
+
+
+@dataclass(frozen=True)
+class FileEventFacts:
+    spans: tuple[FileSpan, ...] = ()
+    """The ended spans of the last SPAN_KEEP_SECONDS (bounded) and the files being written now."""
+    watched: int = 0
+    """Directories watched."""
+    refused: int = 0
+    """Directories the kernel refused to watch (counted since start): their saves are timed by the fallback."""
+    lost: int = 0
+    """Events lost (the kernel's queue overflowed, or too many waited): spans around them may be missing."""
+
+
+FILE_EVENTS: FactsKey[FileEventFacts] = FactsKey("file_events")
+
+
+class _Helper:
+    """The helper process and the thread that reads its lines."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True
+        )
+        self.lines: collections.deque[str] = collections.deque()
+        self.dropped = 0
+        self.ready = threading.Event()
+        self.unavailable: str | None = None
+        threading.Thread(target=self._read, name="file-events-reader", daemon=True).start()
+        if not self.ready.wait(START_SECONDS):
+            self.unavailable = self.unavailable or f"its helper did not start within {START_SECONDS:g} s"
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode("ascii", "replace").rstrip("\n")
+            if line == "ready":
+                self.ready.set()
+            elif line.startswith("unavailable "):
+                self.unavailable = "inotify is not available here: " + line.split(" ", 2)[-1]
+                self.ready.set()
+            elif len(self.lines) < MAX_LINES:
+                self.lines.append(line)
+            else:
+                self.dropped += 1
+        self.unavailable = self.unavailable or "its helper exited"
+        self.ready.set()
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((line + "\n").encode("ascii"))
+            self.proc.stdin.flush()
+        except OSError:
+            self.unavailable = self.unavailable or "its helper exited"
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class FileEventSource:
+    name = "file_events"
+
+    def __init__(
+        self,
+        section: FileEventsConfig,
+        wanted: Callable[[], Iterable[tuple[str, bool]]],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``wanted``: the directories to watch, each with whether it is a run directory (its new subdirectories are
+        watched too): the checkpoint scan's runs and roots."""
+        self.wanted = wanted
+        self.clock = clock
+        self._helper: _Helper | None = None
+        self._ids = 0
+        self._asked: dict[str, str] = {}
+        """Path -> the request id of its watch (answered or not)."""
+        self._by_id: dict[str, tuple[str, int]] = {}
+        """Request id -> (path, depth below a run directory: 0 for a run directory or a root)."""
+        self._wd: dict[int, tuple[str, int]] = {}
+        """Watch descriptor -> (the directory's path, its depth)."""
+        self._refused: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Directories the kernel refused to watch (the newest MAX_OPEN): not asked again."""
+        self.refused = 0
+        self.lost = 0
+        self._open: collections.OrderedDict[str, tuple[float | None, str]] = collections.OrderedDict()
+        """File being written -> (its start, its kind)."""
+        self._dirs: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Directories seen made -> when (the newest MAX_OPEN)."""
+        self._created: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Checkpoint files seen made and not yet written -> when (the newest MAX_OPEN)."""
+        self._moving: dict[int, tuple[str, float, bool]] = {}
+        self._pending_auto: dict[int, int] = {}
+        """A watched directory -> the watch the helper just added on a directory made in it (its event follows)."""
+        self._spans: collections.deque[FileSpan] = collections.deque()
+        self.configure(section)
+
+    def configure(self, section: FileEventsConfig) -> None:
+        self.section = section
+        self.interval_seconds = section.interval_seconds
+
+    # -- the watches
+
+    def _watch(self, path: str, depth: int, below: int) -> None:
+        """Ask for a watch on ``path`` and on the directories ``below`` levels below it."""
+        if path in self._asked or path in self._refused or len(self._wd) >= self.section.max_watches:
+            return
+        assert self._helper is not None
+        self._ids += 1
+        rid = str(self._ids)
+        self._asked[path] = rid
+        self._by_id[rid] = (path, depth)
+        self._helper.send(f"watch {rid} {below} {os.fsencode(path).hex()}")
+
+    def _reconcile(self) -> None:
+        wanted = dict(self.wanted())
+        for path, is_run in wanted.items():
+            self._watch(os.path.normpath(path), 0, MAX_SUBDIR_DEPTH if is_run else ROOT_DEPTH)
+        keep = {os.path.normpath(p) for p in wanted}
+        for wd, (path, depth) in list(self._wd.items()):
+            parent_kept = any(path.startswith(k.rstrip("/") + "/") for k in keep) if depth else False
+            if path not in keep and not parent_kept:
+                assert self._helper is not None
+                self._helper.send(f"unwatch {wd}")
+                del self._wd[wd]
+                self._asked.pop(path, None)
+
+    # -- the events
+
+    def _span(self, span: FileSpan) -> None:
+        self._spans.append(span)
+        while len(self._spans) > self.section.max_spans:
+            self._spans.popleft()
+
+    def _moved_in(self, old: str | None, new: str, t: float, is_dir: bool) -> None:
+        if is_dir:
+            if old is not None:
+                self._rekey(old, new)
+            self._span(FileSpan(new, "dir", self._dirs.pop(new, None), t, "moved", old))
+            return
+        start: float | None = None
+        if old is not None:
+            opened = self._open.pop(old, None)
+            if opened is not None:
+                start = opened[0]
+            else:
+                done = next((s for s in reversed(self._spans) if s.path == old and s.kind == "file"), None)
+                start = done.start if done is not None else None
+        if checkpoint_member(os.path.basename(new)) or (old is not None and checkpoint_member(os.path.basename(old))):
+            self._span(FileSpan(new, "file", start, t, "moved", old))
+
+    def _rekey(self, old: str, new: str) -> None:
+        """A directory moved: what is known below it is now below its new name."""
+        prefix, to = old.rstrip("/") + "/", new.rstrip("/") + "/"
+
+        def moved(path: str) -> str:
+            return to + path[len(prefix) :] if path.startswith(prefix) else path
+
+        self._open = collections.OrderedDict((moved(p), v) for p, v in self._open.items())
+        self._spans = collections.deque(
+            FileSpan(moved(s.path), s.kind, s.start, s.end, s.end_how, s.moved_from) for s in self._spans
+        )
+        self._dirs = collections.OrderedDict((moved(p), t) for p, t in self._dirs.items())
+        self._created = collections.OrderedDict((moved(p), t) for p, t in self._created.items())
+        if old in self._dirs:
+            self._dirs[new] = self._dirs.pop(old)
+        for wd, (path, depth) in list(self._wd.items()):
+            if path == old or path.startswith(prefix):
+                self._wd[wd] = (to.rstrip("/") if path == old else moved(path), depth)
+
+    def _apply(self, line: str) -> None:
+        parts = line.split(" ")
+        if parts[0] == "watched" and len(parts) == 3:
+            where = self._by_id.pop(parts[1], None)
+            if where is not None and parts[2].lstrip("-").isdigit():
+                self._wd[int(parts[2])] = where
+            return
+        if parts[0] == "refused" and len(parts) >= 3:
+            where = self._by_id.pop(parts[1], None)
+            if where is not None:
+                self._asked.pop(where[0], None)
+                if parts[2] not in (str(errno.ENOENT), str(errno.ENOTDIR)):  # gone meanwhile: nothing refused
+                    self._refused[where[0]] = None
+                    while len(self._refused) > MAX_OPEN:
+                        self._refused.popitem(last=False)
+                    self.refused += 1
+                    log.warning("file events: cannot watch %s: %s", where[0], " ".join(parts[3:]) or parts[2])
+            return
+        if parts[0] == "auto" and len(parts) == 3:
+            self._pending_auto[int(parts[2])] = int(parts[1])
+            return
+        if parts[0] == "below" and len(parts) == 4:
+            parent = self._wd.get(int(parts[2]))
+            if parent is not None:
+                child = f"{parent[0].rstrip('/')}/{os.fsdecode(bytes.fromhex(parts[3]))}"
+                self._wd[int(parts[1])] = (child, parent[1] + 1)
+                self._asked.setdefault(child, "")
+            return
+        if parts[0] != "ev" or len(parts) != 6:
+            return
+        try:
+            t, wd, mask, cookie = float(parts[1]), int(parts[2]), int(parts[3]), int(parts[4])
+            name = os.fsdecode(bytes.fromhex(parts[5]))
+        except ValueError:
+            return
+        if mask & IN_Q_OVERFLOW:
+            self.lost += 1
+            return
+        auto = self._pending_auto.pop(wd, None) if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO) else None
+        where = self._wd.get(wd)
+        if where is None:
+            return
+        directory, depth = where
+        if mask & IN_IGNORED:  # the directory is gone (removed, unmounted): so is what is known below it
+            self._wd.pop(wd, None)
+            self._asked.pop(directory, None)
+            self._forget(directory)
+            return
+        if not name:
+            return
+        path = f"{directory.rstrip('/')}/{name}"
+        is_dir = bool(mask & IN_ISDIR)
+        if auto is not None:  # the helper watched it at once
+            self._wd[auto] = (path, depth + 1)
+            self._asked[path] = ""
+        if mask & IN_CREATE:
+            if is_dir:
+                self._remember(self._dirs, path, t)
+            elif checkpoint_member(f"{os.path.basename(directory)}/{name}"):
+                # Made, not yet written: a file opened to be written writes next; a hard link never does.
+                self._remember(self._created, path, t)
+        elif mask & IN_MODIFY and not is_dir:
+            if path not in self._open and (checkpoint_member(f"{os.path.basename(directory)}/{name}")):
+                made = self._created.pop(path, None)
+                self._open[path] = (made if made is not None else t, "created" if made is not None else "first_write")
+                self._bound_open()
+        elif mask & IN_CLOSE_WRITE:
+            opened = self._open.pop(path, None)
+            made = self._created.pop(path, None)
+            start = opened[0] if opened is not None else made
+            if opened is not None or made is not None:
+                self._span(FileSpan(path, "file", start, t, "closed"))
+        elif mask & IN_MOVED_FROM:
+            self._moving[cookie] = (path, t, is_dir)
+            if len(self._moving) > MAX_OPEN:
+                self._moving.pop(next(iter(self._moving)))
+        elif mask & IN_MOVED_TO:
+            old = self._moving.pop(cookie, None)
+            self._moved_in(old[0] if old is not None else None, path, t, is_dir)
+        elif mask & IN_DELETE:
+            self._open.pop(path, None)
+            self._created.pop(path, None)
+            self._dirs.pop(path, None)
+
+    def _forget(self, directory: str) -> None:
+        """Drop what is known of the files below a directory that is gone."""
+        prefix = directory.rstrip("/") + "/"
+        if any(s.path.startswith(prefix) for s in self._spans):
+            self._spans = collections.deque(s for s in self._spans if not s.path.startswith(prefix))
+        for table in (self._open, self._created, self._dirs):
+            for path in [p for p in table if p.startswith(prefix)]:
+                del table[path]
+
+    def _bound_open(self) -> None:
+        while len(self._open) > MAX_OPEN:
+            self._open.popitem(last=False)
+
+    @staticmethod
+    def _remember(into: collections.OrderedDict[str, float], path: str, t: float) -> None:
+        into.pop(path, None)
+        into[path] = t
+        while len(into) > MAX_OPEN:
+            into.popitem(last=False)
+
+    def collect(self) -> FileEventFacts:
+        if self._helper is None:
+            wanted = list(self.wanted())
+            if not wanted:  # nowhere to watch yet: no helper either
+                return FileEventFacts()
+            self._helper = _Helper()
+            self._helper.send(f"limit {self.section.max_watches}")
+        helper = self._helper
+        if helper.unavailable is not None:
+            raise OSError(
+                f"no file events ({helper.unavailable}): write spans fall back to the writers' open files and the "
+                "files' birth times"
+            )
+        self._reconcile()
+        while helper.lines:
+            self._apply(helper.lines.popleft())
+        now = self.clock()
+        while self._spans and (self._spans[0].end or now) < now - SPAN_KEEP_SECONDS:
+            self._spans.popleft()
+        writing = tuple(FileSpan(p, "file", start, None) for p, (start, _) in self._open.items())
+        return FileEventFacts(tuple(self._spans) + writing, len(self._wd), self.refused, self.lost + helper.dropped)
+
+    def close(self) -> None:
+        if self._helper is not None:
+            self._helper.close()
+
+
+def _wanted(ctx: Context) -> Iterable[tuple[str, bool]]:
+    facts = ctx.latest(CHECKPOINTS)
+    if facts is None:
+        return []
+    out = [(r.path, True) for r in facts.runs]
+    out += [(root, False) for root in facts.roots]
+    return out
+
+
+def make(ctx: Context, section: FileEventsConfig) -> FileEventSource:
+    return FileEventSource(section, lambda: _wanted(ctx), ctx.clock)

@@ -1,0 +1,226 @@
+"""Write spans from the kernel's own file events (sources/fileevents.py with its helper process, analysis/writes.py):
+real inotify on real directories, for the ways saves are made: a file written and closed, a temporary renamed into
+place, a directory renamed into place, a file rewritten in place, a file moved in from a directory not watched; a log
+beside them makes no span; the watches are bounded; a directory on a hung mount strands only the helper."""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from storwatch.analysis.writes import EventSave, burst_writers, event_saves, timed_by_file_events
+from storwatch.checkpoints.record import Checkpoint
+from storwatch.procfs.inotify import IN_CLOSE_WRITE, IN_CREATE, IN_ISDIR, IN_Q_OVERFLOW, parse_events
+from storwatch.procfs.pidio import ProcessIO
+from storwatch.sources.access import AccessFacts, WorkloadAccess
+from storwatch.sources.checkpoints import RunState
+from storwatch.sources.fileevents import FileEventsConfig, FileEventSource, FileSpan
+
+WAIT = 10.0
+"""A bound against events that never come; never what is asserted."""
+
+
+def _record(wd: int, mask: int, cookie: int, name: bytes) -> bytes:
+    padded = name + b"\0" * (-len(name) % 8 or (8 if name else 0)) if name else b""
+    return struct.pack("=iIII", wd, mask, cookie, len(padded)) + padded
+
+
+@pytest.mark.parametrize(
+    ("data", "events", "whole"),
+    [
+        pytest.param(b"", [], True, id="empty"),
+        pytest.param(_record(1, IN_CREATE, 0, b"a.pt"), [(1, IN_CREATE, 0, b"a.pt")], True, id="one"),
+        pytest.param(
+            _record(1, IN_CREATE | IN_ISDIR, 0, b"ck") + _record(2, IN_CLOSE_WRITE, 0, b"x" * 20),
+            [(1, IN_CREATE | IN_ISDIR, 0, b"ck"), (2, IN_CLOSE_WRITE, 0, b"x" * 20)],
+            True,
+            id="two-padded",
+        ),
+        pytest.param(_record(-1, IN_Q_OVERFLOW, 0, b""), [(-1, IN_Q_OVERFLOW, 0, b"")], True, id="overflow"),
+        pytest.param(_record(1, IN_CREATE, 0, b"a.pt")[:-3], [], False, id="cut-name"),
+        pytest.param(_record(1, IN_CREATE, 0, b"a.pt") + b"\0\0", [(1, IN_CREATE, 0, b"a.pt")], False, id="cut-header"),
+    ],
+)
+def test_parse_events(data: bytes, events: list[tuple[int, int, int, bytes]], whole: bool) -> None:
+    got, clean = parse_events(data)
+    assert [(e.wd, e.mask, e.cookie, e.name) for e in got] == events
+    assert clean is whole
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    made = tmp_path / "root" / "alice" / "run"
+    made.mkdir(parents=True)
+    return made
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Iterator[FileEventSource]:
+    made = FileEventSource(FileEventsConfig(), lambda: [(str(tmp_path / "root"), False)])
+    made.collect()  # the helper started, the root and what is below it watched
+    yield made
+    made.close()
+
+
+def _spans(source: FileEventSource, want: int) -> list[FileSpan]:
+    """The spans once ``want`` of them ended (the events come through the helper's pipe)."""
+    end = time.monotonic() + WAIT
+    while True:
+        spans = [s for s in source.collect().spans if s.end is not None]
+        if len(spans) >= want or time.monotonic() > end:
+            return spans
+        time.sleep(0.05)
+
+
+def _watched(source: FileEventSource, directory: Path) -> None:
+    end = time.monotonic() + WAIT
+    while str(directory) not in {p for p, _ in source._wd.values()}:
+        assert time.monotonic() < end, f"{directory} not watched"
+        source.collect()
+        time.sleep(0.02)
+
+
+def test_the_ways_saves_are_made_give_their_spans(source: FileEventSource, run: Path, tmp_path: Path) -> None:
+    _watched(source, run)
+    t0 = time.time()
+    with open(run / "step-1.pt", "wb") as f:  # written, flushed, fsynced, closed
+        f.write(b"x" * 4096)
+        f.flush()
+        os.fsync(f.fileno())
+    with open(run / "step-2.pt.tmp", "wb") as f:  # a temporary, renamed into place
+        f.write(b"y" * 4096)
+    os.rename(run / "step-2.pt.tmp", run / "step-2.pt")
+    (run / "tmp-checkpoint-5").mkdir()  # a directory of files, renamed into place
+    # Its watch is added as its creation is read (inotify watches no directory by itself before that): files
+    # written in the moment between are seen from their next write on, those after from their creation.
+    _watched(source, run / "tmp-checkpoint-5")
+    for name in ("model.safetensors", "trainer_state.json"):
+        (run / "tmp-checkpoint-5" / name).write_bytes(b"z" * 100)
+    os.rename(run / "tmp-checkpoint-5", run / "checkpoint-5")
+    with open(run / "step-1.pt", "r+b") as f:  # rewritten in place: no creation, its first write starts it
+        f.write(b"w")
+    elsewhere = tmp_path / "unwatched"
+    elsewhere.mkdir()
+    (elsewhere / "tmpab12").write_bytes(b"l" * 100)  # Lightning's temporary in the system temp directory
+    os.rename(elsewhere / "tmpab12", run / "last.ckpt")
+    (run / "train.log").write_text("a log beside them")
+    (run / "done.pt").write_bytes(b"d")  # the last event of the test: once its span is in, every one before is
+    end = time.monotonic() + WAIT
+    spans = _spans(source, 9)
+    while not any(s.path == str(run / "done.pt") for s in spans):
+        assert time.monotonic() < end, spans
+        spans = _spans(source, 9)
+    t1 = time.time()
+    by = {(s.path.removeprefix(str(run) + "/"), s.end_how): s for s in spans}
+    assert ("train.log", "closed") not in by
+    first = by[("step-1.pt", "closed")]
+    assert first.start is not None and first.end is not None and t0 <= first.start <= first.end <= t1
+    moved = by[("step-2.pt", "moved")]
+    assert moved.moved_from == str(run / "step-2.pt.tmp") and moved.start == by[("step-2.pt.tmp", "closed")].start
+    directory = by[("checkpoint-5", "moved")]
+    assert directory.kind == "dir" and directory.moved_from == str(run / "tmp-checkpoint-5")
+    members = {p for p, how in by if p.startswith("checkpoint-5/")}
+    assert members == {"checkpoint-5/model.safetensors", "checkpoint-5/trainer_state.json"}  # renamed with it
+    assert by[("last.ckpt", "moved")].start is None  # began out of sight
+    rewritten = [s for s in spans if s.path == str(run / "step-1.pt") and s.end_how == "closed"]
+    assert len(rewritten) == 2 and rewritten[1].start is not None and rewritten[1].start >= rewritten[0].end  # type: ignore[operator]
+    saves = {s.checkpoint.removeprefix(str(run) + "/"): s for s in event_saves(str(run), spans)}
+    assert set(saves) == {"step-1.pt", "step-2.pt", "checkpoint-5", "last.ckpt", "done.pt"}  # the temporary's is step-2
+    assert saves["checkpoint-5"].start == directory.start and saves["checkpoint-5"].end == directory.end
+
+
+def test_a_file_being_written_is_an_open_save(source: FileEventSource, run: Path) -> None:
+    _watched(source, run)
+    f = open(run / "step-9.pt", "wb")  # noqa: SIM115 - held open across the look
+    try:
+        f.write(b"x" * 100)
+        f.flush()
+        end = time.monotonic() + WAIT
+        while not [s for s in source.collect().spans if s.end is None and s.path.endswith("step-9.pt")]:
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        (save,) = event_saves(str(run), source.collect().spans)
+        assert save.end is None and save.start is not None
+    finally:
+        f.close()
+
+
+def test_the_watches_are_bounded_and_what_is_refused_is_counted(tmp_path: Path) -> None:
+    dirs = [tmp_path / f"d{i}" for i in range(3)]
+    for d in dirs:
+        d.mkdir()
+    made = FileEventSource(FileEventsConfig(max_watches=2), lambda: [(str(d), True) for d in dirs])
+    try:
+        end = time.monotonic() + WAIT
+        while True:
+            facts = made.collect()
+            if facts.watched == 2 and facts.refused >= 1:
+                break
+            assert time.monotonic() < end, facts
+            time.sleep(0.05)
+    finally:
+        made.close()
+
+
+def _ck(path: str, mtime: float, size: int = 1000, **kw: object) -> Checkpoint:
+    return Checkpoint(path, "torch-zip", "complete", "all checks passed", size, mtime, **kw)  # type: ignore[arg-type]
+
+
+def test_a_checkpoint_is_timed_by_the_save_that_wrote_it() -> None:
+    saves = (EventSave("/r/a.pt", 100.0, 101.5), EventSave("/r/a.pt", 200.0, 203.0), EventSave("/r/b.pt", 5.0, None))
+    timed, writing = timed_by_file_events(_ck("/r/a.pt", 202.9), saves)
+    assert (timed.write_start, timed.write_seconds, timed.write_timed_by, writing) == (200.0, 3.0, "file_events", False)
+    # moved in from out of sight: its birth starts it, where there is one; else it is untimed, and says why
+    moved = (EventSave("/r/c.pt", None, 50.0),)
+    born = _ck("/r/c.pt", 49.0, write_start=40.0, write_seconds=9.0, write_timed_by="birth_mtime")
+    assert timed_by_file_events(born, moved)[0].write_seconds == 10.0
+    untimed = timed_by_file_events(_ck("/r/c.pt", 49.0), moved)[0]
+    assert untimed.write_seconds is None and "moved in from a directory not watched" in (
+        untimed.write_untimed_reason or ""
+    )
+    # an event log's span stands; a save of it still open says it is being written
+    logged = _ck("/r/b.pt", 4.0, write_start=1.0, write_seconds=2.0, write_timed_by="event_log")
+    assert timed_by_file_events(logged, saves) == (logged, True)
+
+
+def test_a_save_too_quick_to_be_seen_open_is_tied_by_its_writers_bursts() -> None:
+    run = RunState("/r", "/", (_ck("/r/a.pt", 100.0, size=6 << 20),), uid=1000)
+    saves = (EventSave("/r/a.pt", 99.99, 100.0),)
+
+    def workload(pid: int, bursts: tuple[tuple[float, float, int], ...], uid: int) -> WorkloadAccess:
+        return WorkloadAccess(pid, 1, ProcessIO(), write_bursts=bursts, uid=uid)
+
+    writer = workload(11, ((99.8, 100.05, 6 << 20),), 1000)
+    idle = workload(12, ((50.0, 50.25, 6 << 20),), 1000)
+    other_user = workload(13, ((99.8, 100.05, 8 << 20),), 2000)
+    facts = AccessFacts(100.0, {11: writer, 12: idle, 13: other_user})
+    assert burst_writers(run, saves, facts) == (11,)
+    twins = AccessFacts(100.0, {11: writer, 14: workload(14, ((99.9, 100.1, 7 << 20),), 1000)})
+    assert burst_writers(run, saves, twins) == ()  # two could have written it: neither is taken
+
+
+@pytest.mark.realpart
+def test_a_directory_on_a_hung_mount_strands_only_the_helper(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
+    """Adding a watch looks the directory up: on a mount whose getattr never answers (a dead NFS server) that call
+    never returns. It runs in the helper: the source's collections return, and the other directories are watched."""
+    from tests.realmounts import fuse_mount
+
+    backing = tmp_path / "backing"
+    (backing / "run").mkdir(parents=True)
+    hung = real_mounts(fuse_mount(tmp_path / "hung", backing=backing, block_getattr=True))
+    good = tmp_path / "good"
+    good.mkdir()
+    made = FileEventSource(FileEventsConfig(), lambda: [(str(hung.mountpoint / "run"), True), (str(good), True)])
+    try:
+        _watched(made, good)
+        (good / "step-1.pt").write_bytes(b"x" * 100)
+        (span,) = _spans(made, 1)
+        assert span.path == str(good / "step-1.pt")
+        assert str(hung.mountpoint / "run") not in {p for p, _ in made._wd.values()}
+    finally:
+        made.close()
