@@ -12,6 +12,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY storwatch ./storwatch
+# The training side, whose contract (request and event-log names, temporaries) the agent reads: storwatch/training.py.
+COPY storwatch_training ./storwatch_training
 # The shipped policy set is package data (storwatch/policies/, read by storwatch/agent/policy.py, SHIPPED_DEFAULT). The
 # build fails if the installed package lacks it, or if torch came in after all.
 RUN pip install . \

@@ -27,6 +27,7 @@ from storwatch.training import (
     is_temp_name,
     temp_name,
 )
+from storwatch_training import saves
 
 try:
     import torch
@@ -136,6 +137,7 @@ _NAMESPACED_WRITER = """
 import os, sys
 sys.path.insert(0, sys.argv[2])
 from storwatch import training
+from storwatch_training import saves
 
 def write(f):
     f.write(b"w" * 65536)
@@ -218,7 +220,7 @@ def test_atomic_save_exception_removes_temp_file(tmp_path: Path) -> None:
 @needs_torch
 def test_checkpoint_request_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert torch is not None
-    monkeypatch.setattr(training, "_last_run_dir", None)
+    monkeypatch.setattr(saves, "_last_run_dir", None)
     monkeypatch.delenv(training.RUN_DIR_ENV, raising=False)
     assert checkpoint_requested() is False  # no run directory known
     assert checkpoint_requested(str(tmp_path)) is False  # no request
@@ -235,7 +237,7 @@ def test_checkpoint_request_contract(tmp_path: Path, monkeypatch: pytest.MonkeyP
     acknowledge_request()
     assert not request.exists()
     assert checkpoint_requested() is False
-    monkeypatch.setattr(training, "_last_run_dir", None)
+    monkeypatch.setattr(saves, "_last_run_dir", None)
     monkeypatch.setenv(training.RUN_DIR_ENV, str(tmp_path))
     request.write_text("again")
     os.utime(request, (future, future))

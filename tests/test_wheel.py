@@ -47,7 +47,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO_ROOT / name, src / name)
-    shutil.copytree(REPO_ROOT / "storwatch", src / "storwatch", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for package in ("storwatch", "storwatch_training"):  # the training side too: the agent reads its contract
+        shutil.copytree(REPO_ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     dist = tmp / "dist"
     _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
          "-w", dist, src)  # fmt: skip
