@@ -14,11 +14,13 @@ PYTEST_WORKERS ?= -n 2 --dist loadfile
 $(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e .
+	# compat mode: the checkout goes on sys.path as a path (a .pth line), so PYTHONPATH=another/checkout still wins
+	# (a worktree's tests run its own code, not this one's); the default finder would import this checkout first.
+	$(BIN)/pip install --quiet -e . --config-settings editable_mode=compat
 	touch $(RUN_STAMP)
 
 $(STAMP): $(RUN_STAMP) Makefile
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
 	# torch for the checkpoint tests: 2.13.0 is a local CPU wheel here; a plain 'torch' would pull GBs of CUDA.
 	$(BIN)/pip install --quiet torch==2.13.0
 	# torchsnapshot for its real-library checkpoint test (0.1.0 runs on torch 2.13 with numpy; torch stays pinned).

@@ -49,8 +49,6 @@ from storwatch.training import EVENT_LOG_NAME, TEMP_GRACE_SECONDS, orphaned_temp
 
 EVENT_LOG_TAIL = 64 * 1024
 """Bytes read from the end of a run's event log."""
-CHECK_ERROR_REASONS = ("os_error", "value_error", "recursion_error", "memory_error", "other")
-"""What a check that raised is counted as (storwatch_checkpoint_check_errors_total{reason})."""
 MAX_REJECTED_LINES = 10_000
 """Event lines remembered as counted, per unit (past it the memory starts again: a line is then counted twice)."""
 FORGET_ROUNDS = 3

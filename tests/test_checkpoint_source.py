@@ -235,7 +235,9 @@ def test_an_incomplete_checkpoint_is_written_while_it_changes_and_abandoned_once
         parser.feed(page)
         parser.close()
         (row,) = parser.body_rows
-        return state.write_in_progress, state.writing_incomplete, state.incomplete, state.abandoned, row[-1]
+        (header,) = parser.head_rows
+        shown = row[header.index("State")]
+        return state.write_in_progress, state.writing_incomplete, state.incomplete, state.abandoned, shown
 
     writing, by_file, incomplete, abandoned, shown = state_now()
     assert (writing, by_file, incomplete, abandoned) == (True, True, 1, 0)

@@ -11,18 +11,14 @@ from typing import TYPE_CHECKING
 from storwatch.analysis.pods import ProcessPod
 from storwatch.analysis.recovery import RunRecovery
 
-# The sources' records and label values a consumer reads, re-exported: the exporter, report, page and policy import
+# The sources' records a consumer reads, re-exported: the exporter, report, page and policy import
 # them from here, never from sources/ (the import contract in pyproject.toml). The View is their one seam.
-from storwatch.checkpoints.scan import MAX_DATASET_DIRS
 from storwatch.procfs.cgroup import ContainerRef, SlurmJob
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount
 from storwatch.snapshot import Snapshot
 from storwatch.sources.access import AccessFacts, WorkloadAccess
-from storwatch.sources.checkpoints import CHECK_ERROR_REASONS, CLAIM_REJECT_REASONS
 from storwatch.sources.kubevolumes import PodInfo, VolumeRef
-from storwatch.sources.probe import BUCKETS as PROBE_BUCKETS
-from storwatch.sources.probe import PROBE_OPS
 from storwatch.vocabulary import CollectorStatus, Finding, Mount, Platform, Verdict
 
 if TYPE_CHECKING:
@@ -254,11 +250,6 @@ class View:
 
 
 __all__ = [
-    "CHECK_ERROR_REASONS",
-    "CLAIM_REJECT_REASONS",
-    "MAX_DATASET_DIRS",
-    "PROBE_BUCKETS",
-    "PROBE_OPS",
     "AccessFacts",
     "DurableCopy",
     "LeftOut",

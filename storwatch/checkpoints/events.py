@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from storwatch.labels import EVENT_REJECT_REASONS
+
 SKEW_SECONDS = 10.0
 """How far the times of a line may stray from the kernel's times of its file (clock reads around the syscalls,
 coarse timestamps of some filesystems)."""
@@ -28,13 +30,7 @@ BYTES_TOLERANCE = 0.1
 """A line's byte count may differ from the file's size by this share (and 4 KiB)."""
 PID_MAX = 1 << 22
 """PID_MAX_LIMIT: no PID is this large."""
-REJECT_REASONS = ("malformed", "not_finite", "span", "future", "file_life", "bytes")
-"""Why a line was dropped (storwatch_checkpoint_claims_rejected_total{reason}):
-malformed: not a JSON object with the fields; not_finite: a time or byte count that is NaN, infinite or not a number;
-span: start after end, or before the epoch, or longer than a day where the file's birth is unknown; future: ending
-after now; file_life: the file was not written within the span (mtime outside it, or born well before or after its
-start); bytes: negative, or far from the file's size. A line naming a file that is no checkpoint of the run now (one
-removed since) is skipped without counting: it is history, not a claim about anything present."""
+REJECT_REASONS = EVENT_REJECT_REASONS
 
 
 @dataclass(frozen=True)

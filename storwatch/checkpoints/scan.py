@@ -89,6 +89,7 @@ from typing import Literal, NamedTuple
 
 from storwatch.checkpoints.formats import REGISTRY
 from storwatch.checkpoints.formats.steps import STEP_NAME
+from storwatch.labels import MAX_DATASET_DIRS
 from storwatch.training import TEMP_MARKER, is_temp_name
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,6 @@ DATASET_SUFFIXES = (".parquet", ".arrow", ".tfrecord", ".tfrecords", ".jsonl.zst
 """Files that are dataset shards by their suffix (Parquet, Arrow, TFRecord, compressed JSON lines, MosaicML
 streaming, Lance); WebDataset shards are ``*-NNN.tar`` (_WEBDATASET)."""
 _WEBDATASET = re.compile(r".*[-_.]\d{3,}\.tar")
-MAX_DATASET_DIRS = 1000
-"""Directories of dataset shards reported per scan, the largest first."""
 _CLOCK_EVERY = 4096
 """Entries between two reads of the clock inside one large directory."""
 _OPEN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)

@@ -11,6 +11,7 @@ source's area declared with the source.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import ProcessCollector
@@ -40,14 +41,23 @@ class Exporter:
         process = ProcessCollector(registry=None) if process_metrics else None
         self.state = ExportState(nfs_operations, reloads, process, alertmanager, max_mount_series)
         self.areas = tuple(areas)
+        names = [_area_name(a) for a in self.areas]
+        names += ["agent.policy", "agent.sync"]  # the parts of the agent's own area that read other threads
+        self.state.area_errors.update(dict.fromkeys(names, 0))  # each series there at 0 before anything fails
 
     def configure(self, nfs_operations: Iterable[str], max_mount_series: int = DEFAULT_MAX_MOUNT_SERIES) -> None:
         self.state.configure(nfs_operations, max_mount_series)
 
     def families(self, view: View | None) -> Iterator[Family]:
-        """Every area's families for ``view``, in order (None: the agent is starting, and has no View yet)."""
+        """Every area's families for ``view``, in order (None: the agent is starting, and has no View yet); an area
+        that raises is left out of this render and counted (ExportState.isolated)."""
         for area in self.areas:
-            yield from area(view, self.state)
+            yield from self.state.isolated(_area_name(area), functools.partial(area, view, self.state))
 
     def render(self, view: View | None) -> bytes:
         return render_text(self.families(view))
+
+
+def _area_name(area: Area) -> str:
+    """``module.function`` of an area (``mounts.families``, ``agent.health_families``): the label its errors carry."""
+    return f"{area.__module__.rpartition('.')[2]}.{getattr(area, '__name__', 'area')}"

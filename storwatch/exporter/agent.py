@@ -52,10 +52,15 @@ def health_families(view: View | None, state: ExportState) -> Iterator[Family]:
         yield views
     if state.alertmanager is not None:
         yield from _alertmanager(state.alertmanager)
-    if state.policy is not None:
-        yield from policy_families(state.policy())
-    if state.sync is not None:
-        yield from sync_families(state.sync())
+    policy, sync = state.policy, state.sync  # other threads' figures: each part fails alone
+    if policy is not None:
+        yield from state.isolated("agent.policy", lambda: policy_families(policy()))
+    if sync is not None:
+        yield from state.isolated("agent.sync", lambda: sync_families(sync()))
+    errors = catalog.EXPORTER_AREA_ERRORS.family()
+    for name, count in sorted(state.area_errors.items()):
+        errors.add((name,), count)
+    yield errors
     if state.process is not None:
         # prometheus_client writes these (catalog.PROCESS_*: its names and help, checked against it by the tests).
         for metric in state.process.collect():

@@ -3,8 +3,10 @@ that state: the settings the areas render with and what each keeps from one rend
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -15,6 +17,9 @@ from storwatch.config import ALL_NFS_OPERATIONS, DEFAULT_MAX_MOUNT_SERIES, DEFAU
 from storwatch.exporter.text import Family
 
 _Kept = TypeVar("_Kept")
+log = logging.getLogger("storwatch.exporter")
+AREA_ERROR_LOG_SECONDS = 60.0
+"""An area that keeps failing is logged at most this often (every failure is counted)."""
 
 
 @dataclass
@@ -96,7 +101,25 @@ class ExportState:
         """Seconds between Views now (storwatch/pace.py CpuBudget), exported as storwatch_view_interval_seconds."""
         self._kept: dict[type[object], object] = {}
         self._unexported: tuple[View, frozenset[str]] | None = None
+        self.area_errors: dict[str, int] = {}
+        """Renders of each area (or part of the agent's own) that raised, since the agent started."""
+        self._area_logged: dict[str, float] = {}
         self.configure(nfs_operations, max_mount_series)
+
+    def isolated(self, name: str, make: Callable[[], Iterable[Family]]) -> Iterator[Family]:
+        """The families ``make`` writes, or none where it raises: one area that fails is counted
+        (storwatch_exporter_area_errors_total) and logged, and the scrape still answers with every other area, as
+        node_exporter fails only the collector at fault."""
+        try:
+            made = list(make())
+        except Exception as err:  # any bug of one area: the rest of the scrape must not pay for it
+            self.area_errors[name] = self.area_errors.get(name, 0) + 1
+            now = time.monotonic()
+            if now - self._area_logged.get(name, -AREA_ERROR_LOG_SECONDS) >= AREA_ERROR_LOG_SECONDS:
+                self._area_logged[name] = now
+                log.error("exporter: the %s area failed and was left out of this scrape: %r", name, err, exc_info=True)
+            return iter(())
+        return iter(made)
 
     def configure(self, nfs_operations: Iterable[str], max_mount_series: int = DEFAULT_MAX_MOUNT_SERIES) -> None:
         """New settings (a reload): what the areas kept was written under the old ones, and goes."""

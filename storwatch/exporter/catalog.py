@@ -18,10 +18,10 @@ from typing import Literal
 
 from storwatch.analysis.checkpoints import MAX_RUNS
 from storwatch.analysis.stalls import CAUSES
-from storwatch.analysis.view import CHECK_ERROR_REASONS, CLAIM_REJECT_REASONS, MAX_DATASET_DIRS, PROBE_OPS
 from storwatch.config import DEFAULT_NFS_OPERATIONS
 from storwatch.exporter.area import ALERTMANAGER_ALERT_RESULTS, ALERTMANAGER_REQUEST_RESULTS, SYNC_COPY_RESULTS
 from storwatch.exporter.text import Family
+from storwatch.labels import CHECK_ERROR_REASONS, CLAIM_REJECT_REASONS, MAX_DATASET_DIRS, PROBE_OPS
 from storwatch.vocabulary import PLATFORMS, Durability, Severity
 
 MetricType = Literal["gauge", "counter", "histogram"]
@@ -989,6 +989,13 @@ COLLECTOR_LAST_SUCCESS = _gauge(
     "storwatch_collector_last_success_timestamp_seconds",
     "Unix time of the collector's last successful run.",
     COLLECTOR,
+)
+EXPORTER_AREA_ERRORS = _counter(
+    "agent",
+    "storwatch_exporter_area_errors_total",
+    "Scrapes whose rendering of this exporter area raised: its families were left out of that scrape, every other "
+    "area's written (the log has the error, at most once a minute per area).",
+    Label("area", "one per exporter area (storwatch/registry.py exporter_areas) and two parts of the agent's own"),
 )
 COLLECTOR_FAILURES = _counter(
     "agent",

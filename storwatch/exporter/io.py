@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from storwatch.analysis.view import PROBE_BUCKETS, View
+from storwatch.analysis.view import View
 from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
 from storwatch.exporter.catalog import MetricSpec
 from storwatch.exporter.text import Family, label_value
+from storwatch.labels import PROBE_BUCKETS
 from storwatch.printable import shown
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib.machinery
-import importlib.util
-import os
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -977,23 +974,13 @@ def expand(source: str, macros: Mapping[str, str]) -> str:
 
 @functools.cache
 def _library() -> ModuleType:
-    """The Rust bindings' extension module, loaded by itself. The package's ``__init__`` also imports its command
-    line (rich, typer, prompt_toolkit: several hundred milliseconds, and nothing the agent uses), so the extension is
-    loaded from its file when it is where the package keeps it; the package is imported as usual otherwise."""
-    spec = importlib.util.find_spec("cel")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("the CEL library is not installed (pip install common-expression-language)")
-    for folder in spec.submodule_search_locations:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(folder, "cel" + suffix)
-            if os.path.isfile(path):
-                ext_spec = importlib.util.spec_from_file_location("cel.cel", path)
-                if ext_spec is not None and ext_spec.loader is not None:
-                    module = importlib.util.module_from_spec(ext_spec)
-                    ext_spec.loader.exec_module(module)
-                    return module
-    import cel
-
+    """The CEL library, through its public interface (``cel.compile``), imported at the first condition compiled.
+    Its package also imports its command line (rich, typer: about 170 ms here, once per process); the agent compiles
+    its policy once per load, so that is paid at start, never per evaluation."""
+    try:
+        import cel
+    except ImportError as err:
+        raise ImportError(f"the CEL library is not installed (pip install common-expression-language): {err}") from None
     return cel
 
 

@@ -34,14 +34,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from storwatch._checkpoint_worker import CHECK_ERROR_REASONS
 from storwatch._checkpoint_worker import command as worker_command
 from storwatch.blocking import BlockingCalls
-from storwatch.checkpoints.events import REJECT_REASONS as EVENT_REJECT_REASONS
 from storwatch.checkpoints.limits import DeepLimits
 from storwatch.checkpoints.record import Checkpoint, DeepAnswer, Run, RunId, UnitAnswer, applied, from_wire
-from storwatch.checkpoints.scan import MAX_DATASET_DIRS, DatasetDir
+from storwatch.checkpoints.scan import DatasetDir
 from storwatch.config import CheckpointsConfig
+from storwatch.labels import CHECK_ERROR_REASONS, CLAIM_REJECT_REASONS, MAX_DATASET_DIRS
 from storwatch.pace import CpuBudget
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
@@ -49,7 +48,6 @@ from storwatch.sources import FactsKey, checkpoint_key
 from storwatch.sources.checkpoint_key import KUBELET_PODS, SearchPlan, SearchRoot, default_roots
 from storwatch.sources.kubevolumes import parse_kubelet_volume_path
 from storwatch.sources.writers import GONE, WriterCheck
-from storwatch.sources.writers import REJECT_REASONS as WRITER_REJECT_REASONS
 from storwatch.training import EVENT_LOG_NAME as EVENT_LOG
 from storwatch.training import temp_writer_pid
 
@@ -74,9 +72,6 @@ ORPHAN_PATHS_PER_RUN = 20
 WAIT_MARGIN_SECONDS = 2.0
 """A collection waits for the walks at most max_seconds (where they stop themselves) plus this, or timeout_seconds if
 that is shorter: a unit still walking then keeps its last result, and is stuck only once past timeout_seconds."""
-CLAIM_REJECT_REASONS = EVENT_REJECT_REASONS + WRITER_REJECT_REASONS
-"""Why a tenant's claim was refused (storwatch_checkpoint_claims_rejected_total{reason}): an event line's numbers
-(checkpoints/events.py), or a writer PID the kernel does not back (sources/writers.py)."""
 MAX_JUDGED_CLAIMS = 4096
 """Refused PID claims remembered as counted (past it the memory starts again)."""
 _DEEP = "deep\0"

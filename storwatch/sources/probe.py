@@ -13,13 +13,12 @@ from dataclasses import dataclass
 
 from storwatch.blocking import BlockingCalls
 from storwatch.config import ProbesConfig
+from storwatch.labels import PROBE_BUCKETS, PROBE_OPS
 from storwatch.paths import HostPaths
 from storwatch.sources import FactsKey
 from storwatch.vocabulary import Durability
 
-PROBE_OPS = ("write", "fsync", "read")
-# Latency buckets from a local NVMe fsync (~100 us) to a struggling network filesystem (seconds).
-BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BUCKETS = PROBE_BUCKETS
 
 
 @dataclass(frozen=True)

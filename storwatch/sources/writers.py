@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 
 from storwatch.checkpoints.scan import checkpoint_member
+from storwatch.labels import WRITER_REJECT_REASONS
 from storwatch.paths import HostPaths
 from storwatch.procfs.pidio import access_mode, caught_signals, parse_children
 from storwatch.sources import read_bounded
@@ -27,12 +28,7 @@ MAX_FDS = 4096
 """Open files looked at per process."""
 MAX_REMEMBERED = 4096
 """(process, run) pairs remembered as seen writing."""
-REJECT_REASONS = ("not_writer", "not_visible")
-"""Why a PID claim was refused and counted: the process lives and was never seen writing under the run
-(``not_writer``), or the kernel would not show the agent its open files (``not_visible``: another user's process, or
-one holding capabilities the agent lacks, needs CAP_SYS_PTRACE, which the DaemonSet does not grant), so the claim
-could be neither backed nor refuted. (A claim naming no live process ties nothing to any GPU and is not counted: a
-finished job's event lines name exited writers.)"""
+REJECT_REASONS = WRITER_REJECT_REASONS
 GONE = "gone"
 
 
