@@ -374,3 +374,22 @@ def test_the_catalog_prints_as_markdown_rows() -> None:
         bounds.getvalue()
     )
     assert "| `storwatch_finding` | severity | how urgent: warning, critical |" in bounds.getvalue()
+
+
+def test_each_area_declares_its_metrics_in_its_own_module_and_the_catalog_gathers_them_all() -> None:
+    """An area's metrics are declared at the top of storwatch/exporter/AREA.py, beside the code that fills them, and
+    nowhere else: adding an area is its own module (the catalog imports every module of the package)."""
+    import importlib
+    import pkgutil
+
+    import storwatch.exporter
+
+    found: dict[str, set[str]] = {}
+    for info in pkgutil.iter_modules(storwatch.exporter.__path__):
+        module = importlib.import_module(f"storwatch.exporter.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, MetricSpec) and info.name != "catalog":
+                assert value.area == info.name, (value.name, value.area, info.name)
+                found.setdefault(info.name, set()).add(value.name)
+    assert set().union(*found.values()) == {spec.name for spec in CATALOG}
+    assert set(found) == {spec.area for spec in CATALOG}

@@ -223,7 +223,8 @@ def test_a_panel_shows_inf_as_words_never_as_an_empty_graph(path: Path) -> None:
 def test_the_mixins_copies_of_label_values_are_the_agents() -> None:
     """storwatch/mixin imports nothing of storwatch: the label values its zero fallbacks spell are held equal here."""
     from storwatch.analysis.stalls import CAUSES
-    from storwatch.exporter.catalog import EPHEMERAL_IMPORTANT, FINDING, POLICY_ACTIONS
+    from storwatch.exporter.checkpoints import EPHEMERAL_IMPORTANT, FINDING
+    from storwatch.exporter.policy import POLICY_ACTIONS
     from storwatch.mixin import dashboards as d
 
     assert d.STALL_CAUSES == CAUSES

@@ -16,19 +16,106 @@ from dataclasses import dataclass, field
 
 from storwatch.analysis.pods import workload_name
 from storwatch.analysis.view import AccessFacts, View
-from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
+from storwatch.exporter.spec import Label, MetricSpec, counter, gauge
 from storwatch.exporter.text import Family
 from storwatch.printable import shown
 from storwatch.procfs.pidio import ProcessIO, field_max, summed
 
-COUNTERS: tuple[tuple[catalog.MetricSpec, str], ...] = (
-    (catalog.WORKLOAD_READ_BYTES, "read_bytes"),
-    (catalog.WORKLOAD_WRITTEN_BYTES, "write_bytes"),
-    (catalog.WORKLOAD_READ_CALLS, "syscr"),
-    (catalog.WORKLOAD_WRITE_CALLS, "syscw"),
-    (catalog.WORKLOAD_READ_CALL_BYTES, "rchar"),
-    (catalog.WORKLOAD_WRITE_CALL_BYTES, "wchar"),
+# -- the metrics this area writes (storwatch/exporter/catalog.py assembles them)
+
+WORKLOAD = Label(
+    "workload",
+    "one per GPU workload on the node, at most access.max_workloads (the rest counted in "
+    "storwatch_workload_series_dropped): its pod (namespace/name, or pod:<uid>), Slurm job (job:<id>), or "
+    "process:<comm> for a process in neither (bare processes of one name share it), or other",
+)
+
+# -- access: each GPU workload's storage profile
+
+_SUMMED = "summed over the workload's GPU processes and the processes below them (its data loader workers)"
+WORKLOAD_READ_BYTES = counter(
+    "access",
+    "storwatch_workload_read_bytes_total",
+    f"Bytes a GPU workload had read from the storage layer (read_bytes of /proc/<pid>/io, {_SUMMED}); reads served "
+    "from the page cache are not in it.",
+    WORKLOAD,
+)
+WORKLOAD_WRITTEN_BYTES = counter(
+    "access",
+    "storwatch_workload_written_bytes_total",
+    f"Bytes a GPU workload sent toward the storage layer (write_bytes of /proc/<pid>/io, {_SUMMED}): counted as "
+    "pages are dirtied, before writeback.",
+    WORKLOAD,
+)
+WORKLOAD_READ_CALLS = counter(
+    "access",
+    "storwatch_workload_read_calls_total",
+    f"Read calls of a GPU workload, on files, pipes and sockets alike (syscr of /proc/<pid>/io, {_SUMMED}).",
+    WORKLOAD,
+)
+WORKLOAD_WRITE_CALLS = counter(
+    "access",
+    "storwatch_workload_write_calls_total",
+    f"Write calls of a GPU workload, on files, pipes and sockets alike (syscw of /proc/<pid>/io, {_SUMMED}).",
+    WORKLOAD,
+)
+WORKLOAD_READ_CALL_BYTES = counter(
+    "access",
+    "storwatch_workload_read_call_bytes_total",
+    f"Bytes a GPU workload's read calls returned, page cache hits included (rchar of /proc/<pid>/io, {_SUMMED}); "
+    "its rate over that of read_calls_total is the average read size.",
+    WORKLOAD,
+)
+WORKLOAD_WRITE_CALL_BYTES = counter(
+    "access",
+    "storwatch_workload_write_call_bytes_total",
+    f"Bytes a GPU workload passed to write calls (wchar of /proc/<pid>/io, {_SUMMED}); its rate over that of "
+    "write_calls_total is the average write size.",
+    WORKLOAD,
+)
+WORKLOAD_MOUNT = gauge(
+    "access",
+    "storwatch_workload_mount",
+    "1 for each mount a GPU workload has files open on, by access mode (read or write); at most "
+    "access.max_mounts_per_workload mounts per workload.",
+    WORKLOAD,
+    Label("mountpoint", "the mounts the workload has files open on, at most access.max_mounts_per_workload"),
+    Label("mode", "the access modes of its open files", ("read", "write")),
+)
+WORKLOAD_SERIES_DROPPED = gauge(
+    "access",
+    "storwatch_workload_series_dropped",
+    'Label values the last render left out: label="workload", GPU workloads past access.max_workloads (none of '
+    'their storwatch_workload_* series is written); label="mountpoint", mounts past '
+    "access.max_mounts_per_workload, summed over the workloads written.",
+    Label("label", "the capped labels", ("workload", "mountpoint")),
+)
+WORKLOAD_SCAN_PROCESSES = gauge(
+    "access",
+    "storwatch_workload_scan_processes",
+    "Processes (GPU processes and their descendants) whose counters and children the last access pass read.",
+)
+WORKLOAD_SCAN_FDS = gauge(
+    "access", "storwatch_workload_scan_fds", "Open files (fd links and fdinfo) the last access pass read."
+)
+WORKLOAD_SCAN_CPU = gauge("access", "storwatch_workload_scan_cpu_seconds", "CPU time the last access pass took.")
+WORKLOAD_SCAN_BUDGET_REACHED = gauge(
+    "access",
+    "storwatch_workload_scan_budget_reached",
+    "1 when the last access pass reached this budget of access.max_*_per_pass (processes, fds, cpu) and so read a "
+    "sample: the rest is read on the next passes.",
+    Label("budget", "the budgets of a pass", ("processes", "fds", "cpu")),
+)
+
+
+COUNTERS: tuple[tuple[MetricSpec, str], ...] = (
+    (WORKLOAD_READ_BYTES, "read_bytes"),
+    (WORKLOAD_WRITTEN_BYTES, "write_bytes"),
+    (WORKLOAD_READ_CALLS, "syscr"),
+    (WORKLOAD_WRITE_CALLS, "syscw"),
+    (WORKLOAD_READ_CALL_BYTES, "rchar"),
+    (WORKLOAD_WRITE_CALL_BYTES, "wchar"),
 )
 """Each counter with the ``<pid>/io`` field it sums."""
 OTHER = "other"
@@ -80,10 +167,10 @@ def _scan(facts: AccessFacts) -> Iterator[Family]:
     processes, fds, cpu, reached = (
         d.family()
         for d in (
-            catalog.WORKLOAD_SCAN_PROCESSES,
-            catalog.WORKLOAD_SCAN_FDS,
-            catalog.WORKLOAD_SCAN_CPU,
-            catalog.WORKLOAD_SCAN_BUDGET_REACHED,
+            WORKLOAD_SCAN_PROCESSES,
+            WORKLOAD_SCAN_FDS,
+            WORKLOAD_SCAN_CPU,
+            WORKLOAD_SCAN_BUDGET_REACHED,
         )
     )
     processes.add((), facts.processes_read)
@@ -112,7 +199,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     order = sorted(workloads, key=lambda name: (name == OTHER or name.startswith("process:"), name))
     kept = order[: facts.max_workloads]
     counters = [(d.family(), io_field) for d, io_field in COUNTERS]
-    mounts, dropped = catalog.WORKLOAD_MOUNT.family(), catalog.WORKLOAD_SERIES_DROPPED.family()
+    mounts, dropped = WORKLOAD_MOUNT.family(), WORKLOAD_SERIES_DROPPED.family()
     memory = state.kept(_Written)
     written: dict[str, tuple[frozenset[int], ProcessIO]] = {}
     mounts_dropped = 0

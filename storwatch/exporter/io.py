@@ -10,34 +10,173 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from storwatch.analysis.view import View
-from storwatch.exporter import catalog
 from storwatch.exporter.area import ExportState
-from storwatch.exporter.catalog import MetricSpec
+from storwatch.exporter.spec import MOUNTPOINT, Label, MetricSpec, counter, gauge, metric
 from storwatch.exporter.text import Family, label_value
-from storwatch.labels import PROBE_BUCKETS
+from storwatch.labels import PROBE_BUCKETS, PROBE_OPS
 from storwatch.printable import shown
 from storwatch.procfs.diskstats import DiskStats
 from storwatch.procfs.mountstats import NFSMount
+
+# -- the metrics this area writes (storwatch/exporter/catalog.py assembles them)
+
+BLOCK_DEVICE = Label("device", "one per block device in diskstats that has been read or written")
+
+# -- io: block devices (named as node_exporter names them, so dashboards carry over)
+
+DISK_READS_COMPLETED = counter(
+    "io", "storwatch_disk_reads_completed_total", "Reads completed successfully.", BLOCK_DEVICE
+)
+DISK_READS_MERGED = counter(
+    "io", "storwatch_disk_reads_merged_total", "Adjacent reads merged before being issued.", BLOCK_DEVICE
+)
+DISK_READ_BYTES = counter("io", "storwatch_disk_read_bytes_total", "Bytes read.", BLOCK_DEVICE)
+DISK_READ_TIME = counter(
+    "io", "storwatch_disk_read_time_seconds_total", "Time spent on reads (sum over all reads).", BLOCK_DEVICE
+)
+DISK_WRITES_COMPLETED = counter(
+    "io", "storwatch_disk_writes_completed_total", "Writes completed successfully.", BLOCK_DEVICE
+)
+DISK_WRITES_MERGED = counter(
+    "io", "storwatch_disk_writes_merged_total", "Adjacent writes merged before being issued.", BLOCK_DEVICE
+)
+DISK_WRITTEN_BYTES = counter("io", "storwatch_disk_written_bytes_total", "Bytes written.", BLOCK_DEVICE)
+DISK_WRITE_TIME = counter(
+    "io", "storwatch_disk_write_time_seconds_total", "Time spent on writes (sum over all writes).", BLOCK_DEVICE
+)
+DISK_DISCARDS_COMPLETED = counter(
+    "io", "storwatch_disk_discards_completed_total", "Discards completed successfully.", BLOCK_DEVICE
+)
+DISK_DISCARDED_BYTES = counter("io", "storwatch_disk_discarded_bytes_total", "Bytes discarded.", BLOCK_DEVICE)
+DISK_DISCARD_TIME = counter("io", "storwatch_disk_discard_time_seconds_total", "Time spent on discards.", BLOCK_DEVICE)
+DISK_FLUSH_REQUESTS = counter(
+    "io", "storwatch_disk_flush_requests_total", "Flush requests completed successfully.", BLOCK_DEVICE
+)
+DISK_FLUSH_REQUESTS_TIME = counter(
+    "io", "storwatch_disk_flush_requests_time_seconds_total", "Time spent on flush requests.", BLOCK_DEVICE
+)
+DISK_IO_TIME = counter("io", "storwatch_disk_io_time_seconds_total", "Time the device had I/O in flight.", BLOCK_DEVICE)
+DISK_IO_TIME_WEIGHTED = counter(
+    "io",
+    "storwatch_disk_io_time_weighted_seconds_total",
+    "I/O time weighted by the number of I/Os in flight.",
+    BLOCK_DEVICE,
+)
+DISK_IO_NOW = gauge("io", "storwatch_disk_io_now", "I/Os in flight on the device.", BLOCK_DEVICE)
+DISK_UTILIZATION = gauge(
+    "io", "storwatch_disk_utilization_ratio", "Share of the last interval the device was busy.", BLOCK_DEVICE
+)
+
+
+# -- io: each mount's I/O (its block device's, or for NFS the READ/WRITE/COMMIT procedures')
+
+MOUNT_DEVICE_INFO = gauge(
+    "io",
+    "storwatch_mount_device_info",
+    "The block device a mount's I/O counters come from, and the devices at the bottom of its stack.",
+    MOUNTPOINT,
+    Label("device", "one per mount: the block device under it"),
+    Label("physical", "one per mount: the devices at the bottom of its stack, comma-separated"),
+)
+MOUNT_READS_COMPLETED = counter(
+    "io",
+    "storwatch_mount_reads_completed_total",
+    "Reads completed on the mount's device (NFS: READ requests).",
+    MOUNTPOINT,
+)
+MOUNT_READ_BYTES = counter(
+    "io",
+    "storwatch_mount_read_bytes_total",
+    "Bytes read from the mount's device (NFS: bytes received by READ).",
+    MOUNTPOINT,
+)
+MOUNT_READ_TIME = counter(
+    "io", "storwatch_mount_read_time_seconds_total", "Time spent on reads (NFS: READ execute time).", MOUNTPOINT
+)
+MOUNT_WRITES_COMPLETED = counter(
+    "io",
+    "storwatch_mount_writes_completed_total",
+    "Writes completed on the mount's device (NFS: WRITE requests).",
+    MOUNTPOINT,
+)
+MOUNT_WRITTEN_BYTES = counter(
+    "io",
+    "storwatch_mount_written_bytes_total",
+    "Bytes written to the mount's device (NFS: bytes sent by WRITE).",
+    MOUNTPOINT,
+)
+MOUNT_WRITE_TIME = counter(
+    "io", "storwatch_mount_write_time_seconds_total", "Time spent on writes (NFS: WRITE execute time).", MOUNTPOINT
+)
+MOUNT_FLUSHES_COMPLETED = counter(
+    "io",
+    "storwatch_mount_flushes_completed_total",
+    "Flushes completed on the mount's device (NFS: COMMIT requests).",
+    MOUNTPOINT,
+)
+MOUNT_FLUSH_TIME = counter(
+    "io",
+    "storwatch_mount_flush_time_seconds_total",
+    "Time spent on flushes (NFS: COMMIT execute time).",
+    MOUNTPOINT,
+)
+MOUNT_LATENCY = gauge(
+    "io",
+    "storwatch_mount_latency_seconds",
+    "Per-mount operation latency over a window: p50, p95 and max of per-interval averages, and the mean.",
+    MOUNTPOINT,
+    Label(
+        "op",
+        "the mount's own operations, then its probe's",
+        ("read", "write", "fsync", *(f"probe_{op}" for op in PROBE_OPS)),
+    ),
+    Label("window", "the agent's two windows", ("1m", "1h")),
+    Label("stat", "the statistics of a window", ("p50", "p95", "max", "mean")),
+)
+
+
+# -- io: active probes
+
+PROBE_DURATION = metric(
+    "histogram",
+    "io",
+    "storwatch_probe_duration_seconds",
+    "Active probe latency per operation (write, fsync, read back) of a small file on the mount.",
+    (MOUNTPOINT, Label("op", "the probe's steps", PROBE_OPS)),
+)
+PROBE_SUCCESS = gauge(
+    "io",
+    "storwatch_probe_success",
+    "1 when the mount's last probe completed and read back what it wrote.",
+    MOUNTPOINT,
+)
+PROBE_STUCK = gauge(
+    "io", "storwatch_probe_stuck", "1 when the mount's probe has not returned within its deadline.", MOUNTPOINT
+)
+PROBE_LAST_TIMESTAMP = gauge(
+    "io", "storwatch_probe_last_timestamp_seconds", "Unix time of the mount's last probe round.", MOUNTPOINT
+)
+
 
 _MS = 0.001
 
 # Per-device counters, in the order of _disk_values.
 _DISK_COUNTERS = (
-    catalog.DISK_READS_COMPLETED,
-    catalog.DISK_READS_MERGED,
-    catalog.DISK_READ_BYTES,
-    catalog.DISK_READ_TIME,
-    catalog.DISK_WRITES_COMPLETED,
-    catalog.DISK_WRITES_MERGED,
-    catalog.DISK_WRITTEN_BYTES,
-    catalog.DISK_WRITE_TIME,
-    catalog.DISK_DISCARDS_COMPLETED,
-    catalog.DISK_DISCARDED_BYTES,
-    catalog.DISK_DISCARD_TIME,
-    catalog.DISK_FLUSH_REQUESTS,
-    catalog.DISK_FLUSH_REQUESTS_TIME,
-    catalog.DISK_IO_TIME,
-    catalog.DISK_IO_TIME_WEIGHTED,
+    DISK_READS_COMPLETED,
+    DISK_READS_MERGED,
+    DISK_READ_BYTES,
+    DISK_READ_TIME,
+    DISK_WRITES_COMPLETED,
+    DISK_WRITES_MERGED,
+    DISK_WRITTEN_BYTES,
+    DISK_WRITE_TIME,
+    DISK_DISCARDS_COMPLETED,
+    DISK_DISCARDED_BYTES,
+    DISK_DISCARD_TIME,
+    DISK_FLUSH_REQUESTS,
+    DISK_FLUSH_REQUESTS_TIME,
+    DISK_IO_TIME,
+    DISK_IO_TIME_WEIGHTED,
 )
 
 
@@ -68,20 +207,20 @@ def _disk_values(d: DiskStats) -> tuple[float | None, ...]:
 
 # Per-mount counters: the block device's under it, or for NFS the READ/WRITE/COMMIT procedures' (execute time).
 _MOUNT_COUNTERS = (
-    catalog.MOUNT_READS_COMPLETED,
-    catalog.MOUNT_READ_BYTES,
-    catalog.MOUNT_READ_TIME,
-    catalog.MOUNT_WRITES_COMPLETED,
-    catalog.MOUNT_WRITTEN_BYTES,
-    catalog.MOUNT_WRITE_TIME,
-    catalog.MOUNT_FLUSHES_COMPLETED,
-    catalog.MOUNT_FLUSH_TIME,
+    MOUNT_READS_COMPLETED,
+    MOUNT_READ_BYTES,
+    MOUNT_READ_TIME,
+    MOUNT_WRITES_COMPLETED,
+    MOUNT_WRITTEN_BYTES,
+    MOUNT_WRITE_TIME,
+    MOUNT_FLUSHES_COMPLETED,
+    MOUNT_FLUSH_TIME,
 )
 # (procedure, its requests, its bytes (None: none counted), its time, whether its bytes are those sent)
 _NFS_MOUNT_COUNTERS = (
-    ("READ", catalog.MOUNT_READS_COMPLETED, catalog.MOUNT_READ_BYTES, catalog.MOUNT_READ_TIME, False),
-    ("WRITE", catalog.MOUNT_WRITES_COMPLETED, catalog.MOUNT_WRITTEN_BYTES, catalog.MOUNT_WRITE_TIME, True),
-    ("COMMIT", catalog.MOUNT_FLUSHES_COMPLETED, None, catalog.MOUNT_FLUSH_TIME, False),
+    ("READ", MOUNT_READS_COMPLETED, MOUNT_READ_BYTES, MOUNT_READ_TIME, False),
+    ("WRITE", MOUNT_WRITES_COMPLETED, MOUNT_WRITTEN_BYTES, MOUNT_WRITE_TIME, True),
+    ("COMMIT", MOUNT_FLUSHES_COMPLETED, None, MOUNT_FLUSH_TIME, False),
 )
 
 
@@ -89,14 +228,14 @@ def _mount_disk_values(d: DiskStats, partition: bool = False) -> list[tuple[Metr
     flushes = None if partition else d.flushes_completed
     flush_ms = None if partition else d.flush_time_ms
     return [
-        (catalog.MOUNT_READS_COMPLETED, d.reads_completed),
-        (catalog.MOUNT_READ_BYTES, d.read_bytes),
-        (catalog.MOUNT_READ_TIME, d.read_time_ms * _MS),
-        (catalog.MOUNT_WRITES_COMPLETED, d.writes_completed),
-        (catalog.MOUNT_WRITTEN_BYTES, d.written_bytes),
-        (catalog.MOUNT_WRITE_TIME, d.write_time_ms * _MS),
-        (catalog.MOUNT_FLUSHES_COMPLETED, flushes),
-        (catalog.MOUNT_FLUSH_TIME, None if flush_ms is None else flush_ms * _MS),
+        (MOUNT_READS_COMPLETED, d.reads_completed),
+        (MOUNT_READ_BYTES, d.read_bytes),
+        (MOUNT_READ_TIME, d.read_time_ms * _MS),
+        (MOUNT_WRITES_COMPLETED, d.writes_completed),
+        (MOUNT_WRITTEN_BYTES, d.written_bytes),
+        (MOUNT_WRITE_TIME, d.write_time_ms * _MS),
+        (MOUNT_FLUSHES_COMPLETED, flushes),
+        (MOUNT_FLUSH_TIME, None if flush_ms is None else flush_ms * _MS),
     ]
 
 
@@ -126,8 +265,8 @@ def _disks(view: View) -> Iterator[Family]:
     if disks is None:
         return
     counters = [spec.family() for spec in _DISK_COUNTERS]
-    in_flight = catalog.DISK_IO_NOW.family()
-    util = catalog.DISK_UTILIZATION.family()
+    in_flight = DISK_IO_NOW.family()
+    util = DISK_UTILIZATION.family()
     for name, d in sorted(disks.counters.items()):
         if d.reads_completed == 0 and d.writes_completed == 0:
             continue  # never used (spare loop devices, empty drives): not worth a series
@@ -142,9 +281,9 @@ def _disks(view: View) -> Iterator[Family]:
 
 
 def _mount_io(view: View, left_out: frozenset[str]) -> Iterator[Family]:
-    device = catalog.MOUNT_DEVICE_INFO.family()
+    device = MOUNT_DEVICE_INFO.family()
     counters = {spec: spec.family() for spec in _MOUNT_COUNTERS}
-    latency = catalog.MOUNT_LATENCY.family()
+    latency = MOUNT_LATENCY.family()
     # A series per mount, operation, window and statistic: per window and statistic, a template of the label set
     # that each mount and operation fills.
     minute, hour = (
@@ -165,7 +304,7 @@ def _mount_io(view: View, left_out: frozenset[str]) -> Iterator[Family]:
         elif io.nfs is not None:
             values = _mount_nfs_values(io.nfs)
         if values:
-            labels = counters[catalog.MOUNT_READS_COMPLETED].labels_for((mp,))
+            labels = counters[MOUNT_READS_COMPLETED].labels_for((mp,))
             for spec, value in values:
                 counters[spec].add_text(labels, value)
         quoted = label_value(mp)
@@ -188,10 +327,10 @@ def probe_families(view: View | None, state: ExportState) -> Iterator[Family]:
     """The active probes of the mounts that have one; nothing on a node without any."""
     if view is None:
         return
-    hist = catalog.PROBE_DURATION.family()
-    success = catalog.PROBE_SUCCESS.family()
-    stuck = catalog.PROBE_STUCK.family()
-    last = catalog.PROBE_LAST_TIMESTAMP.family()
+    hist = PROBE_DURATION.family()
+    success = PROBE_SUCCESS.family()
+    stuck = PROBE_STUCK.family()
+    last = PROBE_LAST_TIMESTAMP.family()
     any_probe = False
     left_out = state.unexported_mounts(view)  # a probed mount ranks above an idle one: it is cut only past the rest
     for mv in view.mounts:

@@ -7,46 +7,176 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from storwatch.analysis.view import View
-from storwatch.exporter import catalog
+from storwatch.config import DEFAULT_NFS_OPERATIONS
 from storwatch.exporter.area import ExportState
+from storwatch.exporter.spec import Label, counter
 from storwatch.exporter.text import Family, label_value, labels_template, value_text
 from storwatch.printable import shown
 from storwatch.procfs.mountstats import NFSMount, NFSOperation
+
+# -- the metrics this area writes (storwatch/exporter/catalog.py assembles them)
+
+NFS_MOUNTPOINT = Label("mountpoint", "one per NFS mount of the node with series (mounts.max_series)")
+NFS_OPERATION = Label(
+    "operation",
+    f"the procedures in nfs.operations that the mount has called ({len(DEFAULT_NFS_OPERATIONS)} by default; "
+    'with ["*"] every procedure the kernel counts, about 70 on NFSv4.2)',
+)
+NFS_TRANSPORT = Label("transport", "one per RPC transport of the mount (its index; more than one with nconnect)")
+NFS_PROTOCOL = Label("protocol", "one per transport: its protocol as mountstats names it (tcp, udp, rdma)")
+
+# -- nfs: per procedure, per transport, and the bytes: line
+
+NFS_OPERATIONS = counter(
+    "nfs", "storwatch_nfs_operations_total", "RPC requests made, per NFS operation.", NFS_MOUNTPOINT, NFS_OPERATION
+)
+NFS_TRANSMISSIONS = counter(
+    "nfs",
+    "storwatch_nfs_transmissions_total",
+    "RPC transmissions, retransmissions included.",
+    NFS_MOUNTPOINT,
+    NFS_OPERATION,
+)
+NFS_MAJOR_TIMEOUTS = counter(
+    "nfs",
+    "storwatch_nfs_major_timeouts_total",
+    "Requests that hit a major timeout (server not responding).",
+    NFS_MOUNTPOINT,
+    NFS_OPERATION,
+)
+NFS_SENT_BYTES = counter(
+    "nfs",
+    "storwatch_nfs_sent_bytes_total",
+    "Bytes sent for these requests, headers included.",
+    NFS_MOUNTPOINT,
+    NFS_OPERATION,
+)
+NFS_RECEIVED_BYTES = counter(
+    "nfs",
+    "storwatch_nfs_received_bytes_total",
+    "Bytes received in replies, headers included.",
+    NFS_MOUNTPOINT,
+    NFS_OPERATION,
+)
+NFS_QUEUE_SECONDS = counter(
+    "nfs",
+    "storwatch_nfs_queue_seconds_total",
+    "Time requests waited before transmission.",
+    NFS_MOUNTPOINT,
+    NFS_OPERATION,
+)
+NFS_RTT_SECONDS = counter(
+    "nfs", "storwatch_nfs_rtt_seconds_total", "Time from transmission to reply.", NFS_MOUNTPOINT, NFS_OPERATION
+)
+NFS_EXECUTE_SECONDS = counter(
+    "nfs",
+    "storwatch_nfs_execute_seconds_total",
+    "Time from creation to completion (queue + RTT + client processing).",
+    NFS_MOUNTPOINT,
+    NFS_OPERATION,
+)
+NFS_ERRORS = counter(
+    "nfs",
+    "storwatch_nfs_errors_total",
+    "Requests that completed with an error status.",
+    NFS_MOUNTPOINT,
+    NFS_OPERATION,
+)
+NFS_TRANSPORT_SENDS = counter(
+    "nfs",
+    "storwatch_nfs_transport_sends_total",
+    "RPC requests sent on the transport.",
+    NFS_MOUNTPOINT,
+    NFS_TRANSPORT,
+    NFS_PROTOCOL,
+)
+NFS_TRANSPORT_RECEIVES = counter(
+    "nfs",
+    "storwatch_nfs_transport_receives_total",
+    "RPC replies received on the transport.",
+    NFS_MOUNTPOINT,
+    NFS_TRANSPORT,
+    NFS_PROTOCOL,
+)
+NFS_TRANSPORT_BAD_XIDS = counter(
+    "nfs",
+    "storwatch_nfs_transport_bad_xids_total",
+    "Replies that matched no outstanding request.",
+    NFS_MOUNTPOINT,
+    NFS_TRANSPORT,
+    NFS_PROTOCOL,
+)
+NFS_TRANSPORT_CONNECTS = counter(
+    "nfs",
+    "storwatch_nfs_transport_connects_total",
+    "Connections made (a rise means reconnects).",
+    NFS_MOUNTPOINT,
+    NFS_TRANSPORT,
+    NFS_PROTOCOL,
+)
+NFS_TRANSPORT_REQUESTS_IN_FLIGHT_SUM = counter(
+    "nfs",
+    "storwatch_nfs_transport_requests_in_flight_sum_total",
+    "Sum over sends of requests in flight; / sends = average.",
+    NFS_MOUNTPOINT,
+    NFS_TRANSPORT,
+    NFS_PROTOCOL,
+)
+NFS_TRANSPORT_BACKLOG_SUM = counter(
+    "nfs",
+    "storwatch_nfs_transport_backlog_sum_total",
+    "Sum over sends of the backlog queue length; / sends = average.",
+    NFS_MOUNTPOINT,
+    NFS_TRANSPORT,
+    NFS_PROTOCOL,
+)
+NFS_BYTES = counter(
+    "nfs",
+    "storwatch_nfs_bytes_total",
+    "Bytes through the NFS client by kind (bytes: line).",
+    NFS_MOUNTPOINT,
+    Label(
+        "kind",
+        "the counters of mountstats' bytes: line, in its order",
+        ("normal_read", "normal_write", "direct_read", "direct_write", "server_read", "server_write"),
+    ),
+)
+
 
 _MS = 0.001
 
 # Per procedure, in the order of _op_lines.
 _NFS_OP_COUNTERS = (
-    catalog.NFS_OPERATIONS,
-    catalog.NFS_TRANSMISSIONS,
-    catalog.NFS_MAJOR_TIMEOUTS,
-    catalog.NFS_SENT_BYTES,
-    catalog.NFS_RECEIVED_BYTES,
-    catalog.NFS_QUEUE_SECONDS,
-    catalog.NFS_RTT_SECONDS,
-    catalog.NFS_EXECUTE_SECONDS,
-    catalog.NFS_ERRORS,
+    NFS_OPERATIONS,
+    NFS_TRANSMISSIONS,
+    NFS_MAJOR_TIMEOUTS,
+    NFS_SENT_BYTES,
+    NFS_RECEIVED_BYTES,
+    NFS_QUEUE_SECONDS,
+    NFS_RTT_SECONDS,
+    NFS_EXECUTE_SECONDS,
+    NFS_ERRORS,
 )
 # Per transport, in the order of the values _mount_text takes from it.
 _XPRT_COUNTERS = (
-    catalog.NFS_TRANSPORT_SENDS,
-    catalog.NFS_TRANSPORT_RECEIVES,
-    catalog.NFS_TRANSPORT_BAD_XIDS,
-    catalog.NFS_TRANSPORT_CONNECTS,
-    catalog.NFS_TRANSPORT_REQUESTS_IN_FLIGHT_SUM,
-    catalog.NFS_TRANSPORT_BACKLOG_SUM,
+    NFS_TRANSPORT_SENDS,
+    NFS_TRANSPORT_RECEIVES,
+    NFS_TRANSPORT_BAD_XIDS,
+    NFS_TRANSPORT_CONNECTS,
+    NFS_TRANSPORT_REQUESTS_IN_FLIGHT_SUM,
+    NFS_TRANSPORT_BACKLOG_SUM,
 )
-_NFS_BYTES_KINDS = catalog.NFS_BYTES.values("kind")
+_NFS_BYTES_KINDS = NFS_BYTES.values("kind")
 """In the order of mountstats' bytes: line, as _mount_text reads it."""
 
 # Every NFS family, in the order they are exported.
-_NFS_COUNTERS = (*_NFS_OP_COUNTERS, *_XPRT_COUNTERS, catalog.NFS_BYTES)
+_NFS_COUNTERS = (*_NFS_OP_COUNTERS, *_XPRT_COUNTERS, NFS_BYTES)
 
 # Every per-procedure family has the labels of NFS_OPERATIONS, every per-transport one those of
 # NFS_TRANSPORT_SENDS: each mount writes their label sets from one template of each (_mount_text).
-_OP_LABEL_NAMES = catalog.NFS_OPERATIONS.label_names
-_XPRT_LABELS = labels_template(catalog.NFS_TRANSPORT_SENDS.label_names)
-_BYTES_LABELS = labels_template(catalog.NFS_BYTES.label_names)
+_OP_LABEL_NAMES = NFS_OPERATIONS.label_names
+_XPRT_LABELS = labels_template(NFS_TRANSPORT_SENDS.label_names)
+_BYTES_LABELS = labels_template(NFS_BYTES.label_names)
 (_OPERATIONS, _TRANSMISSIONS, _MAJOR_TIMEOUTS, _SENT, _RECEIVED, _QUEUE, _RTT, _EXECUTE, _ERRORS) = (
     spec.name for spec in _NFS_OP_COUNTERS
 )
@@ -121,7 +251,7 @@ def _mount_text(
     b = nfs.bytes
     if b is not None:
         values = (b.normal_read, b.normal_write, b.direct_read, b.direct_write, b.server_read, b.server_write)
-        name = catalog.NFS_BYTES.name
+        name = NFS_BYTES.name
         by_metric[name] = "".join(
             f"{name}{_BYTES_LABELS.format(mp, kind)} {value_text(value)}\n"
             for kind, value in zip(_NFS_BYTES_KINDS, values, strict=True)
