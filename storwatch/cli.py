@@ -285,6 +285,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     test.add_argument("files", nargs="+", metavar="FILE", help="policy test file (see docs/policy.md)")
     policy_sub.add_parser("show", help="print the policy language and every entity's fields (docs/policy.md)")
+    explain = policy_sub.add_parser(
+        "explain",
+        help="the rules in force and what each would do on this node now, and why (a one-shot look; nothing is run)",
+        description="Load the policy as the agent would (the shipped default set unless policy.default_set is false, "
+        "then policy.files, then FILE...), look at this node once as `storwatch scan` does, and for each rule say "
+        "which entities its condition holds for, with the values of the fields it reads, the message and the "
+        "actions it would run.",
+    )
+    _add_common(explain)
+    explain.add_argument("files", nargs="*", metavar="FILE", help="more policy files, loaded after the configured ones")
+    explain.add_argument(
+        "--timeout",
+        type=_seconds(0.1, MAX_SCAN_TIMEOUT_SECONDS, zero_ok=False),
+        default=5.0,
+        help="seconds to wait for each mount's statvfs (default 5)",
+    )
     return parser
 
 
@@ -297,6 +313,8 @@ def cmd_policy(args: argparse.Namespace) -> int:
 
         sys.stdout.write(markdown())
         return EXIT_OK
+    if args.policy_command == "explain":
+        return _policy_explain(args)
     if args.policy_command == "check":
         try:
             from storwatch.actions.registry import checks
@@ -835,6 +853,33 @@ def cmd_agent(args: argparse.Namespace) -> int:
         print(f"storwatch: {printable(str(err))}", file=sys.stderr)
         return EXIT_USAGE
     agent.run_until_signalled(exiting=True)
+    return EXIT_OK
+
+
+def _policy_explain(args: argparse.Namespace) -> int:
+    from storwatch.actions.registry import checks
+    from storwatch.agent.policy import policy_files
+    from storwatch.policy.explain import explain
+    from storwatch.policy.load import PolicyError, load_policy
+    from storwatch.policy.schema import entities
+    from storwatch.printable import printable
+
+    config, _ = _load(args)
+    _setup_logging(config.log_level if args.log_level else "warning")
+    files = [*policy_files(config.policy), *args.files]
+    if not config.policy.enabled:
+        print("the policy is off (policy.enabled is false): the agent evaluates no rule; as it would be if on:")
+    try:
+        policy = load_policy(files, checks())
+    except PolicyError as err:
+        for line in err.errors:
+            print(printable(line), file=sys.stderr)
+        return EXIT_FINDINGS
+    view = scan_view(config, args.timeout)
+    print(f"{len(policy.rules)} rules from {', '.join(map(printable, files))}; this node now ({view.platform.name}):")
+    print()
+    for line in explain(policy, entities(view)):
+        print(line)
     return EXIT_OK
 
 

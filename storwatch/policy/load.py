@@ -306,7 +306,7 @@ def template_problems(template: str, names: frozenset[str]) -> list[str]:
     return out
 
 
-def _text(value: FieldValue, name: str = "") -> str:
+def field_text(value: FieldValue, name: str = "") -> str:
     """A field's value as a message shows it, in words (storwatch.words) by the unit its name carries: ``*_seconds``
     a length of time, ``bytes`` and ``*_bytes`` a size, ``*_ratio`` and ``*_share*`` a percentage; null is
     "unknown" and an infinite figure "unbounded", never ``null`` or ``inf``."""
@@ -323,9 +323,9 @@ def _text(value: FieldValue, name: str = "") -> str:
             return words.share(float(value))
         return words.number(float(value))
     if isinstance(value, (tuple, list)):
-        return ", ".join(_text(v) for v in value) or "none"
+        return ", ".join(field_text(v) for v in value) or "none"
     if isinstance(value, Mapping):
-        return ", ".join(f"{k}={_text(v)}" for k, v in value.items()) or "none"
+        return ", ".join(f"{k}={field_text(v)}" for k, v in value.items()) or "none"
     return str(value)
 
 
@@ -341,7 +341,7 @@ def render_message(template: str, fields: Mapping[str, FieldValue]) -> str:
         if token == "}}":
             return "}"
         name = m.group(1)
-        return _text(fields.get(name), name) if name is not None else token
+        return field_text(fields.get(name), name) if name is not None else token
 
     text = printable(_TEMPLATE_PART.sub(one, template))
     return text if len(text) <= 4 * MAX_MESSAGE_CHARS else text[: 4 * MAX_MESSAGE_CHARS - 3] + "..."
@@ -839,6 +839,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "Rule",
+    "field_text",
     "load_policy",
     "parse_duration",
     "parse_policy",
