@@ -1191,7 +1191,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             for r in rows
         ]
         print(printable(size.sentence()))
-        print(format_plan(shown, args.budget))
+        print(format_plan(shown, args.budget, config.checkpoints.mtbf_seconds))
     return EXIT_OK if all(r.error is None for r in rows) else EXIT_FINDINGS
 
 

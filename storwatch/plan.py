@@ -451,7 +451,28 @@ def as_dicts(rows: Iterable[TierPlan]) -> list[dict[str, object]]:
     return [asdict(r) for r in rows]
 
 
-def format_plan(rows: list[TierPlan], budget: float) -> str:
+def legend(budget: float, mtbf_seconds: float) -> list[str]:
+    """What each column of the plan means, printed under the table."""
+    from storwatch.words import span
+
+    return [
+        "SURVIVES NODE: whether what is written there outlives this node (its durability class is cluster or region);",
+        "  a checkpoint on a mount that does not is lost with the node, however often it is written.",
+        "WRITE MB/s: the median of the timed rounds, written with O_DIRECT then fsync ('buffered': through the page "
+        "cache, where the filesystem refuses O_DIRECT).",
+        "SPREAD: (fastest - slowest) / median of the timed rounds, 'of N' the rounds timed: a large spread means the "
+        "mount's speed moved while it was measured.",
+        "CHECKPOINT: the checkpoint size planned for (the line above the table says where it comes from); WRITE TIME: "
+        "CHECKPOINT / WRITE MB/s, the time one save blocks training.",
+        f"MIN INTERVAL ({budget:.0%}): the shortest time between two saves that keeps their write time under "
+        f"{budget:.0%} of the training time (--budget).",
+        "DALY INTERVAL: Daly's interval, the time between saves that loses the least work to failures and saving "
+        f"together, for this write time and a mean time between failures of {span(mtbf_seconds)} "
+        "(checkpoints.mtbf_seconds: the job's, not one node's).",
+    ]
+
+
+def format_plan(rows: list[TierPlan], budget: float, mtbf_seconds: float = 86_400.0) -> str:
     from storwatch.report import human_bytes, human_seconds
 
     if not rows:
@@ -503,8 +524,7 @@ def format_plan(rows: list[TierPlan], budget: float) -> str:
         )
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in (headers, *table)]
-    if any(r.spread is not None for r in rows):
-        lines += ["", "WRITE MB/s: the median of the timed rounds; SPREAD: (fastest - slowest) / median of them"]
+    lines += ["", *legend(budget, mtbf_seconds)]
     for r in rows:
         if r.cpu_pressure is not None and r.cpu_pressure >= CPU_BUSY:
             lines.append(

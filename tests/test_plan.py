@@ -321,3 +321,19 @@ def test_the_mounts_asked_for_are_measured_whatever_hangs_before_them_in_the_tab
     assert out.returncode == 0, out.stderr
     (row,) = json.loads(out.stdout)["mounts"]
     assert row["mountpoint"] == str(tmpfs.mountpoint) and row["test_bytes"] > 0, row
+
+
+def test_every_column_of_the_table_is_explained_under_it() -> None:
+    """A reader who meets "SPREAD 11% of 5" or "DALY INTERVAL" finds what it means under the table, with the budget
+    and the mean time between failures the figures were worked out for."""
+    row = TierPlan("/scratch", "ext4", "node", False, 1 << 30, 64 << 20, 0.1, 6.4e8, 5, 3 << 30, (6.4e8,) * 5, 0.11)
+    text = format_plan([row], 0.05, mtbf_seconds=7 * 86400.0)
+    header = text.splitlines()[0].split("  ")
+    columns = [c.strip() for c in header if c.strip()]
+    legend_lines = text.split("\n\n", 1)[1]
+    for column in columns:
+        if column in ("MOUNTPOINT", "TYPE", "DURABILITY"):
+            continue
+        assert f"{column}:" in legend_lines, (column, legend_lines)
+    assert "MIN INTERVAL (5%): the shortest time between two saves that keeps their write time under 5%" in text
+    assert "a mean time between failures of 7 d (checkpoints.mtbf_seconds" in text
