@@ -23,6 +23,7 @@ from storwatch.analysis.build import build_view
 from storwatch.analysis.view import View
 from storwatch.classify import Classifier
 from storwatch.config import PolicyConfig
+from storwatch.policy.schema import entities
 from storwatch.sources.checkpoints import Checkpoint, RunState
 from storwatch.vocabulary import Platform
 from tests.rich_view import NOW, rich_view
@@ -103,7 +104,7 @@ def test_one_tenants_future_dated_runs_cannot_starve_another_tenants_run() -> No
     made, asked = worker(clock)
     try:
         view = view_at(clock[0], runs)
-        requests = made.engine.evaluate(made.builder.build(view), view.timestamp)
+        requests = made.engine.evaluate(entities(view), view.timestamp)
         assert {r.entity.key for r in requests if r.rule == RULE} == {"a-0", "a-1", "a-2", "a-3", "a-4", "a-5",
                                                                       "z-victim"}  # fmt: skip
         # An unknown age never goes first, and the owner is the one the kernel gives (the directory's uid).

@@ -32,7 +32,7 @@ def importers(library: str, package: Path = PACKAGE) -> set[str]:
     ("library", "module"),
     [
         pytest.param("pynvml", "sources/gpu/nvml.py", id="nvml"),
-        pytest.param("kubernetes", "kubeclient.py", id="kubernetes"),
+        pytest.param("kubernetes", "kube/client.py", id="kubernetes"),
     ],
 )
 def test_only_one_module_imports_the_library(library: str, module: str) -> None:

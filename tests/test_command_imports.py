@@ -31,7 +31,7 @@ AGENT_ONLY = (
 )
 """What only the running agent uses: the exposition, the HTTP server, the checkpoint source's helper process."""
 
-CLIENTS = ("kubernetes", "pynvml", "torch", "storwatch.sources.kube", "storwatch.kubeclient")
+CLIENTS = ("kubernetes", "pynvml", "torch", "storwatch.sources.kube", "storwatch.kube.client")
 """Clients of the outside world, each loaded by the source that talks to it, when it is on."""
 
 PARSER = {"storwatch", "storwatch.__main__", "storwatch.cli", "storwatch.vocabulary"}

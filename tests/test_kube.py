@@ -18,7 +18,7 @@ import pytest
 import urllib3
 
 from storwatch.classify import Classifier
-from storwatch.kubeclient import parse_time
+from storwatch.kube.client import parse_time
 from storwatch.sources.kube import KubeSource, pod_info
 from storwatch.sources.kubevolumes import (
     ClusterObjects,
@@ -506,7 +506,7 @@ def test_the_watches_and_events_never_build_the_clients_generated_apis(api: Fake
     # agent); the agent sends its requests through the client's ApiClient. In a process of its own, as the agent.
     script = f"""
 import sys, time
-from storwatch.actions.kube_events import KubeEvents
+from storwatch.kube.events import KubeEvents
 from storwatch.sources.kube import KubeSource
 src = KubeSource(environ={{}}, kubeconfig={str(api.kubeconfig(tmp_path))!r}, node_name={NODE!r})
 src.start()

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import urllib3
 
-from storwatch.actions.kube_events import KubeEvents
-from storwatch.kubeclient import NO_CREDENTIALS, KubeClient, parse_time
+from storwatch.kube.client import NO_CREDENTIALS, KubeClient, parse_time
+from storwatch.kube.events import KubeEvents
 from storwatch.sources.kube import KubeSource
 from tests.kubeapi import NODE, FakeKubeAPI, fake_kube_api, k8s_node_objects
 
@@ -86,7 +86,7 @@ def test_no_cluster_every_post_is_disabled_and_sends_nothing(tmp_path: Path) -> 
 def test_refused_is_failed_logged_and_not_remembered(
     api: FakeKubeAPI, client: KubeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="storwatch.actions.kube_events")
+    caplog.set_level(logging.WARNING, logger="storwatch.kube.events")
     events = KubeEvents(client, clock=lambda: T0)
     api.events_status = 403  # the agent's ClusterRole lacks create on events
     assert events.post("CheckpointOnEphemeral", "m") == "failed"
@@ -108,7 +108,7 @@ def test_refused_is_failed_logged_and_not_remembered(
 def test_a_long_error_answer_is_read_only_in_part_and_its_connection_not_reused(
     api: FakeKubeAPI, client: KubeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="storwatch.actions.kube_events")
+    caplog.set_level(logging.WARNING, logger="storwatch.kube.events")
     events = KubeEvents(client, clock=lambda: T0)
     api.events_status, api.refusal_message = 500, " x" * 16_000_000  # a 32 MB answer
     assert events.post("CheckpointOnEphemeral", "m") == "failed"

@@ -12,10 +12,10 @@ import pytest
 
 from storwatch.actions.base import ActionRequest, Entity, Severity
 from storwatch.actions.event import EventAction, reason_from_rule
-from storwatch.actions.kube_events import KubeEvents
 from storwatch.actions.log import LogAction
 from storwatch.actions.runner import ActionRunner
-from storwatch.kubeclient import KubeClient
+from storwatch.kube.client import KubeClient
+from storwatch.kube.events import KubeEvents
 from tests.kubeapi import NODE, FakeKubeAPI, fake_kube_api, k8s_node_objects
 
 T0 = 1_800_000_000.0

@@ -1,6 +1,6 @@
 """The ``event`` action: a Kubernetes Event for a rule's transition, through the Events writer of
-:mod:`.kube_events` (which deduplicates repeats into a count and bounds its own rate). The Event is about the pod when
-the entity names one (its ``namespace`` and ``pod`` fields), else about this Node.
+:mod:`storwatch.kube.events` (which deduplicates repeats into a count and bounds its own rate). The Event is about the
+pod when the entity names one (its ``namespace`` and ``pod`` fields), else about this Node.
 
 Params: ``reason`` (UpperCamelCase, default: the rule's name in UpperCamelCase, ``Resolved`` appended when the rule
 resolves, so a resolution never bumps the count of the firing Event), ``type`` (``Normal`` or ``Warning``, default
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from storwatch.actions.base import ActionRequest, ActionResult, Entity, acted_on
-from storwatch.actions.kube_events import KubeEvents
 from storwatch.actions.params import Params
+from storwatch.kube.events import KubeEvents
 
 MAX_REASON = 128
 """The API's bound on an Event's reason (events.k8s.io/v1 validation)."""

@@ -10,10 +10,10 @@ from storwatch.actions.base import ACTION_NAMES, Action
 from storwatch.actions.checkpoint_request import AskedRuns, RequestCheckpointAction
 from storwatch.actions.checkpoint_sync import Resolver, SyncAction
 from storwatch.actions.event import EventAction
-from storwatch.actions.kube_events import KubeEvents
 from storwatch.actions.log import LogAction
 from storwatch.actions.sync_jobs import SyncJobs
 from storwatch.actions.webhook import WebhookAction
+from storwatch.kube.events import KubeEvents
 from storwatch.paths import HostPaths
 
 __all__ = ["ACTION_NAMES", "checks", "registry"]

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from storwatch.actions.base import Action, ActionRequest, ActionResult, EntityKind, Outcome
 from storwatch.actions.log import describe
-from storwatch.actions.token_bucket import Buckets, TokenBucket, take_all
 from storwatch.deadline_worker import DeadlineWorker
+from storwatch.pace import Buckets, TokenBucket, take_all
 from storwatch.printable import printable
 
 log = logging.getLogger(__name__)

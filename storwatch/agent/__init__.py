@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 from storwatch.actions.alertbook import AlertBook
-from storwatch.actions.kube_events import KubeEvents
 from storwatch.actions.registry import registry
 from storwatch.actions.sync_engine import SyncEngine
 from storwatch.agent.collectors import Collectors, given
@@ -39,7 +38,8 @@ from storwatch.classify import Classifier, resolve_platform
 from storwatch.config import Config, ConfigError, GPUConfig
 from storwatch.exporter import AlertmanagerCounts, ConfigReloads, Exporter
 from storwatch.history import History
-from storwatch.kubeclient import KubeClient
+from storwatch.kube.client import KubeClient
+from storwatch.kube.events import KubeEvents
 from storwatch.pace import CpuBudget, Pace
 from storwatch.printable import Lines
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas

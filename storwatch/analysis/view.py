@@ -243,6 +243,11 @@ class View:
 
         return self.snapshot.get(LUSTRE)
 
+    def facts_of(self, name: str) -> object | None:
+        """A source's facts by its name (its FactsKey's): how an exporter area reads a source the View does not join,
+        against a Protocol of the fields it reads, so that it imports no source (docs/architecture.md, the recipe)."""
+        return self.snapshot.facts.get(name)
+
     @property
     def checkpoint_scan(self) -> CheckpointFacts | None:
         """The checkpoint source's facts beyond the runs: stuck roots, check errors."""

@@ -1,8 +1,8 @@
 """Kubernetes source: watches this node's pods, PVCs, PVs, StorageClasses and this Node. Read-only: Events are posted
-by the action in ``storwatch.actions.kube_events``.
+by the action in ``storwatch.kube.events``.
 
 Watch threads keep a snapshot current; ``collect()`` returns it without touching the API, so a slow or absent API
-server never delays a tick. The client and its credentials come from ``storwatch.kubeclient`` (the only module that
+server never delays a tick. The client and its credentials come from ``storwatch.kube.client`` (the only module that
 imports ``kubernetes``); the snapshot types live in ``storwatch.sources.kubevolumes`` so every other module reads them
 without the client installed.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from storwatch.kubeclient import REQUEST_TIMEOUT, KubeClient, error_of, parse_time
+from storwatch.kube.client import REQUEST_TIMEOUT, KubeClient, error_of, parse_time
 from storwatch.pace import Backoff
 from storwatch.sources.kubevolumes import (
     CONFIG_MAP,
@@ -323,7 +323,7 @@ class KubeSource:
     ) -> None:
         """``client``: a connection shared with others (the Events action), closed by whoever made it; without one,
         the source makes its own from ``environ``, ``kubeconfig``, ``node_name`` and ``request_timeout`` (see
-        :class:`~storwatch.kubeclient.KubeClient`), and closes it."""
+        :class:`~storwatch.kube.client.KubeClient`), and closes it."""
         self.interval_seconds = interval_seconds
         self.clock = clock
         self.watch_timeout_seconds = watch_timeout_seconds

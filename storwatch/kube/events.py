@@ -2,9 +2,9 @@
 ``kubectl describe`` and event exporters show it beside the pod or node it concerns.
 
 The same reason about the same object within ``dedup_seconds`` raises the count of the first Event (a merge patch),
-as the kubelet's own event recorder does, instead of creating another; a token bucket (``token_bucket.py``) bounds the
+as the kubelet's own event recorder does, instead of creating another; a token bucket (storwatch/pace.py) bounds the
 rate of requests, and so the memory kept of posted Events. A post makes one request with the client's timeouts, two
-when its patch finds the Event gone (then it is created again). Through the shared client of ``storwatch.kubeclient``.
+when its patch finds the Event gone (then it is created again). Through the shared client of ``storwatch.kube.client``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from storwatch.actions.token_bucket import TokenBucket
-from storwatch.kubeclient import KubeClient, format_time, path_part
+from storwatch.kube.client import KubeClient, format_time, path_part
+from storwatch.pace import TokenBucket
 
 log = logging.getLogger(__name__)
 
