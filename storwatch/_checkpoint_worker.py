@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from storwatch._blocking_worker import serve
+from storwatch.calls._blocking_worker import serve
 from storwatch.checkpoints.birth import StatxTimes, statx_times
 from storwatch.checkpoints.events import MAX_SAVE_SECONDS, FileTimes, SaveRecord, parse_lines
 from storwatch.checkpoints.formats import CheckResult, check, identify

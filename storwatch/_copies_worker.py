@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from storwatch._blocking_worker import serve
+from storwatch.calls._blocking_worker import serve
 from storwatch.checkpoints.manifest import find_copies
 
 OP = "sync_copies"

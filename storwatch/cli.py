@@ -415,7 +415,7 @@ def _sync_refusals(pairs: Sequence[tuple[str, str, str | None]], timeout: float)
     (an earlier copy of ours there would be replaced, and the source removed with it). Judged on the paths
     resolved and by identity (device and inode), so that no symbolic link, ``..`` or bind mount hides it. A path that
     could not be resolved (unreadable, or no answer within ``timeout``) is not judged: its copy says what it finds."""
-    from storwatch.blocking import BlockingCalls
+    from storwatch.calls.blocking import BlockingCalls
 
     paths = sorted({p for src, dest, _ in pairs for p in (src, dest)})
     calls = BlockingCalls(max_inflight=len(paths), max_stuck=len(paths))

@@ -15,7 +15,7 @@ from pathlib import Path
 from storwatch.analysis.build import build_view
 from storwatch.analysis.io import WindowFeeder
 from storwatch.analysis.latency import LatencyWindows
-from storwatch.blocking import CallOutcome
+from storwatch.calls.blocking import CallOutcome
 from storwatch.classify import Classifier
 from storwatch.config import DiskIOConfig, MountsConfig, NFSConfig
 from storwatch.exporter import Exporter

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from storwatch.blocking import CallOutcome
+from storwatch.calls.blocking import CallOutcome
 from storwatch.config import MountsConfig
 from storwatch.paths import HostPaths
 from storwatch.sources.blockdev import BlockDevice, BlockDevices

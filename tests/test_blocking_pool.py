@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from storwatch.blocking import MIN_KEYS_KEPT, BlockingCalls, CallOutcome
+from storwatch.calls.blocking import MIN_KEYS_KEPT, BlockingCalls, CallOutcome
 
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE = 1.0
@@ -23,7 +23,7 @@ lasts this long, so the tests take a few seconds)."""
 WORKER = f"""
 import sys, threading
 sys.path.insert(0, {str(REPO)!r})
-from storwatch._blocking_worker import serve
+from storwatch.calls._blocking_worker import serve
 
 def answer(path):
     if path.startswith(b"hang"):
@@ -132,7 +132,7 @@ def test_a_call_within_its_deadline_is_in_flight_not_stuck(pool: BlockingCalls) 
 def test_the_worker_answers_json_as_one_text(tmp_path: Path) -> None:
     script = tmp_path / "worker.py"
     script.write_text(
-        f"import sys, json\nsys.path.insert(0, {str(REPO)!r})\nfrom storwatch._blocking_worker import serve\n"
+        f"import sys, json\nsys.path.insert(0, {str(REPO)!r})\nfrom storwatch.calls._blocking_worker import serve\n"
         "serve({'doc': lambda path: json.dumps({'path': path.decode(), 'words': 'a  b'})})\n"
     )
     calls = BlockingCalls(command=[sys.executable, "-I", str(script)])

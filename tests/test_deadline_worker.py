@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from storwatch.deadline_worker import DeadlineWorker
+from storwatch.calls.deadline import DeadlineWorker
 
 
 def wait_for(probe: Callable[[], bool], timeout: float, what: str) -> None:

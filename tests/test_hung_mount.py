@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from storwatch.blocking import BlockingCalls, CallOutcome
+from storwatch.calls.blocking import BlockingCalls, CallOutcome
 from tests.agentproc import running_agent
 from tests.builders import own_mount_table
 from tests.realmounts import fuse_mount, tmpfs_mount

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from storwatch.blocking import BlockingCalls, CallOutcome
+from storwatch.calls.blocking import BlockingCalls, CallOutcome
 from storwatch.config import MountsConfig
 from storwatch.paths import HostPaths
 from storwatch.sources import UnusableInput

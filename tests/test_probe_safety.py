@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from storwatch._blocking_worker import probe_file_name
-from storwatch.blocking import BlockingCalls
+from storwatch.calls._blocking_worker import probe_file_name
+from storwatch.calls.blocking import BlockingCalls
 from storwatch.config import ProbesConfig
 from storwatch.paths import HostPaths
 from storwatch.sources.probe import ProbeResult, ProbeSource, ProbeTarget

@@ -9,6 +9,6 @@ writer uses too). Every file named for a credential is read through :mod:`.secre
 
 Sources stay read-only; an action is called by the policy engine (``storwatch.policy``) on its own worker, never from
 a source or a scrape. Each action bounds its own rate and time, and a failed action is reported, never raised into
-its caller's loop. An action that touches a mount (a sync copy) goes through ``storwatch.blocking``, like every call
-that can hang in the kernel.
+its caller's loop. An action that touches a mount (a sync copy) goes through ``storwatch.calls``, like every call that
+can hang in the kernel.
 """

@@ -13,8 +13,8 @@ import json
 import os
 import sys
 
-from storwatch._blocking_worker import serve
 from storwatch.actions.request_file import Refused, place_request
+from storwatch.calls._blocking_worker import serve
 
 OP = "ckpt_request"
 

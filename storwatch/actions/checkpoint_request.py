@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from storwatch.actions._request_worker import OP, command
 from storwatch.actions.base import ActionRequest, ActionResult, Entity, acted_on
 from storwatch.actions.params import Params
-from storwatch.blocking import BlockingCalls
+from storwatch.calls.blocking import BlockingCalls
 from storwatch.paths import HostPaths
 from storwatch.printable import printable
 from storwatch.sources.writers import catches, started_at

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from storwatch.actions.base import Action, ActionRequest, ActionResult, EntityKind, Outcome
 from storwatch.actions.log import describe
-from storwatch.deadline_worker import DeadlineWorker
+from storwatch.calls.deadline import DeadlineWorker
 from storwatch.pace import Buckets, TokenBucket, take_all
 from storwatch.printable import printable
 

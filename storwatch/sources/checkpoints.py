@@ -1,7 +1,7 @@
 """The checkpoint source: finds checkpoints under the watched roots, checks each, and follows every run over time.
 
 Nothing here touches a checkpoint root: the walks, stats, checks and event-log reads run in a helper process
-(``_checkpoint_worker.py``) through ``storwatch.blocking``, each with a deadline, one per unit. A unit is a scan root,
+(``_checkpoint_worker.py``) through storwatch.calls.blocking, each with a deadline, one per unit. A unit is a scan root,
 or a mount below one (read from this process's mount table), each walked on its own, so a pod volume on a FUSE mount
 whose readdir or stat hangs makes that one unit stuck (``stuck_roots``, and the collector fails naming it) while the
 others are still scanned, and the agent's threads never wait in the kernel. A collection waits for the walks no longer
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from storwatch._checkpoint_worker import command as worker_command
-from storwatch.blocking import BlockingCalls
+from storwatch.calls.blocking import BlockingCalls
 from storwatch.checkpoints.limits import DeepLimits
 from storwatch.checkpoints.record import Checkpoint, DeepAnswer, Run, RunId, UnitAnswer, applied, from_wire
 from storwatch.checkpoints.scan import DatasetDir

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 
 from storwatch._copies_worker import OP, command
-from storwatch.blocking import BlockingCalls
+from storwatch.calls.blocking import BlockingCalls
 from storwatch.checkpoints.manifest import FoundCopy
 from storwatch.config import SyncConfig
 from storwatch.paths import HostPaths

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from storwatch.blocking import BlockingCalls
+from storwatch.calls.blocking import BlockingCalls
 from storwatch.config import MountsConfig
 from storwatch.paths import HostPaths
 from storwatch.printable import shown

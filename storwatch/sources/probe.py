@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from storwatch.blocking import BlockingCalls
+from storwatch.calls.blocking import BlockingCalls
 from storwatch.config import ProbesConfig
 from storwatch.labels import PROBE_BUCKETS, PROBE_OPS
 from storwatch.paths import HostPaths

@@ -3,7 +3,7 @@ returns within ``call_timeout_seconds`` whatever the driver does.
 
 NVML calls can hang (a GPU fallen off the bus, a wedged driver). Past the deadline, ``collect()`` returns facts that
 say the sampling is stuck, with every GPU down and unknown, and starts no second sampling until the stuck one
-returns: at most one NVML thread exists (:class:`storwatch.deadline_worker.DeadlineWorker`). nvmlShutdown is then
+returns: at most one NVML thread exists (:class:`storwatch.calls.deadline.DeadlineWorker`). nvmlShutdown is then
 skipped at close, because it would wait for the stuck call or free NVML state under it.
 """
 
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from storwatch.deadline_worker import DeadlineWorker
+from storwatch.calls.deadline import DeadlineWorker
 from storwatch.sources.gpu.facts import GPUFacts, GPUState
 from storwatch.sources.gpu.nvml import INIT_BACKOFF_FIRST_SECONDS
 from storwatch.sources.gpu.sampler import BUFFERED_READ_SECONDS, Sampler

@@ -1,4 +1,4 @@
-"""The helper process behind ``storwatch.blocking``: runs system calls that can hang in the kernel.
+"""The helper process behind ``storwatch.calls.blocking``: runs system calls that can hang in the kernel.
 
 It is started as ``python -I -S _blocking_worker.py`` (stdlib only, nothing of the agent imported). A request is one
 line ``ID OP PATH ARG...`` (the path hex-encoded bytes, the rest plain words); each runs on a thread of its own while

@@ -8,7 +8,7 @@ killed (Python cannot interrupt it, and a thread blocked in a driver's ioctl ign
 never keeps the process from exiting.
 
 Calls that can hang in the kernel on a mount (statvfs, probes, checkpoint walks) do not come here: they go to
-``storwatch.blocking``, whose helper process holds the stuck threads, one call per mount in flight.
+``storwatch.calls.blocking``, whose helper process holds the stuck threads, one call per mount in flight.
 """
 
 from __future__ import annotations
