@@ -34,8 +34,16 @@ AGENT_ONLY = (
 CLIENTS = ("kubernetes", "pynvml", "torch", "storwatch.sources.kube", "storwatch.kube.client")
 """Clients of the outside world, each loaded by the source that talks to it, when it is on."""
 
-PARSER = {"storwatch", "storwatch.__main__", "storwatch.cli", "storwatch.vocabulary"}
-"""All of storwatch that the argument parser needs (the platform names come from the vocabulary)."""
+PARSER = {
+    "storwatch",
+    "storwatch.__main__",
+    "storwatch.cli",
+    "storwatch.vocabulary",
+    "storwatch.commands",
+    *(f"storwatch.commands.{m}" for m in ("agent", "common", "plan", "policy", "scan", "sync", "verify")),
+}
+"""All of storwatch that the argument parser needs: the command modules, each declaring its arguments (their work
+imports what it uses), and the vocabulary (the platform names)."""
 
 NO_CLUSTER = {"KUBECONFIG": "", "KUBERNETES_SERVICE_HOST": ""}
 """No Kubernetes credentials: the kube source is then off by itself, whatever the host has."""

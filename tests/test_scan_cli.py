@@ -148,7 +148,8 @@ def test_sample_is_labelled_as_one_interval_not_as_the_agents_windows(
 ) -> None:
     import shutil
 
-    from storwatch import cli
+    from storwatch.commands import main
+    from storwatch.commands import scan as scan_command
 
     proc, root = fixture_tree(tmp_path, "gpu-node")
     later = REPO_ROOT / "tests" / "fixtures" / "gpu-node" / "10s-later"
@@ -164,12 +165,12 @@ def test_sample_is_labelled_as_one_interval_not_as_the_agents_windows(
         shutil.copy(later / "diskstats", proc / "diskstats")
         shutil.copy(later / "mountstats", proc / "1" / "mountstats")
 
-    monkeypatch.setattr(cli.time, "sleep", sleep)
+    monkeypatch.setattr(scan_command.time, "sleep", sleep)
     sysfs = REPO_ROOT / "tests" / "fixtures" / "gpu-node" / "sys"
     common = ["--path.procfs", str(proc), "--path.sysfs", str(sysfs), "--path.rootfs", str(root)]
     config = tmp_path / "c.yaml"
     config.write_text("gpu: {enabled: false}\nkube: {enabled: false}\n")
-    assert cli.main(["scan", "--config", str(config), *common, "--sample", "1.5", "--json"]) == 0
+    assert main(["scan", "--config", str(config), *common, "--sample", "1.5", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert slept == [1.5]
     assert (data["latency_windows"], data["sample_seconds"]) == (["sample"], 1.5)
@@ -181,7 +182,7 @@ def test_sample_is_labelled_as_one_interval_not_as_the_agents_windows(
             assert windows["sample"]["samples"] == 1
 
     shutil.copytree(REPO_ROOT / "tests" / "fixtures" / "gpu-node" / "proc", proc, dirs_exist_ok=True)
-    assert cli.main(["scan", "--config", str(config), *common, "--sample", "1.5"]) == 0
+    assert main(["scan", "--config", str(config), *common, "--sample", "1.5"]) == 0
     table = capsys.readouterr().out
     assert "latency: the average of one 1.5 s interval, in milliseconds" in table
     assert "READ ms" in table and "1m" not in table and "p50" not in table
