@@ -177,7 +177,7 @@ def test_a_checkpoint_is_timed_by_the_save_that_wrote_it() -> None:
     assert (timed.write_start, timed.write_seconds, timed.write_timed_by, writing) == (200.0, 3.0, "file_events", False)
     # moved in from out of sight: its birth starts it, where there is one; else it is untimed, and says why
     moved = (EventSave("/r/c.pt", None, 50.0),)
-    born = _ck("/r/c.pt", 49.0, write_start=40.0, write_seconds=9.0, write_timed_by="birth_mtime")
+    born = _ck("/r/c.pt", 49.0, write_start=40.0, write_untimed_reason="only its birth time is known")
     assert timed_by_file_events(born, moved)[0].write_seconds == 10.0
     untimed = timed_by_file_events(_ck("/r/c.pt", 49.0), moved)[0]
     assert untimed.write_seconds is None and "moved in from a directory not watched" in (

@@ -122,15 +122,20 @@ def _ckpt(path: str, mtime: float, **kw: object) -> Checkpoint:
     return dataclasses.replace(Checkpoint(path, "torch", "complete", "ok", 1000, mtime), **kw)  # type: ignore[arg-type]
 
 
+def _born(path: str, mtime: float, birth: float) -> Checkpoint:
+    """A checkpoint as the scan gives it where the filesystem keeps a birth time: its start, and no duration."""
+    return _ckpt(path, mtime, write_start=birth, write_untimed_reason="only its birth time is known")
+
+
 def test_a_span_from_birth_to_seen_closed_and_the_cases_that_are_no_duration() -> None:
-    born = _ckpt("/r/step-1.pt", 101.0, write_start=100.0, write_seconds=1.0, write_timed_by="birth_mtime")
+    born = _born("/r/step-1.pt", 101.0, 100.0)
     # open from its birth (100) past its last write (101, then an fsync) until seen closed between 104.0 and 104.2
     timed = timed_by_open_files(born, [_file("/r/step-1.pt", 100.1, 104.0, 104.2, before=99.9)])
     assert timed.write_timed_by == "open_files" and timed.write_start == 100.0
     assert timed.write_seconds == pytest.approx(4.1) and timed.write_bytes_per_second == pytest.approx(1000 / 4.1)
     # seen open 0.9 s after its birth, past its last change at 100.05 (an fsync), then closed by 101.0: the birth
     # time's span leaves the fsync out, and the end is known to within 0.05 s: a duration from birth to the middle
-    quick = _ckpt("/r/step-1.pt", 100.05, write_start=100.0, write_seconds=0.05, write_timed_by="birth_mtime")
+    quick = _born("/r/step-1.pt", 100.05, 100.0)
     synced = timed_by_open_files(quick, [_file("/r/step-1.pt", 100.1, 100.9, 101.0, before=99.9)])
     assert synced.write_timed_by == "open_files" and synced.write_seconds == pytest.approx(0.95)
     # looks too far apart to say when it closed (seen open at 100.9, closed by 102.0): no duration, not the birth
@@ -138,9 +143,15 @@ def test_a_span_from_birth_to_seen_closed_and_the_cases_that_are_no_duration() -
     far = timed_by_open_files(quick, [_file("/r/step-1.pt", 100.1, 100.9, 102.0, before=99.9)])
     assert far.write_seconds is None and far.write_timed_by is None and far.write_bytes_per_second is None, far
     assert "0.90 s after its birth, past its last change" in str(far.write_untimed_reason), far
-    # seen open only before its last change, looks far apart: nothing contradicts the birth time's span
-    early = _ckpt("/r/step-1.pt", 100.8, write_start=100.0, write_seconds=0.8, write_timed_by="birth_mtime")
-    assert timed_by_open_files(early, [_file("/r/step-1.pt", 100.1, 100.2, 102.0, before=99.9)]) is early
+    # seen open only before its last change (100.8), then closed by 102.0: it ended between the two, which is no
+    # duration (birth to mtime would leave out whatever came after the last write); the start is kept
+    early = _born("/r/step-1.pt", 100.8, 100.0)
+    vague = timed_by_open_files(early, [_file("/r/step-1.pt", 100.1, 100.2, 102.0, before=99.9)])
+    assert vague.write_seconds is None and vague.write_timed_by is None and vague.write_start == 100.0, vague
+    assert "seen closed only 1.20 s after its last change" in str(vague.write_untimed_reason), vague
+    # seen open only before its last change, and seen closed just after it: birth to the middle of that
+    brief = timed_by_open_files(early, [_file("/r/step-1.pt", 100.1, 100.2, 100.9, before=99.9)])
+    assert brief.write_timed_by == "open_files" and brief.write_seconds == pytest.approx(0.85), brief
     # an event log's span is exact: kept
     logged = dataclasses.replace(born, write_timed_by="event_log")
     assert timed_by_open_files(logged, [_file("/r/step-1.pt", 100.1, 104.0, 104.2)]) is logged

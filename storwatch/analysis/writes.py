@@ -118,8 +118,9 @@ def timed_by_open_files(c: Checkpoint, files: Iterable[WrittenFile]) -> Checkpoi
     assert all(f.closed_by is not None for f in mine)
     last = max(mine, key=lambda f: (f.last_open + (f.closed_by or 0.0)) / 2)
     born_end = None
-    if c.write_timed_by == "birth_mtime" and c.write_start is not None and c.write_seconds is not None:
-        start, start_doubt, born_end = c.write_start, 0.0, c.write_start + c.write_seconds
+    if c.write_timed_by is None and c.write_start is not None:
+        # Its birth (the scan's statx) starts it; it ended no earlier than its last change.
+        start, start_doubt, born_end = c.write_start, 0.0, max(c.mtime, c.write_start)
     else:
         first = min(mine, key=lambda f: f.first_seen)
         start = first.first_seen
@@ -133,8 +134,12 @@ def timed_by_open_files(c: Checkpoint, files: Iterable[WrittenFile]) -> Checkpoi
     doubt = start_doubt + end_doubt
     if not seconds > 0 or doubt > SPAN_TOLERANCE * seconds:
         if born_end is not None and last.last_open <= born_end:
-            return c  # nothing seen open after its last change: the birth time's span stands
-        if born_end is not None:
+            reason = (
+                f"its birth time starts it, but it was seen closed only {high - low:.2f} s after its last change: its "
+                "end (an fsync, the close) is not known closer than that (looks at the writer's open files came too "
+                "far apart)"
+            )
+        elif born_end is not None:
             # Seen open past its last change (an fsync): the birth time's span leaves that out, so it is no duration.
             reason = (
                 f"seen open for writing {last.last_open - start:.2f} s after its birth, past its last change, but "
@@ -236,7 +241,7 @@ def timed_by_file_events(c: Checkpoint, saves: Iterable[EventSave]) -> tuple[Che
     save = min(ended, key=lambda s: s.end or math.inf)  # the save that wrote what the scan saw
     assert save.end is not None
     start = save.start
-    if start is None and c.write_timed_by == "birth_mtime" and c.write_start is not None:
+    if start is None and c.write_start is not None:
         start = c.write_start  # a temporary written elsewhere and renamed in keeps its inode, and its birth
     if start is None or not save.end > start:
         reason = "its file was moved in from a directory not watched, and this filesystem keeps no birth time"
