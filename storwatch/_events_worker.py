@@ -131,14 +131,23 @@ _paths: dict[int, tuple[bytes, int]] = {}
 _paths_lock = threading.Lock()
 _limit = [4096]
 """Watches held at most (the agent's ``file_events.max_watches``)."""
+_adding = [0]
+"""Watches being added now (each on a thread of its own): they count against the limit until they are held."""
 
 
 def _add(notify: _Inotify, path: bytes, depth: int) -> int:
     with _paths_lock:
-        if len(_paths) >= _limit[0]:
+        if len(_paths) + _adding[0] >= _limit[0]:
             raise OSError(28, "past file_events.max_watches")  # ENOSPC, as the kernel's own limit says
-    wd = notify.add(path)
+        _adding[0] += 1
+    try:
+        wd = notify.add(path)
+    except OSError:
+        with _paths_lock:
+            _adding[0] -= 1
+        raise
     with _paths_lock:
+        _adding[0] -= 1
         _paths[wd] = (path, depth)
     return wd
 

@@ -373,3 +373,44 @@ def test_a_reopen_is_the_saves_where_its_writer_held_it_and_wrote_it() -> None:
     # two could have: neither is taken
     twin = _workload(14, (HeldFile("/r/a.pt", 14, 100.5, 103.5),), ((99.9, 100.4, 32 << 20),))
     assert synced_saves(run, (synced,), AccessFacts(105.0, {11: writer, 14: twin}), paths) == ((synced,), ())
+
+
+def test_watches_added_at_once_on_threads_of_their_own_keep_to_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper adds each watch on a thread of its own (a lookup on a hung mount strands only that thread): a watch
+    still being added counts against ``max_watches``, or two added together both pass a limit of one. (A stand-in
+    for the inotify descriptor, whose add waits until the test lets it go: the kernel's own cannot be made to wait.)"""
+    import threading
+
+    from storwatch import _events_worker as worker
+
+    monkeypatch.setattr(worker, "_paths", {})
+    monkeypatch.setattr(worker, "_limit", [1])
+    monkeypatch.setattr(worker, "_adding", [0], raising=False)
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowInotify:
+        def add(self, path: bytes) -> int:
+            entered.set()
+            release.wait(WAIT)
+            return 1 if path == b"/a" else 2
+
+    notify = SlowInotify()
+    first: list[int] = []
+    adding = threading.Thread(target=lambda: first.append(worker._add(notify, b"/a", 0)))  # type: ignore[arg-type]
+    adding.start()
+    assert entered.wait(WAIT)
+    second: list[object] = []
+
+    def add_second() -> None:
+        try:
+            second.append(worker._add(notify, b"/b", 0))  # type: ignore[arg-type]
+        except OSError as err:
+            second.append(err.errno)
+
+    other = threading.Thread(target=add_second)
+    other.start()
+    other.join(0.5)  # refused at once; or, without the reservation, waiting in the add (let go below)
+    release.set()
+    adding.join(WAIT)
+    other.join(WAIT)
+    assert first == [1] and second == [28] and list(worker._paths) == [1]
