@@ -235,9 +235,11 @@ def _event_log(
 def _checkpoint(
     c: CheckpointCandidate, result: CheckResult, event: SaveRecord | None, birth: float | None
 ) -> Checkpoint:
-    """The record of one candidate: what the walk found, what the check said, and its write's span, strongest
-    first: its event line; else, for a complete checkpoint, its birth (the file's, or the directory's: a save makes
-    it first) to its newest mtime, where the filesystem keeps a birth time."""
+    """The record of one candidate: what the walk found, what the check said, and its write's span: its event line;
+    else, for a complete checkpoint, only its start, its birth (the file's, or the directory's: a save makes it
+    first), where the filesystem keeps a birth time. Its newest mtime is no end: a save's fsync and close come after
+    its last write, and one large write sets the mtime at its start; the file events or the writer's open files
+    (analysis/writes.py) time the rest, or it stays untimed."""
     start: float | None = None
     seconds: float | None = None
     timed_by: str | None = None
@@ -249,7 +251,11 @@ def _checkpoint(
     elif birth is None:
         untimed = "no event line, and this filesystem keeps no birth time: the write is not timed"
     elif 0.0 <= c.newest_mtime - birth <= MAX_SAVE_SECONDS:
-        start, seconds, timed_by = birth, c.newest_mtime - birth, "birth_mtime"
+        start = birth
+        untimed = (
+            "only its birth time is known: when the save began, not when it ended (its newest mtime misses an fsync "
+            "or a close after the last write)"
+        )
     else:
         untimed = "its birth and newest mtime do not bound a save (changed long after it was made)"
     size = event.bytes if event is not None else result.size_bytes

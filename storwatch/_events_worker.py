@@ -8,23 +8,90 @@ Requests, one a line on standard input: ``limit N`` (watches held at most), ``wa
 said as ``below WD PARENT_WD HEXNAME``), ``unwatch WD``. A directory made (or moved in) below a watch of DEPTH above 0
 is watched at once, with DEPTH one less, before its files are written: ``auto WD PARENT_WD`` precedes that directory's
 event. Lines out: ``ready`` once it reads requests, then, as they come, ``ev TIME WD MASK COOKIE HEXNAME`` (TIME the
-wall clock when the event was read, the name hex-encoded bytes) and the answers. It exits when its standard input
-closes.
+wall clock when the event was read, the name hex-encoded bytes) and the answers. Of the opens and the closes without
+writing, only those of a file opened again within REOPEN_SECONDS of its close after writing go out (a writer that
+syncs through a second descriptor, as ``torch.save`` then open and fsync does), with the closes that end them: every
+other open is a reader's, and a node reads far more files than it writes. It exits when its standard input closes.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import sys
 import threading
 import time
+from typing import TypeVar
 
-from storwatch.procfs.inotify import IN_CREATE, IN_IGNORED, IN_ISDIR, IN_MOVED_TO, WATCH_MASK, parse_events
+from storwatch.procfs.inotify import (
+    IN_CLOSE_NOWRITE,
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_IGNORED,
+    IN_ISDIR,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_OPEN,
+    WATCH_MASK,
+    parse_events,
+)
 
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
 READ_BYTES = 1 << 16
+REOPEN_SECONDS = 1.0
+"""A file opened again this soon after its close after writing is its writer's (an fsync through a second descriptor
+follows the close at once); an open later than that is a reader's."""
+MAX_REOPEN_TRACKED = 4096
+"""Files remembered as just closed after writing, and as opened again, each at most (the newest)."""
+
+_V = TypeVar("_V")
+
+
+def _bounded(table: collections.OrderedDict[tuple[int, bytes], _V], key: tuple[int, bytes], value: _V) -> None:
+    """``key`` set to ``value`` as the newest entry, the oldest dropped past MAX_REOPEN_TRACKED."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > MAX_REOPEN_TRACKED:
+        table.popitem(last=False)
+
+
+class ReopenFilter:
+    """Which opens and closes without writing go out: the opens of a file within REOPEN_SECONDS of its close after
+    writing, or while it is held open again so, and the closes that end those; none of a directory. Every other
+    event goes out as it is."""
+
+    def __init__(self) -> None:
+        self.closed: collections.OrderedDict[tuple[int, bytes], float] = collections.OrderedDict()
+        """(watch, name) -> its last close after writing (the newest MAX_REOPEN_TRACKED)."""
+        self.held: collections.OrderedDict[tuple[int, bytes], int] = collections.OrderedDict()
+        """(watch, name) -> opens passed on and not yet closed."""
+
+    def keep(self, wd: int, mask: int, name: bytes, now: float) -> bool:
+        if not mask & (IN_OPEN | IN_CLOSE_NOWRITE | IN_CLOSE_WRITE | IN_DELETE | IN_MOVED_FROM):
+            return True
+        if mask & IN_ISDIR or not name:
+            return not mask & (IN_OPEN | IN_CLOSE_NOWRITE)
+        key = (wd, name)
+        if mask & IN_OPEN:
+            closed = self.closed.get(key)
+            if key not in self.held and (closed is None or not 0.0 <= now - closed <= REOPEN_SECONDS):
+                return False
+            _bounded(self.held, key, self.held.get(key, 0) + 1)
+            return True
+        if mask & (IN_CLOSE_NOWRITE | IN_CLOSE_WRITE):
+            count = self.held.pop(key, None)
+            if count is not None and count > 1:
+                self.held[key] = count - 1
+            if mask & IN_CLOSE_WRITE:
+                _bounded(self.closed, key, now)
+                return True
+            return count is not None
+        self.closed.pop(key, None)  # removed, or renamed away: what was known of that name is not of the next one
+        self.held.pop(key, None)
+        return True
 
 
 class _Inotify:
@@ -64,14 +131,23 @@ _paths: dict[int, tuple[bytes, int]] = {}
 _paths_lock = threading.Lock()
 _limit = [4096]
 """Watches held at most (the agent's ``file_events.max_watches``)."""
+_adding = [0]
+"""Watches being added now (each on a thread of its own): they count against the limit until they are held."""
 
 
 def _add(notify: _Inotify, path: bytes, depth: int) -> int:
     with _paths_lock:
-        if len(_paths) >= _limit[0]:
+        if len(_paths) + _adding[0] >= _limit[0]:
             raise OSError(28, "past file_events.max_watches")  # ENOSPC, as the kernel's own limit says
-    wd = notify.add(path)
+        _adding[0] += 1
+    try:
+        wd = notify.add(path)
+    except OSError:
+        with _paths_lock:
+            _adding[0] -= 1
+        raise
     with _paths_lock:
+        _adding[0] -= 1
         _paths[wd] = (path, depth)
     return wd
 
@@ -144,12 +220,15 @@ def main() -> None:
         return
     _say("ready")
     threading.Thread(target=_requests, args=(notify,), daemon=True).start()
+    reopens = ReopenFilter()
     while True:
         data = os.read(notify.fd, READ_BYTES)
         now = time.time()
         events, _ = parse_events(data)
         lines = []
         for e in events:
+            if not reopens.keep(e.wd, e.mask, e.name, now):
+                continue
             if e.mask & IN_IGNORED:  # the kernel dropped the watch (its directory is gone): no longer held
                 with _paths_lock:
                     _paths.pop(e.wd, None)

@@ -178,8 +178,10 @@ def test_write_spans_from_the_event_log_or_the_files_birth(
     assert source.collect().claims_rejected["malformed"] == 1
     assert ckpt.write_timed_by == "event_log"
 
-    # Without an event log: the kernel's birth time of the file to its last write, where the filesystem keeps one
-    # (ext4 and tmpfs do); watching it go from incomplete to complete times nothing (a scan interval is no duration).
+    # Without an event log: the kernel's birth time of the file, where the filesystem keeps one (ext4 and tmpfs do),
+    # is the save's start, and only that: its newest mtime misses an fsync after the last write, so no duration is
+    # made of it (the file events or the writer's open files end it: analysis/writes.py). Watching it go from
+    # incomplete to complete times nothing either (a scan interval is no duration).
     from storwatch.checkpoints.birth import birth_time
 
     g = run / "step-2.pt"
@@ -198,11 +200,11 @@ def test_write_spans_from_the_event_log_or_the_files_birth(
     second = next(c for c in state.checkpoints if c.path == str(g))
     assert second.verdict == "complete"
     birth = birth_time(str(g))
+    assert second.write_seconds is None and second.write_timed_by is None and second.write_bytes_per_second is None
     if birth is None:  # a filesystem without birth times: not timed, and says why
-        assert second.write_seconds is None and second.write_untimed_reason
-    else:
-        assert second.write_timed_by == "birth_mtime" and second.write_start == birth
-        assert second.write_seconds == pytest.approx(written - birth)
+        assert second.write_start is None and "no birth time" in (second.write_untimed_reason or "")
+    else:  # its start, and why that is no duration
+        assert second.write_start == birth and "only its birth time" in (second.write_untimed_reason or "")
 
 
 def test_an_incomplete_checkpoint_is_written_while_it_changes_and_abandoned_once_it_stops(

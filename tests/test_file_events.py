@@ -13,13 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from storwatch.analysis.writes import EventSave, burst_writers, event_saves, timed_by_file_events
+from storwatch._events_worker import ReopenFilter
+from storwatch.analysis.writes import EventSave, burst_writers, event_saves, synced_saves, timed_by_file_events
 from storwatch.checkpoints.record import Checkpoint
-from storwatch.procfs.inotify import IN_CLOSE_WRITE, IN_CREATE, IN_ISDIR, IN_Q_OVERFLOW, parse_events
+from storwatch.paths import HostPaths
+from storwatch.procfs.inotify import (
+    IN_CLOSE_NOWRITE,
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_ISDIR,
+    IN_MODIFY,
+    IN_OPEN,
+    IN_Q_OVERFLOW,
+    parse_events,
+)
 from storwatch.procfs.pidio import ProcessIO
-from storwatch.sources.access import AccessFacts, WorkloadAccess
+from storwatch.sources.access import AccessFacts, HeldFile, WorkloadAccess, WrittenFile
 from storwatch.sources.checkpoints import RunState
-from storwatch.sources.fileevents import FileEventsConfig, FileEventSource, FileSpan
+from storwatch.sources.fileevents import MAX_REOPEN_SECONDS, FileEventsConfig, FileEventSource, FileSpan
 
 WAIT = 10.0
 """A bound against events that never come; never what is asserted."""
@@ -177,7 +189,7 @@ def test_a_checkpoint_is_timed_by_the_save_that_wrote_it() -> None:
     assert (timed.write_start, timed.write_seconds, timed.write_timed_by, writing) == (200.0, 3.0, "file_events", False)
     # moved in from out of sight: its birth starts it, where there is one; else it is untimed, and says why
     moved = (EventSave("/r/c.pt", None, 50.0),)
-    born = _ck("/r/c.pt", 49.0, write_start=40.0, write_seconds=9.0, write_timed_by="birth_mtime")
+    born = _ck("/r/c.pt", 49.0, write_start=40.0, write_untimed_reason="only its birth time is known")
     assert timed_by_file_events(born, moved)[0].write_seconds == 10.0
     untimed = timed_by_file_events(_ck("/r/c.pt", 49.0), moved)[0]
     assert untimed.write_seconds is None and "moved in from a directory not watched" in (
@@ -224,3 +236,181 @@ def test_a_directory_on_a_hung_mount_strands_only_the_helper(tmp_path: Path, rea
         assert str(hung.mountpoint / "run") not in {p for p, _ in made._wd.values()}
     finally:
         made.close()
+
+
+# -- a save's fsync through a second descriptor (torch.save, then the file opened again and fsynced)
+
+A, B = b"step-1.pt", b"step-2.pt"
+
+
+@pytest.mark.parametrize(
+    ("events", "kept"),
+    [
+        pytest.param(
+            [(IN_CLOSE_WRITE, A, 10.0), (IN_OPEN, A, 10.01), (IN_CLOSE_NOWRITE, A, 13.0)], [1, 1, 1], id="sync"
+        ),
+        pytest.param(
+            [(IN_CLOSE_WRITE, A, 10.0), (IN_OPEN, A, 11.5), (IN_CLOSE_NOWRITE, A, 12.0)], [1, 0, 0], id="late"
+        ),
+        pytest.param([(IN_OPEN, A, 10.0), (IN_CLOSE_NOWRITE, A, 10.5)], [0, 0], id="a-reader"),
+        pytest.param(
+            [(IN_CLOSE_WRITE, A, 10.0), (IN_OPEN, B, 10.01), (IN_CLOSE_NOWRITE, B, 10.5)], [1, 0, 0], id="other"
+        ),
+        pytest.param(
+            [
+                (IN_CLOSE_WRITE, A, 10.0),
+                (IN_OPEN, A, 10.1),
+                (IN_OPEN, A, 10.2),
+                (IN_CLOSE_NOWRITE, A, 11.0),
+                (IN_CLOSE_NOWRITE, A, 12.0),
+                (IN_CLOSE_NOWRITE, A, 13.0),
+            ],
+            [1, 1, 1, 1, 1, 0],
+            id="two-held",
+        ),
+        pytest.param(
+            [(IN_CLOSE_WRITE, A, 10.0), (IN_DELETE, A, 10.1), (IN_OPEN, A, 10.2)], [1, 1, 0], id="removed-between"
+        ),
+        pytest.param([(IN_OPEN | IN_ISDIR, A, 10.0), (IN_CLOSE_NOWRITE | IN_ISDIR, A, 10.1)], [0, 0], id="directory"),
+        pytest.param([(IN_MODIFY, A, 10.0), (IN_CREATE, B, 10.1)], [1, 1], id="others-pass"),
+    ],
+)
+def test_the_helper_passes_on_only_the_opens_just_after_a_close_after_writing(
+    events: list[tuple[int, bytes, float]], kept: list[int]
+) -> None:
+    """A node opens far more files than it writes: only a reopen at once after a close after writing (and the closes
+    that end it) goes through the pipe."""
+    f = ReopenFilter()
+    assert [int(f.keep(1, mask, name, t)) for mask, name, t in events] == kept
+
+
+def _lines(source: FileEventSource, run: str, events: list[tuple[float, int, str]]) -> list[FileSpan]:
+    """The source fed event lines as its helper writes them (the directory's watch is 1), then its spans."""
+    source._wd[1] = (run, 0)
+    for t, mask, name in events:
+        source._apply(f"ev {t:.6f} 1 {mask} 0 {name.encode().hex()}")
+    return [s for s in source._spans if s.path.startswith(run)]
+
+
+def test_a_reopen_just_after_a_save_marks_its_span_until_that_descriptor_closes() -> None:
+    source = FileEventSource(FileEventsConfig(), lambda: [])
+    made = [(10.0, IN_CREATE, "a.pt"), (10.1, IN_MODIFY, "a.pt"), (10.5, IN_CLOSE_WRITE, "a.pt")]
+    (span,) = _lines(source, "/r", [*made, (10.5, IN_OPEN, "a.pt")])
+    assert (span.start, span.end, span.reopened, span.reclosed) == (10.0, 10.5, 10.5, None)  # syncing now
+    (span,) = _lines(source, "/r", [(14.0, IN_CLOSE_NOWRITE, "a.pt")])
+    assert (span.end, span.reopened, span.reclosed) == (10.5, 10.5, 14.0)
+    # an open long after the close is a reader's: nothing
+    made_b = [(20.0, IN_CREATE, "b.pt"), (20.1, IN_MODIFY, "b.pt"), (20.5, IN_CLOSE_WRITE, "b.pt")]
+    spans = _lines(source, "/r", [*made_b, (22.0, IN_OPEN, "b.pt"), (22.5, IN_CLOSE_NOWRITE, "b.pt")])
+    assert [(s.path, s.reopened) for s in spans if s.path == "/r/b.pt"] == [("/r/b.pt", None)]
+    # opened again and written: a rewrite, a save of its own, and the first one ends at its close
+    made_c = [(30.0, IN_CREATE, "c.pt"), (30.1, IN_MODIFY, "c.pt"), (30.5, IN_CLOSE_WRITE, "c.pt")]
+    again = [(30.6, IN_OPEN, "c.pt"), (30.7, IN_MODIFY, "c.pt"), (31.0, IN_CLOSE_WRITE, "c.pt")]
+    spans = _lines(source, "/r", made_c + again)
+    assert [(s.start, s.end, s.reopened) for s in spans if s.path == "/r/c.pt"] == [
+        (30.0, 30.5, None),
+        (30.7, 31.0, None),
+    ]
+    # held open again for ever (a reader that came at once): forgotten after MAX_REOPEN_SECONDS
+    made_d = [(40.0, IN_CREATE, "d.pt"), (40.1, IN_MODIFY, "d.pt"), (40.5, IN_CLOSE_WRITE, "d.pt")]
+    _lines(source, "/r", [*made_d, (40.6, IN_OPEN, "d.pt")])
+    source._expire_reopens(40.6 + MAX_REOPEN_SECONDS + 1)
+    (span,) = [s for s in source._spans if s.path == "/r/d.pt"]
+    assert (span.end, span.reopened) == (40.5, None)
+
+
+def test_a_real_reopen_and_fsync_is_seen(source: FileEventSource, run: Path) -> None:
+    """torch.save's way: the file written and closed, then opened read-only and fsynced: the events show the second
+    descriptor's close, after the first's."""
+    _watched(source, run)
+    path = run / "step-3.pt"
+    path.write_bytes(b"x" * 65536)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    end = time.monotonic() + WAIT
+    while True:
+        spans = [s for s in source.collect().spans if s.path == str(path)]
+        if spans and spans[-1].reclosed is not None:
+            break
+        assert time.monotonic() < end, spans
+        time.sleep(0.05)
+    (span,) = spans
+    assert span.end is not None and span.reopened is not None and span.end <= span.reopened <= span.reclosed
+
+
+def _workload(
+    pid: int, held: tuple[HeldFile, ...] = (), bursts: tuple[tuple[float, float, int], ...] = (), **kw: object
+) -> WorkloadAccess:
+    return WorkloadAccess(pid, 1, ProcessIO(), held=held, write_bursts=bursts, **kw)  # type: ignore[arg-type]
+
+
+def test_a_reopen_is_the_saves_where_its_writer_held_it_and_wrote_it() -> None:
+    """The reopen counts, and ties the run, only where the kernel shows whose it was: a GPU workload seen holding the
+    file open after its close after writing, which wrote half its bytes as it was written; never a reader's."""
+    run = RunState("/r", "/", (_ck("/r/a.pt", 100.2, size=32 << 20),))
+    synced = EventSave("/r/a.pt", 100.0, 100.3, 100.3, 104.0)
+    syncing = EventSave("/r/a.pt", 100.0, 100.3, 100.3, None)
+    held = (HeldFile("/r/a.pt", 11, 100.5, 103.5),)
+    writer = _workload(11, held, ((99.9, 100.4, 32 << 20),))
+    reader = _workload(12, (HeldFile("/r/a.pt", 12, 100.5, 103.5),))  # held it, wrote nothing
+    paths = HostPaths()
+    assert synced_saves(run, (synced,), AccessFacts(105.0, {11: writer, 12: reader}), paths) == (
+        (EventSave("/r/a.pt", 100.0, 104.0, 100.3, 104.0),),
+        (11,),
+    )
+    # while the writer still syncs, the save goes on
+    assert synced_saves(run, (syncing,), AccessFacts(102.0, {11: writer}), paths)[0][0].end is None
+    # a reader alone, or a hold seen only before the save: the save ends at its close after writing, no one tied
+    assert synced_saves(run, (synced,), AccessFacts(105.0, {12: reader}), paths) == ((synced,), ())
+    before = _workload(11, (HeldFile("/r/a.pt", 11, 90.0, 95.0),), ((99.9, 100.4, 32 << 20),))
+    assert synced_saves(run, (synced,), AccessFacts(105.0, {11: before}), paths) == ((synced,), ())
+    # seen writing it is enough, without a burst
+    seen = _workload(13, held, written=(WrittenFile("/r/a.pt", 13, 100.1, 100.0, 100.2, 100.4),))
+    assert synced_saves(run, (synced,), AccessFacts(105.0, {13: seen}), paths)[1] == (13,)
+    # two could have: neither is taken
+    twin = _workload(14, (HeldFile("/r/a.pt", 14, 100.5, 103.5),), ((99.9, 100.4, 32 << 20),))
+    assert synced_saves(run, (synced,), AccessFacts(105.0, {11: writer, 14: twin}), paths) == ((synced,), ())
+
+
+def test_watches_added_at_once_on_threads_of_their_own_keep_to_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The helper adds each watch on a thread of its own (a lookup on a hung mount strands only that thread): a watch
+    still being added counts against ``max_watches``, or two added together both pass a limit of one. (A stand-in
+    for the inotify descriptor, whose add waits until the test lets it go: the kernel's own cannot be made to wait.)"""
+    import threading
+
+    from storwatch import _events_worker as worker
+
+    monkeypatch.setattr(worker, "_paths", {})
+    monkeypatch.setattr(worker, "_limit", [1])
+    monkeypatch.setattr(worker, "_adding", [0], raising=False)
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowInotify:
+        def add(self, path: bytes) -> int:
+            entered.set()
+            release.wait(WAIT)
+            return 1 if path == b"/a" else 2
+
+    notify = SlowInotify()
+    first: list[int] = []
+    adding = threading.Thread(target=lambda: first.append(worker._add(notify, b"/a", 0)))  # type: ignore[arg-type]
+    adding.start()
+    assert entered.wait(WAIT)
+    second: list[object] = []
+
+    def add_second() -> None:
+        try:
+            second.append(worker._add(notify, b"/b", 0))  # type: ignore[arg-type]
+        except OSError as err:
+            second.append(err.errno)
+
+    other = threading.Thread(target=add_second)
+    other.start()
+    other.join(0.5)  # refused at once; or, without the reservation, waiting in the add (let go below)
+    release.set()
+    adding.join(WAIT)
+    other.join(WAIT)
+    assert first == [1] and second == [28] and list(worker._paths) == [1]

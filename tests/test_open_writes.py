@@ -17,12 +17,14 @@ import pytest
 from storwatch.analysis.writes import SPAN_TOLERANCE, run_writes, timed_by_open_files
 from storwatch.checkpoints.record import Checkpoint, RunId
 from storwatch.paths import HostPaths
+from storwatch.procfs.pidio import ProcessIO
 from storwatch.sources.access import AccessConfig, AccessFacts, AccessSource, WorkloadAccess, WrittenFile
+from storwatch.sources.fileevents import FileSpan
 from tests.builders import host_mounts
 
 WRITER = """
 import os, sys
-f = None
+f = g = None
 for line in sys.stdin:
     cmd, _, arg = line.strip().partition(" ")
     if cmd == "open":
@@ -31,6 +33,10 @@ for line in sys.stdin:
         f.write(b"x" * int(arg)); f.flush()
     elif cmd == "close":
         f.close(); f = None
+    elif cmd == "reopen":
+        g = os.open(arg, os.O_RDONLY)
+    elif cmd == "unhold":
+        os.close(g); g = None
     print("ok", flush=True)
 """
 
@@ -97,6 +103,58 @@ def test_an_unpaced_source_reads_every_time_and_a_file_only_read_is_not_written(
     assert closed.closed_by is not None
 
 
+def test_a_checkpoint_held_open_read_only_is_seen_held_and_a_dataset_file_is_not(
+    writer: Writer, tmp_path: Path
+) -> None:
+    """The writer's second descriptor, opened to fsync what it has just written, is a checkpoint's file held open
+    read-only (analysis/writes.py tells a writer's from a reader's); other files read are not remembered."""
+    now = [1000.0]
+    pid = writer.proc.pid
+    source = AccessSource(
+        HostPaths(), AccessConfig(interval_seconds=3600), lambda: [pid], host_mounts, lambda: now[0], paced=True
+    )
+    source.collect()
+    path, data = tmp_path / "step-4.pt", tmp_path / "shard-0.txt"
+    path.write_bytes(b"x" * 4096)
+    data.write_bytes(b"y")
+    writer.do(f"open {tmp_path / 'log.pt'}")
+    writer.do(f"write {2 << 20}")  # a save's burst: the next look reads its open files
+    writer.do(f"reopen {path}")
+    now[0] += 0.25
+    source.collect()
+    (held,) = source.collect().workloads[pid].held
+    assert (held.path, held.pid, held.first_seen, held.last_seen) == (str(path), pid, 1000.25, 1000.25), held
+    now[0] = 5000.0  # a whole pass: seen again, the same descriptor
+    (again,) = source.collect().workloads[pid].held
+    assert (again.first_seen, again.last_seen) == (1000.25, 5000.0), again
+    writer.do("unhold")
+    writer.do(f"reopen {data}")
+    now[0] = 9000.0
+    assert [h.path for h in source.collect().workloads[pid].held] == [str(path)]  # remembered as it was
+
+
+def test_a_temporary_renamed_into_a_run_is_its_writers(tmp_path: Path) -> None:
+    """Lightning with TMPDIR on the checkpoint's filesystem: its temporary is written in <mount>/tmp, then renamed
+    into the run. The writer seen holding the temporary open under its old name, after it was made there and before
+    the rename, writes the run; a file seen under that name before it was made there is another file."""
+    rid = RunId("/m", "/m/run")
+    moved = FileSpan("/m/run/epoch=0.ckpt", "file", 100.0, 104.0, "moved", "/m/tmp/tmpab12")
+    facts = AccessFacts(
+        105.0,
+        {7: WorkloadAccess(7, 1, ProcessIO(), written=(WrittenFile("/m/tmp/tmpab12", 7, 100.5, 100.2, 103.5, 103.8),))},
+    )
+    (w,) = run_writes(facts, [rid], HostPaths(), [moved]).values()
+    assert w.writers == (7,) and [f.path for f in w.files] == ["/m/run/epoch=0.ckpt"]
+    assert run_writes(facts, [rid], HostPaths()) == {}  # without the rename: a file outside the run
+    stale = AccessFacts(
+        105.0,
+        {7: WorkloadAccess(7, 1, ProcessIO(), written=(WrittenFile("/m/tmp/tmpab12", 7, 50.0, 49.8, 60.0, 60.2),))},
+    )
+    assert run_writes(stale, [rid], HostPaths(), [moved]) == {}
+    other_run = FileSpan("/m/elsewhere/x.ckpt", "file", 100.0, 104.0, "moved", "/m/tmp/tmpab12")
+    assert run_writes(facts, [rid], HostPaths(), [other_run]) == {}
+
+
 def test_what_an_ended_workload_wrote_is_kept_and_ties_it_to_no_gpu(writer: Writer, tmp_path: Path) -> None:
     pid = writer.proc.pid
     pids = [pid]
@@ -122,15 +180,20 @@ def _ckpt(path: str, mtime: float, **kw: object) -> Checkpoint:
     return dataclasses.replace(Checkpoint(path, "torch", "complete", "ok", 1000, mtime), **kw)  # type: ignore[arg-type]
 
 
+def _born(path: str, mtime: float, birth: float) -> Checkpoint:
+    """A checkpoint as the scan gives it where the filesystem keeps a birth time: its start, and no duration."""
+    return _ckpt(path, mtime, write_start=birth, write_untimed_reason="only its birth time is known")
+
+
 def test_a_span_from_birth_to_seen_closed_and_the_cases_that_are_no_duration() -> None:
-    born = _ckpt("/r/step-1.pt", 101.0, write_start=100.0, write_seconds=1.0, write_timed_by="birth_mtime")
+    born = _born("/r/step-1.pt", 101.0, 100.0)
     # open from its birth (100) past its last write (101, then an fsync) until seen closed between 104.0 and 104.2
     timed = timed_by_open_files(born, [_file("/r/step-1.pt", 100.1, 104.0, 104.2, before=99.9)])
     assert timed.write_timed_by == "open_files" and timed.write_start == 100.0
     assert timed.write_seconds == pytest.approx(4.1) and timed.write_bytes_per_second == pytest.approx(1000 / 4.1)
     # seen open 0.9 s after its birth, past its last change at 100.05 (an fsync), then closed by 101.0: the birth
     # time's span leaves the fsync out, and the end is known to within 0.05 s: a duration from birth to the middle
-    quick = _ckpt("/r/step-1.pt", 100.05, write_start=100.0, write_seconds=0.05, write_timed_by="birth_mtime")
+    quick = _born("/r/step-1.pt", 100.05, 100.0)
     synced = timed_by_open_files(quick, [_file("/r/step-1.pt", 100.1, 100.9, 101.0, before=99.9)])
     assert synced.write_timed_by == "open_files" and synced.write_seconds == pytest.approx(0.95)
     # looks too far apart to say when it closed (seen open at 100.9, closed by 102.0): no duration, not the birth
@@ -138,9 +201,15 @@ def test_a_span_from_birth_to_seen_closed_and_the_cases_that_are_no_duration() -
     far = timed_by_open_files(quick, [_file("/r/step-1.pt", 100.1, 100.9, 102.0, before=99.9)])
     assert far.write_seconds is None and far.write_timed_by is None and far.write_bytes_per_second is None, far
     assert "0.90 s after its birth, past its last change" in str(far.write_untimed_reason), far
-    # seen open only before its last change, looks far apart: nothing contradicts the birth time's span
-    early = _ckpt("/r/step-1.pt", 100.8, write_start=100.0, write_seconds=0.8, write_timed_by="birth_mtime")
-    assert timed_by_open_files(early, [_file("/r/step-1.pt", 100.1, 100.2, 102.0, before=99.9)]) is early
+    # seen open only before its last change (100.8), then closed by 102.0: it ended between the two, which is no
+    # duration (birth to mtime would leave out whatever came after the last write); the start is kept
+    early = _born("/r/step-1.pt", 100.8, 100.0)
+    vague = timed_by_open_files(early, [_file("/r/step-1.pt", 100.1, 100.2, 102.0, before=99.9)])
+    assert vague.write_seconds is None and vague.write_timed_by is None and vague.write_start == 100.0, vague
+    assert "seen closed only 1.20 s after its last change" in str(vague.write_untimed_reason), vague
+    # seen open only before its last change, and seen closed just after it: birth to the middle of that
+    brief = timed_by_open_files(early, [_file("/r/step-1.pt", 100.1, 100.2, 100.9, before=99.9)])
+    assert brief.write_timed_by == "open_files" and brief.write_seconds == pytest.approx(0.85), brief
     # an event log's span is exact: kept
     logged = dataclasses.replace(born, write_timed_by="event_log")
     assert timed_by_open_files(logged, [_file("/r/step-1.pt", 100.1, 104.0, 104.2)]) is logged

@@ -23,12 +23,13 @@ from storwatch.analysis.stalls import (
     attribute,
 )
 from storwatch.analysis.view import RunView, View
+from storwatch.analysis.writes import EventSave
 from storwatch.exporter import ExportState, render_text
 from storwatch.exporter import gpu as gpu_area
 from storwatch.snapshot import Snapshot
 from storwatch.sources.checkpoints import RunState
 from storwatch.vocabulary import Durability, Platform
-from tests.builders import on, run, stall_gpus, stalled_feed
+from tests.builders import ckpt, on, run, stall_gpus, stalled_feed
 from tests.stall_replayer import Score, World, score
 
 P = StallParams()
@@ -574,3 +575,39 @@ def test_a_write_whose_times_are_revised_is_one_write() -> None:
     other = WriteSpan("run", "/s", 2.0, 7.0, frozenset({"0"}), "/s/run/ckpt-2.pt")
     timeline.add_writes([other])
     assert len(timeline._writes) == 2
+
+
+def test_a_directory_checkpoint_whose_save_the_file_events_show_ended_holds_no_gpu_time_while_it_settles() -> None:
+    """The Hugging Face Trainer's checkpoint-N/ has no end marker: the scan calls it incomplete until nothing in it
+    changed for its settle time (60 s), and so "being written". Where the kernel's file events show its save ended,
+    that is no save in progress: its GPU's time in the save is charged once settled, not held for the scan's settle
+    time (looked at 60 s after the save, the GPU's whole time in it was still unsettled)."""
+    t0 = 3_000.0
+    path = "/scratch/r/checkpoint-10"
+    save = EventSave(path, t0 + 3.0, t0 + 7.0)
+    settling = dataclasses.replace(
+        ckpt(0.0),
+        path=path,
+        kind="dir",
+        verdict="incomplete",
+        mtime=t0 + 7.0,
+        first_seen=t0 + 8.0,
+        write_start=t0 + 3.0,
+        write_seconds=4.0,
+        write_timed_by="file_events",
+        writer_pid=4242,
+    )
+    state = RunState("/scratch/r", "/scratch", (settling,), writing_incomplete=True)
+    assert state.write_in_progress
+    ended = RunView(state, "r", on(Durability.NODE, "/scratch"), saves=(save,))
+    feed = StallFeed(StallParams(settle_seconds=5.0))
+    for i in range(20):
+        feed.observe(stall_gpus(t0 + i, 0.02 if 4 <= i < 8 else 0.95), [])
+    totals, _ = feed.update(t0 + 30, [ended], [], stall_gpus(t0 + 19, 0.95), {})
+    assert totals.totals == {("0", "/scratch", "checkpoint_write"): pytest.approx(4.0)}
+    # a file of it still open: the save goes on, and its GPU's time waits for its end
+    going = RunView(state, "r", on(Durability.NODE, "/scratch"), saves=(EventSave(path, t0 + 3.0, None),))
+    held = StallFeed(StallParams(settle_seconds=5.0))
+    for i in range(20):
+        held.observe(stall_gpus(t0 + i, 0.02 if 4 <= i < 8 else 0.95), [])
+    assert held.update(t0 + 30, [going], [], stall_gpus(t0 + 19, 0.95), {})[0].totals == {}

@@ -18,6 +18,7 @@ from storwatch.analysis.writes import (
     burst_writers,
     event_saves,
     run_writes,
+    synced_saves,
     timed_by_file_events,
     timed_by_open_files,
 )
@@ -98,11 +99,12 @@ def run_views(
 
     runs = sorted(facts.runs, key=lambda r: max((c.mtime for c in r.checkpoints), default=0.0), reverse=True)
     labels = run_labels(facts.runs)
-    writes = run_writes(access, (r.id for r in runs), paths)
     spans = events.spans if events is not None else ()
+    writes = run_writes(access, (r.id for r in runs), paths, spans)
     out = []
     for r in runs:
         saves = event_saves(r.path, spans) if spans else ()
+        saves, syncers = synced_saves(r, saves, access, paths) if saves else ((), ())
         checkpoints = tuple(_judged(c, saves) for c in r.checkpoints) if saves else r.checkpoints
         w = writes.get(r.id)
         if w is not None:
@@ -111,7 +113,7 @@ def run_views(
         if w is not None and w.open_since is not None:
             open_since = w.open_since if open_since is None else min(open_since, w.open_since)
         run = dataclasses.replace(r, checkpoints=checkpoints) if checkpoints is not r.checkpoints else r
-        writers = w.writers if w is not None else ()
+        writers = tuple(sorted(set(w.writers if w is not None else ()) | set(syncers)))
         if not writers and saves:  # each save too quick to be seen open: the write counters' bursts say who
             writers = burst_writers(run, saves, access)
         out.append(

@@ -82,9 +82,20 @@ def write_spans(rv: RunView, gpus: frozenset[str], since: float) -> tuple[list[W
         writing.append(WriteSpan(rv.label, mp, start, None, gpus))
     elif rv.run.writing_since is not None:  # an atomic_save temporary being written
         writing.append(WriteSpan(rv.label, mp, rv.run.writing_since, None, gpus))
-    elif rv.run.write_in_progress:  # a checkpoint directory still incomplete
+    elif rv.run.write_in_progress and not _ended_by_events(rv):  # a checkpoint directory still incomplete
         writing.append(WriteSpan(rv.label, mp, rv.run.checkpoints[-1].first_seen, None, gpus))
     return done, writing
+
+
+def _ended_by_events(rv: RunView) -> bool:
+    """Whether the file events show the save of the run's newest checkpoint ended: a save of it that ended at or after
+    its last change, and none of it open. Then a checkpoint still incomplete only because it changed within the scan's
+    settle time (a directory with no end marker: the Hugging Face Trainer's) is not being written, and its GPUs' time
+    need not wait for it to settle: its save's span is known."""
+    newest = rv.run.checkpoints[-1] if rv.run.checkpoints else None
+    if newest is None or newest.write_timed_by != "file_events":
+        return False
+    return not any(s.checkpoint == newest.path and s.end is None for s in rv.saves)
 
 
 class StallFeed:

@@ -8,11 +8,16 @@ a GPU process, or one below it, hold open for writing (sources/access.py), the k
   does already.
 - **A save in progress**: such a file open now. The run is ``writing`` while it is, and its GPUs' time waits for the
   save's end before it is attributed (analysis/stall_feed.py).
-- **The span of a save**: its files' birth (the checkpoint source's ``birth_mtime``, exact) or, where the filesystem
-  keeps no birth time, when they were first seen open, to when they were seen closed (the access source looks again
-  every WATCH_SECONDS while they are open, so past the last write: an fsync, a flush, the close). atomic_save's event
-  log stays the exact source where present. A span whose ends are known only to within more than SPAN_TOLERANCE of
-  its length is no duration: ``write_seconds`` None, with the reason.
+- **The span of a save**: from the kernel's file events where they are (``event_saves``, ``timed_by_file_events``:
+  its creation to its close or its move into place, and to the close of a second descriptor its writer opened to
+  sync it, ``synced_saves``); else its files' birth (the checkpoint source's statx: the start only) or, where the
+  filesystem keeps no birth time, when they were first seen open, to when they were seen closed (the access source
+  looks again every WATCH_SECONDS while they are open, so past the last write: an fsync, a flush, the close).
+  atomic_save's event log stays the exact source where present. A span whose ends are known only to within more than
+  SPAN_TOLERANCE of its length is no duration: ``write_seconds`` None, with the reason.
+- **Who writes a run, where no save is seen open**: the workload that held a checkpoint open again just after
+  writing it to sync it (``synced_saves``), the one whose temporary under another name was renamed into the run
+  (``run_writes``), or the one whose write bursts match its saves (``burst_writers``).
 """
 
 from __future__ import annotations
@@ -53,18 +58,35 @@ class RunWrites:
     """Each writer, and the newest look that found its work holding one of those files open."""
 
 
-def run_writes(access: AccessFacts | None, runs: Iterable[RunId], paths: HostPaths) -> dict[RunId, RunWrites]:
-    """The writes the open files show, by run (runs with none are left out)."""
+def run_writes(
+    access: AccessFacts | None, runs: Iterable[RunId], paths: HostPaths, spans: Iterable[FileSpan] = ()
+) -> dict[RunId, RunWrites]:
+    """The writes the open files show, by run (runs with none are left out). A file written under another name and
+    then renamed into a run as a checkpoint (``spans``: the file events' renames; Lightning's temporary in a TMPDIR on
+    the same filesystem) is that checkpoint's, where the writer was seen holding it open under its old name after it
+    was made there and before the rename: a name is one file at a time, so the kernel's link then named the very file
+    moved in."""
     if access is None or not (access.workloads or access.ended):
         return {}
     by_path = {rid.path.rstrip("/") or "/": rid for rid in runs}
+    renamed = {
+        s.moved_from: s
+        for s in spans
+        if s.kind == "file" and s.moved_from is not None and s.start is not None and s.end is not None
+    }
     found: dict[RunId, tuple[dict[int, float], list[WrittenFile]]] = {}
     written = [(w.within if w.within is not None else w.pid, f) for w in access.workloads.values() for f in w.written]
     for writer, f in [*written, *((None, f) for f in access.ended)]:
         local = paths.root(f.path)
         rid, below = _run_of(local, by_path)
         if rid is None or not checkpoint_member(below):
-            continue
+            moved = renamed.get(local)
+            if moved is None or not _held_before_the_rename(f, moved):
+                continue
+            local = moved.path
+            rid, below = _run_of(local, by_path)
+            if rid is None or not checkpoint_member(below):
+                continue
         writers, files = found.setdefault(rid, ({}, []))
         if writer is not None:  # a workload that has ended holds up no GPU
             writers[writer] = max(writers.get(writer, f.last_open), f.last_open)
@@ -76,6 +98,17 @@ def run_writes(access: AccessFacts | None, runs: Iterable[RunId], paths: HostPat
             tuple(sorted(writers)), min(opened) if opened else None, tuple(files), tuple(sorted(writers.items()))
         )
     return out
+
+
+RENAME_SLACK_SECONDS = 0.5
+"""How far before the file events' stamp of a temporary's making a look may have found it open: the helper stamps
+each event when it reads it, moments after it happened."""
+
+
+def _held_before_the_rename(f: WrittenFile, moved: FileSpan) -> bool:
+    """Whether a look found ``f`` open under the temporary's name between its making and its rename."""
+    assert moved.start is not None and moved.end is not None
+    return f.last_open >= moved.start - RENAME_SLACK_SECONDS and f.first_seen <= moved.end
 
 
 def _run_of(path: str, runs: Mapping[str, RunId]) -> tuple[RunId | None, str]:
@@ -118,8 +151,9 @@ def timed_by_open_files(c: Checkpoint, files: Iterable[WrittenFile]) -> Checkpoi
     assert all(f.closed_by is not None for f in mine)
     last = max(mine, key=lambda f: (f.last_open + (f.closed_by or 0.0)) / 2)
     born_end = None
-    if c.write_timed_by == "birth_mtime" and c.write_start is not None and c.write_seconds is not None:
-        start, start_doubt, born_end = c.write_start, 0.0, c.write_start + c.write_seconds
+    if c.write_timed_by is None and c.write_start is not None:
+        # Its birth (the scan's statx) starts it; it ended no earlier than its last change.
+        start, start_doubt, born_end = c.write_start, 0.0, max(c.mtime, c.write_start)
     else:
         first = min(mine, key=lambda f: f.first_seen)
         start = first.first_seen
@@ -133,8 +167,12 @@ def timed_by_open_files(c: Checkpoint, files: Iterable[WrittenFile]) -> Checkpoi
     doubt = start_doubt + end_doubt
     if not seconds > 0 or doubt > SPAN_TOLERANCE * seconds:
         if born_end is not None and last.last_open <= born_end:
-            return c  # nothing seen open after its last change: the birth time's span stands
-        if born_end is not None:
+            reason = (
+                f"its birth time starts it, but it was seen closed only {high - low:.2f} s after its last change: its "
+                "end (an fsync, the close) is not known closer than that (looks at the writer's open files came too "
+                "far apart)"
+            )
+        elif born_end is not None:
             # Seen open past its last change (an fsync): the birth time's span leaves that out, so it is no duration.
             reason = (
                 f"seen open for writing {last.last_open - start:.2f} s after its birth, past its last change, but "
@@ -174,7 +212,12 @@ class EventSave:
     start: float | None
     """Its first file's creation (or first write), or its directory's making; None when it began out of sight."""
     end: float | None
-    """Its last file's close, or its move into place; None while a file of it is still open for writing."""
+    """Its last file's close, or its move into place; None while a file of it is still open for writing (or, once
+    ``synced_saves`` has shown it its writer's, while the writer still holds a file of it open again to sync it)."""
+    reopened: float | None = None
+    """A file of it opened again just after its close after writing (FileSpan.reopened): when; None if none was."""
+    reclosed: float | None = None
+    """When the last such second descriptor closed; None while one is open (or none was opened)."""
 
 
 def event_saves(run_path: str, spans: Iterable[FileSpan]) -> tuple[EventSave, ...]:
@@ -194,7 +237,7 @@ def event_saves(run_path: str, spans: Iterable[FileSpan]) -> tuple[EventSave, ..
     out: list[EventSave] = []
     for top, members in by_top.items():
         if all(s.path == top and s.kind == "file" for s in members):  # a checkpoint file: each span one save
-            out.extend(EventSave(top, s.start, s.end) for s in members)
+            out.extend(EventSave(top, s.start, s.end, s.reopened, s.reclosed) for s in members)
             continue
         # A directory: its spans in time, a save per burst.
         members.sort(key=lambda s: s.start if s.start is not None else (s.end or math.inf))
@@ -218,7 +261,15 @@ def _burst(top: str, spans: list[FileSpan]) -> EventSave:
     if any(s.end is None for s in files):
         return EventSave(top, min(starts, default=None), None)
     ends = [s.end for s in spans if s.end is not None]
-    return EventSave(top, min(starts, default=None), max(ends, default=None))
+    reopened = [s for s in files if s.reopened is not None]
+    recloses = [s.reclosed for s in reopened]
+    return EventSave(
+        top,
+        min(starts, default=None),
+        max(ends, default=None),
+        min((s.reopened for s in reopened if s.reopened is not None), default=None),
+        None if not recloses or None in recloses else max(r for r in recloses if r is not None),
+    )
 
 
 def timed_by_file_events(c: Checkpoint, saves: Iterable[EventSave]) -> tuple[Checkpoint, bool]:
@@ -236,7 +287,7 @@ def timed_by_file_events(c: Checkpoint, saves: Iterable[EventSave]) -> tuple[Che
     save = min(ended, key=lambda s: s.end or math.inf)  # the save that wrote what the scan saw
     assert save.end is not None
     start = save.start
-    if start is None and c.write_timed_by == "birth_mtime" and c.write_start is not None:
+    if start is None and c.write_start is not None:
         start = c.write_start  # a temporary written elsewhere and renamed in keeps its inode, and its birth
     if start is None or not save.end > start:
         reason = "its file was moved in from a directory not watched, and this filesystem keeps no birth time"
@@ -290,3 +341,62 @@ def burst_writers(run: RunState, saves: Sequence[EventSave], access: AccessFacts
         if len(matched) == 1:
             found |= matched
     return tuple(sorted(found))
+
+
+HOLD_SLACK_SECONDS = 0.5
+"""How far before the file events' stamp of a close after writing a look may have found the writer's second
+descriptor open: the helper stamps each event when it reads it, moments after it happened."""
+
+
+def synced_saves(
+    run: RunState, saves: Sequence[EventSave], access: AccessFacts | None, paths: HostPaths
+) -> tuple[tuple[EventSave, ...], tuple[int, ...]]:
+    """The run's saves, each whose file was opened again just after its close after writing (``torch.save``, then
+    the file opened and fsynced) counted to that second descriptor's close where the kernel shows it was the writer's:
+    one GPU workload, and only one, had a process seen holding that file open then, and either was seen writing it or
+    passed at least half the checkpoint's bytes to write calls while it was written (its write bursts). Such a save
+    is still being written (``end`` None) while that descriptor is open. Also the workloads so shown to write the
+    run. A reopen no workload so accounts for (a reader's, this agent's own check of the file) leaves its save ending
+    at its close after writing."""
+    if access is None or not access.workloads or not any(s.reopened is not None for s in saves):
+        return tuple(saves), ()
+    sizes = {c.path: c.size_bytes for c in run.checkpoints}
+    out: list[EventSave] = []
+    writers: set[int] = set()
+    for s in saves:
+        found = _syncers(s, sizes.get(s.checkpoint), access, paths) if s.reopened is not None else set()
+        if len(found) != 1:
+            out.append(s)
+            continue
+        writers |= found
+        out.append(dataclasses.replace(s, end=s.reclosed))
+    out.sort(key=lambda e: e.end if e.end is not None else math.inf)
+    return tuple(out), tuple(sorted(writers))
+
+
+def _syncers(save: EventSave, size: int | None, access: AccessFacts, paths: HostPaths) -> set[int]:
+    """The workloads that held a file of ``save`` open again after its close after writing, and wrote it."""
+    assert save.end is not None
+    prefix = save.checkpoint.rstrip("/") + "/"
+
+    def mine(path: str) -> bool:
+        local = paths.root(path)
+        return local == save.checkpoint or local.startswith(prefix)
+
+    closed = save.reclosed if save.reclosed is not None else math.inf
+    low = (save.start if save.start is not None else save.end) - BURST_SLACK_SECONDS
+    high = save.end + BURST_SLACK_SECONDS
+    found: set[int] = set()
+    for pid, w in access.workloads.items():
+        if not any(
+            mine(h.path) and h.last_seen >= save.end - HOLD_SLACK_SECONDS and h.first_seen <= closed for h in w.held
+        ):
+            continue
+        seen_writing = any(
+            mine(f.path) and f.first_seen <= high and (f.closed_by if f.closed_by is not None else math.inf) >= low
+            for f in w.written
+        )
+        wrote = sum(n for begun, seen, n in w.write_bursts if seen >= low and begun <= high)
+        if seen_writing or (size and wrote >= size / 2):
+            found.add(w.within if w.within is not None else pid)
+    return found

@@ -65,11 +65,11 @@ class Checkpoint:
     first_seen: float = 0.0
     """When the checkpoint source first saw it (its clock); 0 until the source has."""
     write_seconds: float | None = None
-    """How long the write took: from the event log, or from first seen incomplete to first seen complete."""
+    """How long the write took (``write_timed_by`` says how it was measured); None when it is not known."""
     write_bytes_per_second: float | None = None
     write_start: float | None = None
-    """When the write began, where the run's event log says (storwatch.training.atomic_save): with ``write_seconds``
-    the exact span the writer was busy saving."""
+    """When the write began: with ``write_seconds`` the span the writer was busy saving. Set alone (``write_seconds``
+    None) where only the checkpoint's birth time is known: the start of a save whose end is not."""
     allocated_bytes: int = 0
     """The space it takes on disk (``st_blocks * 512``): what its next one will need, whatever size a sparse file
     claims."""
@@ -87,9 +87,10 @@ class Checkpoint:
     ``writer_pid``)."""
     write_timed_by: str | None = None
     """How ``write_start`` and ``write_seconds`` were measured: ``event_log`` (atomic_save's line, checked against
-    the file), ``open_files`` (its files seen open for writing by a GPU process, from their birth, or first seen
-    open, to seen closed: analysis/writes.py), ``birth_mtime`` (the kernel's birth time of the file, or of a
-    checkpoint directory, to its newest mtime); None when the write is not timed."""
+    the file), ``file_events`` (the kernel's file events, from its creation, or its birth, to its close or its move
+    into place: analysis/writes.py), ``open_files`` (its files seen open for writing by a GPU process, from their
+    birth, or first seen open, to seen closed); None when the write is not timed (a birth time alone gives only its
+    start: its newest mtime misses an fsync after the last write)."""
     write_untimed_reason: str | None = None
     """Why the write is not timed (no event line, and no birth time on this filesystem): a duration known only to
     within a scan interval is no duration, so none is made up."""

@@ -12,6 +12,10 @@ IN_MODIFY = 0x00000002
 """A write to the file (its data changed)."""
 IN_CLOSE_WRITE = 0x00000008
 """A file opened for writing was closed."""
+IN_CLOSE_NOWRITE = 0x00000010
+"""A file (or directory) not opened for writing was closed."""
+IN_OPEN = 0x00000020
+"""A file (or directory) was opened."""
 IN_MOVED_FROM = 0x00000040
 """A file or directory was renamed away from the watched directory (``cookie`` pairs it with its MOVED_TO)."""
 IN_MOVED_TO = 0x00000080
@@ -37,6 +41,8 @@ IN_ISDIR = 0x40000000
 WATCH_MASK = (
     IN_MODIFY
     | IN_CLOSE_WRITE
+    | IN_CLOSE_NOWRITE
+    | IN_OPEN
     | IN_MOVED_FROM
     | IN_MOVED_TO
     | IN_CREATE
@@ -47,8 +53,9 @@ WATCH_MASK = (
     | IN_DONT_FOLLOW
     | IN_EXCL_UNLINK
 )
-"""What a run directory is watched for: a file made, written, closed after writing, moved in or out, removed; never
-through a link, only a directory."""
+"""What a run directory is watched for: a file made, written, closed after writing, moved in or out, removed; opened
+and closed again (a writer's fsync through a second descriptor: the helper passes on only the opens that follow a
+close after writing within moments, and their closes); never through a link, only a directory."""
 
 _HEADER = struct.Struct("=iIII")
 

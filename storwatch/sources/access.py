@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from storwatch.checkpoints.scan import checkpoint_member
 from storwatch.config import number
 from storwatch.paths import NOT_FILE_TARGETS, HostPaths
 from storwatch.procfs.mountinfo import parse_mountinfo
@@ -72,6 +73,8 @@ MAX_BURSTS = 64
 """Write bursts remembered per workload (the newest)."""
 MAX_WATCHED = 256
 """Open files watched between passes, over every workload."""
+MAX_HELD_FILES = 64
+"""Checkpoint files remembered per workload as held open read-only (the newest)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,22 @@ class WrittenFile:
 
 
 @dataclass(frozen=True)
+class HeldFile:
+    """A checkpoint's file a workload's process was seen holding open read-only: a reader's, or its writer's second
+    descriptor, opened to fsync what it has just written (``torch.save`` then open and fsync); analysis/writes.py
+    tells which from the file events and the process's write counters."""
+
+    path: str
+    """Where the file is, as the host names it (as ``WrittenFile.path``)."""
+    pid: int
+    """The process that held it open."""
+    first_seen: float
+    """The first look that found this descriptor open on it."""
+    last_seen: float
+    """The newest look that found it still open."""
+
+
+@dataclass(frozen=True)
 class WorkloadAccess:
     """One GPU process and the processes below it."""
 
@@ -157,6 +176,9 @@ class WorkloadAccess:
     MAX_BURSTS: a save too quick to be seen open is seen here, to be matched with the file events' saves."""
     uid: int | None = None
     """The GPU process's user (the owner of its ``<procfs>/<pid>``, which the kernel sets to its effective uid)."""
+    held: tuple[HeldFile, ...] = ()
+    """The checkpoints' files (by their names: checkpoints.scan.checkpoint_member) its processes were seen holding
+    open read-only while it lives, at most MAX_HELD_FILES (the newest), oldest first."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +280,15 @@ class _Written:
 
 
 @dataclass
+class _Held:
+    pid: int
+    fd: str
+    link: str
+    first_seen: float
+    last_seen: float
+
+
+@dataclass
 class _Workload:
     """A GPU process and its descendants as known across passes."""
 
@@ -273,6 +304,8 @@ class _Workload:
     seen_written: dict[str, int] = field(default_factory=dict)
     written: dict[str, _Written] = field(default_factory=dict)
     """Files seen open for writing, by host path."""
+    held: dict[str, _Held] = field(default_factory=dict)
+    """Checkpoints' files seen open read-only, by host path (the newest MAX_HELD_FILES)."""
     looked: dict[int, float] = field(default_factory=dict)
     """Each process's last full look at its open files (when the pass read all of them)."""
     bursts: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=MAX_BURSTS))
@@ -416,18 +449,19 @@ class AccessSource:
 
     def _open_files(
         self, pid: int, ns: dict[int, tuple[int, int, str, str]], host: HostMounts, budget: _PassBudget
-    ) -> tuple[set[str], set[str], bool, list[tuple[str, str, str]]]:
+    ) -> tuple[set[str], set[str], bool, list[tuple[str, str, str]], list[tuple[str, str, str]]]:
         """The host mountpoints of the process's open files read in this pass (at most max_fds and what is left of
-        the pass's fd budget, from where its last read stopped), whether all of them were read, and the files open
-        for writing among them: (host path, fd, link)."""
+        the pass's fd budget, from where its last read stopped), whether all of them were read, the files open for
+        writing among them, and the checkpoints' files open read-only: each (host path, fd, link)."""
         reads: set[str] = set()
         writes: set[str] = set()
         files: list[tuple[str, str, str]] = []
+        held: list[tuple[str, str, str]] = []
         fd_dir = self.paths.proc(str(pid), "fd")
         start = self._fd_cursor.get(pid, 0)
         want = min(self.max_fds, budget.fds_left())
         if want <= 0:
-            return reads, writes, False, files
+            return reads, writes, False, files, held
         # scandir, not listdir: a process with 19,500 open files is listed only as far as this read goes.
         names: list[str] = []
         complete = True
@@ -439,7 +473,7 @@ class AccessSource:
                         break
                     names.append(entry.name)
         except OSError:
-            return reads, writes, True, files
+            return reads, writes, True, files, held
         listed_all = complete
         for done, name in enumerate(names):
             if done and not done % FD_CPU_CHECK_EVERY and budget.cpu_used() >= budget.max_cpu:
@@ -480,8 +514,12 @@ class AccessSource:
                 path = host_file(target, where[3], mountpoint)
                 if path is not None:
                     files.append((path, name, target))
+            elif checkpoint_member(os.path.basename(target)):
+                path = host_file(target, where[3], mountpoint)
+                if path is not None:
+                    held.append((path, name, target))
         self._fd_cursor[pid] = 0 if listed_all else start + len(names)
-        return reads, writes, listed_all and not start, files
+        return reads, writes, listed_all and not start, files, held
 
     def collect(self) -> AccessFacts:
         now = self.clock()
@@ -493,7 +531,8 @@ class AccessSource:
                 self._facts,
                 timestamp=now,
                 workloads={
-                    pid: dataclasses.replace(w, written=self._written(pid)) for pid, w in self._facts.workloads.items()
+                    pid: dataclasses.replace(w, written=self._written(pid), held=self._held(pid))
+                    for pid, w in self._facts.workloads.items()
                 },
             )
         self._next_pass = now + self.pass_seconds
@@ -577,6 +616,7 @@ class AccessSource:
                 written=self._written(root),
                 write_bursts=tuple(work.bursts),
                 uid=self._uid(root),
+                held=self._held(root),
             )
         known = {p for w in self._workloads.values() for p in w.records}
         self._fd_cursor = {p: c for p, c in self._fd_cursor.items() if p in known}
@@ -620,6 +660,12 @@ class AccessSource:
         work = self._workloads.get(root)
         return tuple(w.frozen() for w in work.written.values()) if work is not None else ()
 
+    def _held(self, root: int) -> tuple[HeldFile, ...]:
+        work = self._workloads.get(root)
+        if work is None:
+            return ()
+        return tuple(HeldFile(p, h.pid, h.first_seen, h.last_seen) for p, h in work.held.items())
+
     def _uid(self, pid: int) -> int | None:
         try:
             return os.stat(self.paths.proc(str(pid))).st_uid
@@ -650,10 +696,19 @@ class AccessSource:
         self, root: int, pid: int, host: HostMounts, budget: _PassBudget, into: tuple[set[str], set[str], set[int]]
     ) -> None:
         work = self._workloads[root]
-        reads, writes, complete, files = self._open_files(pid, work.ns, host, budget)
+        reads, writes, complete, files, held = self._open_files(pid, work.ns, host, budget)
         into[0].update(reads)
         into[1].update(writes)
         now = self.clock()
+        for path, fd, link in held:
+            known = work.held.get(path)
+            if known is not None and (known.pid, known.fd, known.link) == (pid, fd, link):
+                known.last_seen = now
+                continue
+            work.held.pop(path, None)  # another descriptor: another hold
+            work.held[path] = _Held(pid, fd, link, now, now)
+            while len(work.held) > MAX_HELD_FILES:
+                work.held.pop(next(iter(work.held)))
         for path, fd, link in files:
             seen = work.written.get(path)
             if seen is not None and seen.closed_by is None and seen.pid == pid:

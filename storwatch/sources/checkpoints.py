@@ -13,8 +13,9 @@ it is new or changed; one complete checkpoint per scan gets the deep check (ever
 installed), newest first, so a node's checkpoints are all read in full eventually at a low, steady rate. A check that
 raises makes only its own checkpoint ``corrupt`` (``unknown`` when it is no known format) and is counted by kind
 (``check_errors``). A write's span comes from the training side's event log (storwatch.training.atomic_save) where there
-is one, else from the kernel's birth time of the checkpoint to its newest mtime; where neither is known it is not
-timed (a span known only to within a scan interval is no duration). Temporaries of
+is one; else the kernel's birth time of the checkpoint gives its start only (its newest mtime misses an fsync after
+the last write), which the file events or the writers' open files complete (analysis/writes.py), or it is not timed
+(a span known only to within a scan interval is no duration). Temporaries of
 ``atomic_save`` whose writer is gone are reported per run (never removed: the next save does that).
 
 The records it files are those the helper made (checkpoints/record.py), with what only this source knows added:

@@ -2,7 +2,10 @@
 checkpoint scan has found and on its roots. A file's write span runs from its creation (or, for a file rewritten in
 place, the first write to it) to its close after writing, or to its move into place (a save through a temporary and a
 rename: the temporary's span, ending at the rename, becomes the final name's); a directory's from its creation to its
-move into place. Exact to the event: the helper that reads them stamps each with the time it read it.
+move into place. A file opened again at once after its close after writing (``torch.save``, then the file opened and
+fsynced) says so, with when that second descriptor closed: analysis/writes.py counts it as the save's where the
+kernel shows that writer's own process holding the file. Exact to the event: the helper that reads them stamps each
+with the time it read it.
 
 The watches are bounded (``max_watches``; a directory the kernel refuses, past its ``max_user_watches``, is counted
 and left to the fallback), and added by a helper process (``_events_worker.py``), so a run directory on a hung mount
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -25,10 +29,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from storwatch._events_worker import command
+from storwatch._events_worker import REOPEN_SECONDS, command
 from storwatch.checkpoints.scan import checkpoint_member
 from storwatch.config import number
 from storwatch.procfs.inotify import (
+    IN_CLOSE_NOWRITE,
     IN_CLOSE_WRITE,
     IN_CREATE,
     IN_DELETE,
@@ -37,6 +42,7 @@ from storwatch.procfs.inotify import (
     IN_MODIFY,
     IN_MOVED_FROM,
     IN_MOVED_TO,
+    IN_OPEN,
     IN_Q_OVERFLOW,
 )
 from storwatch.sources import Context, FactsKey
@@ -58,6 +64,9 @@ ROOT_DEPTH = 3
 a run the scan has not found yet are timed too."""
 START_SECONDS = 10.0
 """How long the helper may take to start and say it reads requests."""
+MAX_REOPEN_SECONDS = 900.0
+"""A file opened again after its close after writing and still held this long after is a reader's hold, not a save's
+fsync: the reopen is forgotten (the save ends at its close after writing)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,11 @@ class FileSpan:
     """``closed`` or ``moved``."""
     moved_from: str | None = None
     """The temporary it was renamed from."""
+    reopened: float | None = None
+    """A file closed after writing (``end``) and opened again within REOPEN_SECONDS: when (a writer syncing through a
+    second descriptor; or a reader: the events do not say which process, analysis/writes.py asks the open files)."""
+    reclosed: float | None = None
+    """When that second descriptor, and any opened while it was, were closed; None while one is still open."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +200,13 @@ class FileEventSource:
         """Directories seen made -> when (the newest MAX_OPEN)."""
         self._created: collections.OrderedDict[str, float] = collections.OrderedDict()
         """Checkpoint files seen made and not yet written -> when (the newest MAX_OPEN)."""
-        self._moving: dict[int, tuple[str, float, bool]] = {}
+        self._moving: dict[int, tuple[str, float, bool, float | None]] = {}
+        """A rename's cookie -> (where it was moved from, when, whether a directory, when that file was made)."""
+        self._born: collections.OrderedDict[str, float] = collections.OrderedDict()
+        """Other files seen made (a temporary of any name, which a rename may yet make a checkpoint) -> when (the
+        newest MAX_OPEN)."""
+        self._reopen: dict[str, tuple[float, int]] = {}
+        """A file opened again just after its close after writing -> (when, the descriptors open on it now)."""
         self._pending_auto: dict[int, int] = {}
         """A watched directory -> the watch the helper just added on a directory made in it (its event follows)."""
         self._spans: collections.deque[FileSpan] = collections.deque()
@@ -229,7 +249,7 @@ class FileEventSource:
         while len(self._spans) > self.section.max_spans:
             self._spans.popleft()
 
-    def _moved_in(self, old: str | None, new: str, t: float, is_dir: bool) -> None:
+    def _moved_in(self, old: str | None, new: str, t: float, is_dir: bool, born: float | None) -> None:
         if is_dir:
             if old is not None:
                 self._rekey(old, new)
@@ -242,9 +262,11 @@ class FileEventSource:
                 start = opened[0]
             else:
                 done = next((s for s in reversed(self._spans) if s.path == old and s.kind == "file"), None)
-                start = done.start if done is not None else None
+                start = done.start if done is not None else born
         if checkpoint_member(os.path.basename(new)) or (old is not None and checkpoint_member(os.path.basename(old))):
             self._span(FileSpan(new, "file", start, t, "moved", old))
+        elif born is not None:  # a temporary renamed to another temporary's name: still made then
+            self._remember(self._born, new, born)
 
     def _rekey(self, old: str, new: str) -> None:
         """A directory moved: what is known below it is now below its new name."""
@@ -254,11 +276,11 @@ class FileEventSource:
             return to + path[len(prefix) :] if path.startswith(prefix) else path
 
         self._open = collections.OrderedDict((moved(p), v) for p, v in self._open.items())
-        self._spans = collections.deque(
-            FileSpan(moved(s.path), s.kind, s.start, s.end, s.end_how, s.moved_from) for s in self._spans
-        )
+        self._spans = collections.deque(dataclasses.replace(s, path=moved(s.path)) for s in self._spans)
         self._dirs = collections.OrderedDict((moved(p), t) for p, t in self._dirs.items())
         self._created = collections.OrderedDict((moved(p), t) for p, t in self._created.items())
+        self._born = collections.OrderedDict((moved(p), t) for p, t in self._born.items())
+        self._reopen = {moved(p): v for p, v in self._reopen.items()}
         if old in self._dirs:
             self._dirs[new] = self._dirs.pop(old)
         for wd, (path, depth) in list(self._wd.items()):
@@ -326,35 +348,100 @@ class FileEventSource:
             elif checkpoint_member(f"{os.path.basename(directory)}/{name}"):
                 # Made, not yet written: a file opened to be written writes next; a hard link never does.
                 self._remember(self._created, path, t)
+            else:
+                self._remember(self._born, path, t)
+        elif mask & IN_OPEN and not is_dir:
+            self._reopened(path, t)
         elif mask & IN_MODIFY and not is_dir:
-            if path not in self._open and (checkpoint_member(f"{os.path.basename(directory)}/{name}")):
+            if path in self._reopen:  # opened again to be written, not synced: a save of its own (a rewrite)
+                self._unreopen(path)
+            if path not in self._open and checkpoint_member(f"{os.path.basename(directory)}/{name}"):
                 made = self._created.pop(path, None)
                 self._open[path] = (made if made is not None else t, "created" if made is not None else "first_write")
                 self._bound_open()
+        elif mask & IN_CLOSE_NOWRITE and not is_dir:
+            self._reclosed(path, t)
         elif mask & IN_CLOSE_WRITE:
+            if path in self._reopen and path not in self._open:  # opened for writing to sync it, nothing written
+                self._reclosed(path, t)
+                return
             opened = self._open.pop(path, None)
             made = self._created.pop(path, None)
             start = opened[0] if opened is not None else made
             if opened is not None or made is not None:
                 self._span(FileSpan(path, "file", start, t, "closed"))
         elif mask & IN_MOVED_FROM:
-            self._moving[cookie] = (path, t, is_dir)
+            self._reopen.pop(path, None)
+            self._moving[cookie] = (path, t, is_dir, self._born.pop(path, None))
             if len(self._moving) > MAX_OPEN:
                 self._moving.pop(next(iter(self._moving)))
         elif mask & IN_MOVED_TO:
             old = self._moving.pop(cookie, None)
-            self._moved_in(old[0] if old is not None else None, path, t, is_dir)
+            self._moved_in(old[0] if old is not None else None, path, t, is_dir, old[3] if old is not None else None)
         elif mask & IN_DELETE:
             self._open.pop(path, None)
             self._created.pop(path, None)
+            self._born.pop(path, None)
+            self._reopen.pop(path, None)
             self._dirs.pop(path, None)
+
+    def _last_closed(self, path: str) -> int | None:
+        """The index in ``_spans`` of the file's newest span, where it ended at a close after writing."""
+        for i in range(len(self._spans) - 1, -1, -1):
+            s = self._spans[i]
+            if s.path == path and s.kind == "file":
+                return i if s.end_how == "closed" else None
+        return None
+
+    def _reopened(self, path: str, t: float) -> None:
+        """The file opened again (the helper passes on only the opens just after a close after writing, and those
+        while it is held so): the first such open marks its save's span."""
+        held = self._reopen.get(path)
+        if held is not None:
+            self._reopen[path] = (held[0], held[1] + 1)
+            return
+        i = self._last_closed(path)
+        if i is None:
+            return
+        s = self._spans[i]
+        if s.end is None or not 0.0 <= t - s.end <= REOPEN_SECONDS or s.reopened is not None:
+            return
+        self._spans[i] = dataclasses.replace(s, reopened=t)
+        self._reopen[path] = (t, 1)
+        while len(self._reopen) > MAX_OPEN:
+            self._reopen.pop(next(iter(self._reopen)))
+
+    def _unreopen(self, path: str) -> None:
+        """The file's reopen is not its save's after all: the save ends at its close after writing."""
+        held = self._reopen.pop(path, None)
+        i = self._last_closed(path)
+        if held is not None and i is not None and self._spans[i].reopened == held[0]:
+            self._spans[i] = dataclasses.replace(self._spans[i], reopened=None, reclosed=None)
+
+    def _expire_reopens(self, now: float) -> None:
+        """Forget the reopens held longer than MAX_REOPEN_SECONDS (a reader's long hold: those saves ended at their
+        close after writing)."""
+        for path, (since, _) in list(self._reopen.items()):
+            if now - since > MAX_REOPEN_SECONDS:
+                self._unreopen(path)
+
+    def _reclosed(self, path: str, t: float) -> None:
+        held = self._reopen.pop(path, None)
+        if held is None:
+            return
+        if held[1] > 1:
+            self._reopen[path] = (held[0], held[1] - 1)
+            return
+        i = self._last_closed(path)
+        if i is not None and self._spans[i].reopened == held[0]:
+            self._spans[i] = dataclasses.replace(self._spans[i], reclosed=t)
 
     def _forget(self, directory: str) -> None:
         """Drop what is known of the files below a directory that is gone."""
         prefix = directory.rstrip("/") + "/"
         if any(s.path.startswith(prefix) for s in self._spans):
             self._spans = collections.deque(s for s in self._spans if not s.path.startswith(prefix))
-        for table in (self._open, self._created, self._dirs):
+        for table in (self._open, self._created, self._dirs, self._born, self._reopen):
             for path in [p for p in table if p.startswith(prefix)]:
                 del table[path]
 
@@ -386,6 +473,7 @@ class FileEventSource:
         while helper.lines:
             self._apply(helper.lines.popleft())
         now = self.clock()
+        self._expire_reopens(now)
         while self._spans and (self._spans[0].end or now) < now - SPAN_KEEP_SECONDS:
             self._spans.popleft()
         writing = tuple(FileSpan(p, "file", start, None) for p, (start, _) in self._open.items())
