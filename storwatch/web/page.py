@@ -193,6 +193,21 @@ td.kube {{ font-size: 12px; }}
 <span>stuck: <b id="stuck-count">{stuck_count}</b></span></p>
 {findings_panel(data.get("findings") or [], search_summary(data), done)}
 {_node_section(data)}
+<h2>GPUs</h2>
+{gpu_note}
+<table id="gpus"><thead><tr><th>GPU</th><th>Name</th><th>State</th><th>Util</th><th>Mem util</th>
+<th>Memory</th><th>Power</th><th>Pods</th></tr></thead>
+<tbody>
+{chr(10).join(gpu_rows)}
+</tbody></table>
+{timelines(data)}
+<h2>Checkpoints</h2>
+<table id="checkpoints"><thead><tr><th>Run</th><th>Path</th><th>Durability</th><th>Newest complete, age</th>
+<th>Size</th><th>Interval</th><th>Kept</th><th>State</th><th>Done about it</th></tr></thead>
+<tbody>
+{chr(10).join(ckpt_rows)}
+</tbody></table>
+{_left_out_line(data.get("left_out") or {})}
 {_policy_section(data.get("policy"), data.get("generated_at"))}
 {_alerts_section(data.get("alerts"), data.get("generated_at"))}
 <h2>Mounts</h2>
@@ -209,21 +224,6 @@ td.kube {{ font-size: 12px; }}
 <span class="d-region">region</span> survives losing the cluster.
 <b>Ephemeral</b> means volatile or node: data there is gone when this node is.
 Used is counted as df counts it, used / (used + available): space reserved for root is neither.</p>
-<h2>GPUs</h2>
-{gpu_note}
-<table id="gpus"><thead><tr><th>GPU</th><th>Name</th><th>State</th><th>Util</th><th>Mem util</th>
-<th>Memory</th><th>Power</th><th>Pods</th></tr></thead>
-<tbody>
-{chr(10).join(gpu_rows)}
-</tbody></table>
-{timelines(data)}
-<h2>Checkpoints</h2>
-<table id="checkpoints"><thead><tr><th>Run</th><th>Path</th><th>Durability</th><th>Newest complete, age</th>
-<th>Size</th><th>Interval</th><th>Kept</th><th>State</th><th>Done about it</th></tr></thead>
-<tbody>
-{chr(10).join(ckpt_rows)}
-</tbody></table>
-{_left_out_line(data.get("left_out") or {})}
 <h2>Latency</h2>
 <p>Milliseconds, p50/p95/max of per-second averages, over the last minute and hour; probe: write/fsync/read of
 its last round.</p>
