@@ -99,6 +99,12 @@ def torch_available() -> bool:
         return False
 
 
+GONE_BEFORE_LOAD = (
+    "every entry's CRC32 matches; the file was removed before torch.load could read it (a rotation of old saves): "
+    "that says nothing against it"
+)
+
+
 def torch_load_in_child(
     path: str,
     file_size: int,
@@ -119,17 +125,28 @@ def torch_load_in_child(
         "mmap": mmap,
     }
     wall = max(1.0, min(limits.torch_wall_seconds, deadline.end - time.monotonic()))
+    # The child reads the file through a descriptor opened here: a save's rotation may remove the file while it is
+    # being checked (Lightning's save_top_k, the Trainer's save_total_limit), and the inode it read stays whole.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "unknown", GONE_BEFORE_LOAD
+    except OSError as err:
+        return "unknown", f"every entry's CRC32 matches; it could not be opened for torch.load ({err.strerror or err})"
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", CHILD, path, json.dumps(cfg, allow_nan=False)],
+            [sys.executable, "-I", "-c", CHILD, f"/proc/self/fd/{fd}", json.dumps(cfg, allow_nan=False)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             close_fds=True,
+            pass_fds=(fd,),
             start_new_session=True,
         )
     except OSError as err:
         return "unknown", f"every entry's CRC32 matches; the torch-load child could not start ({err.strerror or err})"
+    finally:
+        os.close(fd)
     try:
         out, _ = proc.communicate(timeout=wall)
     except subprocess.TimeoutExpired:
