@@ -216,6 +216,32 @@ def test_a_save_too_quick_to_be_seen_open_is_tied_by_its_writers_bursts() -> Non
     assert burst_writers(run, saves, twins) == ()  # two could have written it: neither is taken
 
 
+def test_jobs_saving_at_once_are_told_apart_by_size_and_by_the_saves_each_matched() -> None:
+    """Two jobs save at the same moments, one 16 MiB, one 6 MiB: a burst far larger than a save is another save,
+    so each run is tied to its own job. Jobs of the same size, each saving at the same moment as the run's writer
+    once: the job that matched every save of the run is its writer. Saving the same bytes at the same moments always: unknown."""
+
+    def workload(pid: int, bursts: tuple[tuple[float, float, int], ...]) -> WorkloadAccess:
+        return WorkloadAccess(pid, 1, ProcessIO(), write_bursts=bursts, uid=1000)
+
+    small = RunState("/fast", "/", (_ck("/fast/a.pt", 100.0, size=6 << 20),), uid=1000)
+    large = RunState("/plain", "/", (_ck("/plain/a.pt", 100.0, size=16 << 20),), uid=1000)
+    fast = workload(21, ((99.8, 100.05, 6 << 20),))
+    plain = workload(22, ((98.5, 100.1, 16 << 20),))
+    both = AccessFacts(100.0, {21: fast, 22: plain})
+    assert burst_writers(small, (EventSave("/fast/a.pt", 99.98, 100.0),), both) == (21,)
+    assert burst_writers(large, (EventSave("/plain/a.pt", 98.6, 100.0),), both) == (22,)
+
+    run = RunState("/r", "/", (_ck("/r/a.pt", 300.0, size=6 << 20),), uid=1000)
+    saves = (EventSave("/r/a.pt", 99.98, 100.0), EventSave("/r/a.pt", 299.98, 300.0))
+    mine = workload(31, ((99.8, 100.05, 6 << 20), (299.8, 300.05, 6 << 20)))
+    first = workload(32, ((99.8, 100.05, 6 << 20), (199.8, 200.05, 6 << 20)))  # saved with it at 100, not at 300
+    second = workload(34, ((299.8, 300.05, 6 << 20),))  # started later: saved with it at 300
+    assert burst_writers(run, saves, AccessFacts(300.0, {31: mine, 32: first, 34: second})) == (31,)
+    twin = workload(33, ((99.8, 100.05, 6 << 20), (299.8, 300.05, 6 << 20)))
+    assert burst_writers(run, saves, AccessFacts(300.0, {31: mine, 33: twin})) == ()
+
+
 @pytest.mark.realpart
 def test_a_directory_on_a_hung_mount_strands_only_the_helper(tmp_path: Path, real_mounts) -> None:  # type: ignore[no-untyped-def]
     """Adding a watch looks the directory up: on a mount whose getattr never answers (a dead NFS server) that call

@@ -319,13 +319,17 @@ MATCHED_SAVES = 8
 
 def burst_writers(run: RunState, saves: Sequence[EventSave], access: AccessFacts | None) -> tuple[int, ...]:
     """The GPU workloads whose write bursts match the run's newest saves (analysis/writes.py ``event_saves``): a
-    workload whose processes passed at least half a checkpoint's bytes to write calls while it was written, and the
-    only one that did; of the run's owner (or root). What ties a run to its GPUs where each save is too quick to be
-    seen open: the kernel's write counters and the kernel's file events, never a name."""
+    workload whose processes passed about a checkpoint's bytes to write calls while it was written (at least half of
+    them, at most twice them: a job writing a checkpoint three times the size is writing another one), of the run's
+    owner (or root). A save that one workload alone matches ties it; where several jobs save at once, the one
+    workload that matched every one of the run's saves it could have written does. What ties a run to its GPUs
+    where each save is too quick to be seen open: the kernel's write counters and the kernel's file events, never a
+    name. Two jobs that save the same bytes at the same moments stay untied: their GPUs are unknown."""
     if access is None or not access.workloads:
         return ()
     sizes = {c.path: c.size_bytes for c in run.checkpoints}
     found: set[int] = set()
+    candidates: list[set[int]] = []
     for save in list(saves)[-MATCHED_SAVES:]:
         size = sizes.get(save.checkpoint)
         if save.start is None or save.end is None or not size:
@@ -336,11 +340,21 @@ def burst_writers(run: RunState, saves: Sequence[EventSave], access: AccessFacts
             if run.uid is not None and w.uid is not None and w.uid not in (run.uid, 0):
                 continue
             wrote = sum(n for begun, seen, n in w.write_bursts if seen >= low and begun <= high)
-            if wrote >= size / 2:
+            if size / 2 <= wrote <= 2 * size + BURST_SIZE_SLACK_BYTES:
                 matched.add(w.within if w.within is not None else pid)
         if len(matched) == 1:
             found |= matched
+        elif matched:
+            candidates.append(matched)
+    if not found and len(candidates) > 1:
+        common = set.intersection(*candidates)
+        if len(common) == 1:
+            found = common
     return tuple(sorted(found))
+
+
+BURST_SIZE_SLACK_BYTES = 1 << 20
+"""What a save's burst may carry beyond twice the checkpoint's bytes (a log line, a small file beside it)."""
 
 
 HOLD_SLACK_SECONDS = 0.5
