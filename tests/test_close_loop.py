@@ -377,8 +377,7 @@ def loops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Loop]]
                     if shown is not None:
                         loop.seen[step], loop.evidence[step] = now, shown
                         print(f"{loop.name}: {step} at {now - (loop.first_save() or now):.1f} s", flush=True)
-                        # A step can show in the same look as the one before it (a copy made within a second).
-                        continue
+                        continue  # the next step is looked for at the next look, a second later
                 loop.evidence["last"] = {"status": _about(loop, data), "prometheus": firing, "alertmanager": held}
             time.sleep(POLL_SECONDS)
         for loop in loops.values():
