@@ -24,7 +24,7 @@ How it saves (WAY):
   download).
 
 Usage: python -m tests.saving_jobs WAY RUN_DIR NVML_SCRIPT RESULT_JSON --gpu I --start-file F --stop-file F
-       [--saves N] [--compute S] [--mib M]
+       [--saves N] [--compute S] [--mib M] [--gate-seconds S]
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ WAYS = ("fsync_same", "reopen_fsync", "no_fsync", "tmp_rename", "dcp", "lightnin
 STEP_SECONDS = 0.25
 """The GPU's time for one training step: the job's CPU waits it out."""
 GATE_SECONDS = 180.0
-"""The longest a job waits for its start file, and, after its last save, for its stop file."""
+"""The longest a job waits for its start file, and, after its last save, for its stop file (``--gate-seconds``)."""
 
 
 class Job:
@@ -68,11 +68,11 @@ class Job:
         self.saves: list[dict[str, Any]] = []
 
     def wait_for(self, path: str, what: str) -> None:
-        deadline = time.monotonic() + GATE_SECONDS
+        deadline = time.monotonic() + self.args.gate_seconds
         while not os.path.exists(path):
             if time.monotonic() > deadline:
                 self.gpu.release()
-                sys.exit(f"{what} ({path}) did not appear within {GATE_SECONDS:.0f} s")
+                sys.exit(f"{what} ({path}) did not appear within {self.args.gate_seconds:.0f} s")
             time.sleep(0.05)
 
     def saving(self, path: str, save: Callable[[], None]) -> None:
@@ -290,6 +290,7 @@ def main() -> None:
     ap.add_argument("--saves", type=int, default=3)
     ap.add_argument("--compute", type=float, default=5.0, help="seconds of computing before each save")
     ap.add_argument("--mib", type=int, default=32, help="about this many MiB a checkpoint")
+    ap.add_argument("--gate-seconds", type=float, default=GATE_SECONDS, help="the longest wait for each gate file")
     args = ap.parse_args()
     job = Job(args)
     try:

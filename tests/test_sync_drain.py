@@ -3,8 +3,10 @@ checkpoints in the trainer pod's scratch emptyDir on a Together-like node (tests
 local NVMe disk); the test's Kubernetes API (tests/kubeapi.py) marks the node draining and gives the pod a
 deletionTimestamp with a 30 s grace period. The shipped default policy asks the loop for a checkpoint (the loop answers
 it), then copies the checkpoint it wrote to the durable root (sync.destinations), verified, and the copy is checked
-here byte for byte, before the pod's grace period ends. The checkpoint scan keeps its default 30 s interval: the sync
-action, waiting for the checkpoint it asked for, has the scan look again sooner.
+here byte for byte, before the pod's grace period ends; /status then shows the drain (its node-state section) and the
+copy (the checkpoints table's "Done about it"). The agent keeps its default pace (ticks, Views, the Kubernetes source,
+the mount table; only a statvfs deadline is short, for the fixture's mounts), and the checkpoint scan its default
+30 s interval: the sync action, waiting for the checkpoint it asked for, has the scan look again sooner.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +26,8 @@ import pytest
 
 from tests.agentproc import REPO_ROOT, running_agent, wait_until
 from tests.kubeapi import NODE, TRAINER_UID, fake_kube_api, k8s_node_objects
+from tests.test_status_render import column
+from tests.test_status_render import table as table_rows
 
 pytestmark = pytest.mark.realpart
 
@@ -52,10 +57,10 @@ def test_a_drain_asks_for_a_checkpoint_and_copies_it_verified_within_the_grace_p
     result = tmp_path / "loop.json"
     cfg = tmp_path / "storwatch.yaml"
     cfg.write_text(
-        "tick_seconds: 0.5\nplatform: together-k8s\n"
+        "platform: together-k8s\n"
         f"paths: {{procfs: {proc}, sysfs: {FIXTURES / 'gpu-node' / 'sys'}, rootfs: {root}}}\n"
-        "mounts: {interval_seconds: 5, statvfs_timeout_seconds: 0.2}\n"
-        "kube: {interval_seconds: 0.2}\ngpu: {enabled: false}\n"
+        "mounts: {statvfs_timeout_seconds: 0.2}\n"
+        "gpu: {enabled: false}\n"
         # The scan's default interval (30 s, as long as the grace period); no deep reads on a loaded test machine.
         "checkpoints: {deep_per_scan: 0}\n"
         "sync: {destinations: [/durable]}\n"
@@ -125,6 +130,29 @@ def test_a_drain_asks_for_a_checkpoint_and_copies_it_verified_within_the_grace_p
                 page = agent.fetch("/status").body.decode()
                 table = page.split('<table id="policy-syncs">')[1].split("</table>")[0]
                 assert "leaving-sync-checkpoint" in table and saved.name in table, table
+
+                # /status shows the drain as a state of its own, and the copy as what was done about the run (once
+                # the durable root's walk, which the copy's end starts at once, has found it).
+                def shows_copy() -> tuple[str, dict[str, str]] | None:
+                    page = agent.fetch("/status").body.decode()
+                    header, rows = table_rows(page, "checkpoints")
+                    done = column(header, rows, "Done about it")
+                    return (page, done) if any(f"verified copy of {saved.name} " in d for d in done.values()) else None
+
+                page, done = wait_until(shows_copy, timeout=30, interval=0.5, what="/status showing the copy")
+                (about,) = [d for d in done.values() if saved.name in d]
+                # The copy where the host has it (the agent reaches the host's root at paths.rootfs), the request and
+                # the save that answered it.
+                host_dest = "/" + str(dest.relative_to(root))
+                copy_words, asked_words = about.split("; ", 1)
+                copy_said = rf"verified copy of {re.escape(saved.name)} \(a save \d+ s old\) at {re.escape(host_dest)}"
+                assert re.fullmatch(copy_said, copy_words), about
+                assert asked_words.startswith("checkpoint asked ") and "; answered by a save " in asked_words, about
+                node_state = page.split("<section id='node-state' class='leaving'>", 1)[1].split("</section>", 1)[0]
+                assert "<b>draining</b>: cordoned, with the removal taint node.kubernetes.io/unschedulable" in (
+                    node_state
+                ), node_state
+                assert "<b>pods being deleted</b>: train/trainer-0 (" in node_state, node_state
                 metrics = agent.fetch("/metrics").text()
                 copied_bytes = [
                     float(line.split()[-1])
