@@ -281,7 +281,7 @@ class FindingsConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """The rules that turn what the agent sees into actions (README "Policy")."""
+    """The rules that turn what the agent sees into actions (docs/policy-actions.md)."""
 
     enabled: bool = True
     default_set: bool = True
@@ -366,7 +366,7 @@ def sync_template_problem(template: str) -> str | None:
 
 @dataclass(frozen=True)
 class SyncConfig:
-    """Verified copies of checkpoints to durable storage (README "Sync"): where they may go and how."""
+    """Verified copies of checkpoints to durable storage (docs/sync.md): where they may go and how."""
 
     destinations: tuple[str, ...] = ()
     """The allowlisted roots (absolute host paths) a copy may be made under; none: the agent makes no copy."""

@@ -18,7 +18,7 @@ PLATFORMS = (GENERIC, TOGETHER_K8S, TOGETHER_SLURM, GRADIENT)
 
 
 class Durability(str, enum.Enum):
-    """How long data on a mount survives (README, "Durability classes")."""
+    """How long data on a mount survives (docs/durability.md)."""
 
     VOLATILE = "volatile"
     """Nothing: a reboot or pod restart loses it."""

@@ -1,8 +1,8 @@
-"""A CPU torch training loop that answers the agent's checkpoint requests, as the README tells a job to: it trains a
-small model and, every ``--poll-steps`` steps, polls ``storwatch.training.checkpoint_requested(run_dir)`` (one stat);
-when asked, it saves with ``atomic_save``. It saves once at the start (a run with a save, as a real run has), prints
-``ready`` when it starts polling and ``saved STEP START`` after each answer (START: its save's start), and ends after
-``--answers`` answers (or ``--seconds``), writing every poll's time and every answer to a JSON file.
+"""A CPU torch training loop that answers the agent's checkpoint requests, as docs/checkpoints.md tells a job to: it
+trains a small model and, every ``--poll-steps`` steps, polls ``storwatch.training.checkpoint_requested(run_dir)`` (one
+stat); when asked, it saves with ``atomic_save``. It saves once at the start (a run with a save, as a real run has),
+prints ``ready`` when it starts polling and ``saved STEP START`` after each answer (START: its save's start), and ends
+after ``--answers`` answers (or ``--seconds``), writing every poll's time and every answer to a JSON file.
 
 Usage: python -m tests.request_loop RUN_DIR RESULT_JSON [--poll-steps N] [--answers K] [--seconds S]
        [--step-seconds S]

@@ -42,7 +42,6 @@ from storwatch.sources.processes import CONTAINERS, ProcessFacts
 from storwatch.vocabulary import CollectorStatus, FsUsage, Mount, MountDevice, Platform
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-README = REPO_ROOT / "README.md"
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = FIXTURES / "gpu-node" / "golden.prom"
 NFSV3 = FIXTURES / "mountstats" / "nfsv3"

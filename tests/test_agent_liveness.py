@@ -1,12 +1,12 @@
 """Liveness that means alive: a reload on a quiet node, /healthz when the tick stops, SIGTERM whatever a thread does.
 
-- A reload on a quiet node (no GPU process for ``quiet_after_seconds``) took the collectors' lock twice: the README's
-  own driver-upgrade steps (``gpu: {enabled: false}`` and SIGHUP, on a node drained of its jobs) locked the agent up,
-  its Views stopped, /healthz kept answering 200 and only SIGKILL ended it.
+- A reload on a quiet node (no GPU process for ``quiet_after_seconds``) took the collectors' lock twice: the
+  driver-upgrade steps of docs/gpus.md (``gpu: {enabled: false}`` and SIGHUP, on a node drained of its jobs) locked
+  the agent up, its Views stopped, /healthz kept answering 200 and only SIGKILL ended it.
 - /healthz answers 503, saying why, once the tick has not run for three of its intervals (the interval in force: a
   quiet node ticks every ``quiet_seconds``, and is not dead for it); the DaemonSet's liveness probe asks /healthz.
-- SIGTERM ends the agent within 5 s (README, "Signals"), whatever a thread is doing: a reload runs off the main
-  thread, and stop() closes the parts against one deadline.
+- SIGTERM ends the agent within 5 s (docs/agent.md, "Signals and reloading"), whatever a thread is doing: a reload
+  runs off the main thread, and stop() closes the parts against one deadline.
 
 The agents run as subprocesses at their defaults, on the fixture procfs of a GPU node, with the scripted fake
 libnvidia-ml.so.1 (tests/nvml) loaded by the real bindings. ``quiet_after_seconds: 1`` is the one default changed
@@ -40,7 +40,7 @@ AT_WORK = GPU + "proc 0 pid=4103 used=1073741824\n"
 STUCK_POWER = "slow nvmlDeviceGetPowerUsage ms=600000 gpu=0 times=1\n"
 """The next power reading does not return for ten minutes (a GPU fallen off the bus)."""
 SIGTERM_SECONDS = 5.0
-"""README, "Signals": SIGTERM stops the agent within seconds; the contract this file holds it to is 5 s."""
+"""docs/agent.md, "Signals and reloading": SIGTERM stops the agent within seconds; this file holds it to 5 s."""
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +144,8 @@ def test_a_reload_on_a_quiet_node_applies_and_wakes_the_paced_sources() -> None:
 
 
 @pytest.mark.realpart
-def test_the_readmes_driver_upgrade_steps_on_a_quiet_node(tmp_path: Path, fake_lib: Path) -> None:
-    """README, "GPUs and the NVIDIA driver": ``gpu: {enabled: false}`` and SIGHUP release the driver; ``enabled:
+def test_the_documented_driver_upgrade_steps_on_a_quiet_node(tmp_path: Path, fake_lib: Path) -> None:
+    """docs/gpus.md, "The NVIDIA driver": ``gpu: {enabled: false}`` and SIGHUP release the driver; ``enabled:
     true`` and another SIGHUP take it back. On a quiet node (a node drained for the upgrade is one), each reload is
     logged as done, Views keep coming, /healthz answers 200 throughout the quiet ticks, and SIGTERM ends the agent."""
     fake = FakeNVML(fake_lib.parent, tmp_path)

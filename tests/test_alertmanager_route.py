@@ -1,11 +1,10 @@
-"""The README's Alertmanager route, as the README prints it, through Debian's ``amtool`` (``config routes test``) for
-every shipped alert with the labels it fires with: the alerts the node's agent can act on (``storwatch_action``)
-reach the agent's receiver (and go on to ``default``), every other alert goes to ``default`` alone, and another
-node's alerts never reach this node's agent."""
+"""The Alertmanager route of docs/alertmanager.md, as it is printed there, through Debian's ``amtool`` (``config
+routes test``) for every shipped alert with the labels it fires with: the alerts the node's agent can act on
+(``storwatch_action``) reach the agent's receiver (and go on to ``default``), every other alert goes to ``default``
+alone, and another node's alerts never reach this node's agent."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,11 +14,12 @@ import pytest
 from storwatch.mixin.rules import SEVERITY_FROM_LABEL, alerts
 from storwatch.mixin.thresholds import DETECTIONS
 from tests.agentproc import REPO_ROOT
+from tests.docs_text import section, yaml_blocks
 
 pytestmark = pytest.mark.realpart
 
 NODE = "gpu-node-7"
-"""The node the README's route is written for."""
+"""The node the documented route is written for."""
 AGENT_RECEIVER = f"storwatch-{NODE}"
 
 
@@ -32,11 +32,11 @@ def amtool() -> str:
 
 
 @pytest.fixture(scope="module")
-def readme_config(tmp_path_factory: pytest.TempPathFactory, amtool: str) -> Path:
-    """The README's Alertmanager configuration (its yaml block that starts with ``route:``), checked by amtool."""
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## Alertmanager receiver\n", 1)[1].split("\n## ", 1)[0]
-    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", section, re.S) if b.startswith("route:")]
+def documented_config(tmp_path_factory: pytest.TempPathFactory, amtool: str) -> Path:
+    """The documented Alertmanager configuration (the yaml block of docs/alertmanager.md's "Routing alerts to the
+    agent" that starts with ``route:``), checked by amtool."""
+    text = section(REPO_ROOT / "docs" / "alertmanager.md", "## Routing alerts to the agent")
+    (block,) = [b for b in yaml_blocks(text) if b.startswith("route:")]
     path = tmp_path_factory.mktemp("am") / "alertmanager.yml"
     path.write_text(block, encoding="utf-8")
     check = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60)
@@ -69,24 +69,24 @@ def fired_labels(node: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def test_every_shipped_alert_goes_where_the_readme_route_says(amtool: str, readme_config: Path) -> None:
+def test_every_shipped_alert_goes_where_the_documented_route_says(amtool: str, documented_config: Path) -> None:
     acting = {d.alert for d in DETECTIONS if d.acts}
     fired = fired_labels(NODE)
     assert len(fired) == 13 and acting < set(fired)
-    routed = {name: receivers(amtool, readme_config, labels) for name, labels in fired.items()}
+    routed = {name: receivers(amtool, documented_config, labels) for name, labels in fired.items()}
     assert {name for name, to in routed.items() if AGENT_RECEIVER in to} == acting, routed
     for name, to in routed.items():
         assert to == ([AGENT_RECEIVER, "default"] if name in acting else ["default"]), (name, to)
 
 
-def test_another_nodes_alerts_never_reach_this_nodes_agent(amtool: str, readme_config: Path) -> None:
+def test_another_nodes_alerts_never_reach_this_nodes_agent(amtool: str, documented_config: Path) -> None:
     for name, labels in fired_labels("gpu-node-8").items():
-        assert receivers(amtool, readme_config, labels) == ["default"], name
+        assert receivers(amtool, documented_config, labels) == ["default"], name
 
 
-def test_the_route_is_live(amtool: str, readme_config: Path) -> None:
-    """The old README's label (action="checkpoint", which no alert carries) routes nothing to the agent; the action
+def test_the_route_is_live(amtool: str, documented_config: Path) -> None:
+    """The old documented label (action="checkpoint", which no alert carries) routes nothing to the agent; the action
     label does."""
     labels = {"alertname": "StorwatchRecoveryPointOverBudget", "severity": "critical", "node": NODE}
-    assert receivers(amtool, readme_config, {**labels, "action": "checkpoint"}) == ["default"]
-    assert receivers(amtool, readme_config, {**labels, "storwatch_action": "sync"}) == [AGENT_RECEIVER, "default"]
+    assert receivers(amtool, documented_config, {**labels, "action": "checkpoint"}) == ["default"]
+    assert receivers(amtool, documented_config, {**labels, "storwatch_action": "sync"}) == [AGENT_RECEIVER, "default"]

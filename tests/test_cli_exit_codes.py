@@ -1,10 +1,10 @@
-"""Every exit status the README and the commands' ``--help`` document, from the real command line: each case runs
+"""Every exit status the docs and the commands' ``--help`` document, from the real command line: each case runs
 ``python -m storwatch ...`` as a user does and checks the status and what the command says.
 
-Documented where: ``verify`` (README "Checkpoints", ``verify --help``: 0 complete, 1 incomplete/corrupt/unsafe,
-2 usage, 3 nothing verified); ``sync`` (README "Sync", ``sync --help``: 0 verified, 1 failed or aborted, 2 usage or
-refused, 130 interrupted); ``scan`` (README: a bad ``--sample`` or ``--timeout`` is a usage error, exit 2); the agent
-(README: a port in use, or a bad configuration file, each problem as ``FILE:LINE: FIELD: message``, exit 2);
+Documented where: ``verify`` (docs/checkpoints.md, ``verify --help``: 0 complete, 1 incomplete/corrupt/unsafe, 2 usage,
+3 nothing verified); ``sync`` (docs/sync.md, ``sync --help``: 0 verified, 1 failed or aborted, 2 usage or refused, 130
+interrupted); ``scan`` (docs/commands.md: a bad ``--sample`` or ``--timeout`` is a usage error, exit 2); the agent
+(docs/agent.md: a port in use, or a bad configuration file, each problem as ``FILE:LINE: FIELD: message``, exit 2);
 ``policy check`` and ``policy test`` (``--help``: 1 for a problem or a failed case). A procfs that is not there is a
 usage error (2) for every command that reads the node. ``sync``'s other 1s (the source changing under the copy, a
 read-back that differs, too little space) need a writer racing the copy or a real mount: tests/test_sync_cli.py,
@@ -138,7 +138,7 @@ def policy_files(tmp: Path) -> None:
 SCAN_NODE = ("--path.procfs", "{tmp}/proc", "--path.rootfs", "{tmp}/root", "--config", "{tmp}/off.yaml")
 
 CASES = [
-    # verify: README "exit status: 0 all complete, 1 some incomplete, corrupt or unsafe, 2 usage error, 3 nothing ..."
+    # verify: docs/checkpoints.md "0 all complete, 1 some incomplete, corrupt or unsafe, 2 usage error, 3 nothing ..."
     pytest.param(Case(("verify", "{tmp}/good.safetensors"), 0, "COMPLETE", complete), id="verify-0-complete"),
     pytest.param(
         Case(("verify", "{tmp}/good.safetensors", "{tmp}/cut.safetensors"), 1, "INCOMPLETE", complete_and_cut_short),
@@ -151,7 +151,7 @@ CASES = [
         id="verify-2-bad-config",
     ),
     pytest.param(Case(("verify", "{tmp}/empty"), 3, "UNKNOWN", no_checkpoint), id="verify-3-nothing-verified"),
-    # sync: README "Sync", the table of exit statuses
+    # sync: docs/sync.md, the table of exit statuses
     pytest.param(
         Case(("sync", "{tmp}/src", "{tmp}/dst/ck"), 0, "VERIFIED", checkpoint_and_destination), id="sync-0-verified"
     ),
@@ -208,7 +208,7 @@ CASES = [
         Case(("sync", "{tmp}/src", "{tmp}/dst/theirs"), 2, "is not a copy storwatch made", not_ours),
         id="sync-2-not-ours-at-dest",
     ),
-    # scan: README "anything else is a usage error (exit 2)"; a procfs that is not there is one too
+    # scan: docs/commands.md "anything else is a usage error (exit 2)"; a procfs that is not there is one too
     pytest.param(Case(("scan", *SCAN_NODE, "--timeout", "1"), 0, "mounts, ", fixture_node), id="scan-0"),
     pytest.param(Case(("scan", "--sample", "-1"), 2, "--sample: must be a number of seconds"), id="scan-2-sample"),
     pytest.param(Case(("scan", "--timeout", "0"), 2, "--timeout: must be a number of seconds"), id="scan-2-timeout"),
@@ -224,7 +224,7 @@ CASES = [
         Case(("plan", "--all", "--path.procfs", "{tmp}/gone"), 2, "--path.procfs: '{tmp}/gone' cannot be read"),
         id="plan-2-no-procfs",
     ),
-    # the agent: README "a port in use is one line ... and exit status 2, as is a bad configuration file"
+    # the agent: docs/agent.md "a port in use is one line ... and exit status 2, as is a bad configuration file"
     pytest.param(
         Case(("agent", "--listen", "127.0.0.1:{port}"), 2, "cannot serve on 127.0.0.1:{port}: Address already in use"),
         id="agent-2-port-in-use",
@@ -302,7 +302,7 @@ def test_bad_configuration_is_named_whole_in_one_run(tmp_path: Path) -> None:
 
 
 def test_an_interrupted_copy_exits_130_and_leaves_nothing(tmp_path: Path) -> None:
-    """README "Sync": 130 interrupted (Ctrl-C): the copy stopped and removed its temporaries."""
+    """docs/sync.md: 130 interrupted (Ctrl-C): the copy stopped and removed its temporaries."""
     large_file(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-m", "storwatch", "sync", "big.bin", "dst/big", "--bandwidth", "1M"],

@@ -1,7 +1,7 @@
 """The Kubernetes manifests as they are applied: the base (``kubectl apply -k daemonset/``), every overlay and the
 components together, each rendered by ``kubectl kustomize`` and validated strictly against the API's schemas
-(``kubernetes-validate``, offline), then held to what the README promises: host mounts read-only all the way down,
-one capability added back, RBAC exactly as listed, who may connect."""
+(``kubernetes-validate``, offline), then held to what docs/kubernetes.md promises: host mounts read-only all the way
+down, one capability added back, RBAC exactly as listed, who may connect."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 
 from storwatch.registry import parse_config
+from tests.docs_text import section
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DAEMONSET = REPO_ROOT / "daemonset"
-README = REPO_ROOT / "README.md"
+KUBERNETES_DOC = REPO_ROOT / "docs" / "kubernetes.md"
 
 KUBERNETES_VERSIONS = ("1.31.0", "1.37.0")
 """The oldest release whose kubelet honours recursiveReadOnly by default (beta in 1.31), and the newest schema
@@ -255,22 +256,21 @@ def test_the_liveness_probe_restarts_a_stuck_agent(rendered: dict[str, list[dict
     assert period * threshold <= 60, probe
 
 
-def _readme_rbac() -> set[tuple[str, str, str]]:
-    """(API group, resource, verb) from the README's table of what the ClusterRole grants."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n## Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+def _documented_rbac() -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) from docs/kubernetes.md's table of what the ClusterRole grants."""
+    text = section(KUBERNETES_DOC, "## The ClusterRole")
     granted: set[tuple[str, str, str]] = set()
-    for row in re.findall(r"^\| `([^`]*)` \| ([^|]+) \| ([^|]+) \|", section, re.M):
+    for row in re.findall(r"^\| `([^`]*)` \| ([^|]+) \| ([^|]+) \|", text, re.M):
         group = "" if row[0] == "core" else row[0]
         resources = re.findall(r"`(\w+)`", row[1])
         verbs = re.findall(r"`(\w+)`", row[2])
         granted |= {(group, r, v) for r in resources for v in verbs}
-    assert granted, "the README's Kubernetes section should list the ClusterRole's grants in a table"
+    assert granted, "docs/kubernetes.md's ClusterRole section should list the ClusterRole's grants in a table"
     return granted
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
-def test_the_cluster_role_grants_exactly_what_the_readme_lists(
+def test_the_cluster_role_grants_exactly_what_the_docs_list(
     rendered: dict[str, list[dict[str, Any]]], target: str
 ) -> None:
     docs = rendered[target]
@@ -281,7 +281,7 @@ def test_the_cluster_role_grants_exactly_what_the_readme_lists(
         assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames, nonResourceURLs
         granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     assert "*" not in {x for triple in granted for x in triple}
-    assert granted == _readme_rbac()
+    assert granted == _documented_rbac()
     binding = _one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "storwatch", "namespace": "storwatch"}]
@@ -348,6 +348,6 @@ def test_the_image_is_the_one_the_manifests_run() -> None:
     assert user == f"{security['runAsUser']}:{security['runAsGroup']}"
     version = re.search(r'^version = "(.+)"$', (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
     assert version is not None and container["image"] == f"storwatch:{version.group(1)}"
-    assert f"docker build -t {container['image']} ." in README.read_text(encoding="utf-8")
+    assert f"docker build -t {container['image']} ." in KUBERNETES_DOC.read_text(encoding="utf-8")
     installs = [line for line in dockerfile.splitlines() if "pip install" in line]
     assert installs and not any("torch" in line or "[" in line for line in installs), installs  # no extras

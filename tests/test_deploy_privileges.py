@@ -90,7 +90,7 @@ def _report(agent: AgentProcess) -> dict[str, Any] | None:
 
 def test_with_the_manifests_capabilities_a_closed_home_is_judged(tmp_path: Path) -> None:
     capabilities = manifest_capabilities()
-    assert capabilities == ["DAC_READ_SEARCH"]  # what the README and the manifest's comment say, and nothing more
+    assert capabilities == ["DAC_READ_SEARCH"]  # what docs/kubernetes.md and the manifest's comment say, nothing more
     root, home = tenant_home(tmp_path)
     with running_agent(
         "--config", str(_config(tmp_path, root)), "--listen", "127.0.0.1:0", prefix=setpriv(capabilities), timeout=30

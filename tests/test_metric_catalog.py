@@ -2,7 +2,7 @@
 
 Every family a scrape writes is declared there, with its type, help and label names, and each label value of a fixed
 set is one of those listed; every declared metric is written by one of the scrapes here (so no entry is stale); each
-area writes only the metrics declared for it; the README's metrics table names the same metrics with the same labels;
+area writes only the metrics declared for it; docs/metrics.md's table names the same metrics with the same labels;
 and no series carries a PID. The scrapes: the golden file (the gpu-node fixture through the sources, kept current by
 test_golden), a View built here with facts for every area, and a running agent.
 """
@@ -26,9 +26,9 @@ from storwatch.exporter.catalog import BY_NAME, CATALOG, MetricSpec, main
 from storwatch.exporter.text import labels_template, render_text
 from storwatch.registry import exporter_areas
 from tests.agentproc import running_agent, wait_until
+from tests.docs_text import METRICS_DOC, inf_metrics, section
 from tests.rich_view import (
     GOLDEN,
-    README,
     REPO_ROOT,
     rich_view,
 )
@@ -180,7 +180,7 @@ def test_each_area_writes_only_the_metrics_declared_for_it() -> None:
 
 
 def test_the_families_an_area_makes_are_the_catalogs() -> None:
-    """allow_inf and the label names come from the entry (test_strict_output checks allow_inf against the README)."""
+    """allow_inf and the label names come from the entry (test_strict_output checks allow_inf against the docs)."""
     view = rich_view()
     for area in exporter_areas():
         for family in area(view, ExportState()):
@@ -306,16 +306,15 @@ def test_a_family_is_not_a_prometheus_client_metric() -> None:
     assert render_text([family]).decode().endswith('storwatch_mount_stuck{mountpoint="/"} 1.0\n')
 
 
-# -- the README's table, and the catalog printed
+# -- docs/metrics.md's table, and the catalog printed
 
 
-def readme_rows() -> list[tuple[list[str], set[str], str]]:
-    """The README's metrics table: each row's metric names (``_x`` after a first name is that name's subsystem plus
-    ``_x``; ``{a,b}`` is one name per choice), its label names (a bracket after a name lists its values) and its
-    meaning."""
-    section = README.read_text(encoding="utf-8").split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+def docs_rows() -> list[tuple[list[str], set[str], str]]:
+    """docs/metrics.md's table of every metric: each row's metric names (``_x`` after a first name is that name's
+    subsystem plus ``_x``; ``{a,b}`` is one name per choice), its label names (a bracket after a name lists its
+    values) and its meaning."""
     rows = []
-    for line in section.splitlines():
+    for line in section(METRICS_DOC, "## Every metric").splitlines():
         if not re.match(r"\| `(storwatch|process)_", line):
             continue
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
@@ -337,13 +336,13 @@ def readme_rows() -> list[tuple[list[str], set[str], str]]:
     return rows
 
 
-def test_the_readme_table_names_every_metric_once_with_its_labels() -> None:
-    rows = readme_rows()
+def test_the_docs_table_names_every_metric_once_with_its_labels() -> None:
+    rows = docs_rows()
     assert len(rows) > 30
     seen = [name for names, _, _ in rows for name in names]
     assert sorted(n for n in set(seen) if seen.count(n) > 1) == [], "named in more than one row"
-    assert set(seen) - set(BY_NAME) == set(), "in the README, not in the catalog"
-    assert set(BY_NAME) - set(seen) == set(), "in the catalog, not in the README"
+    assert set(seen) - set(BY_NAME) == set(), "in docs/metrics.md, not in the catalog"
+    assert set(BY_NAME) - set(seen) == set(), "in the catalog, not in docs/metrics.md"
     wrong = [
         (name, sorted(labels), sorted(BY_NAME[name].label_names))
         for names, labels, _ in rows
@@ -353,8 +352,8 @@ def test_the_readme_table_names_every_metric_once_with_its_labels() -> None:
     assert wrong == []
 
 
-def test_the_readme_says_what_inf_means_exactly_where_the_catalog_allows_it() -> None:
-    documented = {name for names, _, meaning in readme_rows() if "`+Inf`" in meaning for name in names}
+def test_the_docs_say_what_inf_means_exactly_where_the_catalog_allows_it() -> None:
+    documented = inf_metrics()
     assert documented == {s.name for s in CATALOG if s.allow_inf} and documented
 
 

@@ -36,7 +36,7 @@ from tests.mixin_exprs import (
 RUNBOOK = REPO_ROOT / "docs" / "runbook.md"
 PROMTOOL_TESTS = REPO_ROOT / "alerts" / "tests" / "storwatch.rules.test.yaml"
 TARGET_LABELS = frozenset({"cluster", "node", "instance", "job"})
-"""Labels Prometheus adds to every series of an agent (alerts/ and README's scrape configuration)."""
+"""Labels Prometheus adds to every series of an agent (alerts/, and docs/dashboards-and-alerts.md's scrape config)."""
 SPECS: dict[str, MetricSpec] = {spec.name: spec for spec in CATALOG}
 EXPRESSIONS = rule_expressions() + dashboard_expressions()
 
@@ -275,7 +275,7 @@ def test_every_runbook_link_leads_to_a_section() -> None:
     links = runbook_links()
     # the alerts', the dashboards' and their panels' (one per alert a panel is about), and the runbook's own
     assert sum(1 for link in links if "#storwatch" in link) > 2 * len(alerts())
-    assert "README.md#alertmanager-receiver" in links
+    assert "docs/alertmanager.md#routing-alerts-to-the-agent" in links
     for link in links:
         file, _, anchor = link.partition("#")
         assert (REPO_ROOT / file).is_file(), f"{link}: no such file"
@@ -392,9 +392,9 @@ def test_one_table_makes_the_alerts_and_the_default_policy() -> None:
 
 
 def test_the_alerts_meant_to_act_name_a_run_and_carry_the_action_label() -> None:
-    """The alerts the node's agent can act on carry storwatch_action="sync" (the README's route matches it) and the
-    run label (the agent's alert-sync-checkpoint rule copies that run), in every promtool case where they fire; no
-    other alert carries the action label."""
+    """The alerts the node's agent can act on carry storwatch_action="sync" (the route in docs/alertmanager.md
+    matches it) and the run label (the agent's alert-sync-checkpoint rule copies that run), in every promtool case
+    where they fire; no other alert carries the action label."""
     from storwatch.mixin.thresholds import DETECTIONS
 
     acting = {d.alert for d in DETECTIONS if d.acts}

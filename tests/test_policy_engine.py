@@ -427,16 +427,14 @@ def test_a_rule_may_take_each_entitys_own_severity() -> None:
     assert engine.status().active[0].severity == "warning"
 
 
-def test_the_readmes_sync_rule_copies_every_newer_checkpoint() -> None:
-    """The README's own sync rule ("Sync"), as printed there: three newer checkpoints within an hour, three more
-    copies asked for."""
-    import re
-    from pathlib import Path
+def test_the_documented_sync_rule_copies_every_newer_checkpoint() -> None:
+    """docs/sync.md's own sync rule ("When the node or a pod goes"), as printed there: three newer checkpoints within
+    an hour, three more copies asked for."""
+    from tests.docs_text import DOCS, section, yaml_blocks
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Sync\n", 1)[1].split("\n## ", 1)[0]
-    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", section, re.S) if "action: sync" in b]
-    engine = Engine(parse_policy([("README.md", block)]))
+    text = section(DOCS / "sync.md", "## When the node or a pod goes")
+    (block,) = [b for b in yaml_blocks(text) if "action: sync" in b]
+    engine = Engine(parse_policy([("docs/sync.md", block)]))
     (rule,) = engine.policy.rules
 
     def at_risk(checkpoint: str) -> Entity:

@@ -1,7 +1,7 @@
 """Whatever numbers reach a View (a tenant's event line of ``"end": 1e999``, ``"bytes": NaN``, a start of -1.7e308),
 what the agent serves stays well formed: /api/status and ``scan --json`` are strict JSON (RFC 8259) with those numbers
 null and named, every SVG coordinate on /status is a finite number inside its picture, and /metrics carries ``+Inf``
-only where the README says what it means, and NaN or -Inf nowhere.
+only where docs/metrics.md says what it means, and NaN or -Inf nowhere.
 
 The View is built from facts directly, as a checkpoint source that let such numbers through would leave them, and
 served by the real HTTP server."""
@@ -15,7 +15,6 @@ import re
 import urllib.request
 from collections.abc import Iterator
 from html.parser import HTMLParser
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,9 +31,9 @@ from storwatch.web import StatusHTTPServer, render_status_page
 from storwatch.web.timeline import WIDTH, timelines
 from tests.browser import Elements
 from tests.builders import page_with_a_stalled_gpu
+from tests.docs_text import inf_metrics
 
 INF, NAN = float("inf"), float("nan")
-README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def hostile_view() -> View:
@@ -243,15 +242,7 @@ def test_a_picture_whose_hour_is_not_finite_is_not_drawn_and_says_so() -> None:
     render_status_page(data)  # and the page around it still renders
 
 
-def readme_infinite_metrics() -> set[str]:
-    """The metrics whose row in the README's metrics table says what ``+Inf`` means there."""
-    rows = [line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("| `storwatch_")]
-    return {
-        m for row in rows if "`+Inf`" in row.split("|")[3] for m in re.findall(r"`(storwatch_\w+)`", row.split("|")[1])
-    }
-
-
-def test_metrics_carry_inf_only_where_the_readme_says_and_never_nan(served: tuple[str, View, Exporter]) -> None:
+def test_metrics_carry_inf_only_where_the_docs_say_and_never_nan(served: tuple[str, View, Exporter]) -> None:
     base, view, exporter = served
     text = get(base, "/metrics")
     non_finite: dict[str, set[float]] = {}
@@ -260,7 +251,7 @@ def test_metrics_carry_inf_only_where_the_readme_says_and_never_nan(served: tupl
             if not math.isfinite(sample.value):
                 assert not math.isnan(sample.value), sample
                 non_finite.setdefault(sample.name, set()).add(sample.value)
-    documented = readme_infinite_metrics()
+    documented = inf_metrics()
     assert documented == {
         "storwatch_recovery_point_seconds",
         "storwatch_gpu_seconds_at_risk",
@@ -268,7 +259,7 @@ def test_metrics_carry_inf_only_where_the_readme_says_and_never_nan(served: tupl
     }
     # The documented +Inf is still written (a run with nothing that survives the node), and nothing else is infinite.
     assert non_finite == {"storwatch_recovery_point_seconds": {INF}, "storwatch_gpu_seconds_at_risk": {INF}}
-    # The families that may write +Inf are exactly those the README documents it for.
+    # The families that may write +Inf are exactly those docs/metrics.md documents it for.
     allowed = {f.sample_name for f in exporter.families(view) if isinstance(f, Family) and f.allow_inf}
     assert allowed == documented
     # What was dropped was dropped, not clamped: the forged figures have no sample at all.

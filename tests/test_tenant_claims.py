@@ -271,7 +271,7 @@ def test_forged_writers_and_numbers_charge_no_gpu_and_break_no_figure(
     assert rejected["not_writer"] >= 1 and rejected["not_finite"] == 2 and rejected["span"] == 1
     assert rejected["bytes"] == 1, rejected
     # Timings from what tenants wrote are finite and >= 0; the recovery point (and so the GPU-seconds at risk) is
-    # +Inf only where the README says so: no checkpoint of the run survives losing the node.
+    # +Inf only where docs/metrics.md says so: no checkpoint of the run survives losing the node.
     may_be_inf = ("storwatch_recovery_point_seconds", "storwatch_gpu_seconds_at_risk")
     for (name, labels), value in metrics.items():
         if name.startswith(("storwatch_checkpoint_", "storwatch_recovery_", "storwatch_gpu_seconds_at_risk")):

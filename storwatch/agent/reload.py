@@ -19,7 +19,7 @@ from storwatch.vocabulary import Platform
 log = logging.getLogger(__name__)
 
 RESTART_ONLY = ("listen", "tls", "paths")
-"""Fields a reload leaves as they are (the README lists them)."""
+"""Fields a reload leaves as they are (docs/agent.md lists them, under "Signals and reloading")."""
 
 
 class ReloadError(Exception):

@@ -44,7 +44,7 @@ def _labels_cell(spec: MetricSpec) -> str:
 
 
 def markdown_rows(specs: Sequence[MetricSpec] = CATALOG) -> Iterator[str]:
-    """The metrics as rows of the README's table (metric, labels, meaning), fixed label values in brackets."""
+    """The metrics as rows of docs/metrics.md's table (metric, labels, meaning), fixed label values in brackets."""
     yield "| metric | labels | meaning |"
     yield "|---|---|---|"
     for spec in specs:

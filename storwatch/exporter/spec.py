@@ -44,7 +44,7 @@ class MetricSpec:
     area: str
     """The exporter module that writes it and declares it (storwatch/exporter/AREA.py)."""
     allow_inf: bool = False
-    """``+Inf`` is written; the README's row of the metric says what it means there."""
+    """``+Inf`` is written; docs/metrics.md says what it means there."""
     written_by: WrittenBy = "storwatch"
     """``prometheus_client``: its ProcessCollector writes the family (names and help are its own); the agent area
     passes it on."""

@@ -9,8 +9,8 @@ prometheus_client's own writer) reads the samples as from any prometheus_client 
 One rule for numbers, here and nowhere else: a sample's value is finite, or it is not written. The text format could
 carry ``NaN``, ``+Inf`` and ``-Inf``, but a NaN or infinity that reached a figure by accident (a tenant's event line
 of ``"end": 1e999``, a division by a zero duration) would poison every ``sum()`` and ``rate()`` over it. The only
-exception is ``+Inf`` in a family made with ``allow_inf=True``, whose row in the README's metrics table says what
-``+Inf`` means there (test_strict_output checks the two agree).
+exception is ``+Inf`` in a family made with ``allow_inf=True``, whose entry in docs/metrics.md ("Where +Inf is
+written") says what ``+Inf`` means there (test_strict_output checks the two agree).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class Family:
     (without a counter's ``_total``), ``sample_name`` the name a scrape shows (a counter's ends in ``_total``).
     ``labels`` are the label names :meth:`add` takes values for, in the caller's order; lines are written with the
     names sorted. A value that is not finite is not written (:func:`exportable`), but ``+Inf`` where ``allow_inf``
-    (the README says what it means).
+    (docs/metrics.md says what it means).
 
     A Family is not a prometheus_client ``Metric``: its samples are its lines, written by :meth:`add` and the other
     writers here, and :attr:`samples` reads them back.
@@ -149,7 +149,7 @@ class Family:
         self.label_names = tuple(labels)
         self._order = sorted(range(len(labels)), key=lambda i: labels[i])
         self.allow_inf = allow_inf
-        """``+Inf`` is written: the README's row of this family says what it means."""
+        """``+Inf`` is written: docs/metrics.md says what it means for this family."""
 
     def __repr__(self) -> str:
         return f"Family({self.sample_name!r}, {self.type}, {len(self.lines)} lines)"

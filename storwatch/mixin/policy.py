@@ -187,9 +187,9 @@ def rules(th: Thresholds = THRESHOLDS, site: Site = SITE) -> tuple[PolicyRule, .
             actions=("sync",),
             repeat_on=("checkpoint",),
             comment="An alert Alertmanager routes to this agent (the shipped alerts it can act on carry "
-            f'{site.action_label}="{site.action_value}", which the README\'s route matches) that names a run of this '
-            "node (its run label): copy the run's newest complete checkpoint to a durable root, and each newer one "
-            "while the alert fires (repeat_on: one copy per checkpoint, not one an hour); nothing while "
+            f'{site.action_label}="{site.action_value}", which the route of docs/alertmanager.md matches) that names a '
+            "run of this node (its run label): copy the run's newest complete checkpoint to a durable root, and each "
+            "newer one while the alert fires (repeat_on: one copy per checkpoint, not one an hour); nothing while "
             "sync.destinations is empty.",
         ),
     )

@@ -8,7 +8,7 @@ work queue, ``info`` helps troubleshooting. An alert about a run carries the run
 ``{{ $labels.severity }}``, from ``storwatch_finding`` through ``cluster_node_run:storwatch_run_severity:max``), as its
 finding and the policy's rules about it do. Every alert keeps the ``node`` label where it is about one node, so
 Alertmanager can route it to that node's agent (the agent ignores alerts for other nodes); those it can act on carry
-``storwatch_action="sync"`` and the ``run`` label, which the README's route and the default policy's
+``storwatch_action="sync"`` and the ``run`` label, which docs/alertmanager.md's route and the default policy's
 ``alert-sync-checkpoint`` rule match.
 """
 

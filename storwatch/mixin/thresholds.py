@@ -91,7 +91,7 @@ class Detection:
     cooldown: str = "0s"
     """The policy rule's: while it keeps firing, its actions run again at most this often (0: never)."""
     acts: bool = False
-    """The alert carries ``Site.action_label``: routed to its node's agent (the README's route), whose
+    """The alert carries ``Site.action_label``: routed to its node's agent (docs/alertmanager.md's route), whose
     ``alert-sync-checkpoint`` rule copies the newest checkpoint of the run it names."""
 
 
@@ -151,8 +151,8 @@ class Site:
     agent_port: int = 9477
     """The agent's port, for links to a node's /status."""
     action_label: str = "storwatch_action"
-    """The label an alert the agent can act on carries (``Detection.acts``), with the value ``sync``: the README's
-    Alertmanager route sends the alerts with it to their node's agent, and the default policy's
+    """The label an alert the agent can act on carries (``Detection.acts``), with the value ``sync``: the
+    Alertmanager route of docs/alertmanager.md sends the alerts with it to their node's agent, and the default policy's
     ``alert-sync-checkpoint`` rule acts on them."""
     action_value: str = "sync"
 
