@@ -219,7 +219,8 @@ def test_a_save_too_quick_to_be_seen_open_is_tied_by_its_writers_bursts() -> Non
 def test_jobs_saving_at_once_are_told_apart_by_size_and_by_the_saves_each_matched() -> None:
     """Two jobs save at the same moments, one 16 MiB, one 6 MiB: a burst far larger than a save is another save,
     so each run is tied to its own job. Jobs of the same size, each saving at the same moment as the run's writer
-    once: the job that matched every save of the run is its writer. Saving the same bytes at the same moments always: unknown."""
+    once: the job that matched every save of the run is its writer. The same bytes at the same moments always:
+    unknown."""
 
     def workload(pid: int, bursts: tuple[tuple[float, float, int], ...]) -> WorkloadAccess:
         return WorkloadAccess(pid, 1, ProcessIO(), write_bursts=bursts, uid=1000)
