@@ -34,7 +34,7 @@ from storwatch.config import parse_config as _parse_config
 from storwatch.pace import Pace
 from storwatch.paths import HostPaths
 from storwatch.procfs.mountinfo import MountInfo, parse_mountinfo
-from storwatch.sources import FactsKey, Source, access, copies, fileevents, lustre, read_first
+from storwatch.sources import FactsKey, Source, access, copies, fileevents, lustre, pressure, read_first
 from storwatch.sources.access import ACCESS, AccessConfig
 from storwatch.sources.checkpoint_key import CHECKPOINTS, DefaultPlaces, SearchPlan, search_plan
 from storwatch.sources.diskio import DISKIO, DiskIOSource
@@ -418,6 +418,17 @@ SOURCES: tuple[SourceSpec[Any, Any], ...] = (
         "enabled",
         "never",
         metrics=ExporterArea("access"),
+        paced=True,
+    ),
+    SourceSpec(
+        "pressure",
+        "pressure",
+        pressure.PressureConfig,
+        pressure.PRESSURE,
+        pressure.make,
+        "enabled",
+        "never",
+        metrics=ExporterArea("pressure"),
         paced=True,
     ),
 )

@@ -37,6 +37,7 @@ from storwatch.sources.kubevolumes import ClusterObjects, KubeFacts, NodeInfo, P
 from storwatch.sources.lustre import LUSTRE, LustreClient, LustreFacts
 from storwatch.sources.mountstats_reader import MountStatsReader
 from storwatch.sources.nfs import NFSStats
+from storwatch.sources.pressure import PRESSURE, PressureFacts
 from storwatch.sources.probe import Histogram, ProbeResult
 from storwatch.sources.processes import CONTAINERS, ProcessFacts
 from storwatch.vocabulary import CollectorStatus, FsUsage, Mount, MountDevice, Platform
@@ -232,6 +233,7 @@ def rich_view(kube: KubeFacts | None = None) -> View:
                 jobs={SLURM_JOB: SlurmJob(77, "0", 1000)},
             ),
             LUSTRE.name: LustreFacts(NOW, (LustreClient("scratch-ffff9bc043537800", "scratch", "/lustre", stats),)),
+            PRESSURE.name: PressureFacts(NOW, 1253.835416, 472.564085),
             ACCESS.name: _access(),
             COPIES.name: CopiesFacts(
                 (
