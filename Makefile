@@ -28,7 +28,7 @@ $(STAMP): $(RUN_STAMP) Makefile
 	# The training libraries whose real checkpoints the tests judge (tests/framework_checkpoints.py): the Hugging Face
 	# Trainer with Accelerate, Lightning; torch stays pinned in the same call, so pip never swaps it for a CUDA build.
 	$(BIN)/pip install --quiet transformers==5.24.0 accelerate==1.15.0 lightning==2.6.6 torch==2.13.0
-	# The monitoring mixin (storwatch/mixin, tests/test_mixin*.py): Grafana's SDK builds the dashboards, one build per
+	# The monitoring mixin (mixin/, tests/test_mixin*.py): Grafana's SDK builds the dashboards, one build per
 	# Grafana version whose epoch is its build time, so a plain install takes whichever was built last: this is the
 	# 11.6 build. promql-parser parses every expression of the rules and dashboards for the tests.
 	$(BIN)/pip install --quiet 'grafana-foundation-sdk==1769699379!11.6.0' promql-parser==0.12.0 torch==2.13.0

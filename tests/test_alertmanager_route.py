@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from storwatch.mixin.rules import SEVERITY_FROM_LABEL, alerts
-from storwatch.mixin.thresholds import DETECTIONS
+from mixin.rules import SEVERITY_FROM_LABEL, alerts
+from mixin.thresholds import DETECTIONS
 from tests.agentproc import REPO_ROOT
 from tests.docs_text import section, yaml_blocks
 

@@ -52,9 +52,9 @@ from typing import Any, Literal
 import pytest
 import yaml
 
+from mixin.rules import rules_file
+from mixin.thresholds import THRESHOLDS
 from storwatch.checkpoints.manifest import MANIFEST_SUFFIX
-from storwatch.mixin.rules import rules_file
-from storwatch.mixin.thresholds import THRESHOLDS
 from tests.agentproc import REPO_ROOT, AgentProcess, running_agent, wait_until
 from tests.builders import own_mount_table
 from tests.nvml import FakeNVMLUnavailable, build_fake_nvml
@@ -176,7 +176,7 @@ def readme_route(agent: AgentProcess, token_file: Path) -> str:
 def shortened_rules() -> str:
     """The shipped rules with every ``for`` shortened, and nothing else changed but the descriptions quoting them."""
     shipped = (REPO_ROOT / "alerts" / "storwatch.rules.yaml").read_text(encoding="utf-8")
-    assert shipped == rules_file(THRESHOLDS), "alerts/storwatch.rules.yaml is not current (python -m storwatch.mixin)"
+    assert shipped == rules_file(THRESHOLDS), "alerts/storwatch.rules.yaml is not current (python -m mixin)"
     short = rules_file(THRESHOLDS.with_every_for(SHORT_FOR))
 
     def without_fors(text: str) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The checked-in alerts/ and dashboards/: what the code in storwatch/mixin makes, every expression parsed by
+"""The checked-in alerts/ and dashboards/: what the code in mixin makes, every expression parsed by
 promql-parser and naming only metrics the agent exports (with labels they carry), every alert complete and with its
 runbook section, every dashboard as the issue asks (timeseries, units, variables, fixed uids, links); and promtool's
 own checks and unit tests, which must also catch a rule that drifts from them."""
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mixin.__main__ import generated, main
+from mixin.rules import SEVERITY_FROM_LABEL, alerts, rules_file
+from mixin.thresholds import SITE, THRESHOLDS
 from storwatch.config import FindingsConfig
 from storwatch.exporter.catalog import CATALOG, MetricSpec
-from storwatch.mixin.__main__ import generated, main
-from storwatch.mixin.rules import SEVERITY_FROM_LABEL, alerts, rules_file
-from storwatch.mixin.thresholds import SITE, THRESHOLDS
 from tests.mixin_exprs import (
     DASHBOARDS,
     PROMETHEUS_OWN,
@@ -52,7 +52,7 @@ EXPORTED = {name: spec for spec in CATALOG for name in sample_names(spec)}
 
 def test_regenerating_changes_nothing(tmp_path: Path) -> None:
     for rel, text in generated().items():
-        assert (REPO_ROOT / rel).read_text(encoding="utf-8") == text, f"{rel}: run python -m storwatch.mixin"
+        assert (REPO_ROOT / rel).read_text(encoding="utf-8") == text, f"{rel}: run python -m mixin"
     assert main(["--check"]) == 0
     # --check sees a drifted file (and writes nothing)
     (tmp_path / "alerts").mkdir()
@@ -221,11 +221,11 @@ def test_a_panel_shows_inf_as_words_never_as_an_empty_graph(path: Path) -> None:
 
 
 def test_the_mixins_copies_of_label_values_are_the_agents() -> None:
-    """storwatch/mixin imports nothing of storwatch: the label values its zero fallbacks spell are held equal here."""
+    """mixin imports nothing of storwatch: the label values its zero fallbacks spell are held equal here."""
+    from mixin import dashboards as d
     from storwatch.analysis.stalls import CAUSES
     from storwatch.exporter.checkpoints import EPHEMERAL_IMPORTANT, FINDING
     from storwatch.exporter.policy import POLICY_ACTIONS
-    from storwatch.mixin import dashboards as d
 
     assert d.STALL_CAUSES == CAUSES
     assert FINDING.values("severity") == d.FINDING_SEVERITIES
@@ -370,7 +370,7 @@ def test_one_table_makes_the_alerts_and_the_default_policy() -> None:
     after the same ``for`` with the same severity: the run's own where the table says so (the alert's label from
     storwatch_finding, the rule's ``severity: "{severity}"``). Nothing watched by one system is missing from the
     table."""
-    from storwatch.mixin.thresholds import DETECTIONS, OWN
+    from mixin.thresholds import DETECTIONS, OWN
     from storwatch.policy.load import load_policy, parse_duration
 
     policy = {r.name: r for r in load_policy([str(REPO_ROOT / "storwatch" / "policies" / "default.yaml")]).rules}
@@ -395,7 +395,7 @@ def test_the_alerts_meant_to_act_name_a_run_and_carry_the_action_label() -> None
     """The alerts the node's agent can act on carry storwatch_action="sync" (the route in docs/alertmanager.md
     matches it) and the run label (the agent's alert-sync-checkpoint rule copies that run), in every promtool case
     where they fire; no other alert carries the action label."""
-    from storwatch.mixin.thresholds import DETECTIONS
+    from mixin.thresholds import DETECTIONS
 
     acting = {d.alert for d in DETECTIONS if d.acts}
     assert acting == {

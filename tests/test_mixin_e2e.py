@@ -50,9 +50,9 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from storwatch.mixin.rules import rule_groups as make_rule_groups
-from storwatch.mixin.rules import rules_file
-from storwatch.mixin.thresholds import THRESHOLDS
+from mixin.rules import rule_groups as make_rule_groups
+from mixin.rules import rules_file
+from mixin.thresholds import THRESHOLDS
 from tests.agentproc import AgentProcess, running_agent, wait_until
 from tests.builders import own_mount_table, torch_like_zip
 from tests.hostile import payload, torch_zip

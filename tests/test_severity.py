@@ -19,9 +19,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from mixin.rules import RUN_SEVERITY, alerts
 from storwatch.analysis.view import View
 from storwatch.exporter import Exporter
-from storwatch.mixin.rules import RUN_SEVERITY, alerts
 from storwatch.policy.engine import Engine
 from storwatch.policy.load import load_policy
 from storwatch.policy.schema import entities, run_severity

@@ -550,7 +550,7 @@ def _node_draining(view: View) -> bool | None:
 def run_severity(view: View) -> dict[str, Severity]:
     """Each run's severity, by its label: its checkpoint or model finding's, warning for a run without one (nothing of
     it is only on storage lost with the node). What a run entity's ``severity`` holds; the alerts about a run take
-    the same from ``storwatch_finding``'s severity label, warning where it has no finding (storwatch/mixin/rules.py)."""
+    the same from ``storwatch_finding``'s severity label, warning where it has no finding (mixin/rules.py)."""
     out: dict[str, Severity] = {rv.label: "warning" for rv in view.checkpoints}
     for f in view.findings:
         if f.kind != "dataset" and f.run in out and (out[f.run] == "warning" or f.severity == "critical"):
@@ -984,7 +984,7 @@ def markdown() -> str:
         "A policy file (YAML) holds `rules`, and may hold `macros` and `lists` that rules use. Several files load in",
         "order; a later one may `override` a rule of an earlier one. `storwatch policy check FILE...` checks files,",
         "`storwatch policy test FILE...` runs test cases against them; `storwatch/policies/default.yaml` (package",
-        "data, generated with the alert rules from `storwatch/mixin/thresholds.py`) is the shipped set.",
+        "data, generated with the alert rules from `mixin/thresholds.py`) is the shipped set.",
         "",
         "```yaml",
         "lists:",

@@ -2,7 +2,7 @@
 policy, in one place: one table of detections (:data:`DETECTIONS`) says which alert and which policy rule watch for
 each, so the two never disagree on how long a condition must hold or how urgent it is.
 
-Change a value here and regenerate (``python -m storwatch.mixin``: alerts/, dashboards/ and
+Change a value here and regenerate (``python -m mixin``: alerts/, dashboards/ and
 storwatch/policies/default.yaml); the promtool tests in alerts/tests/ and the policy's own cases
 (storwatch/policies/default_test.yaml) are written against these defaults.
 """

@@ -3,7 +3,7 @@ unit on each, datasource, cluster and node variables, fixed uids, and links to t
 panels an alert is about) and to the node's /status.
 
 Every query names only metrics of the catalog (storwatch/exporter/catalog.py), the recording rules of
-:mod:`storwatch.mixin.rules`, and Prometheus's own ``up`` (tests/test_mixin.py holds them to it). Two rules shape the
+:mod:`mixin.rules`, and Prometheus's own ``up`` (tests/test_mixin.py holds them to it). Two rules shape the
 panels:
 
 - A figure the agent counts from nothing (stalls, findings, important bytes, runs without a durable checkpoint) reads
@@ -40,7 +40,7 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
-from storwatch.mixin.thresholds import SITE, THRESHOLDS, Site, Thresholds
+from mixin.thresholds import SITE, THRESHOLDS, Site, Thresholds
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 NODE_UID = "storwatch-node"
@@ -52,7 +52,8 @@ NODE_SEL = 'cluster=~"$cluster", node=~"$node"'
 RUN_SEL = f'{NODE_SEL}, run=~"$run"'
 CLUSTER_SEL = 'cluster=~"$cluster"'
 STALL_CAUSES = ("checkpoint_write", "io_contention", "data_read")
-"""storwatch.analysis.stalls.CAUSES (the mixin imports nothing of storwatch; tests/test_mixin.py holds them equal)."""
+"""storwatch.analysis.stalls.CAUSES, copied (the mixin reads only the metric catalog and storwatch.words of the
+package; tests/test_mixin.py holds them equal)."""
 FINDING_SEVERITIES = ("warning", "critical")
 """The severity label of storwatch_finding (likewise)."""
 IMPORTANT_KINDS = ("checkpoint", "model", "dataset")

@@ -1,5 +1,5 @@
-"""``python -m storwatch.mixin [--check] [--root DIR]``: write alerts/, dashboards/ and the agent's default policy
-(storwatch/policies/default.yaml) from storwatch/mixin/, or with ``--check`` exit 1 naming each file that differs
+"""``python -m mixin [--check] [--root DIR]``: write alerts/, dashboards/ and the agent's default policy
+(storwatch/policies/default.yaml) from mixin/, or with ``--check`` exit 1 naming each file that differs
 from what the code makes."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from storwatch.mixin.dashboards import dashboards
-from storwatch.mixin.policy import policy_file
-from storwatch.mixin.rules import prometheus_rule, rules_file
+from mixin.dashboards import dashboards
+from mixin.policy import policy_file
+from mixin.rules import prometheus_rule, rules_file
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def generated() -> dict[str, str]:
@@ -27,7 +27,7 @@ def generated() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m storwatch.mixin", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m mixin", description=__doc__)
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file differs")
     ap.add_argument("--root", type=Path, default=REPO_ROOT, help="the repository's root (default: this checkout)")
     args = ap.parse_args(argv)
