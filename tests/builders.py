@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import stat
 import struct
 import sys
@@ -383,3 +384,32 @@ class Recorder:
         self.entered.set()
         self.gate.wait(30)
         return self.answer
+
+
+def node_mounts(node: str) -> list[Mount]:
+    """The fixture node's mount table as the mount source keeps it (the top mount of each point)."""
+    infos, errors = parse_mountinfo((FIXTURES / node / "proc" / "1" / "mountinfo").read_bytes())
+    assert not errors
+    by_point = {}
+    for info in infos:
+        by_point.pop(info.mountpoint, None)
+        by_point[info.mountpoint] = info
+    return [mount_of(info) for info in by_point.values()]
+
+
+def node_tree(tmp_path: Path, node: str) -> tuple[Path, Path]:
+    """procfs with the fixture's mount table, and a root with a directory at each of its mountpoints, /home and
+    /tmp."""
+    proc = tmp_path / "proc"
+    (proc / "1").mkdir(parents=True)
+    shutil.copy(FIXTURES / node / "proc" / "1" / "mountinfo", proc / "1" / "mountinfo")
+    root = tmp_path / "root"
+    for mount in node_mounts(node):
+        (root / mount.mountpoint.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").mkdir(exist_ok=True)
+    (root / "home").mkdir(exist_ok=True)
+    if node == "k8s-node":
+        (root / "var/lib/kubelet/pods").mkdir(parents=True, exist_ok=True)
+    if node == "gradient-node":
+        (root / "home/paperspace").mkdir(parents=True)
+    return proc, root

@@ -58,8 +58,8 @@ from storwatch.checkpoints.manifest import MANIFEST_SUFFIX
 from tests.agentproc import REPO_ROOT, AgentProcess, running_agent, wait_until
 from tests.builders import own_mount_table
 from tests.nvml import FakeNVMLUnavailable, build_fake_nvml
+from tests.promtools import binary, free_port, get_json, prometheus_config, server
 from tests.realmounts import RealPartUnavailable, fuse_mount, loop_ext4_mount, tmpfs_mount
-from tests.test_mixin_e2e import binary, free_port, get_json, prometheus_config, server
 
 pytestmark = [pytest.mark.realpart, pytest.mark.timeout(600)]
 

@@ -28,7 +28,6 @@ import pytest
 from storwatch.classify import Classifier, default_places
 from storwatch.config import CheckpointsConfig
 from storwatch.paths import HostPaths
-from storwatch.procfs.mountinfo import parse_mountinfo
 from storwatch.registry import SourceContext, checkpoint_plan
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
@@ -41,10 +40,9 @@ from storwatch.sources.checkpoint_key import (
     search_plan,
 )
 from storwatch.sources.checkpoints import CheckpointFacts, CheckpointSource
-from storwatch.sources.mounts import mount_of
 from storwatch.vocabulary import CollectorStatus, Mount, Platform
 from tests.agentproc import AgentProcess, start_agent, wait_until
-from tests.builders import torch_like_zip
+from tests.builders import node_mounts, node_tree, torch_like_zip
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NO_CLUSTER = {"KUBECONFIG": None, "KUBERNETES_SERVICE_HOST": None}
@@ -101,35 +99,6 @@ HOME_RUN = {  # where each preset's node keeps a person's run on storage lost wi
 }
 
 
-def fixture_mounts(node: str) -> list[Mount]:
-    """The fixture node's mount table as the mount source keeps it (the top mount of each point)."""
-    infos, errors = parse_mountinfo((FIXTURES / node / "proc" / "1" / "mountinfo").read_bytes())
-    assert not errors
-    by_point = {}
-    for info in infos:
-        by_point.pop(info.mountpoint, None)
-        by_point[info.mountpoint] = info
-    return [mount_of(info) for info in by_point.values()]
-
-
-def node_tree(tmp_path: Path, node: str) -> tuple[Path, Path]:
-    """procfs with the fixture's mount table, and a root with a directory at each of its mountpoints, /home and
-    /tmp."""
-    proc = tmp_path / "proc"
-    (proc / "1").mkdir(parents=True)
-    shutil.copy(FIXTURES / node / "proc" / "1" / "mountinfo", proc / "1" / "mountinfo")
-    root = tmp_path / "root"
-    for mount in fixture_mounts(node):
-        (root / mount.mountpoint.lstrip("/")).mkdir(parents=True, exist_ok=True)
-    (root / "tmp").mkdir(exist_ok=True)
-    (root / "home").mkdir(exist_ok=True)
-    if node == "k8s-node":
-        (root / "var/lib/kubelet/pods").mkdir(parents=True, exist_ok=True)
-    if node == "gradient-node":
-        (root / "home/paperspace").mkdir(parents=True)
-    return proc, root
-
-
 def context(proc: Path, root: Path, platform: str) -> SourceContext:
     classifier = Classifier(platform)
     return SourceContext(
@@ -181,7 +150,7 @@ def test_data_mounts_below_three_levels_are_searched_up_to_the_bound(tmp_path: P
 def test_durable_and_stuck_places_are_never_looked_at(tmp_path: Path) -> None:
     """A directory on NFS or a stuck mount is not even stat'ed from the agent's threads: a hung server would hang
     the stat. The walk (in the helper, with a deadline) is the only thing that goes there."""
-    mounts = fixture_mounts("slurm-node")
+    mounts = node_mounts("slurm-node")
     stuck = [m if m.mountpoint != "/scratch" else _stuck(m) for m in mounts]
     asked: list[str] = []
 
@@ -207,7 +176,7 @@ def _stuck(mount: Mount) -> Mount:
 def test_an_override_decides_what_is_searched(tmp_path: Path) -> None:
     from storwatch.vocabulary import Durability, Override
 
-    mounts = fixture_mounts("generic-node")
+    mounts = node_mounts("generic-node")
     classifier = Classifier("generic", (Override("/data", Durability.CLUSTER, "replicated by the storage team"),))
     places = default_places(classifier, mounts, lambda path: True)
     assert "/data" not in {r.path for r in places.roots}
@@ -430,7 +399,7 @@ def test_findings_say_where_the_scan_looked_too(tmp_path: Path) -> None:
         facts = wait_for_runs(source)
     finally:
         source.close()
-    mounts = tuple(fixture_mounts("k8s-node"))
+    mounts = tuple(node_mounts("k8s-node"))
     view = build_view(
         Snapshot(time.time(), mounts=mounts, checkpoints=facts),
         Classifier("together-k8s"),

@@ -34,21 +34,18 @@ import dataclasses
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import yaml
 
 from mixin.rules import rule_groups as make_rule_groups
 from mixin.rules import rules_file
@@ -59,6 +56,7 @@ from tests.hostile import payload, torch_zip
 from tests.kubeapi import fake_kube_api, write_kubeconfig
 from tests.mixin_exprs import Expression, dashboard_expressions, rule_expressions, rule_groups
 from tests.nvml import FakeNVMLUnavailable, build_fake_nvml
+from tests.promtools import binary, free_port, get_json, prometheus_config, server
 from tests.realmounts import fuse_mount, tmpfs_mount
 
 pytestmark = pytest.mark.realpart
@@ -84,48 +82,6 @@ NEEDS_WHAT_IS_NOT_HERE = {
 """Dashboard panels (file: title) whose queries may return nothing on the nodes of these tests, and why."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def binary(*names: str) -> str:
-    for name in names:
-        path = shutil.which(name)
-        if path is not None:
-            return path
-    pytest.skip(f"{names[0]} not found on PATH (scripts/system-deps installs it)")
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return json.load(resp)
-
-
-@contextlib.contextmanager
-def server(cmd: list[str], log: Path, ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A server on loopback, ready once ``ready_url`` answers 200; stopped at the end, failed test or not."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-    try:
-
-        def ready() -> bool:
-            assert proc.poll() is None, f"{cmd[0]} exited with {proc.returncode}:\n{log.read_text(errors='replace')}"
-            with urllib.request.urlopen(ready_url, timeout=2) as resp:
-                return resp.status == 200
-
-        wait_until(ready, timeout=30.0, what=f"{cmd[0]} ready")
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 def node_a_layout(tmp_path: Path, real_mounts: Enter[Any]) -> tuple[Path, Path, Path]:
     ram = real_mounts(tmpfs_mount(tmp_path / "ram", size="96m")).mountpoint
     tiny = real_mounts(tmpfs_mount(tmp_path / "tiny", size="1m")).mountpoint
@@ -147,26 +103,6 @@ def node_a_layout(tmp_path: Path, real_mounts: Enter[Any]) -> tuple[Path, Path, 
     for path in (broken, corrupt, full):
         os.utime(path, (old, old))
     return ram, tiny, hung
-
-
-def prometheus_config(path: Path, rules: Path, am_port: int, targets: dict[str, int]) -> Path:
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(rules)],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        "scrape_configs": [
-            {
-                "job_name": "storwatch",
-                "scrape_timeout": "1s",
-                "static_configs": [
-                    {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": "e2e", "node": node}}
-                    for node, port in targets.items()
-                ],
-            }
-        ],
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def alertmanager_config(path: Path, agent_port: int, token_file: Path) -> Path:

@@ -11,8 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.builders import torch_like_zip
-from tests.test_default_roots import node_tree
+from tests.builders import node_tree, torch_like_zip
 
 REPO = Path(__file__).resolve().parents[1]
 

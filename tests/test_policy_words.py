@@ -31,7 +31,7 @@ from storwatch.sources.copies import CopiesFacts
 from storwatch.sources.kubevolumes import KubeVolumeEvidence, NodeInfo
 from storwatch.vocabulary import Platform
 from tests.builders import ckpt, mount, stall_gpus
-from tests.test_status_render import T, fixture_view
+from tests.status_fixture import T, fixture_view
 
 ROOT = "/mnt/local-nvme/ckpt"
 NOT_WORDS = re.compile(r"(?<![\w./-])(null|None|inf|-inf|nan|NaN|_)(?![\w/-])")

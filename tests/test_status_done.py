@@ -26,7 +26,7 @@ from storwatch.vocabulary import Platform
 from storwatch.web import render_status_page
 from tests.browser import run_chromium
 from tests.builders import ckpt
-from tests.test_status_render import T, column, fixture_view, table
+from tests.status_fixture import T, column, fixture_view, table
 
 ROOT = "/mnt/local-nvme/ckpt"
 

@@ -26,8 +26,8 @@ import pytest
 
 from tests.agentproc import REPO_ROOT, running_agent, wait_until
 from tests.kubeapi import NODE, TRAINER_UID, fake_kube_api, k8s_node_objects
-from tests.test_status_render import column
-from tests.test_status_render import table as table_rows
+from tests.status_fixture import column
+from tests.status_fixture import table as table_rows
 
 pytestmark = pytest.mark.realpart
 
