@@ -41,7 +41,6 @@ import dataclasses
 import itertools
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -57,6 +56,7 @@ from mixin.thresholds import THRESHOLDS
 from storwatch.checkpoints.manifest import MANIFEST_SUFFIX
 from tests.agentproc import REPO_ROOT, AgentProcess, running_agent, wait_until
 from tests.builders import own_mount_table
+from tests.docs_text import section, yaml_blocks
 from tests.nvml import FakeNVMLUnavailable, build_fake_nvml
 from tests.promtools import binary, free_port, get_json, prometheus_config, server
 from tests.realmounts import RealPartUnavailable, fuse_mount, loop_ext4_mount, tmpfs_mount
@@ -158,11 +158,11 @@ def _log_tail(path: Path) -> str:
 
 
 def readme_route(agent: AgentProcess, token_file: Path) -> str:
-    """The README's Alertmanager configuration as it prints it, its receiver pointed at this agent (plain HTTP on
-    loopback, so without its tls_config) and its token file here."""
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## Alertmanager receiver\n", 1)[1].split("\n## ", 1)[0]
-    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", section, re.S) if b.startswith("route:")]
+    """The documented Alertmanager configuration (docs/alertmanager.md, "Routing alerts to the agent") as it prints
+    it, its receiver pointed at this agent (plain HTTP on loopback, so without its tls_config) and its token file
+    here."""
+    text = section(REPO_ROOT / "docs" / "alertmanager.md", "## Routing alerts to the agent")
+    (block,) = [b for b in yaml_blocks(text) if b.startswith("route:")]
     config = yaml.safe_load(block)
     (receiver,) = [r for r in config["receivers"] if r["name"] == f"storwatch-{NODE}"]
     (hook,) = receiver["webhook_configs"]
