@@ -1,18 +1,29 @@
 #!/usr/bin/env python3
-"""``storwatch sync`` (hashed, written, read back past the page cache and compared, fsynced, renamed) next to
-``cp -r`` followed by ``sync`` (of the copied files, and of the whole machine), and next to ``dd oflag=direct
-conv=fsync``, on the same data in the same run: one 2 GiB file, and a directory of 64 shards of 32 MiB. A speed ratio
-belongs here, not in a test.
+"""``storwatch sync`` (hashed, written, read back past the page cache and compared, fsynced, renamed) next to the
+same work done with standard tools one after another, ``cp -r; sync; read back`` (the target's peer), and next to
+``cp -r`` followed by ``sync`` (of the copied files, and of the whole machine) and ``dd oflag=direct conv=fsync``,
+on the same data in the same run: one 2 GiB file, and a directory of 64 shards of 32 MiB. A speed ratio belongs
+here, not in a test.
+
+The peer ``cp -r; sync; read back`` is ``cp -r SRC DEST``, then ``sync`` of the copied files, their directories and
+DEST's parent (what the copy fsyncs), then each file read back past the page cache with ``dd if=FILE of=/dev/null
+bs=16M iflag=direct`` (one ``dd`` per file, as a shell loop would), timed as one from ``cp``'s start to the last
+``dd``'s end. It reads back without hashing or comparing: the least a verification with standard tools can do, so a
+peer that hashed (``sha256sum``; this machine has no ``xxhsum`` or ``b3sum``) would only be slower.
 
 The source is written once in ``--dir`` and read before every copy (a checkpoint to sync was just written: it is in
 the page cache); each copy goes to a fresh path in the same directory, is timed from the command's start to its end
 (storwatch's helper process included) and removed; they take turns going first. ``cp -r + sync`` gives ``sync`` the
 copied files and directories (an fsync of each, what the copy needs to survive a crash); ``cp -r; sync`` runs a plain
 ``sync``, which also waits for the rest of the machine's dirty pages. dd copies each file in turn, one process per
-file. Medians of ``--runs``, with the ratios and a PASS/MISS line per target; ``--hashes`` also measures the hashes
-a copy could use, on one core. ``--cgroup`` (root) then runs storwatch sync once more on each source in a memory
-cgroup of its own with the DaemonSet's 256 MiB limit, and prints its peak (the command, its helper, and the page
-cache they charge: what the copy writes and reads back, and any of the source not already cached) and OOM kills.
+file. Medians of ``--runs``, with the ratios, the spread of the ratio to the target's peer (in each round, the
+peer's time over storwatch's: lowest, median, highest) and a PASS/MISS line per target; ``--hashes`` also measures
+the hashes a copy could use, on one core. ``--cgroup`` (root) then runs storwatch sync once more on each source in a
+memory cgroup of its own with the DaemonSet's 256 MiB limit, and prints its peak (the command, its helper, and the
+page cache they charge: what the copy writes and reads back, and any of the source not already cached) and OOM
+kills.
+
+Targets: storwatch sync >= 1.0x ``cp -r; sync; read back`` (ratio of the medians); >= 0.7x ``dd oflag=direct``.
 
 Usage: .venv/bin/python bench/sync_vs_cp.py [--dir DIR] [--runs 3] [--hashes] [--cgroup] [--json F]   (about 4 GiB
 in DIR)
@@ -161,6 +172,40 @@ def cp_and_sync_all(src: Path, dest: Path) -> float:
     return time.monotonic() - t0
 
 
+READ_BACK_BLOCK = "16M"
+"""dd's block size for the read-back, the copy's own chunk (storwatch.sync.pipeline.CHUNK)."""
+
+PEER_STEPS: dict[str, list[float]] = {"cp -r": [], "sync": [], "read back": []}
+"""Each step's time in each run of ``cp -r; sync; read back``."""
+
+
+def read_back_direct(path: Path) -> None:
+    """Every file of ``path`` read back past the page cache, one ``dd iflag=direct`` each (``O_DIRECT`` reads come
+    from the device even where the file's pages are still cached)."""
+    for f in files_of(path):
+        subprocess.run(
+            ["dd", f"if={f}", "of=/dev/null", f"bs={READ_BACK_BLOCK}", "iflag=direct", "status=none"],
+            check=True,
+            timeout=1800,
+        )
+
+
+def cp_sync_read_back(src: Path, dest: Path) -> float:
+    """The target's peer: ``cp -r``, ``sync`` of what it copied (as ``cp_and_sync``), then the copy read back past the
+    page cache, timed as one."""
+    t0 = time.monotonic()
+    subprocess.run(["cp", "-r", str(src), str(dest)], check=True, timeout=1800)
+    t1 = time.monotonic()
+    targets = [str(p) for p in files_of(dest)] + ([str(dest)] if dest.is_dir() else []) + [str(dest.parent)]
+    subprocess.run(["sync", *targets], check=True, timeout=1800)
+    t2 = time.monotonic()
+    read_back_direct(dest)
+    t3 = time.monotonic()
+    for step, seconds in zip(PEER_STEPS, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+        PEER_STEPS[step].append(seconds)
+    return t3 - t0
+
+
 def dd_direct(src: Path, dest: Path) -> float:
     t0 = time.monotonic()
     if src.is_dir():
@@ -216,6 +261,7 @@ def main() -> int:
         hashes()
     ways = {
         "storwatch sync": storwatch_sync,
+        "cp -r; sync; read back": cp_sync_read_back,
         "cp -r + sync": cp_and_sync,
         "cp -r; sync": cp_and_sync_all,
         "dd oflag=direct": dd_direct,
@@ -231,6 +277,8 @@ def main() -> int:
             size = sum(f.stat().st_size for f in files_of(src))
             times: dict[str, list[float]] = {w: [] for w in ways}
             COPY_SECONDS.clear()
+            for steps in PEER_STEPS.values():
+                steps.clear()
             for run in range(args.runs):
                 order = list(ways)[run % len(ways) :] + list(ways)[: run % len(ways)]
                 for way in order:
@@ -240,26 +288,40 @@ def main() -> int:
                     remove(dest)
             rate = {w: size / statistics.median(t) for w, t in times.items()}
             ours, copy = rate["storwatch sync"], size / statistics.median(COPY_SECONDS)
-            cp, cp_all, dd = rate["cp -r + sync"], rate["cp -r; sync"], rate["dd oflag=direct"]
+            peer, cp, cp_all, dd = (
+                rate[w] for w in ("cp -r; sync; read back", "cp -r + sync", "cp -r; sync", "dd oflag=direct")
+            )
+            # Each round's ratio, a speed ratio as the medians' is: the peer's time over storwatch's in that round.
+            paired = sorted(
+                p / s for s, p in zip(times["storwatch sync"], times["cp -r; sync; read back"], strict=True)
+            )
+            steps = ", ".join(f"{step} {statistics.median(t):.2f} s" for step, t in PEER_STEPS.items())
             print(
                 f"{label}: storwatch sync {ours / MB:,.0f} MB/s (the copy alone, without the command's start-up: "
-                f"{copy / MB:,.0f} MB/s), cp -r + sync of its files {cp / MB:,.0f} MB/s, cp -r then sync "
-                f"{cp_all / MB:,.0f} MB/s, dd oflag=direct {dd / MB:,.0f} MB/s\n"
+                f"{copy / MB:,.0f} MB/s), cp -r; sync; read back {peer / MB:,.0f} MB/s (medians: {steps}), "
+                f"cp -r + sync of its files {cp / MB:,.0f} MB/s, cp -r then sync {cp_all / MB:,.0f} MB/s, "
+                f"dd oflag=direct {dd / MB:,.0f} MB/s\n"
+                f"  ratio to cp -r; sync; read back {ours / peer:.2f} (copy alone {copy / peer:.2f}; target >= 1.0; "
+                f"round by round {paired[0]:.2f} / {statistics.median(paired):.2f} / {paired[-1]:.2f}: lowest / "
+                f"median / highest)\n"
                 f"  ratio to cp -r + sync of its files {ours / cp:.2f} (copy alone {copy / cp:.2f}), to cp -r then "
-                f"sync {ours / cp_all:.2f} (copy alone {copy / cp_all:.2f}; target >= 1.0), to dd {ours / dd:.2f} "
+                f"sync {ours / cp_all:.2f} (copy alone {copy / cp_all:.2f}), to dd {ours / dd:.2f} "
                 f"(copy alone {copy / dd:.2f}; target >= 0.7)\n  runs (s): "
                 + "; ".join(f"{w} {' '.join(f'{t:.2f}' for t in ts)}" for w, ts in times.items())
                 + f"; the copy alone {' '.join(f'{t:.2f}' for t in COPY_SECONDS)}",
                 flush=True,
             )
-            print(f"  {verdict(ours >= cp_all)} storwatch sync >= 1.0x cp -r then sync")
+            print(f"  {verdict(ours >= peer)} storwatch sync >= 1.0x cp -r; sync; read back")
             print(f"  {verdict(ours >= 0.7 * dd)} storwatch sync >= 0.7x dd oflag=direct", flush=True)
             figures[label] = {
                 "storwatch_sync": ours,
                 "copy_alone": copy,
+                "cp_sync_read_back": peer,
                 "cp_sync_files": cp,
                 "cp_then_sync": cp_all,
                 "dd_direct": dd,
+                "ratio_cp_sync_read_back": ours / peer,
+                "ratio_cp_sync_read_back_rounds": paired,
                 "ratio_cp_then_sync": ours / cp_all,
                 "ratio_dd": ours / dd,
             }
