@@ -20,8 +20,9 @@ node_exporter, CPU time per scrape of each process (utime+stime from /proc/PID/s
 idle), and resident memory after the scrapes (VmRSS, the agent and its helper process separately).
 
 Targets (PASS/MISS is printed; a miss does not change the exit status, only a harness error does):
-  storwatch p50 / node_exporter p50 <= 1.0 (fresh connections; the same bound is checked, as CHECK, for the two
-  keep-alive modes)
+  storwatch p50 / node_exporter p50 <= 0.3 (fresh connections: storwatch serves bytes made once per View, so a
+  scrape costs it the connection and the copy of the bytes, where node_exporter reads /proc and calls statfs);
+  a looser bound of 1.0 is checked, as CHECK, for the two keep-alive modes
   storwatch agent RSS <= 60 MiB (the agent process; its helper is reported beside it)
 
 Usage: .venv/bin/python bench/scrape_latency.py [--scrapes 500] [--paced-scrapes 100] [--prometheus-headers]
@@ -65,7 +66,10 @@ from _common import (
 )
 
 HOST = "127.0.0.1"
-TARGET_P50_RATIO = 1.0
+TARGET_P50_RATIO = 0.3
+"""storwatch's fresh-connection scrape p50 over node_exporter's, at most."""
+CHECK_P50_RATIO = 1.0
+"""The same, at most, for the keep-alive modes (printed as CHECK)."""
 TARGET_AGENT_RSS_MIB = 60.0
 
 # What Prometheus 2.42 sends on a scrape (scrape.go), for --prometheus-headers.
@@ -473,7 +477,7 @@ def report(
     for key in ("paced", "keepalive"):
         if f"ratio_{key}" in out:
             v = out[f"ratio_{key}"]["p50"]
-            targets_out[f"p50_ratio_{key}"] = {"value": v, "target": TARGET_P50_RATIO, "pass": v <= TARGET_P50_RATIO}
+            targets_out[f"p50_ratio_{key}"] = {"value": v, "target": CHECK_P50_RATIO, "pass": v <= CHECK_P50_RATIO}
     out["targets"] = targets_out
     out["labels"] = {ph.key: ph.label for ph in phases}
     return out
@@ -491,13 +495,13 @@ def print_targets(result: dict[str, Any]) -> None:
     if "p50_ratio_paced" in t:
         r = t["p50_ratio_paced"]
         print(
-            f"CHECK  same bound, {labels['paced']} (as Prometheus with keep-alive): {r['value']:.2f}  "
+            f"CHECK  <= {r['target']:.1f}, {labels['paced']} (as Prometheus with keep-alive): {r['value']:.2f}  "
             f"{verdict(r['pass'])}"
         )
     if "p50_ratio_keepalive" in t:
         r = t["p50_ratio_keepalive"]
         print(
-            f"CHECK  same bound, {labels['keepalive']} (a client polling without pause): {r['value']:.2f}  "
+            f"CHECK  <= {r['target']:.1f}, {labels['keepalive']} (a client polling without pause): {r['value']:.2f}  "
             f"{verdict(r['pass'])}"
         )
     m = t["agent_rss_mib"]
