@@ -262,7 +262,9 @@ def quiet_machine_warnings() -> list[str]:
     if busy is not None and busy > 0.15:
         warnings.append(f"the CPUs were {busy:.0%} busy over 1 s before the run: other work is running; figures noisy")
     fuse = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+    # Mount points are bytes (another test's may not be UTF-8): read as text with the odd bytes replaced, for the
+    # message.
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", errors="replace") as f:
         for line in f:
             left, _, right = line.partition(" - ")
             if right.startswith("fuse") and not right.startswith("fusectl"):

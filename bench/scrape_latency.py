@@ -37,6 +37,7 @@ Usage: .venv/bin/python bench/scrape_latency.py [--scrapes 500] [--paced-scrapes
 from __future__ import annotations
 
 import argparse
+import gzip
 import http.client
 import os
 import shutil
@@ -256,7 +257,10 @@ def start_floor(sw_port: int, workdir: Path, headers: dict[str, str]) -> Target:
     if proc.stdout.readline().strip() != b"ready":
         raise HarnessError(f"the --floor server did not start:\n{log_tail(log)}")
     print(f"python floor  on {HOST}:{port}: answers storwatch's answer, {len(answer)} bytes, to every request")
-    return Target("python floor", port, proc, log)
+    target = Target("python floor", port, proc, log)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    target.series = count_series(gzip.decompress(body) if b"content-encoding: gzip" in head.lower() else body)
+    return target
 
 
 def find_storwatch(arg: str | None) -> list[str]:
@@ -371,21 +375,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         pids = {"storwatch": sw.pid, "node_exporter": ne.pid}
         for i, pid in enumerate(helper_pids):
             pids[f"storwatch_helper{'' if i == 0 else i}"] = pid
-        if args.floor:
-            floor = start_floor(sw_port, workdir, headers)
-            floor.series = swt.series
-            pids["python_floor"] = floor.proc.pid
-        fresh_targets = [*targets, floor] if floor is not None else targets
-
         for _ in range(args.warmup):
-            for t in fresh_targets:
+            for t in targets:
                 scraper.fresh(t)
-        for t in fresh_targets:
+        for t in targets:
             t.fresh.clear()
             t.fresh_connect.clear()
             t.fresh_ttfb.clear()
 
         idle_wall, idle_cpu = timed_phase(pids, lambda: time.sleep(args.idle))
+        fresh_targets = targets
+        if args.floor:
+            # Started now, with storwatch's answer of now: the node's series change as mounts come and go.
+            floor = start_floor(sw_port, workdir, headers)
+            for _ in range(args.warmup):
+                scraper.fresh(floor)
+            floor.fresh.clear()
+            floor.fresh_connect.clear()
+            floor.fresh_ttfb.clear()
+            pids["python_floor"] = floor.proc.pid
+            idle_cpu["python_floor"] = 0.0  # blocked in accept(): it burns nothing idle
+            fresh_targets = [*targets, floor]
         phases = [Phase("fresh", "fresh connection", args.scrapes)]
         if args.keepalive:
             phases.append(Phase("paced", f"keep-alive, {args.gap * 1000:.0f} ms apart", args.paced_scrapes))
