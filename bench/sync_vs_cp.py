@@ -25,13 +25,17 @@ kills.
 
 Targets: storwatch sync >= 1.0x ``cp -r; sync; read back`` (ratio of the medians); >= 0.7x ``dd oflag=direct``.
 
-Usage: .venv/bin/python bench/sync_vs_cp.py [--dir DIR] [--runs 3] [--hashes] [--cgroup] [--json F]   (about 4 GiB
-in DIR)
+``--baseline DIR`` adds a sixth way, ``storwatch sync`` with the storwatch of another checkout (``DIR/storwatch``, on
+``PYTHONPATH``), taking turns with the others: a change to the copy measured against the code before it in one run.
+
+Usage: .venv/bin/python bench/sync_vs_cp.py [--dir DIR] [--runs 3] [--hashes] [--cgroup] [--baseline DIR] [--json F]
+(about 4 GiB in DIR)
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -99,25 +103,29 @@ def remove(path: Path) -> None:
     os.sync()  # the removal's own writes, out of the next copy's time
 
 
-COPY_SECONDS: list[float] = []
-"""The copy's own time in each storwatch run (its result's ``seconds``: without the command's start-up)."""
+COPY_SECONDS: dict[str, list[float]] = {}
+"""The copy's own time in each storwatch run (its result's ``seconds``: without the command's start-up), by way."""
 
 
-def storwatch_sync(src: Path, dest: Path) -> float:
+def storwatch_sync(src: Path, dest: Path, way: str = "storwatch sync", tree: str | None = None) -> float:
+    """``storwatch sync SRC DEST`` timed whole; ``tree``: another checkout's storwatch (``--baseline``), else the one
+    on the caller's path, run from this repository."""
+    env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
     t0 = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-m", "storwatch", "sync", str(src), str(dest), "--json"],
         capture_output=True,
         text=True,
-        cwd=REPO_ROOT,
+        cwd=tree or REPO_ROOT,
+        env=env,
         timeout=1800,
         check=False,
     )
     seconds = time.monotonic() - t0
     (result,) = json.loads(out.stdout)
     if result["outcome"] != "verified":
-        raise RuntimeError(f"storwatch sync: {result['outcome']}: {result['error']}")
-    COPY_SECONDS.append(result["seconds"])
+        raise RuntimeError(f"{way}: {result['outcome']}: {result['error']}")
+    COPY_SECONDS.setdefault(way, []).append(result["seconds"])
     return seconds
 
 
@@ -255,6 +263,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--hashes", action="store_true", help="also measure xxh3-128, BLAKE3 and SHA-256")
     parser.add_argument("--cgroup", action="store_true", help="also: storwatch sync's memory peak in a 256 MiB cgroup")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="also copy with the storwatch of another checkout (DIR holds its storwatch/), taking turns with the rest",
+    )
     parser.add_argument("--json", metavar="F", help="also write the figures to this file (bench/run_all.py)")
     args = parser.parse_args()
     if args.hashes:
@@ -266,6 +279,9 @@ def main() -> int:
         "cp -r; sync": cp_and_sync_all,
         "dd oflag=direct": dd_direct,
     }
+    baseline = f"storwatch sync at {args.baseline}" if args.baseline else None
+    if baseline is not None:
+        ways[baseline] = functools.partial(storwatch_sync, way=baseline, tree=os.path.abspath(args.baseline))
     figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir, prefix=".sync-bench-") as d:
         top = Path(d)
@@ -287,7 +303,7 @@ def main() -> int:
                     times[way].append(ways[way](src, dest))
                     remove(dest)
             rate = {w: size / statistics.median(t) for w, t in times.items()}
-            ours, copy = rate["storwatch sync"], size / statistics.median(COPY_SECONDS)
+            ours, copy = rate["storwatch sync"], size / statistics.median(COPY_SECONDS["storwatch sync"])
             peer, cp, cp_all, dd = (
                 rate[w] for w in ("cp -r; sync; read back", "cp -r + sync", "cp -r; sync", "dd oflag=direct")
             )
@@ -308,9 +324,17 @@ def main() -> int:
                 f"sync {ours / cp_all:.2f} (copy alone {copy / cp_all:.2f}), to dd {ours / dd:.2f} "
                 f"(copy alone {copy / dd:.2f}; target >= 0.7)\n  runs (s): "
                 + "; ".join(f"{w} {' '.join(f'{t:.2f}' for t in ts)}" for w, ts in times.items())
-                + f"; the copy alone {' '.join(f'{t:.2f}' for t in COPY_SECONDS)}",
+                + f"; the copy alone {' '.join(f'{t:.2f}' for t in COPY_SECONDS['storwatch sync'])}",
                 flush=True,
             )
+            if baseline is not None:
+                base = rate[baseline]
+                base_copy = size / statistics.median(COPY_SECONDS[baseline])
+                print(
+                    f"  {baseline}: {base / MB:,.0f} MB/s (copy alone {base_copy / MB:,.0f} MB/s), ratio to cp -r; "
+                    f"sync; read back {base / peer:.2f} (copy alone {base_copy / peer:.2f}); this checkout / it "
+                    f"{ours / base:.2f}; its copy alone {' '.join(f'{t:.2f}' for t in COPY_SECONDS[baseline])}"
+                )
             print(f"  {verdict(ours >= peer)} storwatch sync >= 1.0x cp -r; sync; read back")
             print(f"  {verdict(ours >= 0.7 * dd)} storwatch sync >= 0.7x dd oflag=direct", flush=True)
             figures[label] = {
@@ -325,6 +349,9 @@ def main() -> int:
                 "ratio_cp_then_sync": ours / cp_all,
                 "ratio_dd": ours / dd,
             }
+            if baseline is not None:
+                figures[label]["baseline"] = rate[baseline]
+                figures[label]["ratio_baseline_cp_sync_read_back"] = rate[baseline] / peer
             if args.cgroup:
                 warm(src)
                 dest = top / "copy-cgroup"
