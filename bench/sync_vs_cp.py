@@ -18,11 +18,11 @@ the page cache); each copy goes to a fresh path in the same directory, is timed 
 copied files and directories (an fsync of each, what the copy needs to survive a crash); ``cp -r; sync`` runs a plain
 ``sync``, which also waits for the rest of the machine's dirty pages. dd copies each file in turn, one process per
 file. Medians of ``--runs``, with the ratios, the spread of the ratio to the target's peer (in each round, the
-peer's time over storwatch's: lowest, median, highest) and a PASS/MISS line per target; ``--hashes`` also measures
-the hashes a copy could use, on one core. ``--cgroup`` (root) then runs storwatch sync once more on each source in a
-memory cgroup of its own with the DaemonSet's 256 MiB limit, and prints its peak (the command, its helper, and the
-page cache they charge: what the copy writes and reads back, and any of the source not already cached) and OOM
-kills.
+peer's time over storwatch's: lowest, median, highest), the CPU time each way used (user and system time of its
+processes, median) and a PASS/MISS line per target; ``--hashes`` also measures the hashes a copy could use, on one
+core. ``--cgroup`` (root) then runs storwatch sync once more on each source in a memory cgroup of its own with the
+DaemonSet's 256 MiB limit, and prints its peak (the command, its helper, and the page cache they charge: what the
+copy writes and reads back, and any of the source not already cached) and OOM kills.
 
 Targets: storwatch sync >= 1.0x ``cp -r; sync; read back`` (ratio of the medians); >= 0.7x ``dd oflag=direct``.
 
@@ -40,6 +40,7 @@ import functools
 import hashlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -162,6 +163,13 @@ def sync_in_cgroup(src: Path, dest: Path, limit: int) -> tuple[int, int]:
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+def children_cpu_seconds() -> float:
+    """User and system time of every child process ended and waited for so far (their own children's included when
+    they waited for them, as storwatch sync does for its helper)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cp_and_sync(src: Path, dest: Path) -> float:
@@ -299,6 +307,7 @@ def main() -> int:
         ):
             size = sum(f.stat().st_size for f in files_of(src))
             times: dict[str, list[float]] = {w: [] for w in ways}
+            cpu: dict[str, list[float]] = {w: [] for w in ways}
             COPY_SECONDS.clear()
             for steps in PEER_STEPS.values():
                 steps.clear()
@@ -307,7 +316,9 @@ def main() -> int:
                 for way in order:
                     dest = top / f"copy-{list(ways).index(way)}"
                     warm(src)
+                    before = children_cpu_seconds()
                     times[way].append(ways[way](src, dest))
+                    cpu[way].append(children_cpu_seconds() - before)
                     remove(dest)
             rate = {w: size / statistics.median(t) for w, t in times.items()}
             ours, copy = rate["storwatch sync"], size / statistics.median(COPY_SECONDS["storwatch sync"])
@@ -331,7 +342,9 @@ def main() -> int:
                 f"sync {ours / cp_all:.2f} (copy alone {copy / cp_all:.2f}), to dd {ours / dd:.2f} "
                 f"(copy alone {copy / dd:.2f}; target >= 0.7)\n  runs (s): "
                 + "; ".join(f"{w} {' '.join(f'{t:.2f}' for t in ts)}" for w, ts in times.items())
-                + f"; the copy alone {' '.join(f'{t:.2f}' for t in COPY_SECONDS['storwatch sync'])}",
+                + f"; the copy alone {' '.join(f'{t:.2f}' for t in COPY_SECONDS['storwatch sync'])}\n"
+                "  CPU (s, user + system of its processes, median): "
+                + ", ".join(f"{w} {statistics.median(c):.2f}" for w, c in cpu.items()),
                 flush=True,
             )
             if baseline is not None:
@@ -355,6 +368,7 @@ def main() -> int:
                 "ratio_cp_sync_read_back_rounds": paired,
                 "ratio_cp_then_sync": ours / cp_all,
                 "ratio_dd": ours / dd,
+                "cpu_seconds": {w: statistics.median(c) for w, c in cpu.items()},
             }
             if baseline is not None:
                 figures[label]["baseline"] = rate[baseline]
