@@ -297,7 +297,7 @@ def main() -> int:
     baseline = f"storwatch sync at {args.baseline}" if args.baseline else None
     if baseline is not None:
         ways[baseline] = functools.partial(storwatch_sync, way=baseline, tree=os.path.abspath(args.baseline))
-    figures: dict[str, dict[str, float]] = {}
+    figures: dict[str, dict[str, object]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir, prefix=".sync-bench-") as d:
         top = Path(d)
         single, directory = write_data(top, args.size, args.shards, args.shard_size)
@@ -329,10 +329,10 @@ def main() -> int:
             paired = sorted(
                 p / s for s, p in zip(times["storwatch sync"], times["cp -r; sync; read back"], strict=True)
             )
-            steps = ", ".join(f"{step} {statistics.median(t):.2f} s" for step, t in PEER_STEPS.items())
+            peer_steps = ", ".join(f"{step} {statistics.median(t):.2f} s" for step, t in PEER_STEPS.items())
             print(
                 f"{label}: storwatch sync {ours / MB:,.0f} MB/s (the copy alone, without the command's start-up: "
-                f"{copy / MB:,.0f} MB/s), cp -r; sync; read back {peer / MB:,.0f} MB/s (medians: {steps}), "
+                f"{copy / MB:,.0f} MB/s), cp -r; sync; read back {peer / MB:,.0f} MB/s (medians: {peer_steps}), "
                 f"cp -r + sync of its files {cp / MB:,.0f} MB/s, cp -r then sync {cp_all / MB:,.0f} MB/s, "
                 f"dd oflag=direct {dd / MB:,.0f} MB/s\n"
                 f"  ratio to cp -r; sync; read back {ours / peer:.2f} (copy alone {copy / peer:.2f}; target >= 1.0; "
