@@ -254,6 +254,18 @@ def reference_cpu_ms(rounds: int = 5) -> float:
     return sorted(times)[rounds // 2] * 1000
 
 
+def fuse_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """The FUSE mount points in ``mountinfo``, as text for a message (a byte that is not UTF-8, as another test's
+    mount point may hold, shown as U+FFFD), or none where it cannot be read."""
+    found = []
+    with contextlib.suppress(OSError), open(mountinfo, errors="replace") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if right.startswith("fuse") and not right.startswith("fusectl"):
+                found.append(left.split()[4])
+    return found
+
+
 def quiet_machine_warnings() -> list[str]:
     """Things that make figures unrepresentative: load from other work, FUSE mounts (a test run may be going on;
     a FUSE mount whose statfs hangs stalls node_exporter's filesystem collector for its 5 s mount timeout)."""
@@ -261,12 +273,7 @@ def quiet_machine_warnings() -> list[str]:
     busy = cpu_busy_fraction(1.0)
     if busy is not None and busy > 0.15:
         warnings.append(f"the CPUs were {busy:.0%} busy over 1 s before the run: other work is running; figures noisy")
-    fuse = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            if right.startswith("fuse") and not right.startswith("fusectl"):
-                fuse.append(left.split()[4])
+    fuse = fuse_mounts()
     if fuse:
         warnings.append(
             f"{len(fuse)} FUSE mount(s) present ({', '.join(fuse[:3])}): a test run may be going on, and a hung one "
