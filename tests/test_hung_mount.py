@@ -281,6 +281,9 @@ def test_checkpoint_scan_skips_a_hung_mount_under_its_root(tmp_path: Path, real_
     config.write_text(
         "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.3\n  statvfs_timeout_seconds: 0.2\n"
         f"checkpoints:\n  roots: ['{root}']\n  kubelet: false\n  interval_seconds: 0.5\n  timeout_seconds: 1.0\n"
+        # Scans every 0.5 s whatever they cost: on a busy machine a rescan's CPU time over the default share would
+        # stretch the interval past the waits below (what is tested is the hung mount, not the pace).
+        "  scan_cpu_share: 0\n"
     )
     prefix = _own_table(tmp_path, hung.mountpoint)
     with running_agent("--config", str(config), "--listen", "127.0.0.1:0", prefix=prefix) as agent:
@@ -348,7 +351,7 @@ def test_checkpoint_roots_whose_readdir_or_getattr_hangs_are_stuck_and_hold_no_a
     config.write_text(
         "tick_seconds: 0.2\nmounts:\n  interval_seconds: 0.5\n  statvfs_timeout_seconds: 0.5\n"
         f"checkpoints:\n  roots: ['{healthy}', '{hung_readdir.mountpoint}']\n  kubelet: false\n"
-        "  interval_seconds: 0.5\n  timeout_seconds: 1.0\n"
+        "  interval_seconds: 0.5\n  timeout_seconds: 1.0\n  scan_cpu_share: 0\n"  # the pace is not what is tested
     )
     prefix = _own_table(tmp_path, hung_readdir.mountpoint, hung_getattr.mountpoint)
     with running_agent("--config", str(config), "--listen", "127.0.0.1:0", prefix=prefix) as agent:
