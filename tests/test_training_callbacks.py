@@ -42,6 +42,15 @@ JOB_SCRIPT = REPO / "tests" / "callback_jobs.py"
 FRAMEWORKS = ("transformers", "lightning", "accelerate")
 
 
+def _traceback_starts(text: str) -> list[int]:
+    """Where each Python traceback begins in a log (a torchrun rank's lines carry a ``[rankN]:`` prefix)."""
+    starts, i = [], text.find("Traceback (most recent call last)")
+    while i >= 0:
+        starts.append(text.rfind("\n", 0, i) + 1)
+        i = text.find("Traceback (most recent call last)", i + 1)
+    return starts
+
+
 class Job:
     """A running callback job (tests/callback_jobs.py), its stdout read line by line."""
 
@@ -91,6 +100,13 @@ class Job:
         self.stderr.flush()
         return (self.out / "stderr.txt").read_text(errors="replace")
 
+    def failure(self) -> str:
+        """Why the job failed, for an assertion's message: its exit status, each process's first traceback (the
+        cause, where torchrun's own report and the other rank's warnings come after it) and the end of its stderr."""
+        text = self.stderr_text()
+        first = [text[i : i + 3000] for i in _traceback_starts(text)[:2]]
+        return f"exit status {self.proc.returncode}\n" + "\n...\n".join([*first, text[-3000:]])
+
     def saves(self) -> list[dict[str, Any]]:
         try:
             text = (self.run_dir / EVENT_LOG_NAME).read_text()
@@ -105,7 +121,7 @@ class Job:
         """Ask it to stop at its next step's end; its last line."""
         (self.out / "stop").touch()
         done = self.line("done", 120)
-        assert self.proc.wait(60) == 0, self.stderr_text()[-3000:]
+        assert self.proc.wait(60) == 0, self.failure()
         return done
 
     def close(self) -> None:
@@ -344,7 +360,7 @@ def test_in_a_job_of_two_processes_a_signal_to_the_writer_makes_both_save(framew
         wait_until(lambda: catches(HostPaths(), pid, signal.SIGUSR1), 60, 0.1, "the handler installed")
         os.kill(pid, signal.SIGUSR1)
         done = job.line("done", 600)
-        assert job.proc.wait(60) == 0, job.stderr_text()[-3000:]
+        assert job.proc.wait(60) == 0, job.failure()
     assert done["agent_imported"] == []
     (line,) = job.saves()
     saved = Path(line["path"])
