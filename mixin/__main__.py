@@ -11,6 +11,7 @@ from pathlib import Path
 from mixin.dashboards import dashboards
 from mixin.policy import policy_file
 from mixin.rules import prometheus_rule, rules_file
+from storwatch.docs import write_generated
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,22 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file differs")
     ap.add_argument("--root", type=Path, default=REPO_ROOT, help="the repository's root (default: this checkout)")
     args = ap.parse_args(argv)
-    stale = []
-    for rel, text in generated().items():
-        path = args.root / rel
-        try:
-            current = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            current = None
-        if current == text:
-            continue
-        stale.append(rel)
-        if not args.check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-    for rel in stale:
-        print(f"{'differs' if args.check else 'wrote'}: {rel}", file=sys.stderr)
-    return 1 if args.check and stale else 0
+    return write_generated(args.root, generated(), check=args.check)
 
 
 if __name__ == "__main__":

@@ -268,6 +268,28 @@ def generated(root: Path = REPO_ROOT) -> dict[str, str]:
     return files
 
 
+def write_generated(root: Path, files: Mapping[str, str], *, check: bool) -> int:
+    """Write each generated file (by its path below ``root``) that differs from what it should read, naming it; with
+    ``check``, write nothing: the exit status, 1 when any differs. The mixin's build (``python -m mixin``) writes its
+    files the same way."""
+    stale = []
+    for rel, text in files.items():
+        path = root / rel
+        try:
+            current = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            current = None
+        if current == text:
+            continue
+        stale.append(rel)
+        if not check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    for rel in stale:
+        print(f"{'differs' if check else 'wrote'}: {rel}", file=sys.stderr)
+    return 1 if check and stale else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m storwatch.docs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each file that differs")
@@ -278,21 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, StaleMarkers, ValueError) as err:
         print(f"python -m storwatch.docs: {err}", file=sys.stderr)
         return 1
-    stale = []
-    for rel, text in files.items():
-        path = args.root / rel
-        try:
-            current = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            current = None
-        if current == text:
-            continue
-        stale.append(rel)
-        if not args.check:
-            path.write_text(text, encoding="utf-8")
-    for rel in stale:
-        print(f"{'differs' if args.check else 'wrote'}: {rel}", file=sys.stderr)
-    return 1 if args.check and stale else 0
+    return write_generated(args.root, files, check=args.check)
 
 
 if __name__ == "__main__":
