@@ -3,7 +3,8 @@ opens below a root on behalf of data (a sync destination, a sync source, a run d
 
 The root is configuration and opened as named; every component below it is opened from the one above with
 ``O_NOFOLLOW | O_DIRECTORY``, so a symbolic link a tenant plants anywhere in the path is refused (and said to be one),
-never followed. Standard library only: the helper processes (sync copies, request files) import it.
+never followed. Standard library only: the helper processes (sync copies, request files, the blocking calls) import
+it. :func:`file_kind` is the package's one wording of what kind of file a mode says, for every message that names one.
 """
 
 from __future__ import annotations
@@ -21,19 +22,25 @@ class NotFollowed(Exception):
     """A component below the root is not a directory that may be entered; the message names it and what it is."""
 
 
-def what(mode: int) -> str:
-    """What an entry that is not what was wanted is, in words."""
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device node"
-    return "a regular file" if stat.S_ISREG(mode) else "something that is not a regular file"
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISREG, "a regular file"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """The kind of file an ``st_mode`` says, in the words every message of the package uses for it: "a symbolic
+    link", "a FIFO", "a socket", "a character device", "a block device", "a directory", "a regular file", or "a file
+    of type NNN" (its ``S_IFMT`` bits in octal) for a type none of these is."""
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return f"a file of type {stat.S_IFMT(mode):o}"
 
 
 def open_dir_at(dir_fd: int | None, name: str, shown: str) -> int:
@@ -50,8 +57,8 @@ def open_dir_at(dir_fd: int | None, name: str, shown: str) -> int:
         except OSError:
             raise NotFollowed(f"{shown} is not a directory: never followed") from None
         if stat.S_ISLNK(st.st_mode):
-            raise NotFollowed(f"{shown} is a symlink: never followed") from None
-        raise NotFollowed(f"{shown} is {what(st.st_mode)}, not a directory: never followed") from None
+            raise NotFollowed(f"{shown} is {file_kind(st.st_mode)}: never followed") from None
+        raise NotFollowed(f"{shown} is {file_kind(st.st_mode)}, not a directory: never followed") from None
 
 
 def components(root: str, path: str) -> list[str] | None:

@@ -164,7 +164,7 @@ def test_links_in_the_run_path_are_not_followed(action: RequestCheckpointAction,
     (root / "team").symlink_to(elsewhere)
     # Below the scan root, a link anywhere in the path stops the request.
     result = ask(action, root / "team" / "run", root=root)
-    assert result.outcome == "failed" and "is a symlink: never followed" in result.detail
+    assert result.outcome == "failed" and "is a symbolic link: never followed" in result.detail
     assert not (elsewhere / "run" / REQUEST_NAME).exists()
     # Without a root, the run directory's own last component is held.
     (root / "run").symlink_to(elsewhere / "run")

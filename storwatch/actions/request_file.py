@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import stat
 
-from storwatch.nofollow import NotFollowed, components, open_below, what
+from storwatch.nofollow import NotFollowed, components, file_kind, open_below
 from storwatch.training import REQUEST_NAME
 
 MAX_TEXT_BYTES = 4096
@@ -59,7 +59,7 @@ def _renew(dir_fd: int, text: bytes, shown: str) -> None:
 
     def refuse_unless_ours(st: os.stat_result) -> None:
         if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"{what(st.st_mode)} is at {shown}: not followed, not replaced, left as it is")
+            raise Refused(f"{file_kind(st.st_mode)} is at {shown}: not followed, not replaced, left as it is")
         if st.st_nlink != 1:
             raise Refused(f"a file with {st.st_nlink} links is at {shown}: not one we made, left as it is")
         if st.st_uid != uid:
