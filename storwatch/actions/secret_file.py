@@ -18,6 +18,7 @@ import errno
 import os
 import stat
 
+from storwatch.nofollow import file_kind
 from storwatch.printable import printable
 
 MAX_SECRET_BYTES = 64 << 10
@@ -28,20 +29,6 @@ _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTT
 
 class SecretFileError(Exception):
     """A secret file that cannot be had; the message names what it is for and the file."""
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    return f"a file of type {stat.S_IFMT(mode):o}"
 
 
 def _volume_key(path: str) -> str | None:
@@ -85,7 +72,7 @@ def read_secret_file(path: str, what: str, max_bytes: int = MAX_SECRET_BYTES) ->
             except OSError:
                 mode = None
             if mode is not None:
-                raise SecretFileError(f"{what}: {shown} is {_kind(mode)}, not a regular file: not read") from None
+                raise SecretFileError(f"{what}: {shown} is {file_kind(mode)}, not a regular file: not read") from None
         raise SecretFileError(f"{what}: cannot read {shown}: {err.strerror or err}") from None
     try:
         try:
@@ -93,7 +80,7 @@ def read_secret_file(path: str, what: str, max_bytes: int = MAX_SECRET_BYTES) ->
         except OSError as err:
             raise SecretFileError(f"{what}: cannot read {shown}: {err.strerror or err}") from None
         if not stat.S_ISREG(st.st_mode):
-            raise SecretFileError(f"{what}: {shown} is {_kind(st.st_mode)}, not a regular file: not read")
+            raise SecretFileError(f"{what}: {shown} is {file_kind(st.st_mode)}, not a regular file: not read")
         if st.st_size > max_bytes:
             raise SecretFileError(f"{what}: {shown} is {st.st_size} bytes, over the {max_bytes} a secret may hold")
         chunks: list[bytes] = []
