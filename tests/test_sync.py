@@ -298,7 +298,7 @@ def test_a_source_that_is_itself_a_symlink_is_refused(tmp_path: Path) -> None:
     os.symlink(real, tmp_path / "link")
     (tmp_path / "dst").mkdir()
     result = copy_verified(str(tmp_path / "link"), str(tmp_path / "dst" / "ck"))
-    assert result.outcome == "refused" and "is a symlink" in (result.error or "")
+    assert result.outcome == "refused" and "is a symbolic link" in (result.error or "")
     assert os.listdir(tmp_path / "dst") == []
 
 

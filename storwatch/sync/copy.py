@@ -49,12 +49,12 @@ from storwatch.checkpoints.manifest import (
     ours,
     temp_name,
 )
-from storwatch.nofollow import DIR_FLAGS, NotFollowed, open_below
+from storwatch.nofollow import DIR_FLAGS, NotFollowed, file_kind, open_below
 from storwatch.sync.access import source_reach
 from storwatch.sync.commit import commit, dir_lock, point, recover, retain, write_manifest
 from storwatch.sync.pipeline import FileJob, Pipeline, read_full
 from storwatch.sync.result import HASH_NAME, OK_OUTCOMES, Abort, SyncRefused, SyncResult
-from storwatch.sync.tree import MAX_DEPTH, Dirs, Entry, check_links, kind_of, remove_tree, walk, what
+from storwatch.sync.tree import MAX_DEPTH, Dirs, Entry, check_links, kind_of, remove_tree, walk
 
 MARKERS = frozenset(
     {
@@ -182,7 +182,7 @@ class _Copy:
         kind = kind_of(st.st_mode)
         if kind in (None, "link"):
             os.close(parent_fd)
-            raise SyncRefused(f"{self.src!r} is {what(st.st_mode)}: name a checkpoint file or directory itself")
+            raise SyncRefused(f"{self.src!r} is {file_kind(st.st_mode)}: name a checkpoint file or directory itself")
         return parent_fd, Entry((), kind, st)
 
     def list_source(self, parent_fd: int, top: Entry) -> tuple[list[Entry], int | None]:

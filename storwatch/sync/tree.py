@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from storwatch.nofollow import DIR_FLAGS
+from storwatch.nofollow import DIR_FLAGS, file_kind
 from storwatch.sync.result import Abort, SyncRefused
 
 MAX_ENTRIES = 200_000
@@ -40,18 +40,6 @@ class Entry:
         st = self.st
         size = st.st_size if self.kind == "file" else 0
         return (self.rel, self.kind, size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, self.target)
-
-
-def what(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device node"
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    return "neither a file, a directory nor a symlink"
 
 
 def kind_of(mode: int) -> str | None:
@@ -84,8 +72,8 @@ def walk(top_fd: int, top: Entry, shown: str) -> list[Entry]:
                     child = (*rel, name)
                     if kind is None:
                         raise SyncRefused(
-                            f"{shown}/{'/'.join(child)} is {what(st.st_mode)}: a checkpoint holds files, directories "
-                            "and symlinks only"
+                            f"{shown}/{'/'.join(child)} is {file_kind(st.st_mode)}: a checkpoint holds files, "
+                            "directories and symbolic links only"
                         )
                     target = os.readlink(name, dir_fd=fd) if kind == "link" else None
                     entries.append(Entry(child, kind, st, target))
