@@ -76,7 +76,6 @@ from storwatch.checkpoints.formats.common import (
     _Ctx,
     _describe,
     _dir_names,
-    _file_type,
     _Finding,
     _footprint,
     _NotFollowed,
@@ -112,6 +111,7 @@ from storwatch.checkpoints.formats.steps import (
 )
 from storwatch.checkpoints.formats.zip import _LOCAL_SIG, _check_torch_zip
 from storwatch.checkpoints.limits import DeepLimits, LimitReached
+from storwatch.nofollow import file_kind
 
 __all__ = ["FORMATS", "REGISTRY", "VERDICTS", "CheckResult", "Format", "check", "identify"]
 
@@ -413,7 +413,7 @@ def _check_format(path: str, fmt: str | None, ctx: _Ctx) -> _Finding:
         except OSError as err:
             return "unknown", f"{path} cannot be read ({err.strerror or err}): no checkpoint found"
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-            return "unknown", f"{path} is {_file_type(st.st_mode)}, not a checkpoint; it was not read"
+            return "unknown", f"{path} is {file_kind(st.st_mode)}, not a checkpoint; it was not read"
         if stat.S_ISREG(st.st_mode) and path.endswith(TORCH_SUFFIXES):
             return _no_torch_format(path, st, ctx)
         return "unknown", f"{path} {NOT_A_CHECKPOINT}: no checkpoint found"

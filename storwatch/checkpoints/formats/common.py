@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 from storwatch.checkpoints import pickles
 from storwatch.checkpoints.limits import MIB, PARSE_BUDGET, Deadline, DeepLimits, LimitReached
+from storwatch.nofollow import file_kind
 
 VERDICTS = ("complete", "incomplete", "corrupt", "unsafe", "unknown")
 
@@ -157,25 +158,12 @@ def _open_regular(path: str, root: str) -> tuple[BinaryIO, int]:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _NotRegular(f"{path} is not a regular file ({_file_type(st.st_mode)}); it was not read")
+            raise _NotRegular(f"{path} is not a regular file ({file_kind(st.st_mode)}); it was not read")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb"), st.st_size
     except BaseException:
         os.close(fd)
         raise
-
-
-def _file_type(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a directory"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def _read_exact(f: BinaryIO, offset: int, length: int) -> bytes:
