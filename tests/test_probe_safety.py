@@ -70,7 +70,7 @@ def _plant_device(scratch: Path, name: str, victim: Path) -> None:
     ("plant", "what"),
     [
         (_plant_hardlink, "a file with 2 links"),
-        (_plant_symlink, "a symlink"),
+        (_plant_symlink, "a symbolic link"),
         (_plant_fifo, "a FIFO"),
         (_plant_device, "a character device"),
     ],

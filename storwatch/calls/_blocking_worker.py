@@ -1,12 +1,13 @@
 """The helper process behind ``storwatch.calls.blocking``: runs system calls that can hang in the kernel.
 
-It is started as ``python -I -S _blocking_worker.py`` (stdlib only, nothing of the agent imported). A request is one
-line ``ID OP PATH ARG...`` (the path hex-encoded bytes, the rest plain words); each runs on a thread of its own while
-it runs and answers ``ID ok VALUES...``, ``ID json TEXT`` (an operation that answers with one JSON text) or
-``ID err ERRNO MESSAGE``. A call stuck in the kernel strands only its thread, in this process, never in the agent: the
-agent can always exit, and a hung mount costs it nothing but one thread here. Threads are kept for the next requests
-once their call returns (a thread started per call cost about 0.3 ms of CPU, 27 ms for each round of statvfs on a
-node with 90 mounts); the agent bounds the calls in flight, and so the threads. It exits as soon as its standard input
+It is started with ``python -I -S`` (no environment, no site packages), the tree it comes from first on ``sys.path``; of
+the agent it imports only :mod:`storwatch.nofollow` (standard library only), whose words it uses for what a file is. A
+request is one line ``ID OP PATH ARG...`` (the path hex-encoded bytes, the rest plain words); each runs on a thread of
+its own while it runs and answers ``ID ok VALUES...``, ``ID json TEXT`` (an operation that answers with one JSON text)
+or ``ID err ERRNO MESSAGE``. A call stuck in the kernel strands only its thread, in this process, never in the agent:
+the agent can always exit, and a hung mount costs it nothing but one thread here. Threads are kept for the next requests
+once their call returns (a thread started per call cost about 0.3 ms of CPU, 27 ms for each round of statvfs on a node
+with 90 mounts); the agent bounds the calls in flight, and so the threads. It exits as soon as its standard input
 closes, stuck threads or not. Other helpers (``_checkpoint_worker.py``) add their operations and call :func:`serve`,
 which first writes ``0 ready``: the agent counts its calls' deadlines from then, so a helper slow to start on a busy
 node does not make every mount of its first round look stuck.
@@ -22,6 +23,8 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 
+from storwatch.nofollow import file_kind
+
 _out_lock = threading.Lock()
 READY = "0 ready"
 """The line a helper writes once it reads requests (request IDs start at 1)."""
@@ -30,16 +33,6 @@ READY = "0 ready"
 def _statvfs(path: bytes) -> list[str]:
     st = os.statvfs(path)
     return [str(v) for v in (st.f_frsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files, st.f_ffree, st.f_flag)]
-
-
-_STALE_KINDS = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISLNK, "a symlink"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISDIR, "a directory"),
-)
 
 
 def probe_file_name(mountpoint: bytes) -> str:
@@ -51,9 +44,8 @@ def probe_file_name(mountpoint: bytes) -> str:
 
 
 def _what(st: os.stat_result) -> str:
-    for test, name in _STALE_KINDS:
-        if test(st.st_mode):
-            return name
+    if not stat.S_ISREG(st.st_mode):
+        return file_kind(st.st_mode)
     if st.st_nlink != 1:
         return f"a file with {st.st_nlink} links"
     return f"a file owned by uid {st.st_uid}"

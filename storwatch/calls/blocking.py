@@ -34,7 +34,9 @@ from typing import IO
 
 log = logging.getLogger(__name__)
 
-_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_blocking_worker.py")
+_TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_WORKER_CODE = f"import sys; sys.path.insert(0, {_TREE!r}); from storwatch.calls._blocking_worker import main; main()"
+"""The helper's program: the tree this module comes from first on ``sys.path`` (``-I`` leaves it off)."""
 FORGET_SECONDS = 3600.0
 """What the pool remembers of a key (answered in time or late) is forgotten this long after it was last asked for."""
 HELPER_START_SECONDS = 30.0
@@ -84,11 +86,11 @@ class BlockingCalls:
         max_stuck: int = 128,
         command: Sequence[str] | None = None,
     ) -> None:
-        """``command`` starts the helper (default: ``_blocking_worker.py`` under ``python -I -S``)."""
+        """``command`` starts the helper (default: ``_blocking_worker`` under ``python -I -S``)."""
         self.max_inflight = max_inflight
         self.max_stuck = max_stuck
         self._clock = clock
-        self._command = list(command) if command is not None else [sys.executable, "-I", "-S", _WORKER]
+        self._command = list(command) if command is not None else [sys.executable, "-I", "-S", "-c", _WORKER_CODE]
         self._lock = threading.Condition()
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}  # request id -> pending call, in the order sent
