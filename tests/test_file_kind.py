@@ -1,4 +1,6 @@
-"""What kind of file a mode says (storwatch/nofollow.py ``file_kind``).
+"""What kind of file a mode says (storwatch/nofollow.py ``file_kind``), and that every message naming one says it in
+those words: the walker below a root, the request file, a secret file, a sync copy's source and the entries under it,
+the probe's file in the blocking helper, and a checkpoint check (its top and a file it opens).
 
 Every kind is a real file made in the test's directory (a FIFO, a unix socket, a symbolic link, a directory, a
 character and a block device node), looked at with ``lstat`` as the package does.
@@ -11,12 +13,26 @@ import glob
 import os
 import socket
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from storwatch.nofollow import file_kind
+from storwatch.actions.request_file import Refused, place_request
+from storwatch.actions.secret_file import SecretFileError, read_secret_file
+from storwatch.calls._blocking_worker import probe_file_name
+from storwatch.calls.blocking import BlockingCalls
+from storwatch.checkpoints.formats import check
+from storwatch.config import ProbesConfig
+from storwatch.nofollow import NotFollowed, file_kind, open_below
+from storwatch.paths import HostPaths
+from storwatch.sources.probe import ProbeSource, ProbeTarget
+from storwatch.sync import copy_verified
+from storwatch.training import REQUEST_NAME
+from storwatch.vocabulary import Durability
+from tests.builders import sync_checkpoint
+from tests.realmounts import tmpfs_mount
 
 
 def _free_block_major() -> int:
@@ -109,3 +125,121 @@ def test_a_type_linux_does_not_have_is_named_by_its_bits(mode: int, words: str) 
     # No file of such a type can be made on Linux (0o160000 is BSD's whiteout), so the mode is written by hand: a
     # filesystem that reports one is named by its type bits, never taken for another kind.
     assert file_kind(mode) == words
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Every message that names a kind of file says it in those words
+
+
+def _open_below(tmp_path: Path, kind: str) -> str:
+    PLANT[kind](tmp_path / "x")
+    with pytest.raises(NotFollowed) as err:
+        open_below(str(tmp_path), ["x", "ck"])
+    return str(err.value)
+
+
+def _request_file(tmp_path: Path, kind: str) -> str:
+    PLANT[kind](tmp_path / REQUEST_NAME)
+    with pytest.raises(Refused) as err:
+        place_request(str(tmp_path), None, "save now")
+    return str(err.value)
+
+
+def _secret_file(tmp_path: Path, kind: str) -> str:
+    PLANT[kind](tmp_path / "token")
+    with pytest.raises(SecretFileError) as err:
+        read_secret_file(str(tmp_path / "token"), "token_file")
+    return str(err.value)
+
+
+def _sync_source(tmp_path: Path, kind: str) -> str:
+    PLANT[kind](tmp_path / "src")
+    (tmp_path / "dst").mkdir()
+    result = copy_verified(str(tmp_path / "src"), str(tmp_path / "dst" / "ck"))
+    assert result.outcome == "refused", result
+    return result.error or ""
+
+
+def _sync_entry(tmp_path: Path, kind: str) -> str:
+    src = sync_checkpoint(tmp_path / "src", shards=1, shard_bytes=100)
+    PLANT[kind](src / "shards" / "x")
+    (tmp_path / "dst").mkdir()
+    result = copy_verified(str(src), str(tmp_path / "dst" / "ck"))
+    assert result.outcome == "refused", result
+    return result.error or ""
+
+
+def _checkpoint_top(tmp_path: Path, kind: str) -> str:
+    PLANT[kind](tmp_path / "model.pt")
+    result = check(str(tmp_path / "model.pt"))
+    assert result.verdict == "unknown", result
+    return result.reason
+
+
+def _checkpoint_file(tmp_path: Path, kind: str) -> str:
+    dcp = tmp_path / "step-1"
+    dcp.mkdir()
+    (dcp / "__0_0.distcp").write_bytes(b"x")
+    PLANT[kind](dcp / ".metadata")
+    result = check(str(dcp))
+    assert result.format == "torch-dcp" and result.verdict == "unknown", result
+    return result.reason
+
+
+CALLERS: list[tuple[Callable[[Path, str], str], str, str]] = [
+    *[(_open_below, k, "/x is {}, not a directory: never followed") for k in ("fifo", "socket", "char", "block")],
+    (_open_below, "regular", "/x is {}, not a directory: never followed"),
+    (_open_below, "symlink", "/x is {}: never followed"),
+    *[
+        (_request_file, k, "{} is at ")
+        for k in ("fifo", "socket", "char", "block", "symlink", "dir")  # never opened: a device is safe here
+    ],
+    # Only what opens nothing when opened: the secret is opened before it is looked at.
+    *[(_secret_file, k, "/token is {}, not a regular file: not read") for k in ("fifo", "socket", "char", "dir")],
+    *[
+        (_sync_source, k, "/src' is {}: name a checkpoint file or directory itself")
+        for k in ("fifo", "socket", "char", "block", "symlink")
+    ],
+    *[
+        (_sync_entry, k, "/shards/x is {}: a checkpoint holds files, directories and symbolic links only")
+        for k in ("fifo", "socket", "char", "block")
+    ],
+    *[(_checkpoint_top, k, "/model.pt is {}, not a checkpoint") for k in ("fifo", "socket", "char", "block")],
+    # A socket is left out: its open fails (ENXIO) before it is looked at, and the check says the read failed.
+    *[(_checkpoint_file, k, "/.metadata is not a regular file ({}); it was not read") for k in ("fifo", "char")],
+]
+
+
+@pytest.mark.parametrize(
+    ("caller", "kind", "message"), CALLERS, ids=[f"{c.__name__.lstrip('_')}-{k}" for c, k, _ in CALLERS]
+)
+def test_each_message_names_the_kind_in_the_one_vocabulary(
+    caller: Callable[[Path, str], str], kind: str, message: str, tmp_path: Path
+) -> None:
+    got = caller(tmp_path, kind)
+    assert message.format(WORDS[kind]) in got, got
+
+
+@pytest.mark.realpart
+@pytest.mark.parametrize("kind", ["fifo", "socket", "char", "block", "symlink", "dir"])
+def test_the_probe_helper_names_a_planted_file_in_the_one_vocabulary(
+    kind: str, tmp_path: Path, real_mounts: Callable[..., object]
+) -> None:
+    mount = real_mounts(tmpfs_mount(tmp_path / "m")).mountpoint  # type: ignore[attr-defined]
+    scratch = mount / ".storwatch-probe"
+    scratch.mkdir(mode=0o700)
+    name = probe_file_name(os.fsencode(str(mount)))
+    PLANT[kind](scratch / name)
+    source = ProbeSource(
+        HostPaths(),
+        ProbesConfig(mountpoints=(str(mount),), timeout_seconds=60.0),
+        lambda: [ProbeTarget(str(mount), Durability.VOLATILE, False)],
+        time.time,
+        calls=BlockingCalls(max_inflight=2),
+    )
+    try:
+        (result,) = source.collect()
+    finally:
+        source.close()
+    assert result.error is not None, result
+    assert f"probe file {name} is {WORDS[kind]}, not one the probe made: refused" in result.error, result.error
