@@ -4,6 +4,7 @@ JSON and YAML readers, and the restricted-unpickler resolvers for torch and DCP 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -154,7 +155,19 @@ def _open_regular(path: str, root: str) -> tuple[BinaryIO, int]:
     if not _inside(path, root):
         raise _NotFollowed(f"{path} is a symlink leading out of {root}; it was not followed")
     # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    except OSError as err:
+        # A socket (or a device without its driver) cannot be opened at all: say what it is, not that a read failed.
+        if err.errno != errno.ENXIO:
+            raise
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            raise err from None
+        if stat.S_ISREG(mode):
+            raise
+        raise _NotRegular(f"{path} is not a regular file ({file_kind(mode)}); it was not read") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
