@@ -245,3 +245,14 @@ def test_the_probe_helper_names_a_planted_file_in_the_one_vocabulary(
         source.close()
     assert result.error is not None, result
     assert f"probe file {name} is {WORDS[kind]}, not one the probe made: refused" in result.error, result.error
+
+
+def test_a_link_out_of_a_checkpoint_is_named_a_symbolic_link(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"someone else's")
+    dcp = tmp_path / "step-1"
+    dcp.mkdir()
+    (dcp / "__0_0.distcp").write_bytes(b"x")
+    (dcp / ".metadata").symlink_to(outside)
+    result = check(str(dcp))
+    assert f"/.metadata is a symbolic link leading out of {dcp}; it was not followed" in result.reason, result

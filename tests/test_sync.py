@@ -262,7 +262,9 @@ def test_something_at_dest_that_we_did_not_make_is_refused_and_left_alone(tmp_pa
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        pytest.param(lambda s: os.symlink("/etc/passwd", s / "abs"), "symlink to the absolute path", id="absolute"),
+        pytest.param(
+            lambda s: os.symlink("/etc/passwd", s / "abs"), "symbolic link to the absolute path", id="absolute"
+        ),
         pytest.param(lambda s: os.symlink("../outside", s / "up"), "leads out of the checkpoint", id="dotdot"),
         pytest.param(
             lambda s: (os.symlink("shards/hop", s / "first"), os.symlink("../../x", s / "shards" / "hop")),
@@ -278,7 +280,7 @@ def test_something_at_dest_that_we_did_not_make_is_refused_and_left_alone(tmp_pa
             "leads out of the checkpoint",
             id="dotdot-after-a-link",
         ),
-        pytest.param(lambda s: os.symlink("loop", s / "loop"), "symlinks in a row", id="loop"),
+        pytest.param(lambda s: os.symlink("loop", s / "loop"), "symbolic links in a row", id="loop"),
         pytest.param(lambda s: os.mkfifo(s / "fifo"), "is a FIFO", id="fifo"),
     ],
 )

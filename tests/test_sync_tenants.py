@@ -205,7 +205,7 @@ def test_a_link_that_leaves_the_checkpoint_through_another_link_is_refused(
     result = copy_verified(str(src), str(tmp_path / "dst" / "ck"))
     assert result.outcome == "refused", result
     error = result.error or ""
-    assert "/b" in error and ("out of the checkpoint" in error or "symlinks in a row" in error), error
+    assert "/b" in error and ("out of the checkpoint" in error or "symbolic links in a row" in error), error
     assert not (tmp_path / "dst" / "ck").exists()
 
 

@@ -94,7 +94,7 @@ def walk(top_fd: int, top: Entry, shown: str) -> list[Entry]:
                 raise Abort("source_changed", f"{shown}: an entry went away while listed ({err.filename})") from None
             except OSError as err:
                 if err.errno == errno.ELOOP:
-                    raise Abort("source_changed", f"{shown}: a directory became a symlink while listed") from None
+                    raise Abort("source_changed", f"{shown}: a directory became a symbolic link while listed") from None
                 raise
             finally:
                 os.close(fd)
@@ -122,13 +122,15 @@ def check_links(entries: Sequence[Entry], shown: str) -> None:
         """Where ``target``, read in the directory ``start``, leads: a path below the top, or None where the
         kernel's resolution would stop inside the checkpoint."""
         if target.startswith("/"):
-            raise SyncRefused(f"{where} is a symlink to the absolute path {target!r}: it leads out of the checkpoint")
+            raise SyncRefused(
+                f"{where} is a symbolic link to the absolute path {target!r}: it leads out of the checkpoint"
+            )
         path = start
         comps = [c for c in target.split("/") if c not in ("", ".")]
         for i, comp in enumerate(comps):
             if comp == "..":
                 if not path:
-                    raise SyncRefused(f"{where} is a symlink ({target!r}) that leads out of the checkpoint")
+                    raise SyncRefused(f"{where} is a symbolic link ({target!r}) that leads out of the checkpoint")
                 path = path[:-1]
                 continue
             here = (*path, comp)
@@ -136,7 +138,7 @@ def check_links(entries: Sequence[Entry], shown: str) -> None:
             if kind == "link":
                 hops[0] += 1
                 if hops[0] > MAX_LINK_HOPS:
-                    raise SyncRefused(f"{where}: more than {MAX_LINK_HOPS} symlinks in a row")
+                    raise SyncRefused(f"{where}: more than {MAX_LINK_HOPS} symbolic links in a row")
                 inner = links[here]
                 assert inner is not None
                 reached = resolve(path, inner, hops, where)
@@ -152,7 +154,7 @@ def check_links(entries: Sequence[Entry], shown: str) -> None:
     for rel, target in links.items():
         assert target is not None
         if not rel:
-            raise SyncRefused(f"{shown} is a symlink: name what it points to")
+            raise SyncRefused(f"{shown} is a symbolic link: name what it points to")
         resolve(rel[:-1], target, [0], f"{shown}/{'/'.join(rel)}")
 
 

@@ -153,7 +153,7 @@ def _inside(path: str, root: str) -> bool:
 def _open_regular(path: str, root: str) -> tuple[BinaryIO, int]:
     """Open a regular file below ``root`` for reading, and its size; never a FIFO or device that could block."""
     if not _inside(path, root):
-        raise _NotFollowed(f"{path} is a symlink leading out of {root}; it was not followed")
+        raise _NotFollowed(f"{path} is a symbolic link leading out of {root}; it was not followed")
     # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))

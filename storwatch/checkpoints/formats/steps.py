@@ -112,10 +112,11 @@ def _check_members(root: str, ctx: _Ctx, extra_suffixes: tuple[str, ...] = ()) -
                 continue
         if fmt not in _MEMBER_FORMATS:
             if os.path.islink(file_path):
-                return ("incomplete", f"{rel} is a symlink that leads nowhere readable; it was not followed"), count
+                why = f"{rel} is a symbolic link that leads nowhere readable; it was not followed"
+                return ("incomplete", why), count
             continue
         if not _inside(file_path, root):
-            return ("incomplete", f"{rel} is a symlink leading out of {root}; it was not followed"), count
+            return ("incomplete", f"{rel} is a symbolic link leading out of {root}; it was not followed"), count
         count += 1
         try:
             member = (
