@@ -133,9 +133,8 @@ class ProcessSample:
 
 
 def process_name(pid: int) -> str:
-    """``python -m storwatch agent`` -> ``storwatch``, ``python -I -S /x/_blocking_worker.py`` ->
-    ``_blocking_worker.py``, ``python -I -c "...from storwatch._checkpoint_worker import main..."`` ->
-    ``storwatch._checkpoint_worker``, ``sleep 5`` -> ``sleep``."""
+    """``python -m storwatch agent`` -> ``storwatch``, ``python -I -S -c "...from storwatch.calls._blocking_worker
+    import main..."`` -> ``storwatch.calls._blocking_worker``, ``sleep 5`` -> ``sleep``."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             args = f.read().decode("utf-8", "replace").split("\0")
