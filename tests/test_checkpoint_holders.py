@@ -165,11 +165,14 @@ def test_as_a_user_only_processes_that_could_have_written_it_keep_the_answer_ope
     roots = reachable / "root-run" / "checkpoint-5"
     roots.mkdir(parents=True)
     (roots / "model.safetensors").write_bytes(b"x")
+    # The package as the user can read it: a checkout may lie below a directory only root can enter (a 0700 home).
+    code = reachable / "code"
+    shutil.copytree(REPO_ROOT / "storwatch", code / "storwatch", ignore=shutil.ignore_patterns("__pycache__"))
     as_user = [setpriv, f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", sys.executable, "-c"]
     proc = subprocess.run(
         [*as_user, _AS_USER, str(mine), str(roots), str(reachable / "gone")],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        cwd=reachable,
+        env={**os.environ, "PYTHONPATH": str(code)},
         capture_output=True,
         text=True,
         timeout=120,
