@@ -10,6 +10,7 @@ import pytest
 
 from storwatch.config import DiskIOConfig, NFSConfig
 from storwatch.paths import HostPaths
+from storwatch.procfs.diskstats import parse_diskstats
 from storwatch.sources import UnusableInput
 from storwatch.sources.diskio import DiskIOSource
 from storwatch.sources.nfs import NO_NFS_INTERVAL_SECONDS, NFSSource
@@ -253,3 +254,27 @@ def test_mountstats_parse_errors_count_bad_lines_of_reads_and_of_tables(tmp_path
     [mount] = stats.mounts.values()  # a consumer has the tables parsed: the events line is bad too
     assert mount.operation("READ") is None and mount.events
     assert source.parse_errors == 3
+
+
+# -- every second at scale: each diskstats line parsed when asked for
+
+
+def test_diskstats_lines_are_parsed_when_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU node lists dozens of devices (NVMe namespaces, partitions, loop and dm devices); every second the latency
+    windows need those under mounts, a scrape every fifteen all of them."""
+    import storwatch.sources.diskio as diskio
+
+    parsed: list[str] = []
+    real = diskio.parse_line
+    monkeypatch.setattr(diskio, "parse_line", lambda line, lineno=1: parsed.append(line.split()[2]) or real(line))
+    proc = _proc(tmp_path)
+    good = (FIXTURES / "diskstats" / "linux-6.8").read_text()
+    (proc / "diskstats").write_text(good)
+    source = DiskIOSource(HostPaths(procfs=str(proc)), DiskIOConfig(), clock=lambda: 1000.0)
+    source.collect()
+    (proc / "diskstats").write_text(_bump_diskstats(good, "nvme0n1", 10, 250))
+    second = source.collect()
+    assert parsed == []
+    assert second.deltas["nvme0n1"].writes == 10 and sorted(parsed) == ["nvme0n1", "nvme0n1"]  # before and after
+    expected = {d.name: d for d in parse_diskstats(_bump_diskstats(good, "nvme0n1", 10, 250).encode())[0]}
+    assert dict(second.counters) == expected and len(second.counters) == len(expected)
