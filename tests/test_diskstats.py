@@ -11,6 +11,7 @@ from storwatch.procfs.diskstats import (
     DiskStats,
     DiskStatsError,
     diskstats_delta,
+    diskstats_lines,
     parse_diskstats,
     parse_line,
 )
@@ -360,3 +361,51 @@ def test_delta_from_two_captures_of_the_same_machine() -> None:
     assert d.read_bytes == 120000 * 128 * 1024
     assert d.read_latency_seconds == pytest.approx(0.0003)
     assert d.utilisation == pytest.approx(0.98)
+
+
+# -- the whole file checked at once, each line parsed when asked for (the diskstats source every second)
+
+CAPTURES = sorted(FIXTURES.iterdir())
+
+
+def _as_parsed(lines: dict[str, str]) -> dict[str, DiskStats]:
+    return {name: parse_line(line) for name, line in lines.items()}
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=[p.name for p in CAPTURES])
+def test_diskstats_lines_of_a_capture_parse_as_the_whole_file_does(path: Path) -> None:
+    data = path.read_bytes()
+    lines = diskstats_lines(data)
+    assert lines is not None
+    disks, errors = parse_diskstats(data)
+    assert errors == [] and _as_parsed(lines) == {d.name: d for d in disks}
+    assert list(lines) == [d.name for d in disks]
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_LINES)
+def test_diskstats_lines_leave_a_file_with_a_bad_line_to_the_whole_parse(line: str, message: str) -> None:
+    good = CAPTURES[0].read_bytes()
+    assert diskstats_lines(good + line.encode("utf-8", "surrogateescape") + b"\n") is None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"", id="empty"),
+        pytest.param(b"   8       0 sda 1 0 8 1 1 0 8 1 0 1 2", id="no-newline-at-the-end"),
+        pytest.param(b"   8       0 sda 1 0 8 1 1 0 8 1 0 1 2\n\n", id="an-empty-line"),
+        pytest.param(b"   8       0 sda 1 0 8 1 1 0 8 1 0 1  2\n", id="two-spaces-between-counters"),
+        pytest.param(b"   8\t0 sda 1 0 8 1 1 0 8 1 0 1 2\n", id="a-tab"),
+        pytest.param("   8       0 sd\u00e9 1 0 8 1 1 0 8 1 0 1 2\n".encode(), id="a-name-not-in-ascii"),
+    ],
+)  # fmt: skip
+def test_diskstats_lines_take_only_the_kernels_own_layout(data: bytes) -> None:
+    """Anything else takes the long way, parse_diskstats, which reads what it can and says what it cannot."""
+    assert diskstats_lines(data) is None
+
+
+def test_diskstats_lines_of_a_name_given_twice_are_the_later_line() -> None:
+    data = b"   8       0 sda 1 0 8 1 1 0 8 1 0 1 2\n   8      16 sda 5 0 8 1 1 0 8 1 0 1 2\n"
+    lines = diskstats_lines(data)
+    assert lines is not None and _as_parsed(lines) == {d.name: d for d in parse_diskstats(data)[0]}
+    assert lines["sda"].split()[1] == "16"

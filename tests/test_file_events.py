@@ -441,3 +441,61 @@ def test_watches_added_at_once_on_threads_of_their_own_keep_to_the_limit(monkeyp
     adding.join(WAIT)
     other.join(WAIT)
     assert first == [1] and second == [28] and list(worker._paths) == [1]
+
+
+@pytest.mark.parametrize(
+    ("path", "directories", "below"),
+    [
+        pytest.param("/r/a/b", {"/r"}, True, id="two-levels-down"),
+        pytest.param("/r/a", {"/r/a"}, False, id="the-directory-itself"),
+        pytest.param("/ra/b", {"/r"}, False, id="a-name-that-only-starts-the-same"),
+        pytest.param("/x/b", {"/"}, True, id="below-the-root"),
+        pytest.param("/x", {"/y", "/x/z"}, False, id="above-one"),
+        pytest.param("//x/y", {"//x"}, True, id="two-leading-slashes"),
+    ],
+)  # fmt: skip
+def test_below_is_what_a_prefix_says(path: str, directories: set[str], below: bool) -> None:
+    from storwatch.sources.fileevents import _below
+
+    assert _below(path, directories) is below
+    assert any(path.startswith(d.rstrip("/") + "/") for d in directories) is below
+
+
+def test_the_watches_are_gone_through_again_only_when_they_or_the_wanted_directories_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every second the source holds its watches against the directories wanted (thousands of watches on a node with
+    hundreds of runs): it does so when either changed, and a watch that is no longer wanted is still let go."""
+    import storwatch.sources.fileevents as fileevents
+
+    looked: list[str] = []
+    below = fileevents._below
+    monkeypatch.setattr(fileevents, "_below", lambda path, dirs: looked.append(path) or below(path, dirs))
+    root, other = tmp_path / "root", tmp_path / "other"
+    (root / "alice" / "run").mkdir(parents=True)
+    other.mkdir()
+    wanted = [(str(root), False)]
+    made = FileEventSource(FileEventsConfig(), lambda: list(wanted))
+    try:
+        end = time.monotonic() + WAIT
+        while made.collect().watched < 3:  # root, alice, run
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        made.collect()  # holds the watches that came with the last collection's answers
+        looked.clear()
+        made.collect()
+        made.collect()
+        assert looked == []  # nothing changed since: no watch looked at
+        (root / "bob").mkdir()
+        while made.collect().watched < 4:  # the new directory watched as it came
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        made.collect()
+        assert str(root / "bob") in looked
+        wanted[:] = [(str(other), False)]
+        assert made.collect().watched == 0 and set(made._asked) == {str(other)}  # root's let go, other's asked
+        while made.collect().watched < 1:
+            assert time.monotonic() < end
+            time.sleep(0.05)
+    finally:
+        made.close()

@@ -187,6 +187,29 @@ def test_feeder_skips_first_reads_failed_probes_and_devices_no_mount_uses() -> N
     assert summaries["/mnt/data"]["read"].minute.ops == 100
 
 
+def test_feeder_returns_the_samples_of_the_mounts_asked_for_and_feeds_every_mount() -> None:
+    """The stall tracker judges only the mounts a GPU's work touches: the feeder hands it those samples, while every
+    mount's windows are fed."""
+    snapshot = Snapshot(
+        T + 0.5,
+        (DATA, ROOT, HOME),
+        disks=_disk_io(T, BEFORE, AFTER),
+        nfs=_nfs(T, {"/home": {"READ": OpDelta(8, 0.4, 0.3, 0), "COMMIT": OpDelta(2, 0.2, 0.1, 0)}}),
+        probes=(_probe("/mnt/data", T - 2, {"write": 0.004, "fsync": 0.01, "read": 0.001}),),
+    )
+    everything = WindowFeeder(LatencyWindows()).feed(snapshot)
+    windows = LatencyWindows()
+    kept = WindowFeeder(windows).feed(snapshot, keep={"/home", "/mnt/data"})
+    assert kept == [s for s in everything if s[0] in {"/home", "/mnt/data"}]
+    assert {(mp, op) for mp, op, *_ in kept} == {
+        ("/home", "read"), ("/home", "fsync"), ("/mnt/data", "read"), ("/mnt/data", "write"), ("/mnt/data", "fsync"),
+        ("/mnt/data", "probe_write"), ("/mnt/data", "probe_fsync"), ("/mnt/data", "probe_read"),
+    }  # fmt: skip
+    assert {mp for mp, *_ in everything} == {"/", "/home", "/mnt/data"}
+    assert windows.summary("/", "read", T + 1).minute.ops == 20  # not returned, still fed
+    assert WindowFeeder(LatencyWindows()).feed(snapshot, keep=set()) == []
+
+
 # -- LatencyWindows
 
 

@@ -10,9 +10,10 @@ import pytest
 
 from storwatch.config import DiskIOConfig, NFSConfig
 from storwatch.paths import HostPaths
+from storwatch.procfs.diskstats import parse_diskstats
 from storwatch.sources import UnusableInput
 from storwatch.sources.diskio import DiskIOSource
-from storwatch.sources.nfs import NO_NFS_INTERVAL_SECONDS, NFSSource
+from storwatch.sources.nfs import NO_NFS_INTERVAL_SECONDS, NFSSource, NFSStats, OpDelta, latency_samples
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -253,3 +254,97 @@ def test_mountstats_parse_errors_count_bad_lines_of_reads_and_of_tables(tmp_path
     [mount] = stats.mounts.values()  # a consumer has the tables parsed: the events line is bad too
     assert mount.operation("READ") is None and mount.events
     assert source.parse_errors == 3
+
+
+# -- every second at scale: each diskstats line parsed when asked for, NFS deltas worked out over columns
+
+
+def test_diskstats_lines_are_parsed_when_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU node lists dozens of devices (NVMe namespaces, partitions, loop and dm devices); every second the latency
+    windows need those under mounts, a scrape every fifteen all of them."""
+    import storwatch.sources.diskio as diskio
+
+    parsed: list[str] = []
+    real = diskio.parse_line
+    monkeypatch.setattr(diskio, "parse_line", lambda line, lineno=1: parsed.append(line.split()[2]) or real(line))
+    proc = _proc(tmp_path)
+    good = (FIXTURES / "diskstats" / "linux-6.8").read_text()
+    (proc / "diskstats").write_text(good)
+    source = DiskIOSource(HostPaths(procfs=str(proc)), DiskIOConfig(), clock=lambda: 1000.0)
+    source.collect()
+    (proc / "diskstats").write_text(_bump_diskstats(good, "nvme0n1", 10, 250))
+    second = source.collect()
+    assert parsed == []
+    assert second.deltas["nvme0n1"].writes == 10 and sorted(parsed) == ["nvme0n1", "nvme0n1"]  # before and after
+    expected = {d.name: d for d in parse_diskstats(_bump_diskstats(good, "nvme0n1", 10, 250).encode())[0]}
+    assert dict(second.counters) == expected and len(second.counters) == len(expected)
+
+
+def _nfs_block(mountpoint: str, read: int, write: int, commit: int, rtt: int = 0) -> str:
+    lines = [
+        f"device filer:/vol{len(mountpoint)} mounted on {mountpoint} with fstype nfs4 statvers=1.1",
+        "\tage:\t100",
+        "\tper-op statistics",
+        "\t        NULL: 0 0 0 0 0 0 0 0 0",
+        *(
+            f"\t{name:>12}: {n} {n} {n // 100} {n * 200} {n * 100} {n // 10} {n * 2 + rtt} {n * 3} 0"
+            for name, n in (("READ", read), ("WRITE", write), ("COMMIT", commit))
+        ),
+        "\t     GETATTR: 5 5 0 5 5 0 5 5 0",
+        "",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+ROOT_LINE = "device /dev/sda1 mounted on / with fstype ext4\n"
+
+
+def _nfs_reads(tmp_path: Path, *files: str) -> list[NFSStats]:
+    path, source = _mountstats_of(tmp_path, b"")
+    out = []
+    for text in files:
+        path.write_text(text)
+        out.append(source.collect())
+    return out
+
+
+def test_nfs_deltas_of_mounts_that_come_and_go_and_of_one_mounted_again(tmp_path: Path) -> None:
+    first, second, third = _nfs_reads(
+        tmp_path,
+        ROOT_LINE + _nfs_block("/a", 100, 200, 10) + _nfs_block("/b", 100, 200, 10),
+        ROOT_LINE
+        + _nfs_block("/new", 500, 500, 500)
+        + _nfs_block("/a", 110, 200, 12, rtt=40)
+        + _nfs_block("/b", 5, 1, 0),
+        ROOT_LINE + _nfs_block("/new", 501, 500, 500) + _nfs_block("/a", 110, 200, 12),
+    )
+    assert first.deltas == {}
+    # /new is new: no delta; /a moved; /b went back (mounted again: its counters started again): no delta.
+    assert second.deltas == {"/a": {"READ": OpDelta(10, 0.03, 0.06, 0), "COMMIT": OpDelta(2, 0.006, 0.044, 0)}}
+    assert list(latency_samples(second.deltas)) == [("/a", "READ", 10, 0.03), ("/a", "COMMIT", 2, 0.006)]
+    assert third.deltas == {"/new": {"READ": OpDelta(1, 0.003, 0.002, 0)}}
+
+
+def test_nfs_deltas_of_two_mounts_on_one_mountpoint_are_the_later_ones(tmp_path: Path) -> None:
+    """A mount over another on the same mountpoint: the one a path there reaches, as the tables have it."""
+    _, second = _nfs_reads(
+        tmp_path,
+        ROOT_LINE + _nfs_block("/a", 100, 100, 100) + _nfs_block("/a", 1000, 1000, 1000),
+        ROOT_LINE + _nfs_block("/a", 150, 100, 100) + _nfs_block("/a", 1001, 1000, 1000),
+    )
+    assert second.deltas == {"/a": {"READ": OpDelta(1, 0.003, 0.002, 0)}}
+    assert list(latency_samples(second.deltas)) == [("/a", "READ", 1, 0.003)]
+    assert second.mounts["/a"].operation("READ").requests == 1001  # type: ignore[union-attr]
+
+
+def test_nfs_delta_after_a_line_that_did_not_parse(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good = ROOT_LINE + _nfs_block("/a", 100, 100, 100)
+    bad = good.replace("READ: 100 100 1", "READ: 120 120 x")
+    with caplog.at_level(logging.WARNING, logger="storwatch.sources.nfs"):
+        _, second, third = _nfs_reads(
+            tmp_path, good, bad.replace("WRITE: 100", "WRITE: 101"), good.replace("WRITE: 100", "WRITE: 103")
+        )
+    assert [r.getMessage() for r in caplog.records if "per-op line" in r.getMessage()] != []
+    assert set(second.deltas["/a"]) == {"WRITE"}  # the bad READ line costs only itself
+    assert set(third.deltas["/a"]) == {"WRITE"}  # READ has nothing to be measured against: no delta this read
+    assert third.deltas["/a"]["WRITE"].requests == 2

@@ -16,9 +16,12 @@ from storwatch.procfs.mountstats import (
     NFSMount,
     NFSOperation,
     NFSTransport,
+    later_blocks,
+    next_block,
     parse_mountstats,
     parse_operation_line,
     parse_operation_times,
+    parse_operation_times_all,
     parse_transport_line,
 )
 from storwatch.sources.mountstats_reader import MountStatsReader, OperationLines
@@ -384,6 +387,12 @@ def all_captures() -> list[bytes]:
     return (NFSV3.read_bytes() + NFSV42_NCONNECT.read_bytes() + RDMA_UDP.read_bytes()).split(b"\n")[:-1]
 
 
+def inserted(lines: list[bytes], before: bytes, new: bytes) -> bytes:
+    """The file with ``new`` inserted before the one line that starts with ``before``."""
+    [index] = [i for i, line in enumerate(lines) if line.startswith(before)]
+    return b"\n".join([*lines[:index], new, *lines[index:]]) + b"\n"
+
+
 def replaced(lines: list[bytes], old: bytes, new: bytes) -> tuple[bytes, int]:
     """The file with the one line that starts with ``old`` replaced by ``new``, and that line's 1-based number."""
     [index] = [i for i, line in enumerate(lines) if line.startswith(old)]
@@ -545,6 +554,18 @@ def variants() -> dict[str, bytes]:
         "others": b"device proc mounted on /proc with fstype proc\nno device mounted on /x with fstype tmpfs\n",
         "other-with-lines": b"device tmpfs mounted on /tmp with fstype tmpfs\n\tjunk: 1\nstray\n" + whole,
         "empty": b"",
+        # Where the per-second reader looks for the next mount (OperationLines): the first lowercase "d" after a
+        # per-op header, which a procedure's name may hold; a mount with no device name between two NFS mounts;
+        # an NFS mount whose source is the word "device".
+        "lowercase-procedure": inserted(lines, b"\t     GETATTR: 4821093", b"\t   dcompound: 1 1 0 10 10 0 0 0 0"),
+        "no-device-between": inserted(
+            lines, b"device tmpfs mounted on /run/user/1000", b"no device mounted on /x with fstype tmpfs"
+        ),
+        "source-named-device": replaced(
+            lines,
+            b"device 10.0.0.5:/export/datasets",
+            b"device device mounted on /mnt/datasets with fstype nfs statvers=1.1",
+        )[0],
     }
 
 
@@ -677,3 +698,93 @@ def test_parse_operation_times_refuses_what_the_whole_line_parse_refuses(line: b
     with pytest.raises(MountStatsError, match=r"^line 31: ") as excinfo:
         parse_operation_times(line, lineno=31)
     assert message in str(excinfo.value)
+
+
+# ---------------------------------------------------------------------------------------------- many lines at once
+
+
+def _same_width(width: int) -> list[bytes]:
+    return [p.values[0] for p in OPERATION_LINES if len(p.values[0].split()) == width]
+
+
+@pytest.mark.parametrize("width", [9, 10], ids=["8-numbers", "9-numbers"])
+def test_operation_times_all_reads_what_each_line_reads(width: int) -> None:
+    lines = _same_width(width) * 3
+    columns = parse_operation_times_all(lines)
+    assert columns is not None
+    assert list(zip(*columns, strict=True)) == [tuple(parse_operation_times(line)) for line in lines]
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_OPERATION_LINES)
+def test_operation_times_all_leaves_a_bad_line_to_the_line_by_line_parse(line: bytes, message: str) -> None:
+    good = _same_width(10)
+    assert parse_operation_times_all([*good, line, *good]) is None
+    assert parse_operation_times_all([line]) is None
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # Each would read as good lines were the fields of all of them counted together, not line by line.
+        pytest.param([b"READ: 1 2 3 4 5 6 7 8", b"1 WRITE: 1 2 3 4 5 6 7 8 9"], id="a-number-moved-to-the-line-before"),
+        pytest.param([b"READ: 1 2 3 4 5 6 7 8 9 X: 1 2 3 4 5 6 7 8 9", b"", b"WRITE: 1 2 3 4 5 6 7 8 9"],
+                     id="two-lines-in-one-and-an-empty-one"),
+        pytest.param([b"READ: 1 2 3 4 5 6 7 8 | 9", b"WRITE: 1 2 3 4 5 6 7 8 9"], id="the-separator-in-a-line"),
+    ],
+)  # fmt: skip
+def test_operation_times_all_takes_no_line_that_is_not_good_on_its_own(lines: list[bytes]) -> None:
+    assert parse_operation_times_all(lines) is None
+    assert any(_refused(line) for line in lines)
+
+
+def _refused(line: bytes) -> bool:
+    try:
+        parse_operation_times(line)
+    except MountStatsError:
+        return True
+    return False
+
+
+def test_operation_times_all_leaves_lines_of_two_kernels_to_the_line_by_line_parse() -> None:
+    lines = [b"READ: 1 2 3 4 5 6 7 8", b"WRITE: 1 2 3 4 5 6 7 8 9"]  # 8 numbers, then 9: each good on its own
+    assert parse_operation_times_all(lines) is None
+    assert not any(_refused(line) for line in lines)
+
+
+def test_operation_times_all_of_no_lines() -> None:
+    assert parse_operation_times_all([]) == ([], [], [], [])
+
+
+def _blocks_by_markers(data: bytes) -> list[int]:
+    """What later_blocks gives, the plain way: each line after the first that starts with either marker."""
+    return [i + 1 for i in range(len(data)) if data.startswith((b"\ndevice ", b"\nno device "), i)]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"no device mounted on /a with fstype tmpfs\ndevice device mounted on /b with fstype nfs\n"
+                     b"\topts:\tdevice \nno device mounted on /c with fstype tmpfs\nxno device \n device x\n",
+                     id="markers-inside-lines"),
+        pytest.param(b"\ndevice a mounted on /a with fstype nfs\n", id="an-empty-first-line"),
+        pytest.param(b"device a\nno devic\nno device", id="cut-short"),
+        *(pytest.param(v, id=name) for name, v in variants().items()),
+    ],
+)  # fmt: skip
+def test_later_blocks_are_the_lines_that_start_with_a_marker(data: bytes) -> None:
+    assert later_blocks(data) == _blocks_by_markers(data)
+    starts = _blocks_by_markers(data)
+    for lo in range(0, len(data), max(1, len(data) // 97)):
+        after = [s for s in starts if s >= lo]
+        assert next_block(data, lo) == (after[0] if after else -1)
+        assert next_block(data, lo, lo + 40) == (after[0] if after and after[0] < lo + 40 else -1)
+
+
+@pytest.mark.parametrize("name", list(variants()))
+def test_operation_lines_as_columns_are_the_lines_found(name: str) -> None:
+    data = variants()[name]
+    finder = OperationLines(TICK_OPS)
+    columns = finder.columns(data)
+    assert list(zip(*columns, strict=True)) == OperationLines(TICK_OPS).find(data)
+    device_lines = len(_blocks_by_markers(data)) + data.startswith((b"device ", b"no device "))
+    assert finder.device_lines == device_lines

@@ -162,7 +162,7 @@ class ViewMaker:
         """Every tick: keep the Snapshot and feed what follows the node second by second."""
         self.clock_watch.check(snap.timestamp, monotonic)
         self.history.append(snap.for_history(self.history_keys))
-        self.stalls.observe(snap.gpus, self.feeder.feed(snap))
+        self.stalls.observe(snap.gpus, self.feeder.feed(snap, self.stalls.watched))
         self.feeder.forget(snap)  # the windows of unmounted pod volumes, which would otherwise stay for ever
         if snap.mounts:  # a table not read says nothing about what is gone
             self.stalls.forget(snap.timestamp, (m.mountpoint for m in snap.mounts))

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Container
 
 from storwatch.analysis.latency import LatencyWindows, MountLatency
 from storwatch.analysis.view import MountIO
 from storwatch.snapshot import Snapshot
-from storwatch.sources.nfs import OpDelta
+from storwatch.sources.nfs import latency_samples
 from storwatch.vocabulary import Mount
 
 # NFS procedures that stand for a mount's reads, writes and fsyncs (COMMIT makes unstable writes durable).
 NFS_OPS = {"read": "READ", "write": "WRITE", "fsync": "COMMIT"}
+_WINDOW_OF_NFS_OP = {name: op for op, name in NFS_OPS.items()}
 
 
 MOUNTS_COLLECTOR = "mounts"
@@ -57,15 +59,26 @@ class WindowFeeder:
         self._fed[source] = timestamp
         return before
 
-    def feed(self, snapshot: Snapshot) -> list[tuple[str, str, float, float, float, float]]:
+    def feed(
+        self, snapshot: Snapshot, keep: Container[str] | None = None
+    ) -> list[tuple[str, str, float, float, float, float]]:
         """Feed the windows; return the new samples as (mountpoint, operation, start, end, operations, seconds), the
-        start being the previous reading's time (-inf for a source's first)."""
+        start being the previous reading's time (-inf for a source's first): those of the mountpoints in ``keep``
+        only, when given (the stall tracker judges the few mounts a GPU's work touches; the windows take every
+        mount's)."""
         samples: list[tuple[str, str, float, float, float]] = []
-        spans: list[tuple[int, float]] = []  # (samples before this source's, its previous timestamp)
+        out: list[tuple[str, str, float, float, float, float]] = []
         add = samples.append
+
+        def taken(first: int, before: float) -> None:
+            # This source's samples, from ``first`` on, for the caller.
+            out.extend(
+                (mp, op, before, t, ops, secs) for mp, op, t, ops, secs in samples[first:] if keep is None or mp in keep
+            )
+
         disks = snapshot.disks
         if disks is not None and disks.deltas and (before := self._new("diskstats", disks.timestamp)) is not None:
-            spans.append((len(samples), before))
+            first = len(samples)
             t = disks.timestamp
             for mount in snapshot.mounts:
                 if mount.block is None:
@@ -78,29 +91,28 @@ class WindowFeeder:
                 add((mp, "write", t, d.writes, d.write_time_seconds))
                 if d.flushes is not None and d.flush_time_seconds is not None:
                     add((mp, "fsync", t, d.flushes, d.flush_time_seconds))
+            taken(first, before)
         nfs = snapshot.nfs
         if nfs is not None and nfs.deltas and (before := self._new("nfs", nfs.timestamp)) is not None:
-            spans.append((len(samples), before))
+            first = len(samples)
             t = nfs.timestamp
-            for mp, ops in nfs.deltas.items():
-                for op, name in NFS_OPS.items():
-                    delta: OpDelta | None = ops.get(name)
-                    if delta is not None:
-                        add((mp, op, t, delta.requests, delta.execute_seconds))
+            window_of = _WINDOW_OF_NFS_OP
+            for mp, name, requests, seconds in latency_samples(nfs.deltas):
+                op = window_of.get(name)
+                if op is not None:
+                    add((mp, op, t, requests, seconds))
+            taken(first, before)
         for probe in snapshot.probes:
             if probe.seconds is None:
                 continue
             before = self._new(f"probe:{probe.mountpoint}", probe.timestamp)
             if before is not None:
-                spans.append((len(samples), before))
+                first = len(samples)
                 for op, seconds in probe.seconds.items():
                     add((probe.mountpoint, f"probe_{op}", probe.timestamp, 1, seconds))
+                taken(first, before)
         if samples:
             self.windows.add_all(samples)
-        out: list[tuple[str, str, float, float, float, float]] = []
-        bounds = [*spans[1:], (len(samples), 0.0)] if spans else []
-        for (first, before), (end, _) in zip(spans, bounds, strict=True):
-            out.extend((mp, op, before, t, ops, secs) for mp, op, t, ops, secs in samples[first:end])
         return out
 
 

@@ -112,6 +112,11 @@ class StallFeed:
         """The mounts any GPU's work touched at the last View: the only ones whose latency is judged and drawn."""
         self.timeline = Timeline()
 
+    @property
+    def watched(self) -> frozenset[str]:
+        """The mounts some GPU's work touched at the last View: the only ones whose latency :meth:`observe` takes."""
+        return self._watched
+
     def configure(self, params: StallParams) -> None:
         with self._lock:
             self.tracker.params = params

@@ -34,7 +34,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Cause = Literal["checkpoint_write", "io_contention", "data_read"]
 CAUSES: tuple[Cause, ...] = ("checkpoint_write", "io_contention", "data_read")
@@ -60,9 +60,10 @@ class StallParams:
     """GPU time is attributed once this old: longer than a checkpoint scan's interval plus its own time."""
 
 
-@dataclass(frozen=True)
-class GPUReading:
-    """One GPU's utilisation over ``(start, end]`` (a driver sample, or one tick's reading)."""
+class GPUReading(NamedTuple):
+    """One GPU's utilisation over ``(start, end]`` (a driver sample, or one tick's reading). A NamedTuple, as
+    :class:`LatencyReading` is: the agent makes a few dozen a second, and a frozen dataclass costs five times as much
+    to make (each field set through object.__setattr__)."""
 
     gpu: str
     """The GPU's label: its NVML index."""
@@ -73,9 +74,9 @@ class GPUReading:
     """A process holds memory on the GPU (or the GPU has processes when their memory cannot be read)."""
 
 
-@dataclass(frozen=True)
-class LatencyReading:
-    """A mount's mean latency for one operation over ``(start, end]``."""
+class LatencyReading(NamedTuple):
+    """A mount's mean latency for one operation over ``(start, end]``: one a second for each operation of each mount
+    a GPU's work touches."""
 
     mountpoint: str
     op: Op
@@ -131,8 +132,9 @@ class Stall:
         return self.end - self.start
 
 
-@dataclass(frozen=True)
-class Judged:
+class Judged(NamedTuple):
+    """A latency reading as its baseline judged it (one for each reading)."""
+
     reading: LatencyReading
     baseline: float | None
     high: bool

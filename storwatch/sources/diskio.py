@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -10,7 +9,14 @@ from dataclasses import dataclass
 
 from storwatch.config import DiskIOConfig
 from storwatch.paths import HostPaths
-from storwatch.procfs.diskstats import DiskStats, DiskStatsDelta, diskstats_delta, parse_diskstats
+from storwatch.procfs.diskstats import (
+    DiskStats,
+    DiskStatsDelta,
+    diskstats_delta,
+    diskstats_lines,
+    parse_diskstats,
+    parse_line,
+)
 from storwatch.sources import FactsKey, OnceLog, read_first_named, require_parsed
 
 log = logging.getLogger(__name__)
@@ -20,19 +26,45 @@ log = logging.getLogger(__name__)
 class DiskIO:
     timestamp: float
     """Wall-clock time of this read (the clock the agent was given)."""
-    counters: dict[str, DiskStats]
-    """Every device's counters since boot, by kernel name."""
+    counters: Mapping[str, DiskStats]
+    """Every device's counters since boot, by kernel name (each parsed when first asked for: :class:`Counters`)."""
     deltas: Mapping[str, DiskStatsDelta]
     """Each device's activity since the previous read (worked out when first asked for); empty on the first read."""
 
 
 def _diskio_for_history(facts: DiskIO) -> DiskIO:
     # The deltas keep the two reads they come from; the counters themselves only the newest snapshot needs.
-    return dataclasses.replace(facts, counters={})
+    return DiskIO(facts.timestamp, {}, facts.deltas)
 
 
 DISKIO: FactsKey[DiskIO] = FactsKey("disks", _diskio_for_history)
 """The diskstats source's facts in a Snapshot."""
+
+
+class Counters(Mapping[str, DiskStats]):
+    """One read's devices, each line parsed when first asked for. Every second the latency windows need the devices
+    under mounts (a few; a GPU node lists dozens of NVMe namespaces, partitions, loop and dm devices), and a scrape
+    every device; the lines were checked as a whole when read (``diskstats_lines``), so parsing one later cannot
+    fail."""
+
+    def __init__(self, lines: dict[str, str]) -> None:
+        self._lines = lines
+        self._parsed: dict[str, DiskStats] = {}
+
+    def __getitem__(self, name: str) -> DiskStats:
+        disk = self._parsed.get(name)
+        if disk is None:
+            disk = self._parsed[name] = parse_line(self._lines[name])
+        return disk
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._lines)
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._lines
 
 
 class Deltas(Mapping[str, DiskStatsDelta]):
@@ -40,7 +72,7 @@ class Deltas(Mapping[str, DiskStatsDelta]):
     for the devices under mounts, a scrape for every device's utilisation, and History keeps this object, not 64
     deltas a second that nobody may read."""
 
-    def __init__(self, before: dict[str, DiskStats], after: dict[str, DiskStats], seconds: float) -> None:
+    def __init__(self, before: Mapping[str, DiskStats], after: Mapping[str, DiskStats], seconds: float) -> None:
         self._before, self._after, self._seconds = before, after, seconds
         self._names = [name for name in after if name in before]
         self._worked_out: dict[str, DiskStatsDelta] = {}
@@ -76,7 +108,7 @@ class DiskIOSource:
         self.clock = clock
         self.monotonic = monotonic
         self.configure(config)
-        self._prev: dict[str, DiskStats] = {}
+        self._prev: Mapping[str, DiskStats] = {}
         self._prev_mono = 0.0
         self._bad_lines = OnceLog(log)
         self.parse_errors = 0
@@ -88,14 +120,19 @@ class DiskIOSource:
     def collect(self) -> DiskIO:
         path, data = read_first_named((self.paths.proc("diskstats"),), "diskstats")
         mono = self.monotonic()
-        disks, errors = parse_diskstats(data)
-        self.parse_errors += len(errors)
-        for err in errors:
-            self._bad_lines.warning(err.line, "diskstats: skipping malformed %s", err)
-        # Nothing to report is a failure, not an idle node: an empty file or one of garbage (a torn read, a wrong
-        # --path.procfs). The last good read stays the base for the next deltas.
-        require_parsed(path, "device", len(disks), errors)
-        counters = {d.name: d for d in disks}
+        lines = diskstats_lines(data)
+        counters: Mapping[str, DiskStats]
+        if lines is not None:  # the kernel's own layout, every line good: each parsed when asked for
+            counters = Counters(lines)
+        else:
+            disks, errors = parse_diskstats(data)
+            self.parse_errors += len(errors)
+            for err in errors:
+                self._bad_lines.warning(err.line, "diskstats: skipping malformed %s", err)
+            # Nothing to report is a failure, not an idle node: an empty file or one of garbage (a torn read, a
+            # wrong --path.procfs). The last good read stays the base for the next deltas.
+            require_parsed(path, "device", len(disks), errors)
+            counters = {d.name: d for d in disks}
         seconds = mono - self._prev_mono
         deltas: Mapping[str, DiskStatsDelta] = (
             Deltas(self._prev, counters, seconds) if self._prev and seconds > 0 else {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable
+from typing import NamedTuple
 
 from storwatch.procfs.mountstats import (
     NFS_FSTYPES,
@@ -24,6 +25,7 @@ from storwatch.procfs.mountstats import (
     NFSOperation,
     later_blocks,
     moved,
+    next_block,
     op_line_at,
     parse_device_line,
     parse_mountstats,
@@ -156,41 +158,74 @@ class OperationLines:
 
     def find(self, data: bytes) -> list[tuple[str, str, bytes, int]]:
         """(mountpoint, procedure, line, offset of the line in ``data``) for every line found, in file order."""
-        first = [0] if data.startswith((b"device ", b"no device ")) else []
-        starts = [*first, *later_blocks(data), len(data)]
-        self._head_bound = device_line_bound(len(starts))
-        found: list[tuple[str, str, bytes, int]] = []
-        self.device_lines, self.bad_device_lines = len(starts) - 1, 0
-        for begin, end in itertools.pairwise(starts):
-            head = self._head(data, begin, end)
+        return list(zip(*self.columns(data), strict=True))
+
+    def columns(self, data: bytes) -> FoundLines:
+        """What :meth:`find` finds, as columns: item i of each list is one line's."""
+        found = FoundLines([], [], [], [])
+        blocks = bad = 0
+        size = len(data)
+        begin = 0 if data.startswith((b"device ", b"no device ")) else next_block(data, 1)
+        while begin >= 0:
+            blocks += 1
+            newline = data.find(b"\n", begin)
+            if newline < 0:  # cut short: the last line, and no block after it
+                bad += 1
+                break
+            # The next block, and this one's per-op section, are looked for in a way that goes through the file about
+            # once: a block of another filesystem is one line, and an NFS mount's per-op lines, most of the file, hold
+            # no lowercase letter, so the first "d" after its section's header is where the next block's line says
+            # "device", which is then checked as any other place is.
+            end = newline + 1 if data.startswith((b"device ", b"no device "), newline + 1) else -1
+            head = self._head(data[begin:newline])
             if head is None:
+                bad += 1
+            if head is None or head.fstype not in NFS_FSTYPES:
+                begin = end if end >= 0 else next_block(data, newline + 1)
                 continue
-            section = data.find(PER_OP_HEADER, begin, end)
-            if section < 0:
-                section = begin  # a damaged header: the lines may still be there (parse_mountstats reads them)
+            # Without a per-op header (damaged), the lines may still be there: parse_mountstats reads them.
+            section = begin
+            if end < 0:
+                header = data.find(PER_OP_HEADER, begin)
+                end = next_block(data, newline + 1, header) if header >= 0 else next_block(data, newline + 1)
+                if header >= 0 and end < 0:  # the header is this block's
+                    section = after = header + len(PER_OP_HEADER)
+                    d = data.find(b"d", after)
+                    end = next_block(data, max(after, d - 3)) if d >= 0 else -1
+            stop = end if end >= 0 else size
             for name, key in self._keys:
-                at = op_line_at(data, key, section, end)
+                at = op_line_at(data, key, section, stop)
                 if at is not None:
-                    found.append((head.mountpoint, name, data[at[0] : at[1]], at[0]))
+                    found.mountpoints.append(head.mountpoint)
+                    found.names.append(name)
+                    found.lines.append(data[at[0] : at[1]])
+                    found.offsets.append(at[0])
+            begin = end
+        self.device_lines, self.bad_device_lines = blocks, bad
+        self._head_bound = device_line_bound(blocks)
         return found
 
-    def _head(self, data: bytes, begin: int, end: int) -> DeviceLine | None:
-        """The block's device line, when it is an NFS mount's."""
-        newline = data.find(b"\n", begin, end)
-        if newline < 0:
-            self.bad_device_lines += 1
-            return None  # cut short
-        first = data[begin:newline]
+    def _head(self, first: bytes) -> DeviceLine | None:
+        """A block's device line, parsed; None when it does not parse."""
         heads = self._heads
-        if first not in heads:
-            if len(heads) >= self._head_bound:
-                heads.clear()
-            try:
-                heads[first] = parse_device_line(first, 1)
-            except MountStatsError:
-                heads[first] = None
-        head = heads[first]
-        if head is None:
-            self.bad_device_lines += 1
-            return None
-        return head if head.fstype in NFS_FSTYPES else None
+        if first in heads:
+            return heads[first]
+        if len(heads) >= self._head_bound:
+            heads.clear()
+        try:
+            head: DeviceLine | None = parse_device_line(first, 1)
+        except MountStatsError:
+            head = None
+        heads[first] = head
+        return head
+
+
+class FoundLines(NamedTuple):
+    """The per-op lines :class:`OperationLines` found, as columns (item i of each is one line's), in file order."""
+
+    mountpoints: list[str]
+    names: list[str]
+    lines: list[bytes]
+    """Each line as it is in the file, without its newline."""
+    offsets: list[int]
+    """Where each line starts in the file."""

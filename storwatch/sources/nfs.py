@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -15,14 +15,15 @@ from storwatch.paths import HostPaths
 from storwatch.procfs.mountstats import (
     MountStatsError,
     NFSMount,
-    OperationTimes,
+    OperationColumns,
     line_number,
     moved,
     parse_mountstats,
     parse_operation_times,
+    parse_operation_times_all,
 )
 from storwatch.sources import FactsKey, OnceLog, read_first_named, require_parsed
-from storwatch.sources.mountstats_reader import MountStatsReader, OperationLines
+from storwatch.sources.mountstats_reader import FoundLines, MountStatsReader, OperationLines
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +41,132 @@ class OpDelta(NamedTuple):
     major_timeouts: int
 
 
+class _Read(NamedTuple):
+    """The READ, WRITE and COMMIT lines of one read of mountstats that parsed, as columns: item i of each is one
+    line's (the lines in file order)."""
+
+    mountpoints: list[str]
+    names: list[str]
+    times: OperationColumns
+
+
+class OpDeltas(Mapping[str, Mapping[str, OpDelta]]):
+    """Per mountpoint and operation, the change between two reads of the operations that had requests, by
+    mountpoint, then procedure: a mount seen twice on one mountpoint (one mounted over the other) counts as the
+    later one, as the tables do.
+
+    Kept as the two reads' columns and the lines that moved: the latency windows take :meth:`latency_samples` every
+    second, and the OpDelta records, with their RTT and timeouts, are made when first asked for (History keeps this
+    object, and a busy node's 192 records a second went unread)."""
+
+    def __init__(
+        self, now: _Read | None = None, before: OperationColumns | None = None, moved: list[int] | None = None
+    ) -> None:
+        self._now, self._before, self._moved = now, before, moved or []
+        self._records: dict[str, dict[str, OpDelta]] | None = None
+
+    def latency_samples(self) -> Iterator[tuple[str, str, int, float]]:
+        """(mountpoint, procedure, requests, execute seconds) of each line that moved, in file order."""
+        if self._now is None or self._before is None:
+            return
+        mountpoints, names = self._now.mountpoints, self._now.names
+        requests, execute, before_requests, before_execute = (
+            self._now.times.requests,
+            self._now.times.execute_time_ms,
+            self._before.requests,
+            self._before.execute_time_ms,
+        )
+        for i in self._moved:
+            yield (
+                mountpoints[i],
+                names[i],
+                requests[i] - before_requests[i],
+                max(0, execute[i] - before_execute[i]) / 1000.0,
+            )
+
+    def _by_mount(self) -> dict[str, dict[str, OpDelta]]:
+        records = self._records
+        if records is None:
+            records = {}
+            if self._now is not None and self._before is not None:
+                now, before = self._now.times, self._before
+                for i in self._moved:
+                    records.setdefault(self._now.mountpoints[i], {})[self._now.names[i]] = OpDelta(
+                        now.requests[i] - before.requests[i],
+                        max(0, now.execute_time_ms[i] - before.execute_time_ms[i]) / 1000.0,
+                        max(0, now.rtt_ms[i] - before.rtt_ms[i]) / 1000.0,
+                        max(0, now.major_timeouts[i] - before.major_timeouts[i]),
+                    )
+            self._records = records
+        return records
+
+    def __bool__(self) -> bool:
+        return bool(self._moved)
+
+    def __getitem__(self, mountpoint: str) -> Mapping[str, OpDelta]:
+        return self._by_mount()[mountpoint]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_mount())
+
+    def __len__(self) -> int:
+        return len(self._by_mount())
+
+    def __repr__(self) -> str:
+        return f"OpDeltas({self._by_mount()!r})"
+
+
+NO_DELTAS = OpDeltas()
+
+
+def _deltas(before: _Read | None, now: _Read) -> OpDeltas:
+    """The change from ``before`` to ``now``, line by line. A line without one in ``before`` (a mount new since, or
+    one whose line did not parse then) has none; neither has one whose requests went back (the mount was mounted
+    again: its counters started again)."""
+    if before is None:
+        return NO_DELTAS
+    if now.mountpoints == before.mountpoints and now.names == before.names:
+        times = before.times
+    else:
+        # Mounts came or went since: line each line up with its own in ``before``, or with itself (no change).
+        at = {key: i for i, key in enumerate(zip(before.mountpoints, before.names, strict=True))}
+        where = [at.get(key, -1) for key in zip(now.mountpoints, now.names, strict=True)]
+        times = OperationColumns(
+            *(
+                [old[j] if j >= 0 else new[i] for i, j in enumerate(where)]
+                for old, new in zip(before.times, now.times, strict=True)
+            )
+        )
+    moved = [i for i, change in enumerate(map(operator.sub, now.times.requests, times.requests)) if change > 0]
+    if moved and len(set(zip(now.mountpoints, now.names, strict=True))) < len(now.mountpoints):
+        last = {key: i for i, key in enumerate(zip(now.mountpoints, now.names, strict=True))}
+        moved = [i for i in moved if last[now.mountpoints[i], now.names[i]] == i]
+    return OpDeltas(now, times, moved)
+
+
+def latency_samples(deltas: Mapping[str, Mapping[str, OpDelta]]) -> Iterator[tuple[str, str, int, float]]:
+    """(mountpoint, procedure, requests, execute seconds) of every change in ``deltas``."""
+    if isinstance(deltas, OpDeltas):
+        yield from deltas.latency_samples()
+        return
+    for mountpoint, ops in deltas.items():
+        for name, delta in ops.items():
+            yield mountpoint, name, delta.requests, delta.execute_seconds
+
+
 @dataclass(frozen=True)
 class NFSStats:
     timestamp: float
     mounts: Mapping[str, NFSMount]
     """Every NFS mount's counters since it was mounted, by mountpoint: the whole file is read into tables when first
     looked at (a scrape, the status page), not every second; each table is parsed when first used."""
-    deltas: dict[str, dict[str, OpDelta]]
+    deltas: Mapping[str, Mapping[str, OpDelta]]
     """Per mountpoint and operation in DELTA_OPERATIONS, the change since the previous read (those with requests)."""
 
 
 def _nfs_for_history(facts: NFSStats) -> NFSStats:
     # Every mount's per-op table only the newest snapshot needs; History keeps the deltas.
-    return dataclasses.replace(facts, mounts={})
+    return NFSStats(facts.timestamp, {}, facts.deltas)
 
 
 NFS: FactsKey[NFSStats] = FactsKey("nfs", _nfs_for_history)
@@ -90,20 +204,6 @@ class _Tables(Mapping[str, NFSMount]):
         return len(self._read())
 
 
-def _op_delta(prev: OperationTimes, cur: OperationTimes) -> OpDelta | None:
-    if cur.requests < prev.requests:  # remounted: the counters started again
-        return None
-    requests = cur.requests - prev.requests
-    if requests <= 0:
-        return None
-    return OpDelta(
-        requests,
-        max(0, cur.execute_time_ms - prev.execute_time_ms) / 1000.0,
-        max(0, cur.rtt_ms - prev.rtt_ms) / 1000.0,
-        max(0, cur.major_timeouts - prev.major_timeouts),
-    )
-
-
 NO_NFS_INTERVAL_SECONDS = 5.0
 """How often mountstats is read while the last read found no NFS mount (a node without NFS)."""
 
@@ -124,8 +224,8 @@ class NFSSource:
         self._reader = MountStatsReader(self._log_bad_lines)
         self._reader_lock = threading.Lock()
         self._lines = OperationLines(DELTA_OPERATIONS)
-        self._last: dict[tuple[str, str], tuple[bytes, OperationTimes]] = {}
-        """By (mountpoint, procedure): its line at the last read, and what it parsed to."""
+        self._last: _Read | None = None
+        """The lines of the last read that parsed."""
 
     def configure(self, config: NFSConfig) -> None:
         self._interval = config.interval_seconds
@@ -154,29 +254,29 @@ class NFSSource:
         """Every second: the READ, WRITE and COMMIT lines of each NFS mount, and the change of those that moved.
         The rest of the file waits for a consumer (NFSStats.mounts)."""
         path, data = read_first_named(self.paths.host_process_file("mountstats"), "mountstats")
-        last = self._last
-        now: dict[tuple[str, str], tuple[bytes, OperationTimes]] = {}
-        deltas: dict[str, dict[str, OpDelta]] = {}
-        found = self._lines.find(data)
+        found = self._lines.columns(data)
         self._check(path, data)
-        for mountpoint, name, line, offset in found:
-            key = (mountpoint, name)
-            before = last.get(key)
-            if before is not None and before[0] == line:  # the same line: nothing happened
-                now[key] = before
-                continue
+        times = parse_operation_times_all(found.lines)
+        read = _Read(found.mountpoints, found.names, times) if times is not None else self._parse_each(data, found)
+        deltas = _deltas(self._last, read)
+        self._last = read
+        self._nfs_seen = bool(found.lines)
+        return NFSStats(self.clock(), _Tables(data, self._reader, self._reader_lock), deltas)
+
+    def _parse_each(self, data: bytes, found: FoundLines) -> _Read:
+        """The lines parsed one by one, when not all are of the usual shape: each bad one logged and left out."""
+        read = _Read([], [], OperationColumns([], [], [], []))
+        for mountpoint, name, line, offset in zip(*found, strict=True):
             try:
                 op = parse_operation_times(line)
             except MountStatsError as err:
                 self._log_bad_lines([moved(err, line_number(data, offset))])
                 continue
-            now[key] = (line, op)
-            delta = _op_delta(before[1], op) if before is not None else None
-            if delta is not None:
-                deltas.setdefault(mountpoint, {})[name] = delta
-        self._last = now
-        self._nfs_seen = bool(found)
-        return NFSStats(self.clock(), _Tables(data, self._reader, self._reader_lock), deltas)
+            read.mountpoints.append(mountpoint)
+            read.names.append(name)
+            for column, value in zip(read.times, op, strict=True):
+                column.append(value)
+        return read
 
     def _check(self, path: str, data: bytes) -> None:
         """Raise UnusableInput when mountstats gave nothing to go by: every mount, NFS or not, has a ``device``
