@@ -5,6 +5,7 @@ access mode, the workers counted; the /proc/<pid>/io parser on odd input; and th
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from storwatch.paths import HostPaths
 from storwatch.procfs.pidio import access_mode, parse_children, parse_io
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
-from storwatch.sources.access import ACCESS, AccessConfig, AccessSource
+from storwatch.sources.access import ACCESS, WATCH_SECONDS, AccessConfig, AccessSource
 from storwatch.vocabulary import Platform
 from tests.builders import host_mounts
 from tests.realmounts import tmpfs_mount
@@ -140,3 +141,57 @@ def test_the_io_parser_keeps_good_lines_and_names_bad_ones() -> None:
     assert access_mode(b"flags:\t02100000\n") == "r" and access_mode(b"flags: 01\n") == "w"
     assert access_mode(b"flags: zz\n") is None and access_mode(b"") is None
     assert parse_children(b"12 13 x 0 99999999\n") == [12, 13]
+
+
+SLOW_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    print("ready", flush=True)
+    sys.stdin.readline()
+    with open(sys.argv[1], "wb", buffering=0) as f:   # a save the device holds back: 256 KiB every 0.1 s
+        for _ in range(32):
+            f.write(b"x" * (256 << 10))
+            time.sleep(0.1)
+    print("closed", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+def _said(proc: subprocess.Popen[str], word: str) -> bool:
+    """Whether the process has printed its next line, and it is ``word`` (without waiting for it)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 0)
+    return bool(ready) and proc.stdout.readline().strip() == word
+
+
+@pytest.mark.realpart
+def test_a_save_written_slower_than_the_trigger_between_looks_is_seen_open_and_counted_whole(tmp_path: Path) -> None:
+    """A writer the device holds back passes less than WRITE_TRIGGER_BYTES to write calls between two looks, all
+    through its save (8 MiB at 2.5 MiB/s: about 0.6 MiB a look): what it wrote adds up across looks into bursts that
+    count every byte but the last look's, and the look that sees the trigger reached reads its open files while the
+    save is open. The looks come as the agent makes them (paced: every WATCH_SECONDS between passes); the save
+    begins after a pass and ends before the next (5 s apart at the default), so only the looks can see it."""
+    target = tmp_path / "step-1.pt"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_WRITER, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        source = AccessSource(HostPaths(), AccessConfig(), lambda: [proc.pid], host_mounts, time.time, paced=True)
+        source.collect()  # the pass
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 120
+        while not _said(proc, "closed"):
+            assert time.monotonic() < deadline, "the writer never closed its file"
+            time.sleep(WATCH_SECONDS)
+            source.collect()
+        w = source.collect().workloads[proc.pid]
+        counted = sum(n for _, _, n in w.write_bursts)
+        assert 7 << 20 <= counted <= 8 << 20, w.write_bursts
+        assert [f.path for f in w.written] == [str(target)], w.written
+    finally:
+        proc.kill()
+        proc.wait()

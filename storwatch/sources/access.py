@@ -59,7 +59,8 @@ writes (its one fd link), so the moment it closes (a save's end) is known to wit
 ``interval_seconds`` is; and each GPU process's and known writer's write counter, so a save that begins between
 passes is seen open while it goes on."""
 WRITE_TRIGGER_BYTES = 1 << 20
-"""Bytes a process passed to write calls between two looks that make the next look read its open files."""
+"""Bytes a process passed to write calls since the last look that found its counter still (however many looks that
+spans) that make a burst, and make the look read its open files."""
 MAX_TRIGGERED_PER_LOOK = 8
 """Processes whose open files one look between passes may read."""
 MAX_WATCH_SECONDS = 900.0
@@ -531,7 +532,12 @@ class AccessSource:
                 self._facts,
                 timestamp=now,
                 workloads={
-                    pid: dataclasses.replace(w, written=self._written(pid), held=self._held(pid))
+                    pid: dataclasses.replace(
+                        w,
+                        written=self._written(pid),
+                        held=self._held(pid),
+                        write_bursts=tuple(self._workloads[pid].bursts) if pid in self._workloads else w.write_bursts,
+                    )
                     for pid, w in self._facts.workloads.items()
                 },
             )
@@ -628,11 +634,11 @@ class AccessSource:
             if rec.counters is not None and rec.read_pass == self._pass
         }
         for p, (w, wchar) in fresh.items():  # a burst between the last look and this pass is a burst all the same
-            before, at = self._wchar.get(p), self._wchar_at.get(p)
-            if before is not None and at is not None and wchar - before >= WRITE_TRIGGER_BYTES:
-                w.bursts.append((at, now, wchar - before))
-        self._wchar = {p: wchar for p, (_, wchar) in fresh.items()}
-        self._wchar_at = dict.fromkeys(self._wchar, now)
+            burst = self._burst(p, wchar, now)
+            if burst is not None:
+                w.bursts.append(burst)
+        self._wchar = {p: self._wchar[p] for p in fresh}
+        self._wchar_at = {p: self._wchar_at[p] for p in fresh}
         self._facts = AccessFacts(
             now,
             out,
@@ -742,6 +748,21 @@ class AccessSource:
                 else:
                     w.closed_by = now
 
+    def _burst(self, pid: int, wchar: int, now: float) -> tuple[float, float, int] | None:
+        """A process's write counter read at ``now``: the burst it wrote since the last look that found it still,
+        once that comes to WRITE_TRIGGER_BYTES, as (that look, now, bytes). Less is kept until it adds up, never
+        dropped: a writer the device holds back (dirty pages throttled, a slow network filesystem) passes less than
+        that to write calls between two looks all through its save, and would otherwise never be seen writing. A
+        counter that did not move moves the burst's start to now."""
+        before, at = self._wchar.get(pid), self._wchar_at.get(pid)
+        if before is None or at is None or wchar <= before:
+            self._wchar[pid], self._wchar_at[pid] = wchar, now
+            return None
+        if wchar - before < WRITE_TRIGGER_BYTES:
+            return None
+        self._wchar[pid], self._wchar_at[pid] = wchar, now
+        return (at, now, wchar - before)
+
     def _triggered(self) -> None:
         """Read the open files of the GPU processes and known writers that wrote WRITE_TRIGGER_BYTES since the last
         look (a save begun between passes), at most MAX_TRIGGERED_PER_LOOK of them, each within one pass's budget."""
@@ -756,13 +777,10 @@ class AccessSource:
                 if counters is None:
                     self._wchar.pop(pid, None)
                     continue
-                before, before_at = self._wchar.get(pid), self._wchar_at.get(pid)
-                now = self.clock()
-                self._wchar[pid], self._wchar_at[pid] = counters.wchar, now
-                if before is None or counters.wchar - before < WRITE_TRIGGER_BYTES:
+                burst = self._burst(pid, counters.wchar, self.clock())
+                if burst is None:
                     continue
-                if before_at is not None:
-                    work.bursts.append((before_at, now, counters.wchar - before))
+                work.bursts.append(burst)
                 if read >= MAX_TRIGGERED_PER_LOOK:
                     continue
                 read += 1
