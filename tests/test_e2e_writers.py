@@ -162,7 +162,8 @@ class Outcome:
             f"({[c['write_timed_by'] or c['write_untimed_reason'] for c in run['checkpoints']]}), job's "
             f"{[round(d, 3) for d in self.durations.values()]}; stalls {self.stalls()}; looked "
             f"{self.looked_at - self.last_end:.1f} s after the last save (View of "
-            f"{self.status['generated_at'] - self.last_end:.1f} s after)"
+            f"{self.status['generated_at'] - self.last_end:.1f} s after); collectors in error "
+            f"{[(c['name'], c['error']) for c in self.status['collectors'] if c['error']]}"
         )
 
 
@@ -379,6 +380,8 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Out
             out[name] = Outcome(name, i, mounts[name], mounts[name] / "run", measured, data, at, tied[name])
         for outcome in out.values():
             print(outcome.figures())
+        # The agent's log beside the jobs' (a failed way's figures say what the agent showed; its log says why).
+        (tmp / "agent.log").write_text(agent.stderr_text())
         yield out
 
 
