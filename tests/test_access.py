@@ -195,3 +195,54 @@ def test_a_save_written_slower_than_the_trigger_between_looks_is_seen_open_and_c
     finally:
         proc.kill()
         proc.wait()
+
+
+WRITE_THEN_SYNC = textwrap.dedent(
+    """
+    import sys, time
+    print("ready", flush=True)
+    sys.stdin.readline()
+    f = open(sys.argv[1], "wb", buffering=0)   # the save: its bytes in the page cache at once
+    f.write(b"x" * (2 << 20))
+    time.sleep(1.0)
+    f.close()
+    g = open(sys.argv[1], "rb")                # then opened again to sync it: nothing written meanwhile
+    time.sleep(2.0)
+    g.close()
+    print("synced", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+@pytest.mark.realpart
+def test_a_file_opened_again_after_its_close_is_seen_held_by_its_writer(tmp_path: Path) -> None:
+    """``torch.save``, then the file opened again and fsynced: the save's end is the second descriptor's close,
+    counted where the writer is seen holding the file then (analysis/writes.py). The sync writes nothing, so no
+    write burst asks for a read of the writer's open files: the look that sees the first descriptor closed does.
+    The save begins after a pass and ends before the next, so only the looks between passes can see it."""
+    target = tmp_path / "step-1.pt"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITE_THEN_SYNC, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        source = AccessSource(HostPaths(), AccessConfig(), lambda: [proc.pid], host_mounts, time.time, paced=True)
+        source.collect()  # the pass
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 120
+        while not _said(proc, "synced"):
+            assert time.monotonic() < deadline, "the writer never synced its file"
+            time.sleep(WATCH_SECONDS)
+            source.collect()
+        w = source.collect().workloads[proc.pid]
+        (written,) = w.written
+        assert written.path == str(target) and written.closed_by is not None, w.written
+        assert [h.path for h in w.held] == [str(target)], w.held
+        (held,) = w.held
+        assert held.first_seen >= written.closed_by, (held, written)
+    finally:
+        proc.kill()
+        proc.wait()

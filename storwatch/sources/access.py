@@ -25,9 +25,10 @@ import dataclasses
 import itertools
 import logging
 import os
+import stat
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from storwatch.checkpoints.scan import checkpoint_member
@@ -526,8 +527,7 @@ class AccessSource:
         now = self.clock()
         if self.paced and self._facts is not None and now < self._next_pass:
             # Between passes: only the open files being written, and the write counters, are looked at again.
-            self._watch()
-            self._triggered()
+            self._triggered(self._watch())
             return dataclasses.replace(
                 self._facts,
                 timestamp=now,
@@ -730,23 +730,32 @@ class AccessSource:
             for p in (closed + list(work.written))[: len(work.written) - MAX_WRITTEN_FILES]:
                 work.written.pop(p, None)
 
-    def _watch(self) -> None:
-        """Look again at each open file a workload writes (its one fd link): still linked to it, still open."""
+    def _watch(self) -> set[int]:
+        """Look again at each open file a workload writes (its one fd link): still linked to it, still open. The
+        processes that closed one since the last look: a writer may open it again at once to sync it (``torch.save``,
+        then the file opened and fsynced), writing nothing meanwhile, so the next read of its open files is now."""
         now = self.clock()
         watched = 0
+        closed: set[int] = set()
         for work in self._workloads.values():
             for w in work.written.values():
                 if w.closed_by is not None or now - w.first_seen > MAX_WATCH_SECONDS or watched >= MAX_WATCHED:
                     continue
                 watched += 1
+                link = self.paths.proc(str(w.pid), "fd", w.fd)
                 try:
-                    still = os.readlink(self.paths.proc(str(w.pid), "fd", w.fd)) == w.link
+                    # The same file on the same descriptor, still open for writing: a file closed and opened again
+                    # at once to be synced takes the lowest free descriptor, most often the one it just left, and
+                    # the kernel gives a descriptor's link the permission bits of its open mode.
+                    still = os.readlink(link) == w.link and bool(os.lstat(link).st_mode & stat.S_IWUSR)
                 except OSError:
                     still = False
                 if still:
                     w.last_open = now
                 else:
                     w.closed_by = now
+                    closed.add(w.pid)
+        return closed
 
     def _burst(self, pid: int, wchar: int, now: float) -> tuple[float, float, int] | None:
         """A process's write counter read at ``now``: the burst it wrote since the last look that found it still,
@@ -763,9 +772,10 @@ class AccessSource:
         self._wchar[pid], self._wchar_at[pid] = wchar, now
         return (at, now, wchar - before)
 
-    def _triggered(self) -> None:
+    def _triggered(self, closed: Container[int] = ()) -> None:
         """Read the open files of the GPU processes and known writers that wrote WRITE_TRIGGER_BYTES since the last
-        look (a save begun between passes), at most MAX_TRIGGERED_PER_LOOK of them, each within one pass's budget."""
+        look (a save begun between passes), or that ``closed`` a file they were seen writing (the save's sync may
+        follow on a second descriptor), at most MAX_TRIGGERED_PER_LOOK of them, each within one pass's budget."""
         host: HostMounts | None = None
         read = 0
         for root, work in self._workloads.items():
@@ -778,9 +788,10 @@ class AccessSource:
                     self._wchar.pop(pid, None)
                     continue
                 burst = self._burst(pid, counters.wchar, self.clock())
-                if burst is None:
+                if burst is not None:
+                    work.bursts.append(burst)
+                elif pid not in closed:
                     continue
-                work.bursts.append(burst)
                 if read >= MAX_TRIGGERED_PER_LOOK:
                     continue
                 read += 1
