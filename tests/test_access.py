@@ -25,6 +25,7 @@ from storwatch.paths import HostPaths
 from storwatch.procfs.pidio import access_mode, parse_children, parse_io
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
+from storwatch.sources import read_bounded
 from storwatch.sources.access import ACCESS, WATCH_SECONDS, AccessConfig, AccessSource
 from storwatch.vocabulary import Platform
 from tests.builders import host_mounts
@@ -243,6 +244,38 @@ def test_a_file_opened_again_after_its_close_is_seen_held_by_its_writer(tmp_path
         assert [h.path for h in w.held] == [str(target)], w.held
         (held,) = w.held
         assert held.first_seen >= written.closed_by, (held, written)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.realpart
+def test_a_mount_table_longer_than_a_page_is_read_whole(real_mounts: Enter[Any], tmp_path: Path) -> None:
+    """The kernel gives at most a page of ``/proc/PID/mountinfo``'s records to one read; a node's table is longer
+    (a Kubernetes node has a mount per pod volume): a file written on a mount past the first page is still placed
+    on its mount (it went to no mount at all while the table was read in one read)."""
+    made = [
+        real_mounts(tmpfs_mount(tmp_path / f"pod-volume-{i:03d}-{'x' * 40}", size="1m")).mountpoint for i in range(40)
+    ]
+    table = read_bounded("/proc/self/mountinfo", 4 << 20)
+    assert len(table) > 8192 and all(str(m).encode() in table for m in made), len(table)
+    last = made[-1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; f = open(sys.argv[1], 'wb'); print('open', flush=True); time.sleep(60)",
+            str(last / "x"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "open"
+        source = AccessSource(HostPaths(), AccessConfig(), lambda: [proc.pid], host_mounts, time.time)
+        w = source.collect().workloads[proc.pid]
+        assert str(last) in w.mounts_written, w
     finally:
         proc.kill()
         proc.wait()

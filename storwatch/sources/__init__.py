@@ -110,11 +110,20 @@ class OnceLog:
 
 
 def read_bounded(path: str, limit: int) -> bytes:
-    """At most ``limit`` bytes of a file, in one read, never following a symlink at its end nor waiting on a FIFO
-    (kernel files: a process's, a filesystem client's counters)."""
+    """At most ``limit`` bytes of a file, never following a symlink at its end nor waiting on a FIFO (kernel files: a
+    process's, a filesystem client's counters). Read to its end, not in one read: a kernel file of many records
+    (``/proc/PID/mountinfo``) gives at most a page of them to each read."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        return os.read(fd, limit)
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 

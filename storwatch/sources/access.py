@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import stat
 import time
@@ -386,6 +387,10 @@ class AccessSource:
         self._workloads: dict[int, _Workload] = {}
         """Each GPU process's workload as known across passes."""
         self._fd_cursor: dict[int, int] = {}
+        self._files_read_at: dict[int, float] = {}
+        """When the looks between passes last read each process's open files (the longest ago go first)."""
+        self._due: set[int] = set()
+        """Processes a look found due for a read of their open files and left for the next (past its cap)."""
         """Where the next read of a process's open files starts (its fd directory's order)."""
         self._pass = 0
         self._facts: AccessFacts | None = None
@@ -626,6 +631,7 @@ class AccessSource:
             )
         known = {p for w in self._workloads.values() for p in w.records}
         self._fd_cursor = {p: c for p, c in self._fd_cursor.items() if p in known}
+        self._files_read_at = {p: t for p, t in self._files_read_at.items() if p in known}
         # the write counters as this pass read them: the looks until the next pass compare with these
         fresh = {
             p: (w, rec.counters.wchar)
@@ -775,9 +781,10 @@ class AccessSource:
     def _triggered(self, closed: Container[int] = ()) -> None:
         """Read the open files of the GPU processes and known writers that wrote WRITE_TRIGGER_BYTES since the last
         look (a save begun between passes), or that ``closed`` a file they were seen writing (the save's sync may
-        follow on a second descriptor), at most MAX_TRIGGERED_PER_LOOK of them, each within one pass's budget."""
-        host: HostMounts | None = None
-        read = 0
+        follow on a second descriptor), at most MAX_TRIGGERED_PER_LOOK of them, each within one pass's budget: those
+        read longest ago first, and one left out stays due for the next look (where many jobs save at once, each is
+        read in turn, never the same few)."""
+        due: list[tuple[int, int]] = []
         for root, work in self._workloads.items():
             if root not in work.records:
                 continue
@@ -790,18 +797,22 @@ class AccessSource:
                 burst = self._burst(pid, counters.wchar, self.clock())
                 if burst is not None:
                     work.bursts.append(burst)
-                elif pid not in closed:
+                elif pid not in closed and pid not in self._due:
                     continue
-                if read >= MAX_TRIGGERED_PER_LOOK:
-                    continue
-                read += 1
-                if host is None:
-                    host = HostMounts(self.mounts() or ())
-                if not work.ns:
-                    work.ns = self._namespace(root)
-                budget = _PassBudget(1, self.max_fds, self.max_cpu_seconds_per_pass)
-                self._fd_cursor.pop(pid, None)  # from its first open file: the new one is likely the last
-                self._files_of(root, pid, host, budget, (set(), set(), set()))
+                due.append((root, pid))
+        due.sort(key=lambda rp: self._files_read_at.get(rp[1], -math.inf))
+        self._due = {pid for _, pid in due[MAX_TRIGGERED_PER_LOOK:]}
+        host: HostMounts | None = None
+        for root, pid in due[:MAX_TRIGGERED_PER_LOOK]:
+            work = self._workloads[root]
+            self._files_read_at[pid] = self.clock()
+            if host is None:
+                host = HostMounts(self.mounts() or ())
+            if not work.ns:
+                work.ns = self._namespace(root)
+            budget = _PassBudget(1, self.max_fds, self.max_cpu_seconds_per_pass)
+            self._fd_cursor.pop(pid, None)  # from its first open file: the new one is likely the last
+            self._files_of(root, pid, host, budget, (set(), set(), set()))
 
     def close(self) -> None:
         pass
