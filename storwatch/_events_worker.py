@@ -203,12 +203,12 @@ class _Watcher:
 
     def __init__(self, notify: _Inotify) -> None:
         self.notify = notify
-        self.todo: queue.SimpleQueue[tuple[str, bytes, int, threading.Event]] = queue.SimpleQueue()
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.todo: queue.SimpleQueue[tuple[str, bytes, int, threading.Event] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="watcher", daemon=True).start()
 
     def _serve(self) -> None:
-        while True:
-            req_id, path, depth, done = self.todo.get()
+        while (item := self.todo.get()) is not None:
+            req_id, path, depth, done = item
             _watch(self.notify, req_id, path, depth)
             done.set()
 
@@ -224,6 +224,7 @@ def _watches(notify: _Inotify, todo: queue.SimpleQueue[tuple[str, bytes, int]]) 
         done = threading.Event()
         watcher.todo.put((req_id, path, depth, done))
         if not done.wait(STRANDED_SECONDS):
+            watcher.todo.put(None)  # it ends once its lookup returns, if ever
             watcher = None
 
 

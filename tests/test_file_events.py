@@ -545,3 +545,53 @@ def test_a_wanted_directory_that_is_not_there_is_not_asked_for_every_second(
         assert len([line for line in asked if line.endswith(gone_hex)]) == 3
     finally:
         made.close()
+
+
+def test_watches_go_on_past_a_lookup_that_hangs_and_its_thread_ends_when_it_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The helper adds watches in order on one thread; one still being added after STRANDED_SECONDS is left to its
+    thread, the next ones are added on a new one, and the thread left behind ends once its lookup returns (a slow
+    mount, not a hung one, leaves no thread behind). (A stand-in for the inotify descriptor, whose add waits until
+    the test lets it go: the kernel's own cannot be made to wait.)"""
+    import queue
+    import threading
+
+    from storwatch import _events_worker as worker
+
+    monkeypatch.setattr(worker, "_paths", {})
+    monkeypatch.setattr(worker, "_adding", [0])
+    monkeypatch.setattr(worker, "STRANDED_SECONDS", 0.2)
+    said: list[str] = []
+    monkeypatch.setattr(worker, "_say", said.append)
+    release = threading.Event()
+
+    class SlowInotify:
+        def add(self, path: bytes) -> int:
+            if path == b"/hung":
+                release.wait(WAIT)
+            return len(path)
+
+    todo: queue.SimpleQueue[tuple[str, bytes, int]] = queue.SimpleQueue()
+    before = {t.ident for t in threading.enumerate()}
+    dispatch = threading.Thread(target=worker._watches, args=(SlowInotify(), todo), daemon=True)
+    dispatch.start()
+    todo.put(("1", b"/hung", 0))
+    todo.put(("2", b"/ok", 0))
+    end = time.monotonic() + WAIT
+    while "watched 2 3" not in said:  # answered while the first still waits
+        assert time.monotonic() < end, said
+        time.sleep(0.02)
+    assert not any(line.startswith("watched 1 ") for line in said)
+    release.set()
+    while "watched 1 5" not in said:
+        assert time.monotonic() < end, said
+        time.sleep(0.02)
+
+    def watchers() -> int:
+        return sum(1 for t in threading.enumerate() if t.ident not in before and t is not dispatch)
+
+    while watchers() > 1:  # the one left behind has ended; the one adding the next watches stays
+        assert time.monotonic() < end, watchers()
+        time.sleep(0.02)
+    assert watchers() == 1
