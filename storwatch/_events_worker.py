@@ -1,7 +1,7 @@
 """The helper process behind the file events source (``sources/fileevents.py``): it holds an inotify descriptor, adds
 and removes watches as the agent asks, and streams the kernel's events back, each stamped with the time it read them.
-A watch is added on a thread of its own (the lookup of a directory on a hung mount blocks in the kernel: it strands that
-thread here, never one of the agent's). Standard library only.
+Watches are added in order on a thread of their own (the lookup of a directory on a hung mount blocks in the kernel: it
+strands that thread here, never one of the agent's, and the next watches go to a new thread). Standard library only.
 
 Requests, one a line on standard input: ``limit N`` (watches held at most), ``watch ID DEPTH HEXPATH`` (answered
 ``watched ID WD`` or ``refused ID ERRNO TEXT``; then each directory below it, DEPTH levels down, is watched too, each
@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import queue
 import sys
 import threading
 import time
@@ -44,6 +45,9 @@ READ_BYTES = 1 << 16
 REOPEN_SECONDS = 1.0
 """A file opened again this soon after its close after writing is its writer's (an fsync through a second descriptor
 follows the close at once); an open later than that is a reader's."""
+STRANDED_SECONDS = 1.0
+"""A watch still being added after this long (its directory's lookup hangs in the kernel) is left to its thread; the
+next ones are added on a new thread."""
 MAX_REOPEN_TRACKED = 4096
 """Files remembered as just closed after writing, and as opened again, each at most (the newest)."""
 
@@ -194,7 +198,39 @@ def _watch_below(notify: _Inotify, parent_wd: int, name: bytes) -> int | None:
         return None
 
 
+class _Watcher:
+    """A thread that adds the watches asked of it, one after another."""
+
+    def __init__(self, notify: _Inotify) -> None:
+        self.notify = notify
+        self.todo: queue.SimpleQueue[tuple[str, bytes, int, threading.Event] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="watcher", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (item := self.todo.get()) is not None:
+            req_id, path, depth, done = item
+            _watch(self.notify, req_id, path, depth)
+            done.set()
+
+
+def _watches(notify: _Inotify, todo: queue.SimpleQueue[tuple[str, bytes, int]]) -> None:
+    """Add the watches asked for, in order, on one thread: a watch that takes longer than STRANDED_SECONDS (a lookup on
+    a hung mount) is left to its thread, and a new thread adds the next ones. (A thread for each request, as before,
+    had hundreds at once as the agent started, and held their stacks: 5 MB more at the helper's peak.)"""
+    watcher: _Watcher | None = None
+    while True:
+        req_id, path, depth = todo.get()
+        watcher = watcher or _Watcher(notify)
+        done = threading.Event()
+        watcher.todo.put((req_id, path, depth, done))
+        if not done.wait(STRANDED_SECONDS):
+            watcher.todo.put(None)  # it ends once its lookup returns, if ever
+            watcher = None
+
+
 def _requests(notify: _Inotify) -> None:
+    todo: queue.SimpleQueue[tuple[str, bytes, int]] = queue.SimpleQueue()
+    threading.Thread(target=_watches, args=(notify, todo), daemon=True).start()
     for line in sys.stdin:
         parts = line.split()
         if len(parts) == 4 and parts[0] == "watch" and parts[2].isdigit():
@@ -202,7 +238,7 @@ def _requests(notify: _Inotify) -> None:
                 path = bytes.fromhex(parts[3])
             except ValueError:
                 continue
-            threading.Thread(target=_watch, args=(notify, parts[1], path, int(parts[2])), daemon=True).start()
+            todo.put((parts[1], path, int(parts[2])))
         elif len(parts) == 2 and parts[0] == "limit" and parts[1].isdigit():
             _limit[0] = int(parts[1])
         elif len(parts) == 2 and parts[0] == "unwatch" and parts[1].isdigit():
@@ -244,8 +280,8 @@ def main() -> None:
 
 
 def command() -> list[str]:
-    """How the source starts this helper: isolated (``-I``), with the tree this module comes from first on
-    ``sys.path``."""
+    """How the source starts this helper: isolated (``-I``), without ``site`` (``-S``: it needs the standard library
+    alone), with the tree this module comes from first on ``sys.path``."""
     tree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = f"import sys; sys.path.insert(0, {tree!r}); from storwatch._events_worker import main; main()"
-    return [sys.executable, "-I", "-c", code]
+    return [sys.executable, "-I", "-S", "-c", code]

@@ -73,6 +73,7 @@ def run(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def source(tmp_path: Path) -> Iterator[FileEventSource]:
+    (tmp_path / "root").mkdir(exist_ok=True)  # there when the agent starts (one made later is asked for a while later)
     made = FileEventSource(FileEventsConfig(), lambda: [(str(tmp_path / "root"), False)])
     made.collect()  # the helper started, the root and what is below it watched
     yield made
@@ -403,8 +404,8 @@ def test_a_reopen_is_the_saves_where_its_writer_held_it_and_wrote_it() -> None:
 
 
 def test_watches_added_at_once_on_threads_of_their_own_keep_to_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The helper adds each watch on a thread of its own (a lookup on a hung mount strands only that thread): a watch
-    still being added counts against ``max_watches``, or two added together both pass a limit of one. (A stand-in
+    """The helper adds watches on a thread that a lookup on a hung mount strands, the next ones on a new thread: a
+    watch still being added counts against ``max_watches``, or two added together both pass a limit of one. (A stand-in
     for the inotify descriptor, whose add waits until the test lets it go: the kernel's own cannot be made to wait.)"""
     import threading
 
@@ -499,3 +500,98 @@ def test_the_watches_are_gone_through_again_only_when_they_or_the_wanted_directo
             time.sleep(0.05)
     finally:
         made.close()
+
+
+def test_a_wanted_directory_that_is_not_there_is_not_asked_for_every_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run removed since the scan that found it (or a root not made yet) stays wanted until the next scan: its watch
+    is asked for again after MISSING_RETRY_SECONDS, or at once when the wanted directories change, not every second
+    (on bench/at_scale.py's node the requests re-sent each second were the file events source's main cost)."""
+    import storwatch.sources.fileevents as fileevents
+
+    asked: list[str] = []
+    send = fileevents._Helper.send
+    monkeypatch.setattr(fileevents._Helper, "send", lambda self, line: asked.append(line) or send(self, line))
+    now = [1000.0]
+    run, gone = tmp_path / "run", tmp_path / "gone"
+    run.mkdir()
+    wanted = [(str(run), True), (str(gone), True)]
+    made = FileEventSource(FileEventsConfig(), lambda: list(wanted), clock=lambda: now[0])
+    gone_hex = os.fsencode(str(gone)).hex()
+    try:
+        end = time.monotonic() + WAIT
+        while made.collect().watched < 1 or str(gone) in made._asked:  # the answers not read yet
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        for _ in range(5):  # a second each (time for an answer to come back between two)
+            now[0] += 1.0
+            facts = made.collect()
+            time.sleep(0.05)
+        assert [line for line in asked if line.endswith(gone_hex)] == [asked[2]]  # asked once
+        assert facts.watched == 1 and facts.refused == 0  # not there is not refused
+        now[0] += fileevents.MISSING_RETRY_SECONDS
+        made.collect()
+        assert len([line for line in asked if line.endswith(gone_hex)]) == 2  # asked again, a while later
+        while str(gone) in made._asked:
+            made.collect()
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        gone.mkdir()
+        wanted.append((str(tmp_path), False))  # a new scan: asked again at once
+        while made.collect().watched < 3:  # run, gone (now there) and tmp_path
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        assert len([line for line in asked if line.endswith(gone_hex)]) == 3
+    finally:
+        made.close()
+
+
+def test_watches_go_on_past_a_lookup_that_hangs_and_its_thread_ends_when_it_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The helper adds watches in order on one thread; one still being added after STRANDED_SECONDS is left to its
+    thread, the next ones are added on a new one, and the thread left behind ends once its lookup returns (a slow
+    mount, not a hung one, leaves no thread behind). (A stand-in for the inotify descriptor, whose add waits until
+    the test lets it go: the kernel's own cannot be made to wait.)"""
+    import queue
+    import threading
+
+    from storwatch import _events_worker as worker
+
+    monkeypatch.setattr(worker, "_paths", {})
+    monkeypatch.setattr(worker, "_adding", [0])
+    monkeypatch.setattr(worker, "STRANDED_SECONDS", 0.2)
+    said: list[str] = []
+    monkeypatch.setattr(worker, "_say", said.append)
+    release = threading.Event()
+
+    class SlowInotify:
+        def add(self, path: bytes) -> int:
+            if path == b"/hung":
+                release.wait(WAIT)
+            return len(path)
+
+    todo: queue.SimpleQueue[tuple[str, bytes, int]] = queue.SimpleQueue()
+    before = {t.ident for t in threading.enumerate()}
+    dispatch = threading.Thread(target=worker._watches, args=(SlowInotify(), todo), daemon=True)
+    dispatch.start()
+    todo.put(("1", b"/hung", 0))
+    todo.put(("2", b"/ok", 0))
+    end = time.monotonic() + WAIT
+    while "watched 2 3" not in said:  # answered while the first still waits
+        assert time.monotonic() < end, said
+        time.sleep(0.02)
+    assert not any(line.startswith("watched 1 ") for line in said)
+    release.set()
+    while "watched 1 5" not in said:
+        assert time.monotonic() < end, said
+        time.sleep(0.02)
+
+    def watchers() -> int:
+        return sum(1 for t in threading.enumerate() if t.ident not in before and t is not dispatch)
+
+    while watchers() > 1:  # the one left behind has ended; the one adding the next watches stays
+        assert time.monotonic() < end, watchers()
+        time.sleep(0.02)
+    assert watchers() == 1

@@ -364,6 +364,26 @@ def test_forget_keeps_at_most_max_mountpoints_the_most_recently_busy() -> None:
     assert kept == {f"/m{i}" for i in range(6) if (i * 7) % 6 >= 3}
 
 
+def test_an_hours_window_holds_its_samples_in_flat_arrays() -> None:
+    """A window full of an hour of one-a-second samples, read every 15 s as the View does, holds under 128 KB:
+    its times, operations and seconds, and the hour's latencies sorted, each 8 bytes a sample (the latencies as a list
+    of floats took 32 bytes a sample, 202 KB a window: 39 MB after an hour on a node with 64 busy NFS mounts)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        windows = LatencyWindows()
+        for k in range(1, 3601):
+            windows.add("/mnt/data", "write", T + k, 1.0, (k % 97) / 1000)
+            if k % 15 == 0:
+                windows.summary("/mnt/data", "write", T + k)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert windows.summary("/mnt/data", "write", T + 3600).hour.samples == 3600
+    assert held < 128 * 1024
+
+
 def test_a_short_lived_window_holds_only_its_own_samples() -> None:
     windows = LatencyWindows()
     _add_series(windows, "/pod-volume", "write", [(T + k, 1.0, 0.002) for k in range(3)])

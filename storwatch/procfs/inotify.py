@@ -6,7 +6,7 @@ NUL-padded. Pure: bytes in, records out; a record cut short ends the parse and i
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 IN_MODIFY = 0x00000002
 """A write to the file (its data changed)."""
@@ -60,8 +60,10 @@ close after writing within moments, and their closes); never through a link, onl
 _HEADER = struct.Struct("=iIII")
 
 
-@dataclass(frozen=True)
-class InotifyEvent:
+class InotifyEvent(NamedTuple):
+    """One record (a NamedTuple, not a dataclass: the events helper imports this module, and ``dataclasses`` would
+    add 2 MB to its RSS)."""
+
     wd: int
     """The watch the event is of (-1 for a queue overflow)."""
     mask: int

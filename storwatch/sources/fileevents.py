@@ -64,6 +64,9 @@ ROOT_DEPTH = 3
 a run the scan has not found yet are timed too."""
 START_SECONDS = 10.0
 """How long the helper may take to start and say it reads requests."""
+MISSING_RETRY_SECONDS = 60.0
+"""A wanted directory that is not there (a run removed since the scan that found it, a root not made yet) is asked
+for again this long after, or at once when the wanted directories change; not every second."""
 MAX_REOPEN_SECONDS = 900.0
 """A file opened again after its close after writing and still held this long after is a reader's hold, not a save's
 fsync: the reopen is forgotten (the save ends at its close after writing)."""
@@ -207,6 +210,8 @@ class FileEventSource:
         """Watch descriptor -> (the directory's path, its depth)."""
         self._refused: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Directories the kernel refused to watch (the newest MAX_OPEN): not asked again."""
+        self._missing: dict[str, float] = {}
+        """Wanted directories found not there -> when (asked again after MISSING_RETRY_SECONDS)."""
         self.refused = 0
         self.lost = 0
         self._open: collections.OrderedDict[str, tuple[float | None, str]] = collections.OrderedDict()
@@ -243,6 +248,11 @@ class FileEventSource:
         """Ask for a watch on ``path`` and on the directories ``below`` levels below it."""
         if path in self._asked or path in self._refused or len(self._wd) >= self.section.max_watches:
             return
+        missing = self._missing.get(path)
+        if missing is not None:
+            if 0.0 <= self.clock() - missing < MISSING_RETRY_SECONDS:
+                return
+            del self._missing[path]
         assert self._helper is not None
         self._ids += 1
         rid = str(self._ids)
@@ -259,6 +269,7 @@ class FileEventSource:
             self._wanted = wanted
             self._keep = {os.path.normpath(p): is_run for p, is_run in wanted.items()}
             self._checked = -1
+            self._missing.clear()  # a new scan: what was not there may be now
         keep = self._keep
         for path, is_run in keep.items():
             self._watch(path, 0, MAX_SUBDIR_DEPTH if is_run else ROOT_DEPTH)
@@ -328,7 +339,11 @@ class FileEventSource:
             where = self._by_id.pop(parts[1], None)
             if where is not None:
                 self._asked.pop(where[0], None)
-                if parts[2] not in (str(errno.ENOENT), str(errno.ENOTDIR)):  # gone meanwhile: nothing refused
+                if parts[2] in (str(errno.ENOENT), str(errno.ENOTDIR)):  # not there: nothing refused
+                    self._missing[where[0]] = self.clock()
+                    while len(self._missing) > MAX_OPEN:
+                        self._missing.pop(next(iter(self._missing)))
+                else:
                     self._refused[where[0]] = None
                     while len(self._refused) > MAX_OPEN:
                         self._refused.popitem(last=False)
