@@ -324,33 +324,3 @@ def test_the_worst_condition_still_accepted_evaluates_within_a_few_mib(family: s
     measured = json.loads(run.stdout)
     assert measured["value"] is True
     assert measured["growth_kib"] < MEMORY_CEILING_KIB, (source, measured)
-
-
-def test_the_librarys_command_line_is_not_loaded_with_it() -> None:
-    """The CEL package imports its own command line (typer, rich, prompt_toolkit, pygments: 9 MB of the agent's
-    memory) as it is imported; the agent never runs it, so it is held out, and conditions compile and evaluate the
-    same."""
-    code = (
-        "import sys\nfrom storwatch.policy.cel import compile_expression\n"
-        'assert compile_expression(\'[1, 2].exists(x, x > 1) && "ab".startsWith("a")\').evaluate({}) is True\n'
-        "print(*sorted(m for m in ('rich', 'typer', 'prompt_toolkit', 'pygments') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.split() == [], out.stdout
-
-
-def test_a_library_that_needs_its_command_line_as_it_is_imported_gets_it(tmp_path: Path) -> None:
-    """Should a release of the package use its command line while it is imported, the package is imported whole.
-    (A stand-in package on sys.path, with the real one's layout: the real one does not do this.)"""
-    package = tmp_path / "cel"
-    package.mkdir()
-    (package / "__init__.py").write_text(
-        "from . import cli\nNAME = cli.NAME\ndef compile(source):\n    return source\n"
-    )
-    (package / "cli.py").write_text("NAME = 'the command line'\n")
-    code = (
-        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom storwatch.policy.cel import _library\n"
-        "print(_library().NAME == 'the command line', _library().compile('x'))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.split() == ["True", "x"], out.stdout + out.stderr

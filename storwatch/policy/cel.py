@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import sys
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -976,25 +975,12 @@ def expand(source: str, macros: Mapping[str, str]) -> str:
 @functools.cache
 def _library() -> ModuleType:
     """The CEL library, through its public interface (``cel.compile``), imported at the first condition compiled.
-    Its package also imports its own command line (``cel.cli``: typer, rich, prompt_toolkit, pygments), which this
-    process never runs: 9 MB of the agent's memory on bench/at_scale.py's node and about 170 ms. That module is held
-    out (an empty module in its place, unless it was imported already); should the package need it after all, it is
-    imported whole."""
-    held_out = "cel.cli" not in sys.modules
-    if held_out:
-        sys.modules["cel.cli"] = ModuleType("cel.cli", "The CEL library's command line: not loaded by storwatch.")
+    Its package also imports its command line (rich, typer: about 170 ms here, once per process); the agent compiles
+    its policy once per load, so that is paid at start, never per evaluation."""
     try:
         import cel
-
-        cel.compile  # noqa: B018  (the public interface is there)
     except ImportError as err:
         raise ImportError(f"the CEL library is not installed (pip install common-expression-language): {err}") from None
-    except Exception:  # the package used its command line as it was imported: import it whole
-        if not held_out:
-            raise
-        del sys.modules["cel.cli"]
-        sys.modules.pop("cel", None)  # its extension module stays loaded, and is taken again
-        import cel
     return cel
 
 
