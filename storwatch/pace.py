@@ -71,14 +71,17 @@ class Pace:
     def quiet(self) -> bool:
         return self.quiet_seconds > 0 and self.monotonic() - self._last_work >= self.quiet_after_seconds
 
-    def stretch(self, seconds: float, quiet: bool = True) -> float:
+    def stretch(self, seconds: float, quiet: bool = True, keeps_second: bool = False) -> float:
         """The interval a paced loop waits now: ``seconds``, or, whichever is longer, ``quiet_seconds`` while quiet
         (unless ``quiet`` is False: a loop that must see the work that ends quiet), else the tick as the budget
-        stretches it where the second-by-second work costs more than its share."""
+        stretches it where the second-by-second work costs more than its share (``keeps_second``: never past
+        ``tick_seconds``)."""
         if quiet and self.quiet:
             return max(seconds, self.quiet_seconds)
         tick = self.budget.interval(self.tick_seconds)
-        return max(seconds, tick) if tick > self.tick_seconds else seconds
+        if tick <= self.tick_seconds:
+            return seconds
+        return max(seconds, self.tick_seconds if keeps_second else tick)
 
 
 class CpuBudget:

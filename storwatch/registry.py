@@ -134,6 +134,11 @@ class SourceSpec(Generic[C, F]):
     """Not paced, but its reads every tick are part of the second's work all the same (the GPU source: its one-second
     reads feed the stall accounting): they count in that budget and wait as it stretches the ticks, never by the
     quiet pace."""
+    keeps_second: bool = False
+    """Paced, but the second's budget never stretches it past ``tick_seconds``: the access source's looks between
+    passes, which see a save while its file is open (who writes a run, the join's own evidence). Their cost is a few
+    small reads per GPU process; stretched with the ticks on a busy node (3 to 5 s apart), saves of a few seconds
+    went unseen."""
 
     def off_reason(self, section: C) -> str | None:
         """Why ``section`` switches the source off, or None while it leaves it on."""
@@ -419,6 +424,7 @@ SOURCES: tuple[SourceSpec[Any, Any], ...] = (
         "never",
         metrics=ExporterArea("access"),
         paced=True,
+        keeps_second=True,
     ),
     SourceSpec(
         "pressure",

@@ -111,8 +111,11 @@ def test_the_seconds_work_over_its_share_stretches_ticks_and_the_paced_reads() -
     pace.spent("tick", 0.0005, 1.0)
     pace.spent("diskstats", 0.0005, 1.0)
     assert pace.stretch(1.0) == 1.0 and pace.stretch(0.5) == 0.5  # 0.1 % of a core: within the share
+    assert pace.stretch(0.25, keeps_second=True) == 0.25
     pace.spent("nfs", 0.002, 1.0)
     assert pace.stretch(1.0) == 1.5  # 3 ms a round: every 1.5 s is 0.2 %
+    # the access source's looks between passes: at most a tick apart however far the budget stretches the rest
+    assert pace.stretch(0.25, keeps_second=True) == 1.0 and pace.stretch(2.0, keeps_second=True) == 2.0
     assert pace.stretch(0.5) == 1.5 and pace.stretch(5.0) == 5.0
     pace.spent("access", 1.0, 5.0)  # every 5 s: not the second's work
     assert pace.stretch(1.0) == 1.5
@@ -122,6 +125,7 @@ def test_the_seconds_work_over_its_share_stretches_ticks_and_the_paced_reads() -
     assert pace.stretch(1.0, quiet=False) == 5.0  # the GPU source: the budget, never the quiet pace
     now[0] = 60.0
     assert pace.quiet and pace.stretch(1.0) == 15.0
+    assert pace.stretch(0.25, keeps_second=True) == 15.0  # the quiet pace still applies
     assert pace.stretch(1.0, quiet=False) == 5.0
     pace.configure(15.0, 60.0, 1.0)  # a reload: full pace, the cost measured again
     assert pace.stretch(1.0) == 1.0

@@ -257,7 +257,7 @@ class Collectors:
             # A read every tick is part of the second's work, whose budget may stretch it; a paced one is slower
             # still while the node is quiet (storwatch/pace.py).
             self.context.pace.spent(src.name, time.thread_time() - cpu_started, interval)
-            interval = self.context.pace.stretch(interval, quiet=st.spec.paced)
+            interval = self.context.pace.stretch(interval, quiet=st.spec.paced, keeps_second=st.spec.keeps_second)
         try:
             off = src.off_reason if isinstance(src, MayBeOff) else None
             parse_errors = src.parse_errors if isinstance(src, CountsParseErrors) else None
