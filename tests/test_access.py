@@ -26,7 +26,7 @@ from storwatch.procfs.pidio import access_mode, parse_children, parse_io
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
 from storwatch.sources import read_bounded
-from storwatch.sources.access import ACCESS, WATCH_SECONDS, AccessConfig, AccessSource
+from storwatch.sources.access import ACCESS, WATCH_SECONDS, AccessConfig, AccessSource, WorkloadAccess
 from storwatch.vocabulary import Platform
 from tests.builders import host_mounts
 from tests.realmounts import tmpfs_mount
@@ -166,16 +166,12 @@ def _said(proc: subprocess.Popen[str], word: str) -> bool:
     return bool(ready) and proc.stdout.readline().strip() == word
 
 
-@pytest.mark.realpart
-def test_a_save_written_slower_than_the_trigger_between_looks_is_seen_open_and_counted_whole(tmp_path: Path) -> None:
-    """A writer the device holds back passes less than WRITE_TRIGGER_BYTES to write calls between two looks, all
-    through its save (8 MiB at 2.5 MiB/s: about 0.6 MiB a look): what it wrote adds up across looks into bursts that
-    count every byte but the last look's, and the look that sees the trigger reached reads its open files while the
-    save is open. The looks come as the agent makes them (paced: every WATCH_SECONDS between passes); the save
-    begins after a pass and ends before the next (5 s apart at the default), so only the looks can see it."""
-    target = tmp_path / "step-1.pt"
+def _looked_at_between_passes(script: str, target: Path, done: str) -> WorkloadAccess:
+    """Run ``script`` (it prints ``ready``, waits for a line, saves to ``target``, prints ``done``, waits) as a GPU
+    process: a pass first, then its save, looked at as the agent looks between passes (paced: every WATCH_SECONDS)
+    until it says ``done``; what the source then says of it."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", SLOW_WRITER, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     assert proc.stdin is not None and proc.stdout is not None
     try:
@@ -185,17 +181,28 @@ def test_a_save_written_slower_than_the_trigger_between_looks_is_seen_open_and_c
         proc.stdin.write("go\n")
         proc.stdin.flush()
         deadline = time.monotonic() + 120
-        while not _said(proc, "closed"):
-            assert time.monotonic() < deadline, "the writer never closed its file"
+        while not _said(proc, done):
+            assert time.monotonic() < deadline, f"the writer never said {done!r}"
             time.sleep(WATCH_SECONDS)
             source.collect()
-        w = source.collect().workloads[proc.pid]
-        counted = sum(n for _, _, n in w.write_bursts)
-        assert 7 << 20 <= counted <= 8 << 20, w.write_bursts
-        assert [f.path for f in w.written] == [str(target)], w.written
+        return source.collect().workloads[proc.pid]
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.realpart
+def test_a_save_written_slower_than_the_trigger_between_looks_is_seen_open_and_counted_whole(tmp_path: Path) -> None:
+    """A writer the device holds back passes less than WRITE_TRIGGER_BYTES to write calls between two looks, all
+    through its save (8 MiB at 2.5 MiB/s: about 0.6 MiB a look): what it wrote adds up across looks into bursts that
+    count every byte but the last look's, and the look that sees the trigger reached reads its open files while the
+    save is open. The looks come as the agent makes them (paced: every WATCH_SECONDS between passes); the save
+    begins after a pass and ends before the next (5 s apart at the default), so only the looks can see it."""
+    target = tmp_path / "step-1.pt"
+    w = _looked_at_between_passes(SLOW_WRITER, target, "closed")
+    counted = sum(n for _, _, n in w.write_bursts)
+    assert 7 << 20 <= counted <= 8 << 20, w.write_bursts
+    assert [f.path for f in w.written] == [str(target)], w.written
 
 
 WRITE_THEN_SYNC = textwrap.dedent(
@@ -223,30 +230,12 @@ def test_a_file_opened_again_after_its_close_is_seen_held_by_its_writer(tmp_path
     write burst asks for a read of the writer's open files: the look that sees the first descriptor closed does.
     The save begins after a pass and ends before the next, so only the looks between passes can see it."""
     target = tmp_path / "step-1.pt"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WRITE_THEN_SYNC, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        source = AccessSource(HostPaths(), AccessConfig(), lambda: [proc.pid], host_mounts, time.time, paced=True)
-        source.collect()  # the pass
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        deadline = time.monotonic() + 120
-        while not _said(proc, "synced"):
-            assert time.monotonic() < deadline, "the writer never synced its file"
-            time.sleep(WATCH_SECONDS)
-            source.collect()
-        w = source.collect().workloads[proc.pid]
-        (written,) = w.written
-        assert written.path == str(target) and written.closed_by is not None, w.written
-        assert [h.path for h in w.held] == [str(target)], w.held
-        (held,) = w.held
-        assert held.first_seen >= written.closed_by, (held, written)
-    finally:
-        proc.kill()
-        proc.wait()
+    w = _looked_at_between_passes(WRITE_THEN_SYNC, target, "synced")
+    (written,) = w.written
+    assert written.path == str(target) and written.closed_by is not None, w.written
+    assert [h.path for h in w.held] == [str(target)], w.held
+    (held,) = w.held
+    assert held.first_seen >= written.closed_by, (held, written)
 
 
 @pytest.mark.realpart
