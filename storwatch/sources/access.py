@@ -387,11 +387,11 @@ class AccessSource:
         self._workloads: dict[int, _Workload] = {}
         """Each GPU process's workload as known across passes."""
         self._fd_cursor: dict[int, int] = {}
+        """Where the next read of a process's open files starts (its fd directory's order)."""
         self._files_read_at: dict[int, float] = {}
         """When the looks between passes last read each process's open files (the longest ago go first)."""
         self._due: set[int] = set()
         """Processes a look found due for a read of their open files and left for the next (past its cap)."""
-        """Where the next read of a process's open files starts (its fd directory's order)."""
         self._pass = 0
         self._facts: AccessFacts | None = None
         """The last pass's facts, which a look at the watched files between passes brings up to date."""
