@@ -222,9 +222,10 @@ def test_eight_gpus_every_value_as_scripted(nvml: FakeNVML, run_source: Any) -> 
     ]
     assert all(gpus[i]["mig_devices"] == [] for i in range(7))
 
-    # Samples are those since the last read; Xid counts are cumulative, raised by new events only.
+    # Samples are those of the last 30 s, the newer ones added as they come (a reader that missed a collect misses
+    # none of them); Xid counts are cumulative, raised by new events only.
     second = by_index(proc.collect())
-    assert second[5]["utilization_samples"] == []
+    assert second[5]["utilization_samples"] == gpus[5]["utilization_samples"]
     assert second[2]["xid_counts"] == {"79": 1, "48": 2}
     nvml.write_script(
         EIGHT_GPUS.replace("xid=79:1,48:2", "xid=79:3,48:2,13:1").replace(
@@ -233,7 +234,10 @@ def test_eight_gpus_every_value_as_scripted(nvml: FakeNVML, run_source: Any) -> 
     )
     third = by_index(proc.collect())
     assert third[2]["xid_counts"] == {"79": 3, "48": 2, "13": 1}
-    assert third[5]["utilization_samples"] == [[pytest.approx(1700000000.5), pytest.approx(0.25)]]
+    assert third[5]["utilization_samples"] == [
+        *gpus[5]["utilization_samples"],
+        [pytest.approx(1700000000.5), pytest.approx(0.25)],
+    ]
     assert third[0]["utilization_ratio"] == pytest.approx(0.70)
 
 
@@ -289,7 +293,8 @@ def test_a_jobs_driver_gpu_samples_its_idle_phase_exactly(fake_nvml_lib: Path, t
             gpu.phase(97)
             idle_to = time.time()
             proc.request("sleep 0.5")
-            samples = first["utilization_samples"] + by_index(proc.collect())[0]["utilization_samples"]
+            samples = by_index(proc.collect())[0]["utilization_samples"]
+            assert samples[: len(first["utilization_samples"])] == first["utilization_samples"]
             idle = sum(t - prev for (prev, _), (t, ratio) in itertools.pairwise(samples) if ratio < 0.3)
             assert idle_to - idle_from - 0.01 <= idle <= idle_to - idle_from, samples
             gpu.release()
@@ -300,18 +305,32 @@ def test_a_jobs_driver_gpu_samples_its_idle_phase_exactly(fake_nvml_lib: Path, t
 
 
 @pytest.mark.realpart
-def test_made_up_samples_come_once_each(nvml: FakeNVML, run_source: Any) -> None:
+def test_made_up_samples_come_in_order_each_once_and_stay_in_later_facts(nvml: FakeNVML, run_source: Any) -> None:
     nvml.write_script("gpu 0 util=64 sample_ms=50\n")
     proc = run_source()
     proc.collect()  # nvmlInit: the driver samples from then on
-    seen: list[float] = []
+    before: list[list[float]] = []
     for _ in range(4):
         proc.request("sleep 0.2")
         samples = by_index(proc.collect())[0]["utilization_samples"]
-        assert samples, "a sample every 50 ms, 200 ms apart: some must be new"
+        assert len(samples) > len(before), "a sample every 50 ms, 200 ms apart: some must be new"
         assert all(ratio == pytest.approx(0.64) for _, ratio in samples)
-        seen.extend(ts for ts, _ in samples)
-    assert seen == sorted(set(seen))  # no sample twice, none out of order
+        times = [ts for ts, _ in samples]
+        assert times == sorted(set(times))  # none twice, none out of order
+        assert samples[: len(before)] == before  # the earlier ones stay (all within 30 s)
+        before = samples
+
+
+@pytest.mark.realpart
+def test_samples_older_than_30_s_leave_the_facts(nvml: FakeNVML, run_source: Any) -> None:
+    nvml.write_script("gpu 0 util=50 samples=1700000000000000:10,1700000020000000:20,1700000040000000:30\n")
+    proc = run_source()
+    samples = by_index(proc.collect())[0]["utilization_samples"]
+    # 1700000000 is 40 s older than the newest sample
+    assert samples == [
+        [pytest.approx(1700000020.0), pytest.approx(0.2)],
+        [pytest.approx(1700000040.0), pytest.approx(0.3)],
+    ]
 
 
 @pytest.mark.realpart
@@ -327,14 +346,17 @@ def test_sample_buffers_are_read_every_samples_interval_and_none_is_lost(nvml: F
 
     nvml.write_script(script.replace("pid=4242 used=9663676416 sm=55", "pid=4242 used=9663676416 sm=80"))
     between = by_index(proc.collect())
-    assert between[5]["utilization_samples"] == []  # the buffer is not read yet
+    assert between[5]["utilization_samples"] == first[5]["utilization_samples"]  # the buffer is not read yet
     assert between[5]["utilization_ratio"] == pytest.approx(0.75)  # the polled reading is, every tick
     assert between[0]["processes"][0]["sm_utilization"] == pytest.approx(0.55)  # held from the last read
     assert between[0]["processes"][0]["used_memory_bytes"] == 9 * GIB
 
     proc.request("sleep 0.7")
     later = by_index(proc.collect())
-    assert later[5]["utilization_samples"] == [[pytest.approx(1700000000.5), pytest.approx(0.25)]]
+    assert later[5]["utilization_samples"] == [
+        *first[5]["utilization_samples"],
+        [pytest.approx(1700000000.5), pytest.approx(0.25)],
+    ]
     assert later[0]["processes"][0]["sm_utilization"] == pytest.approx(0.80)
 
 
@@ -405,7 +427,7 @@ def test_not_supported_gives_none_and_is_logged_once(nvml: FakeNVML, run_source:
     proc = run_source()
     answers = [proc.collect() for _ in range(5)]
     log = proc.stop()
-    for answer in answers:
+    for n, answer in enumerate(answers, 1):
         assert facts(answer)["nvml_up"] is True
         gpus = by_index(answer)
         for i, g in gpus.items():
@@ -416,8 +438,8 @@ def test_not_supported_gives_none_and_is_logged_once(nvml: FakeNVML, run_source:
             assert g["memory_used_bytes"] == (10 + i) * GIB + GIB // 2  # v1's used includes the reservation
             assert g["mig_devices"] == []
             assert g["xid_counts"] == {}
-            # Without nvmlDeviceGetSamples, the polled utilisation is the one sample.
-            assert [ratio for _, ratio in g["utilization_samples"]] == [pytest.approx(g["utilization_ratio"])]
+            # Without nvmlDeviceGetSamples, the polled utilisation is a sample, one more each read.
+            assert [ratio for _, ratio in g["utilization_samples"]] == [pytest.approx(g["utilization_ratio"])] * n
         assert gpus[0]["processes"][0]["sm_utilization"] is None
     for fn in (
         "nvmlDeviceGetPowerUsage",
@@ -493,6 +515,29 @@ def test_hung_call_is_given_up_at_the_deadline_and_starts_no_second_sampling(nvm
     assert facts(answer)["nvml_up"] is True
     assert all(g["up"] for g in facts(answer)["gpus"])
     assert answer["threads"] == threads
+
+
+@pytest.mark.realpart
+def test_samples_read_by_a_sampling_that_returned_late_come_with_the_next_facts(
+    nvml: FakeNVML, run_source: Any
+) -> None:
+    # A sampling that passes its deadline has still read the driver's sample buffer, and the driver answers a later
+    # read only with newer samples: had they gone with the late sampling's facts, that GPU time would be lost to the
+    # stall join.
+    nvml.write_script(EIGHT_GPUS)
+    proc = run_source("--call-timeout", "0.5")
+    assert len(by_index(proc.collect())[5]["utilization_samples"]) == 3
+    newer = EIGHT_GPUS.replace("1700000000333333:100", "1700000000333333:100,1700000000500000:5,1700000000666666:7")
+    nvml.write_script(newer + "slow nvmlDeviceGetPowerUsage ms=1500 gpu=5 times=1\n")
+    assert facts(proc.collect())["stuck"] is True  # past its deadline after reading GPU 5's samples
+    wait_for(lambda: nvml.counts()["slow_returned"] == 1, 30, "the slow call to return")
+    nvml.write_script(newer.replace("1700000000666666:7", "1700000000666666:7,1700000000833333:9"))
+    answer = by_index(proc.collect())
+    assert answer[5]["utilization_samples"][3:] == [
+        [pytest.approx(1700000000.5), pytest.approx(0.05)],
+        [pytest.approx(1700000000.666666), pytest.approx(0.07)],
+        [pytest.approx(1700000000.833333), pytest.approx(0.09)],
+    ]
 
 
 @pytest.mark.realpart

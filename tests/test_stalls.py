@@ -28,6 +28,7 @@ from storwatch.exporter import ExportState, render_text
 from storwatch.exporter import gpu as gpu_area
 from storwatch.snapshot import Snapshot
 from storwatch.sources.checkpoints import RunState
+from storwatch.sources.gpu.facts import GPUFacts, GPUProcess, GPUState
 from storwatch.vocabulary import Durability, Platform
 from tests.builders import ckpt, on, run, stall_gpus, stalled_feed
 from tests.stall_replayer import Score, World, score
@@ -611,3 +612,33 @@ def test_a_directory_checkpoint_whose_save_the_file_events_show_ended_holds_no_g
     for i in range(20):
         held.observe(stall_gpus(t0 + i, 0.02 if 4 <= i < 8 else 0.95), [])
     assert held.update(t0 + 30, [going], [], stall_gpus(t0 + 19, 0.95), {})[0].totals == {}
+
+
+def test_the_feed_takes_each_sample_once_from_facts_that_repeat_them_and_misses_none_between_two_it_saw() -> None:
+    """A GPU's facts carry its samples of the last 30 s, and the tick takes only the newest facts of each source: on a
+    busy node two samplings come between two ticks. The feed takes every sample once, including those of facts it
+    never saw (found in CI: a save's idle GPU time uncharged, its samples in facts another sampling replaced)."""
+    t0 = 4_000.0
+    util = [0.95] * 4 + [0.02] * 6 + [0.95] * 6
+    samples = [(t0 + i * 0.5, u) for i, u in enumerate(util)]
+
+    def facts_until(n: int) -> GPUFacts:
+        state = GPUState(
+            0,
+            "GPU-a",
+            "H100",
+            True,
+            utilization_samples=tuple(samples[:n]),
+            processes=(GPUProcess(4242, 1 << 30, None),),
+        )
+        return GPUFacts(t0 + n, True, "550", None, (state,))
+
+    feed = StallFeed()
+    for n in (3, 3, 5, 14, 16):  # facts with 7..13 samples never observed; those with 3 twice
+        feed.observe(facts_until(n), [])
+    readings = list(feed.tracker._gpu["0"])
+    assert [(r.start, r.end, r.utilization) for r in readings] == [
+        (samples[i - 1][0], samples[i][0], samples[i][1]) for i in range(1, len(samples))
+    ]
+    idle = sum(r.end - r.start for r in readings if r.utilization < 0.3)
+    assert idle == pytest.approx(3.0)

@@ -11,6 +11,7 @@ on (sources/access.py: read or written, by the files' access modes).
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,6 +47,10 @@ FORGET_EVERY_SECONDS = 10.0
 MAX_GAP_SECONDS = 5.0
 """A utilisation sample after a longer silence covers at most this much time before it (the GPU source stalled, or
 the agent was stopped): nobody knows what the GPU did in between."""
+
+
+def _time(sample: tuple[float, float]) -> float:
+    return sample[0]
 
 
 def holds_memory(g: GPUState) -> bool:
@@ -166,10 +171,12 @@ class StallFeed:
         label = str(g.index)
         if not g.up:
             return []
-        # The driver's samples since the last read, or the one polled value where it keeps none (the sampler says
-        # which); none at all between two buffered reads.
+        # The driver's samples of the last 30 s (or the polled values where it keeps none), oldest first: the
+        # same samples come in many facts, and those up to the newest fed are skipped.
         samples: Sequence[tuple[float, float]] = g.utilization_samples
         prev = self._gpu_seen.get(label)
+        if prev is not None:
+            samples = samples[bisect.bisect_right(samples, prev, key=_time) :]
         mem = holds_memory(g)
         out = []
         for t, ratio in samples:

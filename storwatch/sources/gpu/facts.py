@@ -47,9 +47,10 @@ class GPUState:
     memory_utilization_ratio: float | None = None
     """Ratio 0..1 of that period in which device memory was read or written (nvmlUtilization_t.memory)."""
     utilization_samples: tuple[tuple[float, float], ...] = ()
-    """(wall-clock seconds, ratio) of each GPU utilisation sample the driver took since the previous read, oldest
-    first (nvmlDeviceGetSamples); where that is not supported, the one polled utilization_ratio with this read's
-    timestamp."""
+    """(wall-clock seconds, ratio) of each GPU utilisation sample the driver took in the last 30 s (sampler.py's
+    RECENT_SAMPLES_SECONDS), oldest first (nvmlDeviceGetSamples); where that is not supported, the polled
+    utilization_ratio of each read, with its timestamp. The same samples come in many facts: a reader takes those newer
+    than the newest it has."""
     memory_used_bytes: int | None = None
     """Device memory allocated (nvmlMemory_v2_t.used, which excludes the driver's reservation; v1's used with it)."""
     memory_total_bytes: int | None = None

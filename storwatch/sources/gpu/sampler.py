@@ -4,6 +4,11 @@ processes and MIG devices, read through the NVML wrapper (:mod:`.nvml`) into :cl
 A GPU that NVML says is gone is marked down alone (its handle is asked for again next tick: a GPU that was reset
 comes back with a new one); NVML gone as a whole is released and initialised again with backoff. The driver's sample
 buffers are read every ``buffered_read_seconds``, the polled values every tick.
+
+Each GPU's facts carry its utilisation samples of the last RECENT_SAMPLES_SECONDS, not only the new ones: the agent's
+tick takes the newest facts of each source, and on a busy node two samplings can come between two ticks (or a sampling
+can return past its deadline, its facts dropped), so samples handed over only once would be lost to whoever reads
+later. The reader takes the ones newer than those it has (analysis/stall_feed.py).
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +53,12 @@ BUFFERED_READ_SECONDS = 5.0
 costs milliseconds of CPU in the driver whatever it returns (BENCHMARKS.md, from scripts/gpu_node_check.py), far more
 than the polled readings, and the buffer holds about 14 s of samples (71 at 5 per second), so a read every 5 s loses
 none and costs a fifth."""
+RECENT_SAMPLES_SECONDS = 30.0
+"""Each GPU's utilisation samples are in its facts this long after the driver took them: far longer than two ticks come
+apart on a busy node (the View a tick makes can take seconds), twice as long as the driver keeps them (about 14 s);
+GPU time is settled once 40 s old (analysis/stalls.py), so samples older still would come too late for it anyway."""
+RECENT_SAMPLES_MAX = 360
+"""At most this many samples kept per GPU (30 s at the driver's rate of up to 6 a second, twice over)."""
 RETRYING = f"nvmlInit retried with backoff (doubling up to {INIT_BACKOFF_MAX_SECONDS:.0f} s)"
 MIG_MODE_SECONDS = 60.0
 """How often MIG mode is read again (it changes only with a GPU reset, which new handles catch)."""
@@ -73,6 +85,14 @@ class _Device:
     next_mig_read: float = 0.0
     """When MIG mode is next read; 0: at the next tick (a new handle resets it)."""
     mig_enabled: bool = False
+    recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RECENT_SAMPLES_MAX))
+    """The utilisation samples of the last RECENT_SAMPLES_SECONDS, (wall-clock seconds, ratio), oldest first."""
+
+    def remember(self, samples: Iterable[tuple[float, float]]) -> None:
+        recent = self.recent
+        recent.extend(samples)
+        while recent and recent[0][0] < recent[-1][0] - RECENT_SAMPLES_SECONDS:
+            recent.popleft()
 
 
 class Sampler:
@@ -175,13 +195,13 @@ class Sampler:
             else:
                 # Between buffered reads: nothing new yet (the driver keeps the samples for the next read).
                 got_samples = () if d.samples_supported else NA
-            samples: tuple[tuple[float, float], ...]
             if got_samples is NA:
-                samples = () if util_ratio is None else ((self.clock(), util_ratio),)
+                if util_ratio is not None:
+                    d.remember(((self.clock(), util_ratio),))
             else:
-                samples = got_samples
-                if util_ratio is None and samples:
-                    util_ratio = samples[-1][1]
+                d.remember(got_samples)
+                if util_ratio is None and got_samples:
+                    util_ratio = got_samples[-1][1]
             memory = self.nvml.call(
                 "nvmlDeviceGetMemoryInfo",
                 h,
@@ -212,7 +232,7 @@ class Sampler:
             up=True,
             utilization_ratio=util_ratio,
             memory_utilization_ratio=mem_util_ratio,
-            utilization_samples=samples,
+            utilization_samples=tuple(d.recent),
             memory_used_bytes=None if memory is NA else int(memory.used),
             memory_total_bytes=None if memory is NA else int(memory.total),
             power_watts=None if power_mw is NA else power_mw / 1000.0,
