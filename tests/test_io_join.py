@@ -575,3 +575,51 @@ def test_the_hour_kept_sorted_between_reads_is_the_hour_computed_afresh(seed: in
                 assert got.mean_seconds is None
             else:
                 assert got.mean_seconds == pytest.approx(want.mean_seconds, rel=1e-9, abs=1e-15)
+
+
+def test_feeder_loses_no_io_when_a_source_read_twice_between_two_ticks(tmp_path: Path) -> None:
+    """The tick takes only each source's newest facts; a source's worker reads every second on a cadence of its own,
+    so now and then two reads come between two ticks (a tick that takes a while). The change of the read never taken
+    is still fed: the next sample is worked out from the counters of the facts fed last, and spans both seconds."""
+    from storwatch.config import DiskIOConfig, NFSConfig
+    from storwatch.paths import HostPaths
+    from storwatch.sources.diskio import DiskIOSource
+    from storwatch.sources.nfs import NFSSource
+
+    proc = tmp_path / "proc"
+    (proc / "1").mkdir(parents=True)
+    clock = iter([T, T + 1, T + 2, T + 3])
+    disks = DiskIOSource(HostPaths(procfs=str(proc)), DiskIOConfig(), clock=lambda: next(clock))
+    nfs_clock = iter([T, T + 1, T + 2, T + 3])
+    nfs_source = NFSSource(HostPaths(procfs=str(proc)), NFSConfig(), clock=lambda: next(nfs_clock))
+
+    def nfs_block(write: int) -> str:  # each WRITE taking 25 ms to execute
+        return (
+            "device filer:/home mounted on /home with fstype nfs4 statvers=1.1\n\tage:\t100\n\tper-op statistics\n"
+            f"\t        READ: 0 0 0 0 0 0 0 0 0\n\t       WRITE: {write} {write} 0 0 0 0 0 {write * 25} 0\n"
+            "\t      COMMIT: 0 0 0 0 0 0 0 0 0\n"
+        )
+
+    reads = []
+    for i, (reads_done, writes) in enumerate([(1000, 100), (1100, 140), (1150, 200)]):
+        # nvme1n1: 50 ms of reads for each 100 reads; the NFS mount's writes go up with them
+        line = f" 259 4 nvme1n1 {reads_done} 0 8000 {reads_done // 2} 400 0 3200 800 0 900 1300 0 0 0 0 100 300"
+        (proc / "diskstats").write_text(line + "\n")
+        (proc / "1" / "mountstats").write_text(nfs_block(writes))
+        reads.append((disks.collect(), nfs_source.collect()))
+        assert reads[-1][0].timestamp == T + i
+    windows = LatencyWindows()
+    feeder = WindowFeeder(windows)
+    fed = []
+    for disk_io, nfs_stats in (reads[0], reads[2]):  # the tick never took the second reads
+        fed += feeder.feed(Snapshot(disk_io.timestamp + 0.5, (DATA, HOME), disks=disk_io, nfs=nfs_stats))
+    now = T + 3
+    read = windows.summary("/mnt/data", "read", now).minute
+    assert (read.samples, read.ops, read.mean_seconds) == (1, 150, pytest.approx(0.075 / 150))
+    write = windows.summary("/home", "write", now).minute
+    assert (write.samples, write.ops, write.mean_seconds) == (1, 100, pytest.approx(0.025))
+    # each sample spans both seconds: from the facts fed before to the newest
+    assert sorted((mp, op, start, end, ops) for mp, op, start, end, ops, _ in fed if ops) == [
+        ("/home", "write", T, T + 2, 100),
+        ("/mnt/data", "read", T, T + 2, 150),
+    ]

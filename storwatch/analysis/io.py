@@ -8,7 +8,9 @@ from collections.abc import Container
 from storwatch.analysis.latency import LatencyWindows, MountLatency
 from storwatch.analysis.view import MountIO
 from storwatch.snapshot import Snapshot
-from storwatch.sources.nfs import latency_samples
+from storwatch.sources import diskio, nfs
+from storwatch.sources.diskio import DiskIO
+from storwatch.sources.nfs import NFSStats, latency_samples
 from storwatch.vocabulary import Mount
 
 # NFS procedures that stand for a mount's reads, writes and fsyncs (COMMIT makes unstable writes durable).
@@ -24,12 +26,19 @@ FORGET_EVERY_SECONDS = 10.0
 
 class WindowFeeder:
     """Feeds each source's new facts into the latency windows exactly once, whatever the tick rate, and lets go of
-    the windows of mounts that are gone."""
+    the windows of mounts that are gone.
+
+    The tick takes only the newest facts of each source, and a source's worker can read twice between two ticks (a
+    tick that takes a while; its cadence and the worker's drift apart): the device and NFS counters' change is then
+    worked out from the facts fed last, so no second of I/O is lost and each sample's span is the one it covers."""
 
     def __init__(self, windows: LatencyWindows) -> None:
         self.windows = windows
         self._fed: dict[str, float] = {}
-        """The timestamp of the facts last fed, by source ("diskstats", "nfs", "probe:<mountpoint>")."""
+        """The timestamp of each mount's probe facts last fed, by "probe:<mountpoint>"."""
+        self._disks: DiskIO | None = None
+        self._nfs: NFSStats | None = None
+        """The diskstats and NFS facts last taken: the counters the next ones' change is from."""
         self._next_forget = -math.inf
 
     def forget(self, snapshot: Snapshot) -> None:
@@ -77,13 +86,19 @@ class WindowFeeder:
             )
 
         disks = snapshot.disks
-        if disks is not None and disks.deltas and (before := self._new("diskstats", disks.timestamp)) is not None:
+        if disks is not None and disks is not self._disks:
+            last, self._disks = self._disks, disks
+            disk_deltas = disks.deltas if last is None else diskio.deltas_since(last, disks)
+            before = -math.inf if last is None else last.timestamp
+        else:
+            disk_deltas = None
+        if disks is not None and disk_deltas:
             first = len(samples)
             t = disks.timestamp
             for mount in snapshot.mounts:
                 if mount.block is None:
                     continue
-                d = disks.deltas.get(mount.block.device)
+                d = disk_deltas.get(mount.block.device)
                 if d is None:
                     continue
                 mp = mount.mountpoint
@@ -92,12 +107,19 @@ class WindowFeeder:
                 if d.flushes is not None and d.flush_time_seconds is not None:
                     add((mp, "fsync", t, d.flushes, d.flush_time_seconds))
             taken(first, before)
-        nfs = snapshot.nfs
-        if nfs is not None and nfs.deltas and (before := self._new("nfs", nfs.timestamp)) is not None:
+        stats = snapshot.nfs
+        if stats is not None and stats.timestamp != (self._nfs.timestamp if self._nfs is not None else None):
+            # Kept without its tables, which hold the whole file until parsed (100s of KB on a node of NFS mounts).
+            last_stats, self._nfs = self._nfs, NFSStats(stats.timestamp, {}, {}, stats.since, stats.read)
+            nfs_deltas = stats.deltas if last_stats is None else nfs.deltas_since(last_stats, stats)
+            before = -math.inf if last_stats is None else last_stats.timestamp
+        else:
+            nfs_deltas = None
+        if stats is not None and nfs_deltas:
             first = len(samples)
-            t = nfs.timestamp
+            t = stats.timestamp
             window_of = _WINDOW_OF_NFS_OP
-            for mp, name, requests, seconds in latency_samples(nfs.deltas):
+            for mp, name, requests, seconds in latency_samples(nfs_deltas):
                 op = window_of.get(name)
                 if op is not None:
                     add((mp, op, t, requests, seconds))
@@ -105,12 +127,12 @@ class WindowFeeder:
         for probe in snapshot.probes:
             if probe.seconds is None:
                 continue
-            before = self._new(f"probe:{probe.mountpoint}", probe.timestamp)
-            if before is not None:
+            probed_before = self._new(f"probe:{probe.mountpoint}", probe.timestamp)
+            if probed_before is not None:
                 first = len(samples)
                 for op, seconds in probe.seconds.items():
                     add((probe.mountpoint, f"probe_{op}", probe.timestamp, 1, seconds))
-                taken(first, before)
+                taken(first, probed_before)
         if samples:
             self.windows.add_all(samples)
         return out

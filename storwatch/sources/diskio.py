@@ -30,11 +30,24 @@ class DiskIO:
     """Every device's counters since boot, by kernel name (each parsed when first asked for: :class:`Counters`)."""
     deltas: Mapping[str, DiskStatsDelta]
     """Each device's activity since the previous read (worked out when first asked for); empty on the first read."""
+    since: float | None = None
+    """The previous read's timestamp, where ``deltas`` start (None: no deltas, or not known). A reader that did not
+    take the facts of that read (the tick takes only the newest facts of each source) works out its own deltas from
+    the counters of the facts it took last (:func:`deltas_since`)."""
+
+
+def deltas_since(before: DiskIO, now: DiskIO) -> Mapping[str, DiskStatsDelta]:
+    """Each device's activity from ``before`` (facts of an earlier read, with their counters) to ``now``: ``now``'s
+    own deltas when they start there."""
+    if now.since is None or now.since == before.timestamp or not before.counters:
+        return now.deltas
+    seconds = now.timestamp - before.timestamp
+    return Deltas(before.counters, now.counters, seconds) if seconds > 0 else {}
 
 
 def _diskio_for_history(facts: DiskIO) -> DiskIO:
     # The deltas keep the two reads they come from; the counters themselves only the newest snapshot needs.
-    return DiskIO(facts.timestamp, {}, facts.deltas)
+    return DiskIO(facts.timestamp, {}, facts.deltas, facts.since)
 
 
 DISKIO: FactsKey[DiskIO] = FactsKey("disks", _diskio_for_history)
@@ -110,6 +123,7 @@ class DiskIOSource:
         self.configure(config)
         self._prev: Mapping[str, DiskStats] = {}
         self._prev_mono = 0.0
+        self._prev_at: float | None = None
         self._bad_lines = OnceLog(log)
         self.parse_errors = 0
         """Lines of /proc/diskstats that could not be parsed, counted at every read that holds them."""
@@ -137,8 +151,10 @@ class DiskIOSource:
         deltas: Mapping[str, DiskStatsDelta] = (
             Deltas(self._prev, counters, seconds) if self._prev and seconds > 0 else {}
         )
-        self._prev, self._prev_mono = counters, mono
-        return DiskIO(self.clock(), counters, deltas)
+        now = self.clock()
+        since = self._prev_at if deltas else None
+        self._prev, self._prev_mono, self._prev_at = counters, mono, now
+        return DiskIO(now, counters, deltas, since)
 
     def close(self) -> None:
         pass

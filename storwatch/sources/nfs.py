@@ -7,7 +7,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from storwatch.config import NFSConfig
@@ -162,11 +162,23 @@ class NFSStats:
     looked at (a scrape, the status page), not every second; each table is parsed when first used."""
     deltas: Mapping[str, Mapping[str, OpDelta]]
     """Per mountpoint and operation in DELTA_OPERATIONS, the change since the previous read (those with requests)."""
+    since: float | None = None
+    """The previous read's timestamp, where ``deltas`` start (None: no deltas, or not known): a reader that did not
+    take that read's facts works out its own deltas (:func:`deltas_since`)."""
+    read: _Read | None = field(default=None, repr=False, compare=False)
+    """This read's lines as columns, for :func:`deltas_since` (not kept in History)."""
+
+
+def deltas_since(before: NFSStats, now: NFSStats) -> Mapping[str, Mapping[str, OpDelta]]:
+    """The change from ``before`` (facts of an earlier read) to ``now``: ``now``'s own deltas when they start there."""
+    if now.since is None or now.since == before.timestamp or before.read is None or now.read is None:
+        return now.deltas
+    return _deltas(before.read, now.read)
 
 
 def _nfs_for_history(facts: NFSStats) -> NFSStats:
     # Every mount's per-op table only the newest snapshot needs; History keeps the deltas.
-    return NFSStats(facts.timestamp, {}, facts.deltas)
+    return NFSStats(facts.timestamp, {}, facts.deltas, facts.since)
 
 
 NFS: FactsKey[NFSStats] = FactsKey("nfs", _nfs_for_history)
@@ -226,6 +238,8 @@ class NFSSource:
         self._lines = OperationLines(DELTA_OPERATIONS)
         self._last: _Read | None = None
         """The lines of the last read that parsed."""
+        self._last_at = 0.0
+        """That read's timestamp."""
 
     def configure(self, config: NFSConfig) -> None:
         self._interval = config.interval_seconds
@@ -259,9 +273,11 @@ class NFSSource:
         times = parse_operation_times_all(found.lines)
         read = _Read(found.mountpoints, found.names, times) if times is not None else self._parse_each(data, found)
         deltas = _deltas(self._last, read)
-        self._last = read
+        now = self.clock()
+        since = self._last_at if self._last is not None else None
+        self._last, self._last_at = read, now
         self._nfs_seen = bool(found.lines)
-        return NFSStats(self.clock(), _Tables(data, self._reader, self._reader_lock), deltas)
+        return NFSStats(now, _Tables(data, self._reader, self._reader_lock), deltas, since, read)
 
     def _parse_each(self, data: bytes, found: FoundLines) -> _Read:
         """The lines parsed one by one, when not all are of the usual shape: each bad one logged and left out."""
