@@ -164,6 +164,14 @@ def _watch(notify: _Inotify, req_id: str, path: bytes, depth: int) -> None:
         return
     _say(f"watched {req_id} {wd}")
     # The directories already below it: a run's checkpoint directories, a root's users and their runs.
+    lines = _watch_tree(notify, wd, path, depth)
+    if lines:
+        _say("\n".join(lines))
+
+
+def _watch_tree(notify: _Inotify, wd: int, path: bytes, depth: int) -> list[str]:
+    """Watch the directories below ``path`` (watched as ``wd``), ``depth`` levels down; a ``below`` line for each."""
+    lines = []
     queue = [(wd, path, depth)]
     while queue:
         parent_wd, parent, left = queue.pop(0)
@@ -180,22 +188,27 @@ def _watch(notify: _Inotify, req_id: str, path: bytes, depth: int) -> None:
                 child_wd = _add(notify, child, left - 1)
             except OSError:
                 continue
-            _say(f"below {child_wd} {parent_wd} {os.fsencode(name).hex()}")
+            lines.append(f"below {child_wd} {parent_wd} {os.fsencode(name).hex()}")
             queue.append((child_wd, child, left - 1))
+    return lines
 
 
-def _watch_below(notify: _Inotify, parent_wd: int, name: bytes) -> int | None:
-    """Watch a directory just made (or moved in) below a watch that watches what appears below it; its watch, or None.
-    Here, at once: by the time the agent read the event, the directory's first files would be written. A lookup that
-    hangs (a mount that hangs) holds this loop, in this helper only; the agent then sees no events and falls back."""
+def _watch_below(notify: _Inotify, parent_wd: int, name: bytes) -> tuple[int, list[str]] | None:
+    """Watch a directory just made (or moved in) below a watch that watches what appears below it: its watch, and the
+    ``below`` lines of the directories already in it (``mkdir -p run/ckpt-1`` makes the second before the first is
+    watched; one moved in comes with its tree); None when not watched. Here, at once: by the time the agent read the
+    event, the directory's first files would be written. A lookup that hangs (a mount that hangs) holds this loop, in
+    this helper only; the agent then sees no events and falls back."""
     with _paths_lock:
         parent = _paths.get(parent_wd)
     if parent is None or parent[1] <= 0:
         return None
+    path, depth = parent[0].rstrip(b"/") + b"/" + name, parent[1] - 1
     try:
-        return _add(notify, parent[0].rstrip(b"/") + b"/" + name, parent[1] - 1)
+        wd = _add(notify, path, depth)
     except OSError:
         return None
+    return wd, _watch_tree(notify, wd, path, depth)
 
 
 class _Watcher:
@@ -268,11 +281,14 @@ def main() -> None:
             if e.mask & IN_IGNORED:  # the kernel dropped the watch (its directory is gone): no longer held
                 with _paths_lock:
                     _paths.pop(e.wd, None)
+            below: list[str] = []
             if e.mask & IN_ISDIR and e.mask & (IN_CREATE | IN_MOVED_TO) and e.name:
                 child = _watch_below(notify, e.wd, e.name)
                 if child is not None:
-                    lines.append(f"auto {child} {e.wd}")  # before its event, which it belongs to
+                    lines.append(f"auto {child[0]} {e.wd}")  # before its event, which it belongs to
+                    below = child[1]  # after it: the agent knows the new directory from its event
             lines.append(f"ev {now:.6f} {e.wd} {e.mask} {e.cookie} {e.name.hex()}")
+            lines += below
         if lines:
             with _out:
                 sys.stdout.write("\n".join(lines) + "\n")

@@ -369,6 +369,23 @@ def test_a_real_reopen_and_fsync_is_seen(source: FileEventSource, run: Path) -> 
     assert span.end is not None and span.reopened is not None and span.end <= span.reopened <= span.reclosed
 
 
+def test_the_directories_already_in_a_new_directory_are_watched_with_it(
+    source: FileEventSource, tmp_path: Path
+) -> None:
+    """A directory that appears with directories in it: a tree moved in whole, or ``mkdir -p bob/run``, which makes run
+    before the helper has read bob's creation and watched it (found in a full run on a busy machine: a run made so
+    was never watched). Its directories are watched as it is, and a save in one of them is seen."""
+    _watched(source, tmp_path / "root")
+    made = tmp_path / "made-elsewhere" / "bob"
+    (made / "run" / "checkpoint-1").mkdir(parents=True)
+    os.rename(made, tmp_path / "root" / "bob")
+    run = tmp_path / "root" / "bob" / "run"
+    _watched(source, run / "checkpoint-1")
+    (run / "checkpoint-1" / "model.safetensors").write_bytes(b"x" * 4096)
+    spans = [s for s in _spans(source, 2) if s.kind == "file"]  # bob's move, and the save
+    assert [(s.path, s.end_how) for s in spans] == [(str(run / "checkpoint-1" / "model.safetensors"), "closed")], spans
+
+
 def _workload(
     pid: int, held: tuple[HeldFile, ...] = (), bursts: tuple[tuple[float, float, int], ...] = (), **kw: object
 ) -> WorkloadAccess:
