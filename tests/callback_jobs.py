@@ -220,6 +220,14 @@ def main() -> None:
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     JOBS[args.framework](args.out, args)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # As a well-made training script ends: every process at the barrier, then the process group let go. Left to
+        # the interpreter's exit, gloo's threads were torn down under it now and then (a rank aborted with
+        # "terminate called without an active exception" after its job was done).
+        dist.barrier()
+        dist.destroy_process_group()
     agent = sorted(m for m in sys.modules if m == "storwatch" or m.startswith("storwatch."))
     if rank() == 0:
         print(json.dumps({"done": True, "agent_imported": agent}), flush=True)
