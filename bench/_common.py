@@ -370,6 +370,10 @@ def measure_agent(
     stop = threading.Event()
     rss_max = [0]
     rss_max_by_name: dict[str, int] = {}
+    rss_timeline: list[tuple[float, dict[str, int]]] = []
+    """(seconds since the agent started, each process name's RSS in KiB), every second sample: where the maximum
+    comes (start-up, the first walk, the window)."""
+    t_start = time.monotonic()
     scrapes: list[float] = []
     scrape_errors: list[str] = []
 
@@ -382,6 +386,8 @@ def measure_agent(
             rss_max[0] = max(rss_max[0], sum(by_name.values()))
             for name, kib in by_name.items():
                 rss_max_by_name[name] = max(rss_max_by_name.get(name, 0), kib)
+            if len(rss_timeline) < 20_000:
+                rss_timeline.append((round(time.monotonic() - t_start, 1), by_name))
             if stop.wait(0.5):
                 return
 
@@ -419,6 +425,7 @@ def measure_agent(
         threads[2].start()
         s0 = steal_ticks()
         before, w0, start_unix = family(proc.pid), time.monotonic(), time.time()
+        window_from = w0 - t_start
         time.sleep(seconds)
         after, w1, end_unix = family(proc.pid), time.monotonic(), time.time()
         s1 = steal_ticks()
@@ -463,6 +470,13 @@ def measure_agent(
         "scrape_errors": scrape_errors,
         "rss_bytes": (rss_end or 0) * 1024 or None,
         "family_rss_max_bytes": rss_max[0] * 1024 or None,
+        "family_rss_max_in_window_bytes": max(
+            (sum(kib.values()) for t, kib in rss_timeline if t >= window_from), default=0
+        )
+        * 1024
+        or None,
+        "settled_at_seconds": round(window_from - warmup, 1),
+        "rss_timeline": rss_timeline,
         "steal_share": steal,
     }, body
 

@@ -584,6 +584,10 @@ def report(
         f"{verdict(rss_ok)}  RSS max, agent + helpers, from start-up on: {rss / 1e6:.1f} MB ({rss / 2**20:.1f} MiB); "
         f"the agent alone at the end {(figures['rss_bytes'] or 0) / 1e6:.1f} MB; target < 150 MB"
     )
+    print(
+        f"      in the measured window at most {(figures['family_rss_max_in_window_bytes'] or 0) / 1e6:.1f} MB; "
+        f"start-up work done {figures['settled_at_seconds']:.0f} s after the agent started"
+    )
     for name, proc in figures["processes"].items():
         print(
             f"      {name:28} {proc['cpu_share'] * 100:6.2f} % of a core, RSS max {proc['rss_max_bytes'] / 1e6:6.1f} MB"
