@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Container
+from collections.abc import Callable, Container, Mapping
+from typing import Any, Protocol, TypeVar
 
 from storwatch.analysis.latency import LatencyWindows, MountLatency
 from storwatch.analysis.view import MountIO
 from storwatch.snapshot import Snapshot
 from storwatch.sources import diskio, nfs
-from storwatch.sources.diskio import DiskIO
 from storwatch.sources.nfs import NFSStats, latency_samples
 from storwatch.vocabulary import Mount
 
@@ -17,6 +17,18 @@ from storwatch.vocabulary import Mount
 NFS_OPS = {"read": "READ", "write": "WRITE", "fsync": "COMMIT"}
 _WINDOW_OF_NFS_OP = {name: op for op, name in NFS_OPS.items()}
 
+
+class _Counted(Protocol):
+    """Facts of a counters source: when they were read, and their change since the read before."""
+
+    @property
+    def timestamp(self) -> float: ...
+
+    @property
+    def deltas(self) -> Mapping[str, Any]: ...
+
+
+_F = TypeVar("_F", bound=_Counted)
 
 MOUNTS_COLLECTOR = "mounts"
 """The mount source's name in the snapshot's collector statuses."""
@@ -36,9 +48,8 @@ class WindowFeeder:
         self.windows = windows
         self._fed: dict[str, float] = {}
         """The timestamp of each mount's probe facts last fed, by "probe:<mountpoint>"."""
-        self._disks: DiskIO | None = None
-        self._nfs: NFSStats | None = None
-        """The diskstats and NFS facts last taken: the counters the next ones' change is from."""
+        self._taken: dict[str, Any] = {}
+        """The diskstats and NFS facts last taken, by source: the counters the next ones' change is from."""
         self._next_forget = -math.inf
 
     def forget(self, snapshot: Snapshot) -> None:
@@ -59,6 +70,24 @@ class WindowFeeder:
         self.windows.forget(now, {m.mountpoint for m in snapshot.mounts}, table_time)
         probed = {f"probe:{p.mountpoint}" for p in snapshot.probes}
         self._fed = {k: t for k, t in self._fed.items() if not k.startswith("probe:") or k in probed}
+
+    def _change(
+        self,
+        source: str,
+        facts: _F,
+        deltas_since: Callable[[_F, _F], Mapping[str, Any]],
+        kept: Callable[[_F], _F] | None = None,
+    ) -> tuple[Mapping[str, Any], float] | None:
+        """New facts of ``source`` (a counters source: diskstats, NFS): their change since the facts taken last, and
+        when those were read (-inf the first time); None for facts taken already. ``kept``: what is kept of them for
+        the next change (all of them by default)."""
+        last = self._taken.get(source)
+        if last is not None and last.timestamp == facts.timestamp:
+            return None
+        self._taken[source] = facts if kept is None else kept(facts)
+        if last is None:
+            return facts.deltas, -math.inf
+        return deltas_since(last, facts), last.timestamp
 
     def _new(self, source: str, timestamp: float) -> float | None:
         """The previous facts' timestamp when these are new (-inf the first time), else None."""
@@ -86,13 +115,9 @@ class WindowFeeder:
             )
 
         disks = snapshot.disks
-        if disks is not None and disks is not self._disks:
-            last, self._disks = self._disks, disks
-            disk_deltas = disks.deltas if last is None else diskio.deltas_since(last, disks)
-            before = -math.inf if last is None else last.timestamp
-        else:
-            disk_deltas = None
-        if disks is not None and disk_deltas:
+        change = None if disks is None else self._change("diskstats", disks, diskio.deltas_since)
+        if disks is not None and change is not None and change[0]:
+            disk_deltas, before = change
             first = len(samples)
             t = disks.timestamp
             for mount in snapshot.mounts:
@@ -108,14 +133,9 @@ class WindowFeeder:
                     add((mp, "fsync", t, d.flushes, d.flush_time_seconds))
             taken(first, before)
         stats = snapshot.nfs
-        if stats is not None and stats.timestamp != (self._nfs.timestamp if self._nfs is not None else None):
-            # Kept without its tables, which hold the whole file until parsed (100s of KB on a node of NFS mounts).
-            last_stats, self._nfs = self._nfs, NFSStats(stats.timestamp, {}, {}, stats.since, stats.read)
-            nfs_deltas = stats.deltas if last_stats is None else nfs.deltas_since(last_stats, stats)
-            before = -math.inf if last_stats is None else last_stats.timestamp
-        else:
-            nfs_deltas = None
-        if stats is not None and nfs_deltas:
+        nfs_change = None if stats is None else self._change("nfs", stats, nfs.deltas_since, _without_tables)
+        if stats is not None and nfs_change is not None and nfs_change[0]:
+            nfs_deltas, before = nfs_change
             first = len(samples)
             t = stats.timestamp
             window_of = _WINDOW_OF_NFS_OP
@@ -136,6 +156,12 @@ class WindowFeeder:
         if samples:
             self.windows.add_all(samples)
         return out
+
+
+def _without_tables(stats: NFSStats) -> NFSStats:
+    """What the feeder keeps of NFS facts: not their tables, which hold the whole file until parsed (100s of KB on a
+    node of NFS mounts)."""
+    return NFSStats(stats.timestamp, {}, {}, stats.since, stats.read)
 
 
 def mount_io(mount: Mount, snapshot: Snapshot, windows: LatencyWindows | None) -> MountIO:
