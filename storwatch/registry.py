@@ -138,7 +138,7 @@ class SourceSpec(Generic[C, F]):
     """Paced, but the second's budget never stretches it past ``tick_seconds``: the access source's looks between
     passes, which see a save while its file is open (who writes a run, the join's own evidence). Their cost is a few
     small reads per GPU process; stretched with the ticks on a busy node (3 to 5 s apart), saves of a few seconds
-    went unseen."""
+    went unseen. While a save's file is open the source keeps its own pace (``KeepsPace``): no budget stretches it."""
 
     def off_reason(self, section: C) -> str | None:
         """Why ``section`` switches the source off, or None while it leaves it on."""

@@ -223,6 +223,58 @@ WRITE_THEN_SYNC = textwrap.dedent(
 )
 
 
+HOLD_THEN_CLOSE = textwrap.dedent(
+    """
+    import sys
+    print("ready", flush=True)
+    sys.stdin.readline()
+    f = open(sys.argv[1], "wb", buffering=0)
+    f.write(b"x" * (2 << 20))
+    print("open", flush=True)
+    sys.stdin.readline()
+    f.close()
+    print("closed", flush=True)
+    sys.stdin.readline()
+    """
+)
+
+
+@pytest.mark.realpart
+def test_the_looks_keep_their_pace_while_a_saves_file_is_open(tmp_path: Path) -> None:
+    """While a file a GPU workload writes is open, the source says it keeps its pace (no budget stretches its looks:
+    the close, and a sync opened at once after it, must be seen within WATCH_SECONDS); before and after, it does not."""
+    target = tmp_path / "step-1.pt"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THEN_CLOSE, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def step(word: str) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == word
+
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        source = AccessSource(HostPaths(), AccessConfig(), lambda: [proc.pid], host_mounts, time.time, paced=True)
+        source.collect()
+        assert not source.keeps_pace  # nothing written
+        step("open")
+        deadline = time.monotonic() + 60
+        while not source.keeps_pace:  # a burst of 2 MiB: the next look reads its open files
+            assert time.monotonic() < deadline, "the save's file was never seen open"
+            time.sleep(WATCH_SECONDS)
+            source.collect()
+        step("closed")
+        source.collect()  # the look that finds it closed
+        assert not source.keeps_pace
+        assert [f.closed_by is not None for f in source.collect().workloads[proc.pid].written] == [True]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.realpart
 def test_a_file_opened_again_after_its_close_is_seen_held_by_its_writer(tmp_path: Path) -> None:
     """``torch.save``, then the file opened again and fsynced: the save's end is the second descriptor's close,

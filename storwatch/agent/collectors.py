@@ -22,7 +22,7 @@ from typing import Any
 
 from storwatch.pace import Backoff
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec
-from storwatch.sources import Configurable, CountsParseErrors, FactsKey, MayBeOff, Source
+from storwatch.sources import Configurable, CountsParseErrors, FactsKey, KeepsPace, MayBeOff, Source
 from storwatch.vocabulary import CollectorStatus
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,8 @@ class Collectors:
             # A read every tick is part of the second's work, whose budget may stretch it; a paced one is slower
             # still while the node is quiet (storwatch/pace.py).
             self.context.pace.spent(src.name, time.thread_time() - cpu_started, interval)
-            interval = self.context.pace.stretch(interval, quiet=st.spec.paced, keeps_second=st.spec.keeps_second)
+            if not (isinstance(src, KeepsPace) and src.keeps_pace):
+                interval = self.context.pace.stretch(interval, quiet=st.spec.paced, keeps_second=st.spec.keeps_second)
         try:
             off = src.off_reason if isinstance(src, MayBeOff) else None
             parse_errors = src.parse_errors if isinstance(src, CountsParseErrors) else None

@@ -70,6 +70,15 @@ class MayBeOff(Protocol):
 
 
 @runtime_checkable
+class KeepsPace(Protocol):
+    """A source whose interval no CPU budget stretches while ``keeps_pace`` is True: the access source while a save's
+    file is open, whose end, and the sync its writer may open at once after it, last well under a second."""
+
+    @property
+    def keeps_pace(self) -> bool: ...
+
+
+@runtime_checkable
 class CountsParseErrors(Protocol):
     """A source that counts the lines of its input it could not parse (``storwatch_parse_errors_total``)."""
 

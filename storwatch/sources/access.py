@@ -423,6 +423,21 @@ class AccessSource:
         between passes)."""
         return min(self.pass_seconds, WATCH_SECONDS) if self.paced and self._workloads else self.pass_seconds
 
+    @property
+    def keeps_pace(self) -> bool:
+        """A file a workload writes is open (a save in progress, seen by a pass or a look): the looks between passes
+        then come every WATCH_SECONDS whatever the second's budget (the agent asks this after each collection). Its
+        close is the save's end, and ``torch.save``'s writer opens the file again at once to sync it, for a fraction
+        of a second that a look must see (only a look that finds the writer holding it ties that sync to the save:
+        a reader's would not count); a look a second later missed it on a busy machine, and the save was timed
+        without its sync."""
+        now = self.clock()
+        return any(
+            w.closed_by is None and now - w.first_seen <= MAX_WATCH_SECONDS
+            for work in self._workloads.values()
+            for w in work.written.values()
+        )
+
     def _children(self, pid: int) -> list[int]:
         """The process's children, from every thread's ``children`` file (at most max_processes)."""
         try:
