@@ -1,8 +1,8 @@
 """The request_checkpoint action with real parts: a torch training loop in its own process polling
-checkpoint_requested() answers each request at its first poll after the action returned; whatever is planted at the
-request file's name (a symbolic link, a FIFO, a hard link, someone else's file) or in the run's path is neither
-followed nor replaced, and the action fails saying what it found; the opt-in signal reaches a real process holding a
-file open for writing under the run, and no other."""
+checkpoint_requested() answers each request no later than its first poll after the action returned; whatever is
+planted at the request file's name (a symbolic link, a FIFO, a hard link, someone else's file) or in the run's path is
+neither followed nor replaced, and the action fails saying what it found; the opt-in signal reaches a real process
+holding a file open for writing under the run, and no other."""
 
 from __future__ import annotations
 
@@ -76,10 +76,11 @@ def test_a_polling_training_loop_answers_at_its_first_poll_after_the_request(
     )
     try:
         assert read_line(proc) == "ready"
-        returned = []
+        asked: list[tuple[float, float]] = []
         for expected in ("created", "renewed"):
+            before = time.time()
             result = ask(action, run)
-            returned.append(time.time())
+            asked.append((before, time.time()))
             assert result.outcome == "ok" and f"request file {expected}" in result.detail, result.detail
             _, _step, start = read_line(proc).split()
             # The next request must be newer than this save's start by the filesystem's coarse clock too.
@@ -92,9 +93,15 @@ def test_a_polling_training_loop_answers_at_its_first_poll_after_the_request(
     assert proc.returncode == 0
     loop = json.loads(result_file.read_text())
     assert len(loop["answers"]) == 2
-    for answer, after in zip(loop["answers"], returned, strict=True):
-        first_poll_after = min(p for p in loop["polls"] if p >= after)
-        assert answer["poll"] <= first_poll_after, (answer, after)
+    polls = loop["polls"]
+    for answer, (before, after) in zip(loop["answers"], asked, strict=True):
+        # The request file exists from some moment inside the action, so the poll that answers it is the last one that
+        # started before the action did (its stat may come after the file was made) or a later one, and no later than
+        # the first poll that started after the action returned. The loop may answer while the action is still
+        # returning; then, with its answers done, it polls no more.
+        earliest = max((p for p in polls if p < before), default=polls[0])
+        latest = min((p for p in polls if p >= after), default=answer["poll"])
+        assert earliest <= answer["poll"] <= latest, (answer, before, after)
     assert "storwatch asks for a checkpoint" in (run / REQUEST_NAME).read_text()
 
 
