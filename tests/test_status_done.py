@@ -119,11 +119,13 @@ def test_a_verified_copy_shows_where_and_how_old_and_its_run_has_no_finding() ->
 
 
 def test_a_checkpoint_request_shows_with_its_answer() -> None:
-    """The request the policy made of a run, how it went, and whether a save newer than it came."""
+    """The request the policy made of a run, how it went, and whether a save newer than it came; a record of asking
+    nothing (the rule resolved, the same request within its cooldown) does not hide the request that was made."""
     view = fixture_view(checkpoints=_facts("asked", "waiting", age=60.0))
     data = view_to_dict(view)
     data["policy"] = _policy(
         [  # newest first, as agent/policy.py lists them
+            {"at": T - 2.0, "key": "asked", "outcome": "skipped", "detail": "a resolved rule asks for no checkpoint"},
             {"at": T - 5.0, "key": "waiting", "outcome": "ok", "detail": "SIGUSR1 to pid 4242"},
             {"at": T - 120.0, "key": "asked", "outcome": "ok", "detail": "SIGUSR1 to pid 4141"},
         ],

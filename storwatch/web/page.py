@@ -245,11 +245,17 @@ ALERTS_SHOWN = 50
 def what_was_done(data: dict[str, Any]) -> dict[str, str]:
     """For each run, what protects it and what the agent did about it, in words: its newest durable copy (where, how
     old the save it protects), and the last checkpoint request the policy made of it, with its answer (a save newer
-    than the request)."""
+    than the request). A ``skipped`` record asked nothing (the rule resolved, the same request came within its
+    cooldown) and never hides the request that was made."""
     now = data.get("generated_at")
     requests: dict[str, dict[str, Any]] = {}
     for a in (data.get("policy") or {}).get("actions") or ():
-        if a.get("action") == "request_checkpoint" and a.get("kind") == "run" and a.get("key") not in requests:
+        if (
+            a.get("action") == "request_checkpoint"
+            and a.get("kind") == "run"
+            and a.get("outcome") != "skipped"
+            and a.get("key") not in requests
+        ):
             requests[a["key"]] = a  # newest first
     syncs: dict[str, dict[str, Any]] = {}
     for j in (data.get("policy") or {}).get("syncs") or ():
