@@ -24,6 +24,8 @@ from storwatch.procfs.inotify import (
     IN_DELETE,
     IN_ISDIR,
     IN_MODIFY,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
     IN_OPEN,
     IN_Q_OVERFLOW,
     parse_events,
@@ -345,6 +347,27 @@ def test_a_reopen_just_after_a_save_marks_its_span_until_that_descriptor_closes(
     source._expire_reopens(40.6 + MAX_REOPEN_SECONDS + 1)
     (span,) = [s for s in source._spans if s.path == "/r/d.pt"]
     assert (span.end, span.reopened) == (40.5, None)
+
+
+def test_each_save_that_ends_is_counted_once() -> None:
+    """The count that brings the checkpoint scan forward (``ended``): a close after writing, a move into place and the
+    close of a sync's second descriptor each count; a log beside them, a reader's open and a file made but never
+    written count nothing."""
+    source = FileEventSource(FileEventsConfig(), lambda: [])
+    _lines(source, "/r", [(1.0, IN_CREATE, "a.pt"), (1.1, IN_MODIFY, "a.pt"), (1.5, IN_CLOSE_WRITE, "a.pt")])
+    assert source.ended == 1
+    _lines(source, "/r", [(1.5, IN_OPEN, "a.pt"), (3.0, IN_CLOSE_NOWRITE, "a.pt")])  # torch.save's fsync
+    assert source.ended == 2
+    log_and_reader = [(4.0, IN_CREATE, "train.log"), (4.1, IN_MODIFY, "train.log"), (4.2, IN_CLOSE_WRITE, "train.log")]
+    _lines(source, "/r", [*log_and_reader, (9.0, IN_OPEN, "a.pt"), (9.1, IN_CLOSE_NOWRITE, "a.pt")])
+    assert source.ended == 2
+    _lines(source, "/r", [(10.0, IN_CREATE, "c.pt")])  # made, not yet written
+    assert source.ended == 2
+    _lines(source, "/r", [(10.1, IN_MODIFY, "c.pt"), (10.2, IN_CLOSE_WRITE, "c.pt")])
+    assert source.ended == 3
+    source._apply(f"ev 12.0 1 {IN_MOVED_FROM | IN_ISDIR} 8 {b'tmp-checkpoint-10'.hex()}")  # a directory renamed in
+    source._apply(f"ev 12.0 1 {IN_MOVED_TO | IN_ISDIR} 8 {b'checkpoint-10'.hex()}")
+    assert source.ended == 4
 
 
 def test_a_real_reopen_and_fsync_is_seen(source: FileEventSource, run: Path) -> None:

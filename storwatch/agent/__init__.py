@@ -25,7 +25,7 @@ from typing import Any
 from storwatch.actions.alertbook import AlertBook
 from storwatch.actions.registry import registry
 from storwatch.actions.sync_engine import SyncEngine
-from storwatch.agent.collectors import Collectors, given
+from storwatch.agent.collectors import Collectors, ScanAfterSaves, given
 from storwatch.agent.policy import PolicyWorker
 from storwatch.agent.reload import Reloader, ReloadError, read_new
 from storwatch.agent.signals import SignalInbox
@@ -148,6 +148,7 @@ class Agent:
         self._collectors = Collectors(
             states if sources is None else [given(s) for s in sources], context, clock, self._stop, self._reported
         )
+        self._saves_scan = ScanAfterSaves(self._collectors)
         self._threads: list[threading.Thread] = []
         # A verified copy makes its run safe: the durable copies are looked at again at once (sources/copies.py).
         self.sync = SyncEngine(
@@ -206,6 +207,7 @@ class Agent:
             self.stalls.configure(params)
 
     def _reported(self) -> None:
+        self._saves_scan.reported()
         if self._published.view is None:
             self._dirty.set()  # until the first tick, every first report may complete it
         elif self.pace.quiet and _gpu_busy(self._collectors.latest(GPUS)):

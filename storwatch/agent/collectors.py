@@ -23,6 +23,7 @@ from typing import Any
 from storwatch.pace import Backoff
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec
 from storwatch.sources import Configurable, CountsParseErrors, FactsKey, KeepsPace, MayBeOff, Source
+from storwatch.sources.fileevents import FILE_EVENTS
 from storwatch.vocabulary import CollectorStatus
 
 log = logging.getLogger(__name__)
@@ -391,3 +392,40 @@ class Collectors:
             st.source = st.spec.make(self.context, section)
             st.paused, st.off_reason = False, None
             log.info("collector %s switched on again", st.source.name)
+
+
+class ScanAfterSaves:
+    """A save that ended brings the checkpoint scan forward. Once the file events source has seen a save end (its
+    ``ended`` count grew), the checkpoint source scans again as soon as its CPU share allows
+    (``CheckpointSource.may_scan_soon``), unless a scan began since: the finding, the recovery point and a sync waiting
+    on the checkpoint see it within seconds, not at the scans' interval (30 s, longer where scans cost more). Looked at
+    after every report of every source (a report comes each second), so a scan the share holds back comes later."""
+
+    def __init__(self, collectors: Collectors) -> None:
+        self._collectors = collectors
+        self._ended = 0
+        """The file events' ``ended`` count last seen."""
+        self._since: float | None = None
+        """time.monotonic() when a save's end was seen that no scan has begun after; None: none waits."""
+        self._lock = threading.Lock()  # every source's worker reports
+
+    def reported(self) -> None:
+        facts = self._collectors.latest(FILE_EVENTS)
+        source = self._collectors.source("checkpoints")
+        if facts is None or source is None:
+            return
+        began: float | None = getattr(source, "began", None)
+        with self._lock:
+            if facts.ended != self._ended:
+                self._ended = facts.ended
+                if self._since is None:
+                    self._since = time.monotonic()
+            if self._since is None:
+                return
+            if began is not None and began >= self._since:
+                self._since = None  # a scan began after the save's end: it covers it
+                return
+            if not source.may_scan_soon():
+                return
+            self._since = None
+        self._collectors.collect_soon("checkpoints")

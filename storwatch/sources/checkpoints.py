@@ -77,6 +77,10 @@ MAX_JUDGED_CLAIMS = 4096
 """Refused PID claims remembered as counted (past it the memory starts again)."""
 _DEEP = "deep\0"
 """Prefix of a deep check's key among the helper's calls (a unit's key is its path)."""
+SAVE_SCAN_SECONDS = 2.0
+"""A save that ended (the file events source saw it closed or moved into place) brings the next scan this close, or
+as close as the scans' CPU share allows (:meth:`CheckpointSource.may_scan_soon`): the finding, the recovery point and
+a sync waiting on it see the new checkpoint within seconds, not at the next interval."""
 
 
 @dataclass(frozen=True)
@@ -251,6 +255,8 @@ class CheckpointSource:
         self.budget = CpuBudget(self.settings.scan_cpu_share, self.settings.scan_max_interval_seconds)
         """What a scan costs (the helper's CPU for it and this source's), and so how often one comes."""
         self.interval_seconds = self.settings.interval_seconds
+        self.began: float | None = None
+        """When (time.monotonic()) the last scan began; None before the first."""
         self.limits = DeepLimits.from_config(self.settings)
         """The bounds of every check, sent to the helper with each request."""
         self.stuck_paths = stuck_paths
@@ -337,7 +343,15 @@ class CheckpointSource:
             return None
         return self.searching.nowhere() if self.searching is not None else "no checkpoint roots to search"
 
+    def may_scan_soon(self) -> bool:
+        """Whether a scan may come now, ahead of the interval (for a save that ended since the last began): the last
+        began at least SAVE_SCAN_SECONDS ago, or longer where a scan costs more than ``scan_cpu_share`` of a core over
+        that (a node with hundreds of runs keeps its pace)."""
+        began = self.began
+        return began is None or time.monotonic() - began >= self.budget.interval(SAVE_SCAN_SECONDS)
+
     def collect(self) -> CheckpointFacts:
+        self.began = time.monotonic()
         searching = self._replan()
         if not self.roots:
             self._units = {}

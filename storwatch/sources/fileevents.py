@@ -118,6 +118,10 @@ class FileEventFacts:
     """Directories the kernel refused to watch (counted since start): their saves are timed by the fallback."""
     lost: int = 0
     """Events lost (the kernel's queue overflowed, or too many waited): spans around them may be missing."""
+    ended: int = 0
+    """Saves seen end since the source started (a close after writing, a move into place, the close of a sync's
+    second descriptor): a count that grew brings the next checkpoint scan forward (agent/collectors.py,
+    ``ScanAfterSaves``)."""
 
 
 FILE_EVENTS: FactsKey[FileEventFacts] = FactsKey("file_events")
@@ -214,6 +218,7 @@ class FileEventSource:
         """Wanted directories found not there -> when (asked again after MISSING_RETRY_SECONDS)."""
         self.refused = 0
         self.lost = 0
+        self.ended = 0
         self._open: collections.OrderedDict[str, tuple[float | None, str]] = collections.OrderedDict()
         """File being written -> (its start, its kind)."""
         self._dirs: collections.OrderedDict[str, float] = collections.OrderedDict()
@@ -287,6 +292,7 @@ class FileEventSource:
 
     def _span(self, span: FileSpan) -> None:
         self._spans.append(span)
+        self.ended += 1
         while len(self._spans) > self.section.max_spans:
             self._spans.popleft()
 
@@ -480,6 +486,7 @@ class FileEventSource:
         i = self._last_closed(path)
         if i is not None and self._spans[i].reopened == held[0]:
             self._spans[i] = dataclasses.replace(self._spans[i], reclosed=t)
+            self.ended += 1
 
     def _forget(self, directory: str) -> None:
         """Drop what is known of the files below a directory that is gone."""
@@ -522,7 +529,9 @@ class FileEventSource:
         while self._spans and (self._spans[0].end or now) < now - SPAN_KEEP_SECONDS:
             self._spans.popleft()
         writing = tuple(FileSpan(p, "file", start, None) for p, (start, _) in self._open.items())
-        return FileEventFacts(tuple(self._spans) + writing, len(self._wd), self.refused, self.lost + helper.dropped)
+        return FileEventFacts(
+            tuple(self._spans) + writing, len(self._wd), self.refused, self.lost + helper.dropped, self.ended
+        )
 
     def close(self) -> None:
         if self._helper is not None:
