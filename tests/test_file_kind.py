@@ -256,3 +256,18 @@ def test_a_link_out_of_a_checkpoint_is_named_a_symbolic_link(tmp_path: Path) -> 
     (dcp / ".metadata").symlink_to(outside)
     result = check(str(dcp))
     assert f"/.metadata is a symbolic link leading out of {dcp}; it was not followed" in result.reason, result
+
+
+def test_a_link_swapped_in_after_the_check_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenant swaps a link in between the check of the path and its open: what the kernel opened is checked too."""
+    import storwatch.checkpoints.formats.common as common
+
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"someone else's")
+    dcp = tmp_path / "step-1"
+    dcp.mkdir()
+    (dcp / "__0_0.distcp").write_bytes(b"x")
+    (dcp / ".metadata").symlink_to(outside)
+    monkeypatch.setattr(common, "_inside", lambda path, root: True)  # the link came after the check
+    result = check(str(dcp))
+    assert f"/.metadata is a symbolic link leading out of {dcp}; it was not followed" in result.reason, result

@@ -146,8 +146,25 @@ def _worst(a: _Finding, b: _Finding) -> _Finding:
 
 
 def _inside(path: str, root: str) -> bool:
-    real, real_root = os.path.realpath(path), os.path.realpath(root)
+    return _below(os.path.realpath(path), os.path.realpath(root))
+
+
+def _below(real: str, real_root: str) -> bool:
     return real == real_root or os.path.commonpath([real, real_root]) == real_root
+
+
+def _opened_inside(fd: int, path: str, root: str) -> None:
+    """The file the kernel opened is below ``root``. The check before the open resolves the links on the path, and a
+    tenant can swap a link in after it: what the descriptor names (``/proc/self/fd``) is the kernel's word on what
+    was opened. Without a procfs, the check before the open stands alone."""
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return
+    if opened.endswith(" (deleted)"):
+        raise FileNotFoundError(errno.ENOENT, "removed as it was opened", path)
+    if not _below(opened, os.path.realpath(root)):
+        raise _NotFollowed(f"{path} is a symbolic link leading out of {root}; it was not followed")
 
 
 def _open_regular(path: str, root: str) -> tuple[BinaryIO, int]:
@@ -169,6 +186,7 @@ def _open_regular(path: str, root: str) -> tuple[BinaryIO, int]:
             raise
         raise _NotRegular(f"{path} is not a regular file ({file_kind(mode)}); it was not read") from None
     try:
+        _opened_inside(fd, path, root)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _NotRegular(f"{path} is not a regular file ({file_kind(st.st_mode)}); it was not read")
