@@ -213,10 +213,25 @@ def test_a_save_too_quick_to_be_seen_open_is_tied_by_its_writers_bursts() -> Non
     writer = workload(11, ((99.8, 100.05, 6 << 20),), 1000)
     idle = workload(12, ((50.0, 50.25, 6 << 20),), 1000)
     other_user = workload(13, ((99.8, 100.05, 8 << 20),), 2000)
-    facts = AccessFacts(100.0, {11: writer, 12: idle, 13: other_user})
+    facts = AccessFacts(101.0, {11: writer, 12: idle, 13: other_user})
     assert burst_writers(run, saves, facts) == (11,)
-    twins = AccessFacts(100.0, {11: writer, 14: workload(14, ((99.9, 100.1, 7 << 20),), 1000)})
+    twins = AccessFacts(101.0, {11: writer, 14: workload(14, ((99.9, 100.1, 7 << 20),), 1000)})
     assert burst_writers(run, saves, twins) == ()  # two could have written it: neither is taken
+
+
+def test_a_save_is_not_judged_before_the_counters_were_read_after_it() -> None:
+    """Read during the save's window, the counters hold the writer's burst in part (a throttled write) and another
+    job's, saving at the same moment elsewhere, whole: that job is not taken for the writer; once they were read
+    after the window, the writer's whole burst ties the run (and the other's alone no longer could)."""
+    run = RunState("/r", "/", (_ck("/r/a.pt", 100.0, size=6 << 20),), uid=1000)
+    saves = (EventSave("/r/a.pt", 99.0, 100.0),)
+    partly = WorkloadAccess(11, 1, ProcessIO(), write_bursts=((99.0, 100.2, 2 << 20),), uid=1000)
+    elsewhere = WorkloadAccess(12, 1, ProcessIO(), write_bursts=((99.5, 100.0, 6 << 20),), uid=1000)
+    assert burst_writers(run, saves, AccessFacts(100.2, {11: partly, 12: elsewhere})) == ()
+    whole = WorkloadAccess(11, 1, ProcessIO(), write_bursts=((99.0, 100.0, 6 << 20),), uid=1000)
+    assert burst_writers(run, saves, AccessFacts(100.6, {11: whole, 12: elsewhere})) == ()  # two could have: unknown
+    apart = WorkloadAccess(12, 1, ProcessIO(), write_bursts=((90.0, 90.5, 6 << 20),), uid=1000)
+    assert burst_writers(run, saves, AccessFacts(100.6, {11: whole, 12: apart})) == (11,)
 
 
 def test_jobs_saving_at_once_are_told_apart_by_size_and_by_the_saves_each_matched() -> None:
@@ -232,7 +247,7 @@ def test_jobs_saving_at_once_are_told_apart_by_size_and_by_the_saves_each_matche
     large = RunState("/plain", "/", (_ck("/plain/a.pt", 100.0, size=16 << 20),), uid=1000)
     fast = workload(21, ((99.8, 100.05, 6 << 20),))
     plain = workload(22, ((98.5, 100.1, 16 << 20),))
-    both = AccessFacts(100.0, {21: fast, 22: plain})
+    both = AccessFacts(101.0, {21: fast, 22: plain})
     assert burst_writers(small, (EventSave("/fast/a.pt", 99.98, 100.0),), both) == (21,)
     assert burst_writers(large, (EventSave("/plain/a.pt", 98.6, 100.0),), both) == (22,)
 
@@ -241,9 +256,9 @@ def test_jobs_saving_at_once_are_told_apart_by_size_and_by_the_saves_each_matche
     mine = workload(31, ((99.8, 100.05, 6 << 20), (299.8, 300.05, 6 << 20)))
     first = workload(32, ((99.8, 100.05, 6 << 20), (199.8, 200.05, 6 << 20)))  # saved with it at 100, not at 300
     second = workload(34, ((299.8, 300.05, 6 << 20),))  # started later: saved with it at 300
-    assert burst_writers(run, saves, AccessFacts(300.0, {31: mine, 32: first, 34: second})) == (31,)
+    assert burst_writers(run, saves, AccessFacts(301.0, {31: mine, 32: first, 34: second})) == (31,)
     twin = workload(33, ((99.8, 100.05, 6 << 20), (299.8, 300.05, 6 << 20)))
-    assert burst_writers(run, saves, AccessFacts(300.0, {31: mine, 33: twin})) == ()
+    assert burst_writers(run, saves, AccessFacts(301.0, {31: mine, 33: twin})) == ()
 
 
 @pytest.mark.realpart

@@ -324,7 +324,10 @@ def burst_writers(run: RunState, saves: Sequence[EventSave], access: AccessFacts
     owner (or root). A save that one workload alone matches ties it; where several jobs save at once, the one
     workload that matched every one of the run's saves it could have written does. What ties a run to its GPUs
     where each save is too quick to be seen open: the kernel's write counters and the kernel's file events, never a
-    name. Two jobs that save the same bytes at the same moments stay untied: their GPUs are unknown."""
+    name. Two jobs that save the same bytes at the same moments stay untied: their GPUs are unknown. A save is judged
+    once the counters were read after its window ended (``access.timestamp``): before that its writer's burst may be
+    counted only in part while another job's, saving at the same time elsewhere, is whole, and would tie the run to
+    that job."""
     if access is None or not access.workloads:
         return ()
     sizes = {c.path: c.size_bytes for c in run.checkpoints}
@@ -335,6 +338,8 @@ def burst_writers(run: RunState, saves: Sequence[EventSave], access: AccessFacts
         if save.start is None or save.end is None or not size:
             continue
         low, high = save.start - BURST_SLACK_SECONDS, save.end + BURST_SLACK_SECONDS
+        if access.timestamp < high:
+            continue  # the counters not yet read after it: judged at a later View
         matched: set[int] = set()
         for pid, w in access.workloads.items():
             if run.uid is not None and w.uid is not None and w.uid not in (run.uid, 0):
