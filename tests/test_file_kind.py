@@ -247,13 +247,19 @@ def test_the_probe_helper_names_a_planted_file_in_the_one_vocabulary(
     assert f"probe file {name} is {WORDS[kind]}, not one the probe made: refused" in result.error, result.error
 
 
-def test_a_link_out_of_a_checkpoint_is_named_a_symbolic_link(tmp_path: Path) -> None:
+def _dcp_with_a_link_out(tmp_path: Path) -> Path:
+    """A DCP checkpoint whose ``.metadata`` is a link to a file outside it."""
     outside = tmp_path / "outside"
     outside.write_bytes(b"someone else's")
     dcp = tmp_path / "step-1"
     dcp.mkdir()
     (dcp / "__0_0.distcp").write_bytes(b"x")
     (dcp / ".metadata").symlink_to(outside)
+    return dcp
+
+
+def test_a_link_out_of_a_checkpoint_is_named_a_symbolic_link(tmp_path: Path) -> None:
+    dcp = _dcp_with_a_link_out(tmp_path)
     result = check(str(dcp))
     assert f"/.metadata is a symbolic link leading out of {dcp}; it was not followed" in result.reason, result
 
@@ -262,12 +268,7 @@ def test_a_link_swapped_in_after_the_check_is_not_read(tmp_path: Path, monkeypat
     """A tenant swaps a link in between the check of the path and its open: what the kernel opened is checked too."""
     import storwatch.checkpoints.formats.common as common
 
-    outside = tmp_path / "outside"
-    outside.write_bytes(b"someone else's")
-    dcp = tmp_path / "step-1"
-    dcp.mkdir()
-    (dcp / "__0_0.distcp").write_bytes(b"x")
-    (dcp / ".metadata").symlink_to(outside)
+    dcp = _dcp_with_a_link_out(tmp_path)
     monkeypatch.setattr(common, "_inside", lambda path, root: True)  # the link came after the check
     result = check(str(dcp))
     assert f"/.metadata is a symbolic link leading out of {dcp}; it was not followed" in result.reason, result
