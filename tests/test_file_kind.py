@@ -272,3 +272,14 @@ def test_a_link_swapped_in_after_the_check_is_not_read(tmp_path: Path, monkeypat
     monkeypatch.setattr(common, "_inside", lambda path, root: True)  # the link came after the check
     result = check(str(dcp))
     assert f"/.metadata is a symbolic link leading out of {dcp}; it was not followed" in result.reason, result
+
+
+def test_a_file_named_like_the_kernels_deleted_mark_is_read(tmp_path: Path) -> None:
+    """What /proc/self/fd names for a removed file ends in " (deleted)"; a file so named that is there is read."""
+    from storwatch.checkpoints.formats.common import _open_regular
+
+    named = tmp_path / "step-1.pt (deleted)"
+    named.write_bytes(b"x" * 10)
+    f, size = _open_regular(str(named), str(tmp_path))
+    with f:
+        assert size == 10 and f.read() == b"x" * 10

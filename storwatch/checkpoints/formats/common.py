@@ -161,7 +161,7 @@ def _opened_inside(fd: int, path: str, root: str) -> None:
         opened = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return
-    if opened.endswith(" (deleted)"):
+    if opened.endswith(" (deleted)") and os.fstat(fd).st_nlink == 0:  # the kernel's mark, not a name that ends so
         raise FileNotFoundError(errno.ENOENT, "removed as it was opened", path)
     if not _below(opened, os.path.realpath(root)):
         raise _NotFollowed(f"{path} is a symbolic link leading out of {root}; it was not followed")
