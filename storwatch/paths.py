@@ -21,6 +21,12 @@ not a file on storage: sockets, pipes, kernel objects, devices and kernel interf
 not the host's --path.procfs."""
 
 
+def own_fd(fd: int) -> str:
+    """This process's own descriptor as a path (``/proc/self/fd/N``), in its own procfs, never ``--path.procfs``: a
+    child reads a file through it, and its link names the file the kernel opened."""
+    return f"/proc/self/fd/{fd}"
+
+
 def unreadable_directory(path: str) -> str | None:
     """Why ``path`` cannot be read as a directory (missing, not a directory, not readable), or None when it can."""
     try:

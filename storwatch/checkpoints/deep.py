@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from storwatch.checkpoints.limits import Deadline, DeepLimits
-from storwatch.paths import HostPaths
+from storwatch.paths import HostPaths, own_fd
 
 _Finding = tuple[str, str]
 _MAX_OUTPUT = 64 * 1024
@@ -135,7 +135,7 @@ def torch_load_in_child(
         return "unknown", f"every entry's CRC32 matches; it could not be opened for torch.load ({err.strerror or err})"
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", CHILD, f"/proc/self/fd/{fd}", json.dumps(cfg, allow_nan=False)],
+            [sys.executable, "-I", "-c", CHILD, own_fd(fd), json.dumps(cfg, allow_nan=False)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

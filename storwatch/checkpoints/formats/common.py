@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 from storwatch.checkpoints import pickles
 from storwatch.checkpoints.limits import MIB, PARSE_BUDGET, Deadline, DeepLimits, LimitReached
 from storwatch.nofollow import file_kind
+from storwatch.paths import own_fd
 
 VERDICTS = ("complete", "incomplete", "corrupt", "unsafe", "unknown")
 
@@ -155,10 +156,10 @@ def _below(real: str, real_root: str) -> bool:
 
 def _opened_inside(fd: int, path: str, root: str) -> None:
     """The file the kernel opened is below ``root``. The check before the open resolves the links on the path, and a
-    tenant can swap a link in after it: what the descriptor names (``/proc/self/fd``) is the kernel's word on what
-    was opened. Without a procfs, the check before the open stands alone."""
+    tenant can swap a link in after it: what the descriptor names (:func:`storwatch.paths.own_fd`) is the kernel's
+    word on what was opened. Without a procfs, the check before the open stands alone."""
     try:
-        opened = os.readlink(f"/proc/self/fd/{fd}")
+        opened = os.readlink(own_fd(fd))
     except OSError:
         return
     if opened.endswith(" (deleted)") and os.fstat(fd).st_nlink == 0:  # the kernel's mark, not a name that ends so
