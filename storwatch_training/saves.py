@@ -44,7 +44,6 @@ import errno
 import fcntl
 import json
 import os
-import secrets
 import stat
 import time
 from collections.abc import Callable
@@ -101,8 +100,10 @@ class OrphanedTemp:
 
 
 def temp_name(final_name: str) -> str:
-    """A fresh temporary file name for ``final_name``, in the form :func:`is_temp_name` recognises."""
-    return f".{final_name}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(_LOCKED_TOKEN_DIGITS // 2)}"
+    """A fresh temporary file name for ``final_name``, in the form :func:`is_temp_name` recognises. Its random part is
+    from ``os.urandom``, as ``secrets.token_hex`` takes it: ``secrets`` would bring in ``hashlib`` and with it OpenSSL's
+    libcrypto (3.4 MB resident) into every process that reads this module, the agent's checkpoint helper among them."""
+    return f".{final_name}{TEMP_MARKER}{os.getpid()}-{os.urandom(_LOCKED_TOKEN_DIGITS // 2).hex()}"
 
 
 def _token(name: str) -> str | None:

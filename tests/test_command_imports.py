@@ -1,5 +1,6 @@
 """What each command imports: ``--help`` only the parser and the vocabulary, ``verify`` the checkpoint checks and no
-client of the outside world, ``scan`` the sources it collects and nothing of the agent's exporter or server.
+client of the outside world, ``scan`` the sources it collects and nothing of the agent's exporter or server; and that
+the helper processes the agent keeps running leave OpenSSL out.
 
 Read from ``python -X importtime -m storwatch ...`` in a fresh interpreter, as a user runs the command: every module
 imported is listed once, whoever imported it. How long the commands take is bench/scan_time.py's to say.
@@ -159,3 +160,22 @@ def test_sync_imports_nothing_of_the_agent_and_no_client(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "storwatch.sync" in modules
     assert loaded(modules, *AGENT_ONLY, *CLIENTS, "storwatch.analysis", "storwatch.registry", "yaml") == []
+
+
+@pytest.mark.parametrize(
+    ("module", "flags"),
+    [
+        pytest.param("storwatch._checkpoint_worker", ("-I",), id="checkpoint-walks"),
+        pytest.param("storwatch._events_worker", ("-I", "-S"), id="file-events"),
+        pytest.param("storwatch.calls._blocking_worker", ("-I", "-S"), id="blocking-calls"),
+    ],
+)
+def test_a_helper_process_leaves_openssl_unloaded(module: str, flags: tuple[str, ...]) -> None:
+    """The helpers the agent keeps running (started as their ``command()`` starts them) hash nothing and speak no TLS:
+    ``hashlib`` or ``ssl`` would map OpenSSL's libcrypto into each, 3.4 MB resident apiece."""
+    code = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); import {module}; print(' '.join(sys.modules))"
+    proc = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modules = set(proc.stdout.split())
+    assert module in modules
+    assert sorted(modules & {"_hashlib", "hashlib", "_ssl", "ssl", "secrets", "hmac"}) == []
