@@ -205,14 +205,15 @@ def _op_lines(template: str, op: NFSOperation) -> _OpLines:
 class _MountText:
     """One NFS mount's sample lines as last written, with what they were written from."""
 
-    __slots__ = ("by_metric", "mount", "ops")
+    __slots__ = ("mount", "ops", "others")
 
-    def __init__(self, mount: NFSMount, by_metric: dict[str, str], ops: dict[NFSOperation, _OpLines]) -> None:
+    def __init__(self, mount: NFSMount, ops: dict[NFSOperation, _OpLines], others: dict[str, str]) -> None:
         self.mount = mount
-        self.by_metric = by_metric
-        """Lines by metric, each ready to go into its family."""
         self.ops = ops
-        """Each procedure's lines by its counters: a procedure whose counters stand still keeps its lines."""
+        """Each procedure's lines by its counters: a procedure whose counters stand still keeps its lines. Each line
+        goes into its family as it is (the text is held once, not joined again per metric)."""
+        self.others = others
+        """The per-transport and bytes lines, by metric, each ready to go into its family."""
 
 
 class WrittenLines:
@@ -225,8 +226,9 @@ class WrittenLines:
 def _mount_text(
     mountpoint: str, nfs: NFSMount, before: _MountText | None, operations: tuple[str, ...] | None
 ) -> _MountText:
-    """One NFS mount's sample lines, by metric, as render_text would write them (labels sorted by name), for the
-    procedures in ``operations`` (None: all, in the kernel's order) that have been called."""
+    """One NFS mount's sample lines as render_text would write them (labels sorted by name): those of each procedure
+    in ``operations`` (None: all, in the kernel's order) that has been called, and its transports' and bytes' by
+    metric."""
     mp = label_value(mountpoint)
     template = labels_template(_OP_LABEL_NAMES, {"mountpoint": mountpoint}) + " "
     kept = before.ops if before is not None else {}
@@ -236,10 +238,7 @@ def _mount_text(
         if op is not None and op.requests:
             lines = kept.get(op)
             ops[op] = lines if lines is not None else _op_lines(template, op)
-    by_metric: dict[str, str] = {}
-    if ops:
-        for spec, column in zip(_NFS_OP_COUNTERS, zip(*ops.values(), strict=True), strict=True):
-            by_metric[spec.name] = "".join(column)
+    others: dict[str, str] = {}
     for i, t in enumerate(nfs.transports):
         labels = _XPRT_LABELS.format(mp, i, label_value(t.protocol)) + " "
         for spec, value in zip(
@@ -247,16 +246,16 @@ def _mount_text(
         ):
             if value is not None:
                 name = spec.name
-                by_metric[name] = by_metric.get(name, "") + f"{name}{labels}{value_text(value)}\n"
+                others[name] = others.get(name, "") + f"{name}{labels}{value_text(value)}\n"
     b = nfs.bytes
     if b is not None:
         values = (b.normal_read, b.normal_write, b.direct_read, b.direct_write, b.server_read, b.server_write)
         name = NFS_BYTES.name
-        by_metric[name] = "".join(
+        others[name] = "".join(
             f"{name}{_BYTES_LABELS.format(mp, kind)} {value_text(value)}\n"
             for kind, value in zip(_NFS_BYTES_KINDS, values, strict=True)
         )
-    return _MountText(nfs, by_metric, ops)
+    return _MountText(nfs, ops, others)
 
 
 def families(view: View | None, state: ExportState) -> Iterator[Family]:
@@ -266,6 +265,7 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
     # the procedures whose counters moved are written again.
     memory = state.kept(WrittenLines)
     out = {spec.name: spec.family() for spec in _NFS_COUNTERS}
+    op_families = [out[spec.name].lines for spec in _NFS_OP_COUNTERS]  # in the order of _OpLines
     written: dict[str, _MountText] = {}
     left_out = state.unexported_mounts(view)
     for mountpoint, nfs in sorted(view.nfs.mounts.items()):
@@ -275,7 +275,11 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
         if text is None or text.mount != nfs:
             text = _mount_text(shown(mountpoint), nfs, text, state.nfs_operations)
         written[mountpoint] = text
-        for name, lines in text.by_metric.items():
+        for op_lines in text.ops.values():
+            for family_lines, line in zip(op_families, op_lines, strict=True):
+                if line:  # the errors line of a kernel without that counter is empty
+                    family_lines.append(line)
+        for name, lines in text.others.items():
             out[name].add_lines(lines)
     memory.mounts = written
     yield from out.values()
