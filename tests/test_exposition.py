@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from storwatch.analysis.view import View
 from storwatch.config import DEFAULT_NFS_OPERATIONS
 from storwatch.exporter import Exporter, Family, render_text
+from storwatch.exporter.nfs import WrittenLines
 from storwatch.registry import exporter_areas
 from storwatch.snapshot import Snapshot
 from storwatch.sources.mountstats_reader import MountStatsReader
@@ -148,6 +149,33 @@ def test_nfs_lines_kept_between_renders_are_the_lines_a_fresh_render_writes() ->
         assert kept.render(view) == fresh, f"step {i}"
         assert fresh.count(b"storwatch_nfs_operations_total{") > 10
     assert b'operation="READ"} 2.2104e+06' in kept.render(_nfs_view(reader, steps[2], 1_700_000_010.0))
+
+
+def test_nfs_lines_are_kept_only_for_procedures_whose_counters_stood_still() -> None:
+    """A procedure whose counters moved since the last render has its lines written for this render alone (busy, it
+    would need them written again by the next); once they stand still from one render to the next, they are kept."""
+    data = NFSV42.read_bytes()
+    moved = data.replace(b" READ: 2210331 2210331", b" READ: 2210400 2210402")
+    assert moved != data
+    reader = MountStatsReader(lambda errors: None)
+    exporter = Exporter(exporter_areas(), process_metrics=False, nfs_operations=["*"])
+
+    def kept_lines() -> dict[str, bool]:
+        (text,) = exporter.state.kept(WrittenLines).mounts.values()
+        return {op.name: lines is not None for op, lines in text.ops.items()}
+
+    exporter.render(_nfs_view(reader, data, 1_700_000_000.0))
+    first = kept_lines()
+    assert first and not any(first.values())  # the first render: nothing is known to stand still yet
+    exporter.render(_nfs_view(reader, data, 1_700_000_001.0))
+    assert all(kept_lines().values())  # the same counters again: every procedure's lines kept
+    exporter.render(_nfs_view(reader, moved, 1_700_000_002.0))
+    after_move = kept_lines()
+    assert after_move["READ"] is False and all(kept for name, kept in after_move.items() if name != "READ")
+    view = _nfs_view(reader, moved, 1_700_000_003.0)
+    text = exporter.render(view)
+    assert all(kept_lines().values())  # READ stood still since: kept again
+    assert text == Exporter(exporter_areas(), process_metrics=False, nfs_operations=["*"]).render(view)
 
 
 def test_nfs_procedures_exported_are_those_configured() -> None:

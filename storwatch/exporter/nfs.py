@@ -205,15 +205,30 @@ def _op_lines(template: str, op: NFSOperation) -> _OpLines:
 class _MountText:
     """One NFS mount's sample lines as last written, with what they were written from."""
 
-    __slots__ = ("mount", "ops", "others")
+    __slots__ = ("mount", "ops", "others", "template")
 
-    def __init__(self, mount: NFSMount, ops: dict[NFSOperation, _OpLines], others: dict[str, str]) -> None:
+    def __init__(
+        self, mount: NFSMount, ops: dict[NFSOperation, _OpLines | None], others: dict[str, str], template: str
+    ) -> None:
         self.mount = mount
         self.ops = ops
-        """Each procedure's lines by its counters: a procedure whose counters stand still keeps its lines. Each line
-        goes into its family as it is (the text is held once, not joined again per metric)."""
+        """Each procedure by its counters, with its lines where they are kept: only once its counters stood still
+        from one render to the next. One that moved (None) is likely to move again by the next render, so its lines
+        would be written again anyway: on a busy node's NFS mounts, keeping them held 1.6 MB that no render read."""
         self.others = others
         """The per-transport and bytes lines, by metric, each ready to go into its family."""
+        self.template = template
+        """The mount's label set of a procedure (_op_lines)."""
+
+    def unchanged(self) -> list[_OpLines]:
+        """Each procedure's lines, in order, for a mount whose counters all stood still since the last render: those
+        not kept are written now, and kept from now on."""
+        written = []
+        for op, lines in self.ops.items():
+            if lines is None:
+                lines = self.ops[op] = _op_lines(self.template, op)
+            written.append(lines)
+        return written
 
 
 class WrittenLines:
@@ -225,19 +240,24 @@ class WrittenLines:
 
 def _mount_text(
     mountpoint: str, nfs: NFSMount, before: _MountText | None, operations: tuple[str, ...] | None
-) -> _MountText:
-    """One NFS mount's sample lines as render_text would write them (labels sorted by name): those of each procedure
-    in ``operations`` (None: all, in the kernel's order) that has been called, and its transports' and bytes' by
-    metric."""
+) -> tuple[_MountText, list[_OpLines]]:
+    """One NFS mount's sample lines as render_text would write them (labels sorted by name), and what is kept of
+    them: the lines of each procedure in ``operations`` (None: all, in the kernel's order) that has been called, and
+    its transports' and bytes' by metric."""
     mp = label_value(mountpoint)
     template = labels_template(_OP_LABEL_NAMES, {"mountpoint": mountpoint}) + " "
     kept = before.ops if before is not None else {}
-    ops: dict[NFSOperation, _OpLines] = {}
+    ops: dict[NFSOperation, _OpLines | None] = {}
+    written: list[_OpLines] = []
     chosen = nfs.operations if operations is None else (nfs.operation(name) for name in operations)
     for op in chosen:
         if op is not None and op.requests:
-            lines = kept.get(op)
-            ops[op] = lines if lines is not None else _op_lines(template, op)
+            if op in kept:  # its counters stood still since the last render: its lines are kept
+                lines = ops[op] = kept[op] or _op_lines(template, op)
+            else:
+                lines = _op_lines(template, op)
+                ops[op] = None
+            written.append(lines)
     others: dict[str, str] = {}
     for i, t in enumerate(nfs.transports):
         labels = _XPRT_LABELS.format(mp, i, label_value(t.protocol)) + " "
@@ -255,14 +275,15 @@ def _mount_text(
             f"{name}{_BYTES_LABELS.format(mp, kind)} {value_text(value)}\n"
             for kind, value in zip(_NFS_BYTES_KINDS, values, strict=True)
         )
-    return _MountText(nfs, ops, others)
+    return _MountText(nfs, ops, others, template), written
 
 
 def families(view: View | None, state: ExportState) -> Iterator[Family]:
     if view is None or view.nfs is None:
         return
     # A mount whose counters are those of the last render (equal records) keeps its lines; in a changed one, only
-    # the procedures whose counters moved are written again.
+    # the procedures whose counters moved are written again. A procedure's lines are kept once its counters stood
+    # still from one render to the next (_MountText.ops).
     memory = state.kept(WrittenLines)
     out = {spec.name: spec.family() for spec in _NFS_COUNTERS}
     op_families = [out[spec.name].lines for spec in _NFS_OP_COUNTERS]  # in the order of _OpLines
@@ -273,9 +294,11 @@ def families(view: View | None, state: ExportState) -> Iterator[Family]:
             continue
         text = memory.mounts.get(mountpoint)
         if text is None or text.mount != nfs:
-            text = _mount_text(shown(mountpoint), nfs, text, state.nfs_operations)
+            text, op_written = _mount_text(shown(mountpoint), nfs, text, state.nfs_operations)
+        else:
+            op_written = text.unchanged()
         written[mountpoint] = text
-        for op_lines in text.ops.values():
+        for op_lines in op_written:
             for family_lines, line in zip(op_families, op_lines, strict=True):
                 if line:  # the errors line of a kernel without that counter is empty
                     family_lines.append(line)
