@@ -184,6 +184,8 @@ _BYTES_LABELS = labels_template(NFS_BYTES.label_names)
 
 _OpLines = tuple[str, ...]
 """One procedure's sample lines, one per per-op metric (the errors line empty on kernels without that counter)."""
+_MOVED = ("",)
+"""What a procedure absent from the last render is looked up as (None there means present, its lines not kept)."""
 
 
 def _op_lines(template: str, op: NFSOperation) -> _OpLines:
@@ -252,11 +254,12 @@ def _mount_text(
     chosen = nfs.operations if operations is None else (nfs.operation(name) for name in operations)
     for op in chosen:
         if op is not None and op.requests:
-            if op in kept:  # its counters stood still since the last render: its lines are kept
-                lines = ops[op] = kept[op] or _op_lines(template, op)
-            else:
+            prior = kept.get(op, _MOVED)
+            if prior is _MOVED:
                 lines = _op_lines(template, op)
                 ops[op] = None
+            else:  # its counters stood still since the last render: its lines are kept
+                lines = ops[op] = prior or _op_lines(template, op)
             written.append(lines)
     others: dict[str, str] = {}
     for i, t in enumerate(nfs.transports):
