@@ -457,4 +457,11 @@ def test_the_run_is_tied_to_its_writers_gpu(way: str, outcomes: dict[str, Outcom
     """While the job ran, its run was tied to the one GPU its process holds, by what the kernel showed."""
     o = outcomes[way]
     assert o.tied is not None, f"{way}: the run was never tied to the writer's GPU; {o.figures()}"
-    assert o.tied["gpus"] == 1 and o.tied["workload"] == f"pid:{o.measured['pid']}", o.tied
+    owner = next((n for n, other in outcomes.items() if o.tied["workload"] == f"pid:{other.measured['pid']}"), None)
+    then = [
+        (c["path"].rsplit("/", 1)[-1], c["verdict"], c["write_timed_by"], c["mtime"]) for c in o.tied["checkpoints"]
+    ]
+    assert o.tied["gpus"] == 1 and o.tied["workload"] == f"pid:{o.measured['pid']}", (
+        f"{way}: tied to {o.tied['workload']} (the job of {owner}), writers {o.tied['writers']}, its checkpoints "
+        f"then {then}; the job's saves {o.measured['saves']}"
+    )
