@@ -26,7 +26,7 @@ from storwatch.procfs.pidio import access_mode, parse_children, parse_io
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
 from storwatch.sources import read_bounded
-from storwatch.sources.access import ACCESS, WATCH_SECONDS, AccessConfig, AccessSource, WorkloadAccess
+from storwatch.sources.access import ACCESS, WATCH_SECONDS, AccessConfig, AccessFacts, AccessSource, WorkloadAccess
 from storwatch.vocabulary import Platform
 from tests.builders import host_mounts
 from tests.realmounts import tmpfs_mount
@@ -288,6 +288,72 @@ def test_a_file_opened_again_after_its_close_is_seen_held_by_its_writer(tmp_path
     assert [h.path for h in w.held] == [str(target)], w.held
     (held,) = w.held
     assert held.first_seen >= written.closed_by, (held, written)
+
+
+CLOSE_THEN_REOPEN = textwrap.dedent(
+    """
+    import sys, time
+    def step(word):
+        print(word, flush=True)
+        sys.stdin.readline()
+    step("ready")
+    f = open(sys.argv[1], "wb", buffering=0)
+    f.write(b"x" * (2 << 20))
+    step("written")
+    f.close()
+    step("closed")                             # descheduled between its close and the sync's open
+    g = open(sys.argv[1], "rb")
+    step("reopened")
+    g.close()
+    step("synced")
+    """
+)
+
+
+@pytest.mark.realpart
+def test_a_sync_opened_after_the_look_that_saw_the_close_is_still_seen_held(tmp_path: Path) -> None:
+    """A look can fall between a save's close and the sync's open (a writer descheduled there on a busy node): the
+    writer's open files are read again at the looks after the close, so the second descriptor is seen; before, that
+    look was the only read the close asked for, and the sync, writing nothing, asked for none."""
+    target = tmp_path / "step-1.pt"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLOSE_THEN_REOPEN, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def step(word: str) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == word
+
+    now = [1000.0]
+
+    def look() -> AccessFacts:
+        """A look, WATCH_SECONDS after the last on the source's clock, whatever the machine's load made it."""
+        now[0] += WATCH_SECONDS
+        return source.collect()
+
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        source = AccessSource(HostPaths(), AccessConfig(), lambda: [proc.pid], host_mounts, lambda: now[0], paced=True)
+        source.collect()  # the pass: the next comes pass_seconds later, so only the looks below read anything
+        step("written")
+        look()  # a burst of 2 MiB: this look reads its open files
+        assert source.keeps_pace, "the save's file was not seen open"
+        step("closed")
+        assert look().workloads[proc.pid].held == ()  # the look that sees it closed: nothing held yet
+        step("reopened")
+        look()  # a look within REOPEN_SECONDS of the close
+        step("synced")
+        w = look().workloads[proc.pid]
+        assert now[0] - 1000.0 < source.pass_seconds  # no pass came: the looks alone saw it
+        (written,) = w.written
+        assert written.closed_by is not None, w.written
+        assert [h.path for h in w.held] == [str(target)], w.held
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.mark.realpart

@@ -29,9 +29,10 @@ import os
 import stat
 import time
 from collections import deque
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from storwatch._events_worker import REOPEN_SECONDS
 from storwatch.checkpoints.scan import checkpoint_member
 from storwatch.config import number
 from storwatch.paths import NOT_FILE_TARGETS, HostPaths
@@ -392,6 +393,9 @@ class AccessSource:
         """When the looks between passes last read each process's open files (the longest ago go first)."""
         self._due: set[int] = set()
         """Processes a look found due for a read of their open files and left for the next (past its cap)."""
+        self._closed_at: dict[int, float] = {}
+        """Processes a look found closing a file they wrote, with when: their open files are read at each look for
+        REOPEN_SECONDS after it (``_triggered``)."""
         self._pass = 0
         self._facts: AccessFacts | None = None
         """The last pass's facts, which a look at the watched files between passes brings up to date."""
@@ -793,12 +797,18 @@ class AccessSource:
         self._wchar[pid], self._wchar_at[pid] = wchar, now
         return (at, now, wchar - before)
 
-    def _triggered(self, closed: Container[int] = ()) -> None:
+    def _triggered(self, closed: Collection[int] = ()) -> None:
         """Read the open files of the GPU processes and known writers that wrote WRITE_TRIGGER_BYTES since the last
         look (a save begun between passes), or that ``closed`` a file they were seen writing (the save's sync may
         follow on a second descriptor), at most MAX_TRIGGERED_PER_LOOK of them, each within one pass's budget: those
         read longest ago first, and one left out stays due for the next look (where many jobs save at once, each is
         read in turn, never the same few)."""
+        # A writer that closed a file it wrote is read at each look for REOPEN_SECONDS: the sync on a second
+        # descriptor follows the close at once, but a look can fall between the two (a writer descheduled there on
+        # a busy node), and the sync writes nothing that would ask for another read.
+        now = self.clock()
+        self._closed_at = {p: t for p, t in self._closed_at.items() if now - t <= REOPEN_SECONDS}
+        self._closed_at.update(dict.fromkeys(closed, now))
         due: list[tuple[int, int]] = []
         for root, work in self._workloads.items():
             if root not in work.records:
@@ -812,7 +822,7 @@ class AccessSource:
                 burst = self._burst(pid, counters.wchar, self.clock())
                 if burst is not None:
                     work.bursts.append(burst)
-                elif pid not in closed and pid not in self._due:
+                elif pid not in closed and pid not in self._due and pid not in self._closed_at:
                     continue
                 due.append((root, pid))
         due.sort(key=lambda rp: self._files_read_at.get(rp[1], -math.inf))
