@@ -239,21 +239,28 @@ HOLD_THEN_CLOSE = textwrap.dedent(
 )
 
 
-@pytest.mark.realpart
-def test_the_looks_keep_their_pace_while_a_saves_file_is_open(tmp_path: Path) -> None:
-    """While a file a GPU workload writes is open, the source says it keeps its pace (no budget stretches its looks:
-    the close, and a sync opened at once after it, must be seen within WATCH_SECONDS); before and after, it does not."""
-    target = tmp_path / "step-1.pt"
+def _stepped(script: str, target: Path) -> tuple[subprocess.Popen[str], Callable[[str], None]]:
+    """``script`` started on ``target``, and a step: tell it to go on, and wait until it says ``word``."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD_THEN_CLOSE, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    assert proc.stdin is not None and proc.stdout is not None
 
     def step(word: str) -> None:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == word
+
+    return proc, step
+
+
+@pytest.mark.realpart
+def test_the_looks_keep_their_pace_while_a_saves_file_is_open(tmp_path: Path) -> None:
+    """While a file a GPU workload writes is open, the source says it keeps its pace (no budget stretches its looks:
+    the close, and a sync opened at once after it, must be seen within WATCH_SECONDS); before and after, it does not."""
+    target = tmp_path / "step-1.pt"
+    proc, step = _stepped(HOLD_THEN_CLOSE, target)
+    assert proc.stdout is not None
 
     try:
         assert proc.stdout.readline().strip() == "ready"
@@ -316,16 +323,8 @@ def test_a_sync_opened_after_the_look_that_saw_the_close_is_still_seen_held(tmp_
     writer's open files are read again at the looks after the close, so the second descriptor is seen; before, that
     look was the only read the close asked for, and the sync, writing nothing, asked for none."""
     target = tmp_path / "step-1.pt"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CLOSE_THEN_REOPEN, str(target)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-
-    def step(word: str) -> None:
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == word
+    proc, step = _stepped(CLOSE_THEN_REOPEN, target)
+    assert proc.stdout is not None
 
     now = [1000.0]
 
