@@ -822,7 +822,7 @@ class AccessSource:
                 burst = self._burst(pid, counters.wchar, self.clock())
                 if burst is not None:
                     work.bursts.append(burst)
-                elif pid not in closed and pid not in self._due and pid not in self._closed_at:
+                elif pid not in self._due and pid not in self._closed_at:  # _closed_at holds this look's closes
                     continue
                 due.append((root, pid))
         due.sort(key=lambda rp: self._files_read_at.get(rp[1], -math.inf))
