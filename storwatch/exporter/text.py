@@ -262,6 +262,8 @@ def render_text(families: Iterable[Family | Metric]) -> bytes:
     write = out.write
     for metric in families:
         for family in (metric,) if isinstance(metric, Family) else Family.from_metric(metric):
+            # Strict UTF-8 holds: every label value went through label_value (a name from disk's undecodable bytes
+            # as \xNN text), and names and help are the catalog's own.
             write(family.header().encode("utf-8"))
             write("".join(family.lines).encode("utf-8"))
     return out.getvalue()
