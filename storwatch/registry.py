@@ -205,6 +205,12 @@ def _stuck_mount_paths(ctx: SourceContext) -> list[str]:
     return [ctx.paths.root(m.mountpoint) for m in mounts or () if m.stuck]
 
 
+def _saving_files(ctx: SourceContext) -> frozenset[str]:
+    """The files whose save the file events show may still be under way now (none before that source reports)."""
+    events: fileevents.FileEventFacts | None = ctx.latest(fileevents.FILE_EVENTS)
+    return events.saving(time.time()) if events is not None else frozenset()
+
+
 def _mount_table(ctx: SourceContext) -> tuple[Sequence[Mount] | None, str | None]:
     """The mounts as the mount source last read them; before it first has, the host's mount table read here (a file
     of procfs: no mount is touched), so the first scan already searches the default places. None, and why, where
@@ -252,6 +258,7 @@ def _checkpoints(ctx: SourceContext, section: CheckpointsConfig) -> CheckpointSo
         clock=ctx.clock,
         # A mount whose statvfs is stuck would hang the walk's helper too: its directories wait until it answers.
         stuck_paths=lambda: _stuck_mount_paths(ctx),
+        saving=lambda: _saving_files(ctx),
         # Asked at every collection, and so of a reloaded section: the default places follow the mount table.
         plan=lambda s: checkpoint_plan(ctx, s),
         paths=ctx.paths,

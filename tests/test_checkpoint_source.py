@@ -22,7 +22,7 @@ from storwatch.paths import HostPaths
 from storwatch.registry import exporter_areas
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
-from storwatch.sources.checkpoints import EVENT_LOG, CheckpointSource, default_roots
+from storwatch.sources.checkpoints import DEEP_AFTER_SECONDS, EVENT_LOG, CheckpointSource, default_roots
 from storwatch.vocabulary import FsUsage, Mount, Platform
 from storwatch.web import render_status_page
 from tests.browser import TableParser
@@ -297,6 +297,51 @@ def test_deep_check_runs_at_a_low_rate_and_catches_a_flipped_byte(
     assert third.corrupt == 1
 
 
+def test_no_deep_check_of_a_checkpoint_still_being_saved(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """A deep check holds the file for seconds: none begins on a checkpoint the file events say is still being saved
+    (a file, or a file in a checkpoint's directory), nor on one written within DEEP_AFTER_SECONDS; each waits for a
+    later scan."""
+    run = tmp_path / "run"
+    run.mkdir()
+    single = run / "step-1.pt"
+    torch_like_zip(single)
+    set_mtime(single, 900.0)
+    shards = run / "checkpoint-2"
+    shards.mkdir()
+    torch_like_zip(shards / "model.pt")
+    (shards / "trainer_state.json").write_text('{"global_step": 2}')  # a Trainer's save: this file comes last
+    for f in [*shards.iterdir(), shards]:
+        set_mtime(f, 901.0)
+    fresh = run / "step-3.pt"
+    torch_like_zip(fresh)
+    set_mtime(fresh, 1002.0)
+    saving = {str(single), str(shards / "model.pt")}
+    clock = Clock(1002.0 + DEEP_AFTER_SECONDS / 2)
+    source = make_source([str(tmp_path)], clock=clock, deep_per_scan=3, saving=lambda: saving)
+
+    def deep_checked() -> set[str]:
+        end = time.monotonic() + 60.0  # a bound against a check that never answers; never what is asserted
+        while True:
+            (state,) = source.collect().runs
+            if not source._deep_pending:
+                return {os.path.basename(c.path) for c in state.checkpoints if c.deep_checked}
+            assert time.monotonic() < end, source._deep_pending
+            time.sleep(0.05)
+
+    assert {os.path.basename(c.path): c.verdict for c in source.collect().runs[0].checkpoints} == {
+        "step-1.pt": "complete",
+        "checkpoint-2": "complete",
+        "step-3.pt": "complete",
+    }
+    assert not source._deep_pending and deep_checked() == set()
+    clock.now = 1002.0 + DEEP_AFTER_SECONDS
+    assert deep_checked() == {"step-3.pt"}
+    saving.clear()
+    assert deep_checked() == {"step-1.pt", "checkpoint-2", "step-3.pt"}
+
+
 def test_metrics_carry_the_durability_of_the_mount(
     tmp_path: Path, make_source: Callable[..., CheckpointSource]
 ) -> None:
@@ -344,7 +389,9 @@ def test_atomic_save_events_give_exact_write_timings(
     before = time.time()
     atomic_save({"w": torch.zeros(1000)}, run / "step-7.pt", step=7)
     after = time.time()
-    (state,) = make_source([str(tmp_path)], deep_per_scan=1).collect().runs
+    # Looked at once the checkpoint is old enough for its deep check (one just written waits for a later scan).
+    source = make_source([str(tmp_path)], clock=Clock(after + DEEP_AFTER_SECONDS), deep_per_scan=1)
+    (state,) = source.collect().runs
     (ckpt,) = state.checkpoints
     assert ckpt.verdict == "complete" and ckpt.deep_checked
     # The event log's span lies within the call that wrote it.

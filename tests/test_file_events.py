@@ -8,14 +8,17 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
+from storwatch import registry
 from storwatch._events_worker import ReopenFilter
 from storwatch.analysis.writes import EventSave, burst_writers, event_saves, synced_saves, timed_by_file_events
+from storwatch.calls.blocking import BlockingCalls, CallOutcome
 from storwatch.checkpoints.record import Checkpoint
+from storwatch.config import CheckpointsConfig
 from storwatch.paths import HostPaths
 from storwatch.procfs.inotify import (
     IN_CLOSE_NOWRITE,
@@ -31,12 +34,23 @@ from storwatch.procfs.inotify import (
     parse_events,
 )
 from storwatch.procfs.pidio import ProcessIO
+from storwatch.registry import SourceContext
 from storwatch.sources.access import AccessFacts, HeldFile, WorkloadAccess, WrittenFile
-from storwatch.sources.checkpoints import RunState
-from storwatch.sources.fileevents import MAX_REOPEN_SECONDS, FileEventsConfig, FileEventSource, FileSpan
+from storwatch.sources.checkpoints import DEEP_AFTER_SECONDS, CheckpointSource, RunState
+from storwatch.sources.fileevents import (
+    FILE_EVENTS,
+    MAX_REOPEN_SECONDS,
+    FileEventFacts,
+    FileEventsConfig,
+    FileEventSource,
+    FileSpan,
+)
+from tests.builders import torch_like_zip
 
 WAIT = 10.0
 """A bound against events that never come; never what is asserted."""
+DEEP_WAIT = 120.0
+"""A bound against a deep check that never answers (its child imports torch: seconds on a busy machine)."""
 
 
 def _record(wd: int, mask: int, cookie: int, name: bytes) -> bytes:
@@ -650,3 +664,99 @@ def test_watches_go_on_past_a_lookup_that_hangs_and_its_thread_ends_when_it_retu
         assert time.monotonic() < end, watchers()
         time.sleep(0.02)
     assert watchers() == 1
+
+
+def test_the_files_whose_save_may_still_be_under_way() -> None:
+    """What the agent does not read in full yet (``FileEventFacts.saving``): a file being written, one whose sync's
+    second descriptor is still open, one closed after writing too recently for that sync to have opened it; not one
+    whose sync closed, one closed long ago, a file moved into place or a directory."""
+    now = 100.0
+    spans = (
+        FileSpan("/r/writing.pt", "file", 90.0, None),
+        FileSpan("/r/syncing.pt", "file", 90.0, 95.0, "closed", reopened=95.0),
+        FileSpan("/r/synced.pt", "file", 90.0, 95.0, "closed", reopened=95.0, reclosed=98.0),
+        FileSpan("/r/just-closed.pt", "file", 90.0, now - 0.5, "closed"),
+        FileSpan("/r/closed.pt", "file", 90.0, now - 5.0, "closed"),
+        FileSpan("/r/moved.pt", "file", 90.0, now - 0.5, "moved", moved_from="/r/moved.pt.tmp"),
+        FileSpan("/r/checkpoint-10", "dir", 90.0, now - 0.5, "moved"),
+    )
+    assert FileEventFacts(spans).saving(now) == {"/r/writing.pt", "/r/syncing.pt", "/r/just-closed.pt"}
+
+
+def test_no_deep_check_reads_a_checkpoint_its_writer_is_still_syncing(
+    source: FileEventSource, run: Path, tmp_path: Path
+) -> None:
+    """torch.save, then the file opened again and fsynced: the events cannot say whose that second descriptor's close
+    is, so the agent's deep check (a child that holds the file while it imports torch) must not be begun while the
+    sync holds it, or a check that outlasts the sync is timed as the save's. The checkpoint source, as the agent
+    makes it, takes the file events' word: deep-checked only once the sync's descriptor is closed."""
+    _watched(source, run)
+    path = run / "step-3.pt"
+    torch_like_zip(path)
+    latest: dict[object, object] = {}
+    ctx = SourceContext(HostPaths(), time.time, latest.get, lambda _: None)
+    section = CheckpointsConfig(roots=(str(tmp_path / "root"),), default_roots=False, deep_per_scan=1)
+    checkpoints = registry._checkpoints(ctx, section)
+    checkpoints.clock = lambda: time.time() + DEEP_AFTER_SECONDS  # the file's age is not what holds it back here
+    asked = _DeepAsked(checkpoints.calls)
+    checkpoints.calls = asked  # type: ignore[assignment]
+    try:
+        fd = os.open(path, os.O_RDONLY)  # the sync's descriptor
+        try:
+            latest[FILE_EVENTS] = _until(source, lambda s: s.reopened is not None, str(path))
+            for _ in range(3):  # the scans while the descriptor stays open
+                (ckpt,) = _checkpoints_of(checkpoints)
+                assert ckpt.verdict == "complete", ckpt
+            assert asked.paths == [], "a deep check was begun while the sync held the file"
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        latest[FILE_EVENTS] = _until(source, lambda s: s.reclosed is not None, str(path))
+        end = time.monotonic() + DEEP_WAIT
+        while not _checkpoints_of(checkpoints)[0].deep_checked:
+            assert time.monotonic() < end, "no deep check once the sync was over"
+            time.sleep(0.1)
+    finally:
+        checkpoints.close()
+
+
+class _DeepAsked:
+    """The checkpoint source's real helper calls, with the paths each deep check was asked for noted."""
+
+    def __init__(self, calls: BlockingCalls) -> None:
+        self.calls = calls
+        self.paths: list[str] = []
+
+    def call_many(
+        self, op: str, requests: Mapping[str, Sequence[str]], timeout: float, wait: float | None = None
+    ) -> dict[str, CallOutcome]:
+        if op == "ckpt_deep":
+            self.paths.extend(str(path) for path, _ in requests.values())
+        return self.calls.call_many(op, requests, timeout, wait)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.calls, name)
+
+
+def _until(source: FileEventSource, ready: Callable[[FileSpan], bool], path: str) -> FileEventFacts:
+    """The file events' facts once ``path``'s newest span is ``ready``."""
+    end = time.monotonic() + WAIT
+    while True:
+        facts = source.collect()
+        spans = [s for s in facts.spans if s.path == path]
+        if spans and ready(spans[-1]):
+            return facts
+        assert time.monotonic() < end, spans
+        time.sleep(0.05)
+
+
+def _checkpoints_of(checkpoints: CheckpointSource) -> tuple[Checkpoint, ...]:
+    """The checkpoints of the one run, once the walk has answered."""
+    end = time.monotonic() + WAIT
+    while True:
+        facts = checkpoints.collect()
+        if facts.runs and not checkpoints.waiting:
+            (state,) = facts.runs
+            return state.checkpoints
+        assert time.monotonic() < end, "the walk did not answer"
+        time.sleep(0.05)

@@ -10,7 +10,8 @@ once past ``timeout_seconds``. A stuck unit's last result is kept.
 
 Each walk is bounded (entries, depth, seconds per unit; see checkpoints/scan.py). A candidate is checked cheaply when
 it is new or changed; one complete checkpoint per scan gets the deep check (every CRC, and torch.load where torch is
-installed), newest first, so a node's checkpoints are all read in full eventually at a low, steady rate. A check that
+installed), newest first, so a node's checkpoints are all read in full eventually at a low, steady rate; not one the
+file events show may still be being saved (``saving``), nor one written within DEEP_AFTER_SECONDS. A check that
 raises makes only its own checkpoint ``corrupt`` (``unknown`` when it is no known format) and is counted by kind
 (``check_errors``). A write's span comes from the training side's event log (storwatch.training.atomic_save) where there
 is one; else the kernel's birth time of the checkpoint gives its start only (its newest mtime misses an fsync after
@@ -31,7 +32,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,10 @@ MAX_JUDGED_CLAIMS = 4096
 """Refused PID claims remembered as counted (past it the memory starts again)."""
 _DEEP = "deep\0"
 """Prefix of a deep check's key among the helper's calls (a unit's key is its path)."""
+DEEP_AFTER_SECONDS = 2.0
+"""A checkpoint last written less than this long ago gets no deep check yet, whatever the file events say: their
+facts are up to a second old (the source's interval), and a writer may open the file again to sync it within
+REOPEN_SECONDS of its close (``_events_worker.py``)."""
 SAVE_SCAN_SECONDS = 2.0
 """A save that ended (the file events source saw it closed or moved into place) brings the next scan this close, or
 as close as the scans' CPU share allows (:meth:`CheckpointSource.may_scan_soon`): the finding, the recovery point and
@@ -242,10 +247,13 @@ class CheckpointSource:
         writers: WriterCheck | None = None,
         max_inflight: int = 8,
         paths: HostPaths | None = None,
+        saving: Callable[[], Collection[str]] | None = None,
     ) -> None:
         """``settings``: the ``checkpoints`` section (the defaults when None), taken whole on every reload;
         ``plan``: where to search under a section, asked again at every collection (the default places follow the
-        mount table), its roots reached below ``paths``' root; without it, ``roots`` (as reached) are searched."""
+        mount table), its roots reached below ``paths``' root; without it, ``roots`` (as reached) are searched;
+        ``saving``: the files whose save may still be under way (the file events' word, ``FileEventFacts.saving``),
+        asked before each round of deep checks."""
         self.roots = tuple(os.path.normpath(r) for r in roots)
         self.plan = plan
         self.paths = paths if paths is not None else HostPaths()
@@ -260,6 +268,7 @@ class CheckpointSource:
         self.limits = DeepLimits.from_config(self.settings)
         """The bounds of every check, sent to the helper with each request."""
         self.stuck_paths = stuck_paths
+        self.saving = saving
         self.mountpoints = mountpoints if mountpoints is not None else OwnMountpoints()
         self.clock = clock
         self.writers = writers if writers is not None else WriterCheck()
@@ -502,6 +511,11 @@ class CheckpointSource:
         settings = self.settings
         busy = {unit for _, unit in self._deep_pending.values()} | stuck_units
         pending = {path for path, _ in self._deep_pending.values()}
+        # Not a checkpoint whose save may still be under way (the file events say so, or it was written within
+        # DEEP_AFTER_SECONDS): its writer may sync it through a second descriptor after its close, and the events do
+        # not say whose a close is, so a deep check (a child importing torch, holding the file) that outlasted that
+        # sync would be timed as the save's. It waits for a later scan (a save that ends brings one forward).
+        saving = self.saving() if self.saving is not None else ()
         todo = sorted(
             # A deep check reads every byte: larger checkpoints are checked in full only on demand (storwatch verify).
             (
@@ -513,6 +527,8 @@ class CheckpointSource:
                 and c.size_bytes <= settings.deep_max_bytes
                 and c.path not in pending
                 and unit_of.get(c.path) not in busy
+                and not _being_saved(c.path, saving)
+                and not 0.0 <= now - c.mtime < DEEP_AFTER_SECONDS
             ),
             key=lambda c: c.mtime,
             reverse=True,
@@ -667,6 +683,14 @@ def _with_deep(run: RunState, checked: dict[str, Checkpoint]) -> RunState:
         for c in run.checkpoints
     )
     return dataclasses.replace(run, checkpoints=states)
+
+
+def _being_saved(path: str, saving: Collection[str]) -> bool:
+    """Whether the checkpoint at ``path`` (a file, or a directory of shards) is, or holds, a file of ``saving``."""
+    if not saving:
+        return False
+    prefix = path.rstrip("/") + "/"
+    return path in saving or any(p.startswith(prefix) for p in saving)
 
 
 def _with_writing(run: RunState, now: float, settle: float) -> RunState:

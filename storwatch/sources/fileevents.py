@@ -123,6 +123,23 @@ class FileEventFacts:
     second descriptor): a count that grew brings the next checkpoint scan forward (agent/collectors.py,
     ``ScanAfterSaves``)."""
 
+    def saving(self, now: float) -> frozenset[str]:
+        """The files whose save may still be under way at ``now`` (the helper's clock, time.time()): being written;
+        closed after writing and opened again, that second descriptor still open (a sync through it); or closed
+        after writing less than REOPEN_SECONDS ago, which such a sync may open next. The agent reads none of them
+        in full until the save is over: the events do not say whose a close is, so a read that outlasted the sync
+        would be timed as the save's (sources/checkpoints.py, the deep check)."""
+        return frozenset(
+            s.path
+            for s in self.spans
+            if s.kind == "file"
+            and (
+                s.end is None
+                or (s.reopened is not None and s.reclosed is None)
+                or (s.reopened is None and s.end_how == "closed" and now - s.end <= REOPEN_SECONDS)
+            )
+        )
+
 
 FILE_EVENTS: FactsKey[FileEventFacts] = FactsKey("file_events")
 
