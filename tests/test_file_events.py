@@ -5,6 +5,7 @@ beside them makes no span; the watches are bounded; a directory on a hung mount 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import time
@@ -246,6 +247,24 @@ def test_a_save_is_not_judged_before_the_counters_were_read_after_it() -> None:
     assert burst_writers(run, saves, AccessFacts(100.6, {11: whole, 12: elsewhere})) == ()  # two could have: unknown
     apart = WorkloadAccess(12, 1, ProcessIO(), write_bursts=((90.0, 90.5, 6 << 20),), uid=1000)
     assert burst_writers(run, saves, AccessFacts(100.6, {11: whole, 12: apart})) == (11,)
+
+
+def test_a_save_is_judged_by_its_whole_checkpoint_not_a_part_a_scan_saw() -> None:
+    """A scan in the middle of a 96 MiB save saw 24 MiB of it (incomplete): another job's 32 MiB save at the same
+    moment matches that part, its own writer's 96 MiB burst does not. The save ties nobody until the scan finds the
+    checkpoint complete, then its writer."""
+
+    def workload(pid: int, bursts: tuple[tuple[float, float, int], ...]) -> WorkloadAccess:
+        return WorkloadAccess(pid, 1, ProcessIO(), write_bursts=bursts, uid=1000)
+
+    writer = workload(41, ((99.8, 100.2, 96 << 20),))
+    other = workload(42, ((100.1, 100.4, 32 << 20),))  # its own save elsewhere, begun as this one ended
+    facts = AccessFacts(101.0, {41: writer, 42: other})
+    saves = (EventSave("/r/a.pt", 99.9, 100.2),)
+    seen_mid_save = dataclasses.replace(_ck("/r/a.pt", 100.0, size=24 << 20), verdict="incomplete")
+    assert burst_writers(RunState("/r", "/", (seen_mid_save,), uid=1000), saves, facts) == ()
+    whole = _ck("/r/a.pt", 100.2, size=96 << 20)
+    assert burst_writers(RunState("/r", "/", (whole,), uid=1000), saves, facts) == (41,)
 
 
 def test_jobs_saving_at_once_are_told_apart_by_size_and_by_the_saves_each_matched() -> None:

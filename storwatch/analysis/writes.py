@@ -327,10 +327,11 @@ def burst_writers(run: RunState, saves: Sequence[EventSave], access: AccessFacts
     name. Two jobs that save the same bytes at the same moments stay untied: their GPUs are unknown. A save is judged
     once the counters were read after its window ended (``access.timestamp``): before that its writer's burst may be
     counted only in part while another job's, saving at the same time elsewhere, is whole, and would tie the run to
-    that job."""
+    that job. Likewise a save is judged only once the scan found its checkpoint complete: the size of one seen in the
+    middle of its save is a part, which another job's smaller save could match."""
     if access is None or not access.workloads:
         return ()
-    sizes = {c.path: c.size_bytes for c in run.checkpoints}
+    sizes = _whole_sizes(run)
     found: set[int] = set()
     candidates: list[set[int]] = []
     for save in list(saves)[-MATCHED_SAVES:]:
@@ -358,6 +359,12 @@ def burst_writers(run: RunState, saves: Sequence[EventSave], access: AccessFacts
     return tuple(sorted(found))
 
 
+def _whole_sizes(run: RunState) -> dict[str, int]:
+    """Each checkpoint's bytes, where the scan found it complete: an incomplete one's size may be what a scan saw in
+    the middle of its save, a part that another job's smaller save, made at the same moment, would match."""
+    return {c.path: c.size_bytes for c in run.checkpoints if c.verdict == "complete"}
+
+
 BURST_SIZE_SLACK_BYTES = 1 << 20
 """What a save's burst may carry beyond twice the checkpoint's bytes (a log line, a small file beside it)."""
 
@@ -379,7 +386,7 @@ def synced_saves(
     at its close after writing."""
     if access is None or not access.workloads or not any(s.reopened is not None for s in saves):
         return tuple(saves), ()
-    sizes = {c.path: c.size_bytes for c in run.checkpoints}
+    sizes = _whole_sizes(run)
     out: list[EventSave] = []
     writers: set[int] = set()
     for s in saves:
