@@ -515,7 +515,7 @@ class CheckpointSource:
         # DEEP_AFTER_SECONDS): its writer may sync it through a second descriptor after its close, and the events do
         # not say whose a close is, so a deep check (a child importing torch, holding the file) that outlasted that
         # sync would be timed as the save's. It waits for a later scan (a save that ends brings one forward).
-        saving = self.saving() if self.saving is not None else ()
+        saving = _with_parents(self.saving()) if self.saving is not None else frozenset()
         todo = sorted(
             # A deep check reads every byte: larger checkpoints are checked in full only on demand (storwatch verify).
             (
@@ -527,7 +527,7 @@ class CheckpointSource:
                 and c.size_bytes <= settings.deep_max_bytes
                 and c.path not in pending
                 and unit_of.get(c.path) not in busy
-                and not _being_saved(c.path, saving)
+                and c.path.rstrip("/") not in saving
                 and not 0.0 <= now - c.mtime < DEEP_AFTER_SECONDS
             ),
             key=lambda c: c.mtime,
@@ -685,12 +685,17 @@ def _with_deep(run: RunState, checked: dict[str, Checkpoint]) -> RunState:
     return dataclasses.replace(run, checkpoints=states)
 
 
-def _being_saved(path: str, saving: Collection[str]) -> bool:
-    """Whether the checkpoint at ``path`` (a file, or a directory of shards) is, or holds, a file of ``saving``."""
-    if not saving:
-        return False
-    prefix = path.rstrip("/") + "/"
-    return path in saving or any(p.startswith(prefix) for p in saving)
+def _with_parents(paths: Iterable[str]) -> frozenset[str]:
+    """The paths and every directory above them: a checkpoint (a file, or a directory of shards) is, or holds, one of
+    ``paths`` when its path is in it. Made once a round, so that each checkpoint is one lookup however many files a
+    tenant keeps open."""
+    out: set[str] = set()
+    for path in paths:
+        path = path.rstrip("/")
+        while path and path not in out:
+            out.add(path)
+            path = os.path.dirname(path).rstrip("/")
+    return frozenset(out)
 
 
 def _with_writing(run: RunState, now: float, settle: float) -> RunState:
