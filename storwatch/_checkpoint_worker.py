@@ -130,6 +130,9 @@ class _Unit:
     """The runs of the last answer, numbered ``sent_seq``: the next answer sends only what changed from it when the
     agent says it holds that one."""
     round: int = 0
+    checked_so_far: dict[str, tuple[tuple[int, float], CheckResult]] = field(default_factory=dict)
+    """The checks made by calls that ran past their check budget (``check_seconds``) and answered ``more``: reused
+    whatever their verdict until a call gets through every candidate, so each call goes further than the last."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -344,18 +347,22 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
     unit = _unit(path, params)
     now, settle = float(params["now"]), float(params["settle"])
     limits = limits_from(params)
+    budget = params.get("check_seconds")
+    check_until = None if budget is None else time.monotonic() + float(budget)
     with unit.lock:
         result = unit.scanner.scan()
         errors: dict[str, int] = {}
         rejected: dict[str, int] = {}
         verdicts: dict[str, tuple[tuple[int, float], CheckResult]] = {}
         runs: dict[str, list[Checkpoint]] = {}
+        fresh = 0
         for run in result.runs:
             events = _event_log(unit, run.path, {c.path: c for c in run.candidates}, now, rejected)
             made = runs[run.path] = []
             for c in run.candidates:
                 footprint = (c.size_bytes, c.newest_mtime)
                 cached = unit.verdicts.get(c.path)
+                so_far = unit.checked_so_far.get(c.path)
                 if (
                     cached is not None
                     and cached[0] == footprint
@@ -363,12 +370,18 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
                     and cached[1].limit not in TRANSIENT_LIMITS
                 ):
                     checked = cached[1]  # unchanged and settled: the earlier verdict (cheap or deep) stands
+                elif so_far is not None and so_far[0] == footprint:
+                    checked = so_far[1]  # checked by a call of this pass that ran out of budget
+                elif fresh and check_until is not None and time.monotonic() > check_until:
+                    return _more(unit, verdicts, errors, cpu_started, result)
                 else:
                     checked = guarded_check(c.path, False, now, settle, errors, c.size_bytes, c.newest_mtime, limits)
+                    fresh += 1
                 verdicts[c.path] = (footprint, checked)
                 event = events.get(c.path)
                 birth = None if event is not None or checked.verdict != "complete" else _birth(unit, c)
                 made.append(_checkpoint(c, checked, event, birth))
+        unit.checked_so_far = {}
         if result.truncated:
             # What lay beyond the bound was not seen this time: keep its verdicts, bounded by the scan's own bound.
             for p, v in unit.verdicts.items():
@@ -407,6 +420,30 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
             unreadable=result.unreadable,
             unreadable_paths=result.unreadable_paths,
         )
+    return json.dumps(to_wire(answer), separators=(",", ":"), allow_nan=False)
+
+
+def _more(
+    unit: _Unit,
+    verdicts: dict[str, tuple[tuple[int, float], CheckResult]],
+    errors: dict[str, int],
+    cpu_started: float,
+    result: ScanResult,
+) -> str:
+    """The answer of a call that ran past its check budget: no runs (nothing partial is shown), ``more`` set; the
+    checks it made are kept for the next call, which goes on from them."""
+    unit.checked_so_far.update(verdicts)
+    answer = UnitAnswer(
+        root=unit.scanner.roots[0],
+        runs=(),
+        truncated=False,
+        truncated_reason=None,
+        truncated_detail=None,
+        seconds=result.stats.seconds,
+        check_errors=errors,
+        cpu_seconds=time.thread_time() - cpu_started,
+        more=True,
+    )
     return json.dumps(to_wire(answer), separators=(",", ":"), allow_nan=False)
 
 

@@ -239,6 +239,8 @@ class CheckpointsConfig:
     max_entries: int = number(200_000, 1, 10_000_000)
     max_depth: int = number(12, 1, 64)
     max_seconds: float = number(10.0, 0.1, 3600)
+    """How long one walk of a root (or of a mount below one) and its cheap checks go on in a call: a walk past it is
+    truncated; checks past it go on at the next call, brought forward (nothing is shown before they are done)."""
     allowed_globals: tuple[str, ...] = ()
     """Extra ``module.name`` (or ``module.*``) globals a torch.save pickle may name, as torch's add_safe_globals; they
     are never imported or called. Any other global outside storwatch's allow-lists makes the checkpoint corrupt."""
@@ -260,7 +262,8 @@ class CheckpointsConfig:
 
     timeout_seconds: float = number(30.0, 0.1, 3600)
     """Deadline of one root's (or one mount's below a root) walk and cheap checks in the helper process; past it the
-    root is reported stuck. Walks stop themselves after max_seconds: only a hung mount takes this long."""
+    root is reported stuck. A call stops itself after max_seconds (its walk, then its checks, which the next call goes
+    on with): only a hung mount takes this long."""
     deep_timeout_seconds: float = number(360.0, 1.0, 86400)
     """Deadline of one deep check in the helper process, beyond deep_wall_seconds (where a check stops itself); past
     it the root holding that checkpoint is reported stuck."""

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from storwatch.agent.collectors import Collectors, ScanAfterSaves, given
+from storwatch.paths import HostPaths
+from storwatch.registry import SourceContext
 from storwatch.sources.checkpoints import SAVE_SCAN_SECONDS, CheckpointSource
 from tests.agentproc import AgentProcess, running_agent, wait_until
 from tests.builders import own_mount_table, torch_like_zip
@@ -87,3 +92,58 @@ def test_a_scan_for_a_save_keeps_to_the_scans_cpu_share() -> None:
         assert source.may_scan_soon()
     finally:
         source.close()
+
+
+def test_a_first_walk_whose_checks_outlast_a_call_goes_on_and_is_never_stuck(
+    tmp_path: Path, make_source: Callable[..., CheckpointSource]
+) -> None:
+    """A node's first walk of thousands of checkpoints checks each once: a call of the helper stops checking at its
+    budget (``check_seconds``: ``max_seconds``, as the walk) and answers ``more``, keeping what it checked, so it is
+    never taken for a walk stuck on a hung mount. Nothing partial is shown meanwhile; the next call goes on (an
+    incomplete checkpoint is not checked again within the pass), and is brought forward as a save's scan is. Here
+    the budget lets one check through per call: four candidates take four calls."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for i in range(3):
+        torch_like_zip(run / f"step-{i}.pt")
+    (run / "step-3.pt").write_bytes((run / "step-0.pt").read_bytes()[:100])  # cut short: incomplete
+    for i in range(4):
+        os.utime(run / f"step-{i}.pt", (1000.0 + i, 1000.0 + i))
+    source = make_source([str(tmp_path)], deep_per_scan=0)
+    source.check_seconds = 0.0
+    collectors = Collectors(
+        [given(source)],
+        SourceContext(HostPaths(), time.time, lambda _: None, lambda _: None),
+        time.time,
+        threading.Event(),
+        lambda: None,
+    )
+    (state,) = collectors.states
+    saves_scan = ScanAfterSaves(collectors)
+    mores = 0
+    end = time.monotonic() + 60.0  # a bound against a helper that never answers; never what is asserted
+    while True:
+        facts = source.collect()
+        assert facts.failure is None and not facts.stuck_roots, facts.failure
+        if facts.runs:
+            break
+        if source.more:
+            mores += 1
+            assert source.waiting == (str(tmp_path),) and source.more == (str(tmp_path),)
+            state.soon.clear()
+            saves_scan.reported()
+            assert not state.soon.is_set()  # not before the scans' share allows
+            source.began = time.monotonic() - SAVE_SCAN_SECONDS - 0.1
+            saves_scan.reported()
+            assert state.soon.is_set()  # the checks go on without waiting out the interval
+        assert time.monotonic() < end, "the first walk never answered whole"
+        time.sleep(0.05)
+    assert mores == 3
+    (whole,) = facts.runs
+    assert [(os.path.basename(c.path), c.verdict) for c in whole.checkpoints] == [
+        ("step-0.pt", "complete"),
+        ("step-1.pt", "complete"),
+        ("step-2.pt", "complete"),
+        ("step-3.pt", "incomplete"),
+    ]
+    assert source.more == () and source.waiting == ()

@@ -398,26 +398,33 @@ class ScanAfterSaves:
     """A save that ended brings the checkpoint scan forward. Once the file events source has seen a save end (its
     ``ended`` count grew), the checkpoint source scans again as soon as its CPU share allows
     (``CheckpointSource.may_scan_soon``), unless a scan began since: the finding, the recovery point and a sync waiting
-    on the checkpoint see it within seconds, not at the scans' interval (30 s, longer where scans cost more). Looked at
-    after every report of every source (a report comes each second), so a scan the share holds back comes later."""
+    on the checkpoint see it within seconds, not at the scans' interval (30 s, longer where scans cost more). So does a
+    scan whose checks ran past their budget (``CheckpointSource.more``: a first walk of thousands of files), so that
+    they go on. Looked at after every report of every source (a report comes each second), so a scan the share holds
+    back comes later."""
 
     def __init__(self, collectors: Collectors) -> None:
         self._collectors = collectors
         self._ended = 0
         """The file events' ``ended`` count last seen."""
+        self._more: tuple[str, ...] = ()
+        """The checkpoint source's ``more`` last seen (each collection's is a tuple of its own)."""
         self._since: float | None = None
-        """time.monotonic() when a save's end was seen that no scan has begun after; None: none waits."""
+        """time.monotonic() when a save's end (or checks to go on) was seen that no scan has begun after; None: none
+        waits."""
         self._lock = threading.Lock()  # every source's worker reports
 
     def reported(self) -> None:
         facts = self._collectors.latest(FILE_EVENTS)
         source = self._collectors.source("checkpoints")
-        if facts is None or source is None:
+        if source is None:
             return
         began: float | None = getattr(source, "began", None)
+        more: tuple[str, ...] = getattr(source, "more", ())
         with self._lock:
-            if facts.ended != self._ended:
-                self._ended = facts.ended
+            if (facts is not None and facts.ended != self._ended) or (more and more is not self._more):
+                self._ended = facts.ended if facts is not None else self._ended
+                self._more = more
                 if self._since is None:
                     self._since = time.monotonic()
             if self._since is None:

@@ -148,6 +148,9 @@ class UnitAnswer:
     """With ``base``: the runs of that answer that are no longer there."""
     cpu_seconds: float = 0.0
     """The helper's CPU time for this scan (its thread's), for the scans' budget (``checkpoints.scan_cpu_share``)."""
+    more: bool = False
+    """The checks ran past the call's budget (a unit's first walk of thousands of files): nothing else in this answer
+    is the unit's; the helper keeps what it checked, and the next call goes on from there."""
 
 
 def applied(held: UnitAnswer | None, answer: UnitAnswer) -> UnitAnswer:

@@ -9,11 +9,13 @@ than they bound themselves (``max_seconds``, plus a margin); a unit still out th
 once past ``timeout_seconds``. A stuck unit's last result is kept.
 
 Each walk is bounded (entries, depth, seconds per unit; see checkpoints/scan.py). A candidate is checked cheaply when
-it is new or changed; one complete checkpoint per scan gets the deep check (every CRC, and torch.load where torch is
-installed), newest first, so a node's checkpoints are all read in full eventually at a low, steady rate; not one the
-file events show may still be being saved (``saving``), nor one written within DEEP_AFTER_SECONDS. A check that
-raises makes only its own checkpoint ``corrupt`` (``unknown`` when it is no known format) and is counted by kind
-(``check_errors``). A write's span comes from the training side's event log (storwatch.training.atomic_save) where there
+it is new or changed; a call whose checks go past ``max_seconds`` (a first walk of thousands of files) answers
+``more`` and shows nothing yet, and the next call, brought forward, goes on from the checks made. One complete
+checkpoint per scan gets the deep check (every CRC, and torch.load where torch is installed), newest first, so a
+node's checkpoints are all read in full eventually at a low, steady rate; not one the file events show may still be
+being saved (``saving``), nor one written within DEEP_AFTER_SECONDS. A check that raises makes only its own
+checkpoint ``corrupt`` (``unknown`` when it is no known format) and is counted by kind (``check_errors``). A write's
+span comes from the training side's event log (storwatch.training.atomic_save) where there
 is one; else the kernel's birth time of the checkpoint gives its start only (its newest mtime misses an fsync after
 the last write), which the file events or the writers' open files complete (analysis/writes.py), or it is not timed
 (a span known only to within a scan interval is no duration). Temporaries of
@@ -294,12 +296,20 @@ class CheckpointSource:
         """PID claims judged in this collection."""
         self.waiting: tuple[str, ...] = ()
         """Units planned at the last collection whose walk has not answered yet (and is not stuck)."""
+        self.more: tuple[str, ...] = ()
+        """Units whose call at the last collection ran past its check budget: the next call goes on with the checks
+        (``ScanAfterSaves`` brings it forward)."""
+        self.check_seconds = self.settings.max_seconds
+        """How long one call of the helper goes on (its walk, then its checks) before it answers ``more``: the walk's
+        own bound, well within ``timeout_seconds``, so a first walk of a large tree is never taken for one that
+        hangs."""
 
     def configure(self, settings: CheckpointsConfig) -> None:
         """Take a reloaded ``checkpoints`` section whole, its roots included (units no longer planned are
         forgotten)."""
         self.settings = settings
         self.interval_seconds = settings.interval_seconds
+        self.check_seconds = settings.max_seconds
         self.budget.configure(settings.scan_cpu_share, settings.scan_max_interval_seconds)
         self.budget.forget()
         self.limits = DeepLimits.from_config(settings)
@@ -394,17 +404,22 @@ class CheckpointSource:
                 "round": self._round,
                 "limits": self._limits_param(),
                 "have": held.seq if (held := self._units.get(unit)) is not None else 0,
+                "check_seconds": self.check_seconds,
             }
             requests[unit] = (unit, json.dumps(params, allow_nan=False).encode().hex())
         wait = min(settings.timeout_seconds, settings.max_seconds + WAIT_MARGIN_SECONDS)
         outcomes = self.calls.call_many("ckpt_scan", requests, settings.timeout_seconds, wait=wait)
         fresh: set[str] = set()
         changed: list[Run] = []
+        more: set[str] = set()
         for unit, outcome in outcomes.items():
             if outcome.text is not None:
                 try:
                     before = self._units.get(unit)
                     sent = from_wire(UnitAnswer, json.loads(outcome.text))
+                    if sent.more:
+                        more.add(unit)  # its checks go on at the next call; what it answered before stands
+                        continue
                     if before is not None and 0 <= sent.cpu_seconds < 3600:
                         # A rescan: what a scan costs from now on. A unit's first walk checks every file once and
                         # is start-up (or a new volume), not the steady cost.
@@ -430,6 +445,7 @@ class CheckpointSource:
         self._units = {u: r for u, r in self._units.items() if u in planned}
         stuck_now = {s.path for s in stuck}
         self.waiting = tuple(sorted(u for u in planned if u not in self._units and u not in stuck_now))
+        self.more = tuple(sorted(more))
         root_of = dict(plan)
         resolved = {root: self._units[root].root for root in self.roots if root in self._units}
 
