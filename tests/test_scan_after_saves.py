@@ -101,13 +101,14 @@ def test_a_first_walk_whose_checks_outlast_a_call_goes_on_and_is_never_stuck(
     budget (``check_seconds``: ``max_seconds``, as the walk) and answers ``more``, keeping what it checked, so it is
     never taken for a walk stuck on a hung mount. Nothing partial is shown meanwhile; the next call goes on (an
     incomplete checkpoint is not checked again within the pass), and is brought forward as a save's scan is. Here
-    the budget lets one check through per call: four candidates take four calls."""
+    the budget lets one check through per call: five candidates take five calls."""
     run = tmp_path / "run"
     run.mkdir()
     for i in range(3):
         torch_like_zip(run / f"step-{i}.pt")
     (run / "step-3.pt").write_bytes((run / "step-0.pt").read_bytes()[:100])  # cut short: incomplete
-    for i in range(4):
+    (run / "step-4.pt").write_bytes(b"PK\x05\x06" + bytes(18))  # an empty ZIP: no format storwatch knows
+    for i in range(5):
         os.utime(run / f"step-{i}.pt", (1000.0 + i, 1000.0 + i))
     source = make_source([str(tmp_path)], deep_per_scan=0)
     source.check_seconds = 0.0
@@ -138,12 +139,13 @@ def test_a_first_walk_whose_checks_outlast_a_call_goes_on_and_is_never_stuck(
             assert state.soon.is_set()  # the checks go on without waiting out the interval
         assert time.monotonic() < end, "the first walk never answered whole"
         time.sleep(0.05)
-    assert mores == 3
+    assert mores == 4
     (whole,) = facts.runs
     assert [(os.path.basename(c.path), c.verdict) for c in whole.checkpoints] == [
         ("step-0.pt", "complete"),
         ("step-1.pt", "complete"),
         ("step-2.pt", "complete"),
         ("step-3.pt", "incomplete"),
+        ("step-4.pt", "unknown"),
     ]
     assert source.more == () and source.waiting == ()

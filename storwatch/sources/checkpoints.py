@@ -417,14 +417,18 @@ class CheckpointSource:
                 try:
                     before = self._units.get(unit)
                     sent = from_wire(UnitAnswer, json.loads(outcome.text))
-                    if sent.more:
-                        more.add(unit)  # its checks go on at the next call; what it answered before stands
-                        continue
                     if before is not None and 0 <= sent.cpu_seconds < 3600:
                         # A rescan: what a scan costs from now on. A unit's first walk checks every file once and
                         # is start-up (or a new volume), not the steady cost.
                         helper_cpu += sent.cpu_seconds
                         rescans += 1
+                    if sent.more:
+                        # Its checks go on at the next call, which reports none of these again; what the unit
+                        # answered before stands.
+                        more.add(unit)
+                        for reason, count in sent.check_errors.items():
+                            self._check_errors[reason if reason in self._check_errors else "other"] += count
+                        continue
                     self._units[unit] = answer = applied(before, sent)
                     changed.extend(sent.runs)
                     fresh.add(unit)
