@@ -373,7 +373,7 @@ def scan_unit(path_bytes: bytes, params_hex: str) -> str:
                 elif so_far is not None and so_far[0] == footprint:
                     checked = so_far[1]  # checked by a call of this pass that ran out of budget
                 elif fresh and check_until is not None and time.monotonic() > check_until:
-                    return _more(unit, verdicts, errors, cpu_started, result)
+                    return _more(unit, verdicts, errors, rejected, cpu_started, result)
                 else:
                     checked = guarded_check(c.path, False, now, settle, errors, c.size_bytes, c.newest_mtime, limits)
                     fresh += 1
@@ -427,6 +427,7 @@ def _more(
     unit: _Unit,
     verdicts: dict[str, tuple[tuple[int, float], CheckResult]],
     errors: dict[str, int],
+    rejected: dict[str, int],
     cpu_started: float,
     result: ScanResult,
 ) -> str:
@@ -441,6 +442,7 @@ def _more(
         truncated_detail=None,
         seconds=result.stats.seconds,
         check_errors=errors,
+        claims_rejected=rejected,
         cpu_seconds=time.thread_time() - cpu_started,
         more=True,
     )

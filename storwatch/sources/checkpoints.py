@@ -423,20 +423,13 @@ class CheckpointSource:
                         helper_cpu += sent.cpu_seconds
                         rescans += 1
                     if sent.more:
-                        # Its checks go on at the next call, which reports none of these again; what the unit
-                        # answered before stands.
-                        more.add(unit)
-                        for reason, count in sent.check_errors.items():
-                            self._check_errors[reason if reason in self._check_errors else "other"] += count
+                        more.add(unit)  # its checks go on at the next call; what the unit answered before stands
+                        self._count(sent)
                         continue
                     self._units[unit] = answer = applied(before, sent)
+                    self._count(answer)
                     changed.extend(sent.runs)
                     fresh.add(unit)
-                    for reason, count in answer.check_errors.items():
-                        self._check_errors[reason if reason in self._check_errors else "other"] += count
-                    for reason, count in answer.claims_rejected.items():
-                        if reason in self._claims_rejected:
-                            self._claims_rejected[reason] += count
                     if answer.truncated and (before is None or before.truncated_detail != answer.truncated_detail):
                         log.info("checkpoint scan of %s truncated: %s", unit, answer.truncated_detail)
                 except (ValueError, RecursionError) as err:
@@ -521,6 +514,14 @@ class CheckpointSource:
             self._seen[c.path] = _Seen((c.size_bytes, c.mtime), now)
         else:
             seen.footprint = (c.size_bytes, c.mtime)
+
+    def _count(self, answer: UnitAnswer) -> None:
+        """The check errors and refused event lines of an answer (each reported once: by the call that met it)."""
+        for reason, count in answer.check_errors.items():
+            self._check_errors[reason if reason in self._check_errors else "other"] += count
+        for reason, count in answer.claims_rejected.items():
+            if reason in self._claims_rejected:
+                self._claims_rejected[reason] += count
 
     def _deep_checks(
         self, now: float, runs: tuple[RunState, ...], unit_of: dict[str, str], stuck_units: set[str]
