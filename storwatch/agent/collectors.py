@@ -422,11 +422,13 @@ class ScanAfterSaves:
         began: float | None = getattr(source, "began", None)
         more: tuple[str, ...] = getattr(source, "more", ())
         with self._lock:
-            if (facts is not None and facts.ended != self._ended) or (more and more is not self._more):
-                self._ended = facts.ended if facts is not None else self._ended
-                self._more = more
-                if self._since is None:
-                    self._since = time.monotonic()
+            saved = facts is not None and facts.ended != self._ended
+            checks_go_on = bool(more) and more is not self._more
+            if facts is not None:
+                self._ended = facts.ended
+            self._more = more
+            if (saved or checks_go_on) and self._since is None:
+                self._since = time.monotonic()
             if self._since is None:
                 return
             if began is not None and began >= self._since:

@@ -299,17 +299,16 @@ class CheckpointSource:
         self.more: tuple[str, ...] = ()
         """Units whose call at the last collection ran past its check budget: the next call goes on with the checks
         (``ScanAfterSaves`` brings it forward)."""
-        self.check_seconds = self.settings.max_seconds
-        """How long one call of the helper goes on (its walk, then its checks) before it answers ``more``: the walk's
-        own bound, well within ``timeout_seconds``, so a first walk of a large tree is never taken for one that
-        hangs."""
+        self.check_seconds: float | None = None
+        """How long one call of the helper goes on (its walk, then its checks) before it answers ``more``; None:
+        ``max_seconds``, the walk's own bound, well within ``timeout_seconds``, so a first walk of a large tree is
+        never taken for one that hangs."""
 
     def configure(self, settings: CheckpointsConfig) -> None:
         """Take a reloaded ``checkpoints`` section whole, its roots included (units no longer planned are
         forgotten)."""
         self.settings = settings
         self.interval_seconds = settings.interval_seconds
-        self.check_seconds = settings.max_seconds
         self.budget.configure(settings.scan_cpu_share, settings.scan_max_interval_seconds)
         self.budget.forget()
         self.limits = DeepLimits.from_config(settings)
@@ -404,7 +403,7 @@ class CheckpointSource:
                 "round": self._round,
                 "limits": self._limits_param(),
                 "have": held.seq if (held := self._units.get(unit)) is not None else 0,
-                "check_seconds": self.check_seconds,
+                "check_seconds": self.check_seconds if self.check_seconds is not None else settings.max_seconds,
             }
             requests[unit] = (unit, json.dumps(params, allow_nan=False).encode().hex())
         wait = min(settings.timeout_seconds, settings.max_seconds + WAIT_MARGIN_SECONDS)
