@@ -1,6 +1,7 @@
 """The helper process behind the checkpoint source: walks the checkpoint roots, checks what it finds, reads the
 training side's event logs and tests temporaries for an orphan, so a mount whose readdir or stat hangs strands a
-thread here and never one of the agent's.
+thread here and never one of the agent's. Its operations include ``_blocking_worker``'s, and the agent sends the mount
+table's statvfs calls here too (``registry.shared_helper``): one interpreter for both.
 
 Started by :func:`command` (``python -I``, this tree first on ``sys.path``); it imports only storwatch's
 standard-library modules (``checkpoints.scan``, ``checkpoints.formats``, ``training``) and answers requests as

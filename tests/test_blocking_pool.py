@@ -7,27 +7,31 @@ once. Real hung FUSE mounts run through the same pool in tests/test_hung_mount.p
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from storwatch.calls.blocking import MIN_KEYS_KEPT, BlockingCalls, CallOutcome
+from storwatch.calls.blocking import MIN_KEYS_KEPT, BlockingCalls, CallOutcome, Helper
 
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE = 1.0
 """Each call's deadline: far beyond what a healthy answer takes even on a busy machine (a round that sends hung keys
 lasts this long, so the tests take a few seconds)."""
 WORKER = f"""
-import sys, threading
+import os, sys, threading
 sys.path.insert(0, {str(REPO)!r})
 from storwatch.calls._blocking_worker import serve
 
 def answer(path):
     if path.startswith(b"hang"):
         threading.Event().wait()
+    if path == b"exit":
+        os._exit(3)
     return [path.decode()]
 
 serve({{"answer": answer}})
@@ -175,3 +179,89 @@ def test_a_helper_that_exits_before_it_is_ready_fails_the_calls_at_once(tmp_path
         assert out["ok"].values is None and out["ok"].error, out
     finally:
         calls.close()
+
+
+# -- pools sharing one helper
+
+
+@pytest.fixture
+def shared(tmp_path: Path):  # type: ignore[no-untyped-def]
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    helper = Helper([sys.executable, "-I", str(script)])
+    first = BlockingCalls(max_inflight=2, max_stuck=2, helper=helper)
+    second = BlockingCalls(max_inflight=2, max_stuck=2, helper=helper)
+    yield first, second
+    first.close()
+    second.close()
+
+
+def test_pools_sharing_a_helper_get_their_own_answers_from_one_process(
+    shared: tuple[BlockingCalls, BlockingCalls],
+) -> None:
+    first, second = shared
+    # The same key in both pools, asked at once: each gets the answer to its own request.
+    outs: dict[str, dict[str, CallOutcome]] = {}
+    asking = [
+        threading.Thread(target=lambda: outs.update(first=first.call_many("answer", {"k": ["one"]}, timeout=30.0))),
+        threading.Thread(target=lambda: outs.update(second=second.call_many("answer", {"k": ["two"]}, timeout=30.0))),
+    ]
+    for t in asking:
+        t.start()
+    for t in asking:
+        t.join(60.0)
+    assert outs["first"]["k"].values == ("one",) and outs["second"]["k"].values == ("two",)
+    assert first.helper_pid is not None and first.helper_pid == second.helper_pid
+
+
+def test_one_pools_stuck_calls_take_no_slot_of_another(shared: tuple[BlockingCalls, BlockingCalls]) -> None:
+    first, second = shared
+    hung = {f"hang{i}": [f"hang{i}"] for i in range(6)}
+    for _ in range(3):
+        first.call_many("answer", hung, timeout=DEADLINE)
+    assert first.stuck() == 2  # its stuck set is full: it calls nothing new
+    assert first.call_many("answer", {"new": ["new"]}, timeout=DEADLINE)["new"].skipped
+    # The other pool's bounds are its own: its new keys are called, in the same process.
+    out = second.call_many("answer", {f"ok{i}": [f"ok{i}"] for i in range(4)}, timeout=30.0)
+    assert all(o.values == (k,) for k, o in out.items()), out
+    assert second.stuck() == 0 and second.helper_pid == first.helper_pid
+
+
+def test_the_helper_stops_when_its_last_pool_closes(shared: tuple[BlockingCalls, BlockingCalls]) -> None:
+    first, second = shared
+    assert first.call_many("answer", {"a": ["a"]}, timeout=30.0)["a"].values == ("a",)
+    pid = first.helper_pid
+    assert pid is not None
+    first.close()
+    assert first.call_many("answer", {"a": ["a"]}, timeout=30.0)["a"].error == "shutting down"
+    # The other pool still uses the same process.
+    assert second.call_many("answer", {"b": ["b"]}, timeout=30.0)["b"].values == ("b",)
+    assert second.helper_pid == pid
+    second.close()
+    assert second.helper_pid is None
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # killed and reaped by close
+            os.kill(pid, 0)
+            time.sleep(0.05)
+
+
+def test_a_shared_helper_that_exits_fails_every_pools_calls_and_is_started_again(
+    shared: tuple[BlockingCalls, BlockingCalls],
+) -> None:
+    first, second = shared
+    assert second.call_many("answer", {"hang": ["hang"]}, timeout=3600.0, wait=0.1)["hang"].in_flight_seconds >= 0.1
+    pid = second.helper_pid
+    out = first.call_many("answer", {"x": ["exit"]}, timeout=30.0)
+    assert out["x"].error == "helper process exited"
+    # The other pool's call in flight is failed too, at once, not at its deadline an hour on (the reader of the
+    # helper's output tells each pool in turn: this waits for that, bounded).
+    for _ in range(600):
+        if second.in_flight() == 0:
+            break
+        time.sleep(0.05)
+    assert second.call_many("answer", {"hang": ["hang"]}, timeout=3600.0, wait=0.1)["hang"].error == (
+        "helper process exited"
+    )
+    assert first.call_many("answer", {"a": ["a"]}, timeout=30.0)["a"].values == ("a",)
+    assert second.call_many("answer", {"b": ["b"]}, timeout=30.0)["b"].values == ("b",)
+    assert first.helper_pid is not None and first.helper_pid == second.helper_pid != pid

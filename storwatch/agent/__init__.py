@@ -42,7 +42,7 @@ from storwatch.kube.client import KubeClient
 from storwatch.kube.events import KubeEvents
 from storwatch.pace import CpuBudget, Pace
 from storwatch.printable import Lines
-from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas
+from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec, exporter_areas, shared_helper
 from storwatch.snapshot import Snapshot
 from storwatch.sources import FactsKey, Source
 from storwatch.sources.gpu import GPUS, GPUFacts
@@ -142,7 +142,13 @@ class Agent:
         """The Kubernetes objects (pods and the rest, this Node) the last View was made with."""
         self._was_quiet = False
         context = SourceContext(
-            config.host_paths(), clock, self.latest, self.subscribe, self.pace, classifier=lambda: self.classifier
+            config.host_paths(),
+            clock,
+            self.latest,
+            self.subscribe,
+            self.pace,
+            classifier=lambda: self.classifier,
+            helper=shared_helper(),
         )
         states = Collectors.made(lambda spec: spec.section_of(config), context) if sources is None else []
         self._collectors = Collectors(

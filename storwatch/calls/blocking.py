@@ -17,6 +17,10 @@ Two bounds keep the helper's threads bounded without letting hung mounts starve 
 
 Each round calls the keys that answered in time last round first, then new keys, then keys whose last call was late:
 a node with a hundred hung mounts still measures every healthy one each round.
+
+Several pools may share one helper process (a :class:`Helper`): each keeps its own bounds and its own calls, the
+process and its interpreter (about 10 MB resident) are paid once. The agent's statvfs calls and checkpoint walks share
+one this way (``registry.shared_helper``); a pool made with a ``command`` has a helper of its own.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,124 @@ class _Done:
     at: float
 
 
+def _outcome(status: str, rest: str) -> CallOutcome:
+    """A reply's status and the rest of its line as the call's outcome."""
+    if status == "ok":
+        return CallOutcome(values=tuple(rest.split(" ")) if rest else (), text=rest)
+    if status == "json":
+        return CallOutcome(values=(), text=rest)
+    return CallOutcome(error=rest.partition(" ")[2] or "failed")
+
+
+class Helper:
+    """One helper process and the pools whose calls it runs: started at a pool's first call, again after it exits,
+    and stopped once the last pool using it is closed (a later call starts a new one). Each pool's request ids carry
+    its tag (``TAG.N``), by which the answers find their pool; the lines of requests are written whole, one pool at a
+    time."""
+
+    def __init__(self, command: Sequence[str] | None = None) -> None:
+        """``command`` starts the helper (default: ``_blocking_worker`` under ``python -I -S``)."""
+        self.command = list(command) if command is not None else [sys.executable, "-I", "-S", "-c", _WORKER_CODE]
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pools: dict[str, BlockingCalls] = {}
+        self._tags = itertools.count(1)
+
+    def attach(self, pool: BlockingCalls) -> str:
+        """Route the answers to ``pool``'s requests to it: the tag its request ids start with."""
+        with self._lock:
+            tag = str(next(self._tags))
+            self._pools[tag] = pool
+            return tag
+
+    def detach(self, tag: str) -> None:
+        """The pool of ``tag`` is closed: stop the process without waiting on it once no pool is left."""
+        with self._lock:
+            self._pools.pop(tag, None)
+            if self._pools:
+                return
+            proc, self._proc = self._proc, None
+        if proc is not None:
+            _stop(proc)
+
+    @property
+    def pid(self) -> int | None:
+        """The process's PID while one runs."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def running(self) -> subprocess.Popen[bytes]:
+        """The process, started (and waited for until it reads requests, at most HELPER_START_SECONDS) when none
+        runs."""
+        with self._lock:
+            proc = self._proc
+            if proc is not None and proc.poll() is None:
+                return proc
+            if proc is not None:
+                log.warning("blocking-call helper exited with %s; starting a new one", proc.returncode)
+            proc = subprocess.Popen(
+                self.command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+            )
+            self._proc = proc
+            ready = threading.Event()
+            reader = threading.Thread(target=self._read_replies, args=(proc, ready), daemon=True)
+            reader.name = "blocking-replies"
+            reader.start()
+            # No call goes to the helper, and no deadline starts, before it reads requests (or exits: its reader then
+            # sets ``ready`` too, and the calls fail as sent to a helper that is gone).
+            if not ready.wait(HELPER_START_SECONDS):
+                log.warning("blocking-call helper not ready after %.0f s; sending to it anyway", HELPER_START_SECONDS)
+            return proc
+
+    def write(self, proc: subprocess.Popen[bytes], data: bytes) -> None:
+        """Send lines of requests to ``proc`` (OSError where it is gone)."""
+        assert proc.stdin is not None
+        with self._write_lock:
+            proc.stdin.write(data)
+            proc.stdin.flush()
+
+    def _read_replies(self, proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
+        assert proc.stdout is not None
+        try:
+            for raw in proc.stdout:
+                parts = raw.decode("utf-8", "surrogateescape").rstrip("\n").split(" ", 2)
+                if len(parts) < 2:
+                    continue
+                req_id, status = parts[0], parts[1]
+                if req_id == "0" and status == "ready":
+                    ready.set()
+                    continue
+                with self._lock:
+                    pool = self._pools.get(req_id.partition(".")[0])
+                if pool is not None:
+                    pool._answered(req_id, _outcome(status, parts[2] if len(parts) > 2 else ""))
+        finally:
+            ready.set()  # a helper that exited before it was ready: nobody waits on it any longer
+            with self._lock:
+                pools = list(self._pools.values())
+            for pool in pools:
+                pool._helper_gone(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a helper without waiting on it: a thread stuck in the kernel must not hold the agent."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.kill()
+        proc.wait(timeout=0.2)
+    except (OSError, subprocess.TimeoutExpired):
+        log.info("blocking-call helper %d is stuck in the kernel; leaving it behind", proc.pid)
+
+
 class BlockingCalls:
     def __init__(
         self,
@@ -85,12 +206,14 @@ class BlockingCalls:
         clock: Callable[[], float] = time.monotonic,
         max_stuck: int = 128,
         command: Sequence[str] | None = None,
+        helper: Helper | None = None,
     ) -> None:
-        """``command`` starts the helper (default: ``_blocking_worker`` under ``python -I -S``)."""
+        """``helper``: the helper process shared with other pools; without it, one of this pool's own, started by
+        ``command`` (default: ``_blocking_worker`` under ``python -I -S``)."""
         self.max_inflight = max_inflight
         self.max_stuck = max_stuck
         self._clock = clock
-        self._command = list(command) if command is not None else [sys.executable, "-I", "-S", "-c", _WORKER_CODE]
+        self._helper = helper if helper is not None else Helper(command)
         self._lock = threading.Condition()
         self._ids = itertools.count(1)
         self._pending: dict[str, _Pending] = {}  # request id -> pending call, in the order sent
@@ -106,72 +229,41 @@ class BlockingCalls:
         self._stuck_slots = 0
         self._next_forget = 0.0
         self._proc: subprocess.Popen[bytes] | None = None
+        """The helper process this pool's calls in flight went to."""
         self._closed = False
+        self._tag = self._helper.attach(self)
 
     # -- the helper process
 
     def _ensure_worker(self) -> subprocess.Popen[bytes]:
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            return proc
-        if proc is not None:
-            log.warning("blocking-call helper exited with %s; starting a new one", proc.returncode)
-            self._fail_all("helper process exited")
-        proc = subprocess.Popen(
-            self._command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
-        )
+        proc = self._helper.running()
+        if self._proc is not None and proc is not self._proc:
+            self._fail_all("helper process exited")  # the calls sent to the one before will never be answered
         self._proc = proc
-        ready = threading.Event()
-        threading.Thread(target=self._read_replies, args=(proc, ready), name="blocking-replies", daemon=True).start()
-        # With the lock held: no call goes to the helper, and no deadline starts, before it reads requests (or
-        # exits: its reader then sets ``ready`` too, and the calls fail as sent to a helper that is gone).
-        if not ready.wait(HELPER_START_SECONDS):
-            log.warning("blocking-call helper not ready after %.0f s; sending to it anyway", HELPER_START_SECONDS)
         return proc
 
-    def _read_replies(self, proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
-        assert proc.stdout is not None
-        try:
-            self._read_from(proc.stdout, ready)
-        finally:
-            ready.set()  # a helper that exited before it was ready: nobody waits on it any longer
-            with self._lock:
-                self._gone = proc
-                if self._proc is proc:  # its calls will never be answered: they fail now, not at their deadline
-                    self._fail_all("helper process exited")
-                    self._lock.notify_all()
+    def _answered(self, req_id: str, outcome: CallOutcome) -> None:
+        """The helper's answer to one of this pool's requests (called on the helper's reader thread)."""
+        with self._lock:
+            pending = self._pending.pop(req_id, None)
+            if pending is None:
+                return
+            if pending.stuck_slot:
+                self._stuck_slots -= 1
+            if self._by_key.get(pending.key) == req_id:
+                del self._by_key[pending.key]
+            now = self._clock()
+            self._done[pending.key] = _Done(outcome, now)
+            self._late[pending.key] = now > pending.deadline
+            self._lock.notify_all()
 
-    def _read_from(self, stdout: IO[bytes], ready: threading.Event) -> None:
-        for raw in stdout:
-            parts = raw.decode("utf-8", "surrogateescape").rstrip("\n").split(" ", 2)
-            if len(parts) < 2:
-                continue
-            req_id, status = parts[0], parts[1]
-            if req_id == "0" and status == "ready":
-                ready.set()
-                continue
-            rest = parts[2] if len(parts) > 2 else ""
-            if status == "ok":
-                outcome = CallOutcome(values=tuple(rest.split(" ")) if rest else (), text=rest)
-            elif status == "json":
-                outcome = CallOutcome(values=(), text=rest)
-            else:
-                outcome = CallOutcome(error=rest.partition(" ")[2] or "failed")
-            with self._lock:
-                pending = self._pending.pop(req_id, None)
-                if pending is None:
-                    continue
-                if pending.stuck_slot:
-                    self._stuck_slots -= 1
-                if self._by_key.get(pending.key) == req_id:
-                    del self._by_key[pending.key]
-                now = self._clock()
-                self._done[pending.key] = _Done(outcome, now)
-                self._late[pending.key] = now > pending.deadline
+    def _helper_gone(self, proc: subprocess.Popen[bytes]) -> None:
+        """``proc``'s output ended: the calls sent to it will never be answered, and fail now, not at their
+        deadline."""
+        with self._lock:
+            self._gone = proc
+            if self._proc is proc:
+                self._fail_all("helper process exited")
                 self._lock.notify_all()
 
     def _fail_all(self, why: str) -> None:
@@ -320,15 +412,13 @@ class BlockingCalls:
         lines = []
         for key in chosen:
             args = requests[key]
-            req_id = str(next(self._ids))
+            req_id = f"{self._tag}.{next(self._ids)}"
             path = os.fsencode(args[0]).hex() if args else ""
             lines.append(" ".join([req_id, op, path, *(str(a) for a in args[1:])]) + "\n")
             self._pending[req_id] = _Pending(key, now, now + timeout)
             self._by_key[key] = req_id
-        assert proc.stdin is not None
         try:
-            proc.stdin.write("".join(lines).encode())
-            proc.stdin.flush()
+            self._helper.write(proc, "".join(lines).encode())
         except OSError as err:
             self._fail_all(f"helper process unreachable: {err}")
         if self._gone is proc:  # it exited after it was started (or ready), before these calls were written
@@ -337,9 +427,9 @@ class BlockingCalls:
 
     @property
     def helper_pid(self) -> int | None:
-        """The helper process's PID while one runs (its threads are the bound this module keeps)."""
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
+        """The helper process's PID while one runs (its threads are the bound this module keeps, with those of the
+        other pools sharing it)."""
+        return self._helper.pid
 
     def remembered(self) -> int:
         """Keys the pool holds anything of (when last asked, whether late, an answer not yet collected)."""
@@ -356,21 +446,11 @@ class BlockingCalls:
             return self._stuck_slots
 
     def close(self) -> None:
-        """Stop the helper without waiting on it: a thread stuck in the kernel must not hold the agent."""
+        """Fail what is in flight and let go of the helper: stopped without waiting on it (a thread stuck in the
+        kernel must not hold the agent) once no other pool shares it."""
         with self._lock:
             self._closed = True
-            proc, self._proc = self._proc, None
+            self._proc = None
             self._fail_all("shutting down")
             self._lock.notify_all()
-        if proc is None:
-            return
-        try:
-            if proc.stdin is not None:
-                proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            proc.kill()
-            proc.wait(timeout=0.2)
-        except (OSError, subprocess.TimeoutExpired):
-            log.info("blocking-call helper %d is stuck in the kernel; leaving it behind", proc.pid)
+        self._helper.detach(self._tag)

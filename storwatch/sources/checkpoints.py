@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from storwatch._checkpoint_worker import command as worker_command
-from storwatch.calls.blocking import BlockingCalls
+from storwatch.calls.blocking import BlockingCalls, Helper
 from storwatch.checkpoints.limits import DeepLimits
 from storwatch.checkpoints.record import Checkpoint, DeepAnswer, Run, RunId, UnitAnswer, applied, from_wire
 from storwatch.checkpoints.scan import DatasetDir
@@ -250,12 +250,15 @@ class CheckpointSource:
         max_inflight: int = 8,
         paths: HostPaths | None = None,
         saving: Callable[[], Collection[str]] | None = None,
+        helper: Helper | None = None,
     ) -> None:
         """``settings``: the ``checkpoints`` section (the defaults when None), taken whole on every reload;
         ``plan``: where to search under a section, asked again at every collection (the default places follow the
         mount table), its roots reached below ``paths``' root; without it, ``roots`` (as reached) are searched;
         ``saving``: the files whose save may still be under way (the file events' word, ``FileEventFacts.saving``),
-        asked before each round of deep checks."""
+        asked before each round of deep checks; ``helper``: the helper process the walks and checks go to, shared
+        with other sources' calls, which must run this source's helper program (``_checkpoint_worker.command``: its
+        operations include the plain blocking calls'); None: one of this source's own."""
         self.roots = tuple(os.path.normpath(r) for r in roots)
         self.plan = plan
         self.paths = paths if paths is not None else HostPaths()
@@ -274,7 +277,8 @@ class CheckpointSource:
         self.mountpoints = mountpoints if mountpoints is not None else OwnMountpoints()
         self.clock = clock
         self.writers = writers if writers is not None else WriterCheck()
-        self.calls = calls if calls is not None else BlockingCalls(max_inflight, command=worker_command())
+        own = helper if helper is not None else Helper(worker_command())
+        self.calls = calls if calls is not None else BlockingCalls(max_inflight, helper=own)
         self._writing_seen: dict[str, float] = {}
         """Temporaries of saves in progress, and when each was first seen."""
         self._round = 0

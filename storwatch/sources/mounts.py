@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from storwatch.calls.blocking import BlockingCalls
+from storwatch.calls.blocking import BlockingCalls, Helper
 from storwatch.config import MountsConfig
 from storwatch.paths import HostPaths
 from storwatch.printable import shown
@@ -75,10 +75,22 @@ MOUNTS: FactsKey[MountFacts] = FactsKey("mounts")
 class MountSource:
     name = "mounts"
 
-    def __init__(self, paths: HostPaths, config: MountsConfig, calls: BlockingCalls | None = None) -> None:
+    def __init__(
+        self,
+        paths: HostPaths,
+        config: MountsConfig,
+        calls: BlockingCalls | None = None,
+        helper: Helper | None = None,
+    ) -> None:
+        """``helper``: the helper process the statvfs calls go to, shared with other sources' calls (None: one of
+        this source's own)."""
         self.paths = paths
         self.configure(config)
-        self.calls = calls if calls is not None else BlockingCalls(config.max_inflight, max_stuck=config.max_stuck)
+        self.calls = (
+            calls
+            if calls is not None
+            else BlockingCalls(config.max_inflight, max_stuck=config.max_stuck, helper=helper)
+        )
         self._bad_lines = OnceLog(log)
         self.parse_errors = 0
         """Lines of the mount table that could not be parsed, counted at every read that holds them."""
