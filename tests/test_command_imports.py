@@ -170,12 +170,15 @@ def test_sync_imports_nothing_of_the_agent_and_no_client(tmp_path: Path) -> None
         pytest.param("storwatch.calls._blocking_worker", ("-I", "-S"), id="blocking-calls"),
     ],
 )
-def test_a_helper_process_leaves_openssl_unloaded(module: str, flags: tuple[str, ...]) -> None:
+def test_a_helper_process_leaves_openssl_and_library_searches_unloaded(module: str, flags: tuple[str, ...]) -> None:
     """The helpers the agent keeps running (started as their ``command()`` starts them) hash nothing and speak no TLS:
-    ``hashlib`` or ``ssl`` would map OpenSSL's libcrypto into each, 3.4 MB resident apiece."""
+    ``hashlib`` or ``ssl`` would map OpenSSL's libcrypto into each, 3.4 MB resident apiece. Nor do they search for a
+    shared library: ``ctypes.util.find_library`` runs ldconfig in a child process and imports ``shutil`` and
+    ``tempfile`` (with ``bz2`` and ``lzma``), 1.5 MB in the checkpoint helper; the C library they need is their own."""
     code = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); import {module}; print(' '.join(sys.modules))"
     proc = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     modules = set(proc.stdout.split())
     assert module in modules
     assert sorted(modules & {"_hashlib", "hashlib", "_ssl", "ssl", "secrets", "hmac"}) == []
+    assert sorted(modules & {"ctypes.util", "shutil", "tempfile", "bz2", "lzma"}) == []

@@ -8,7 +8,6 @@ the answer is None: an unknown birth is never stood in for by another time.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -52,9 +51,10 @@ class _Statx(ctypes.Structure):
 
 
 def _load() -> Any:
-    name = ctypes.util.find_library("c")
+    # The C library this process already runs on (CDLL(None): its own symbols). ctypes.util.find_library would run
+    # ldconfig in a child process and import shutil, tempfile and subprocess, 1.5 MB in the checkpoint helper.
     try:
-        libc = ctypes.CDLL(name or "libc.so.6", use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.statx
     except (OSError, AttributeError):
         return None  # a libc older than glibc 2.28, or none at all
