@@ -123,7 +123,8 @@ MOUNT_FLUSH_TIME = counter(
 MOUNT_LATENCY = gauge(
     "io",
     "storwatch_mount_latency_seconds",
-    "Per-mount operation latency over a window: p50, p95 and max of per-interval averages, and the mean.",
+    "Per-mount operation latency over a window: p50, p95 and max of per-interval averages (the hour's p50 and p95 of "
+    "15 s averages), and the mean.",
     MOUNTPOINT,
     Label(
         "op",
