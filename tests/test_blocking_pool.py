@@ -32,6 +32,9 @@ def answer(path):
         threading.Event().wait()
     if path == b"exit":
         os._exit(3)
+    if path == b"mute":  # its output ends, and it lives on
+        os.close(1)
+        threading.Event().wait()
     return [path.decode()]
 
 serve({{"answer": answer}})
@@ -265,3 +268,20 @@ def test_a_shared_helper_that_exits_fails_every_pools_calls_and_is_started_again
     assert first.call_many("answer", {"a": ["a"]}, timeout=30.0)["a"].values == ("a",)
     assert second.call_many("answer", {"b": ["b"]}, timeout=30.0)["b"].values == ("b",)
     assert first.helper_pid is not None and first.helper_pid == second.helper_pid != pid
+
+
+def test_a_helper_whose_output_ended_is_replaced_though_it_lives_on(
+    shared: tuple[BlockingCalls, BlockingCalls],
+) -> None:
+    """A helper whose output has ended can answer nothing, whether it is still exiting (not yet reaped: the moment
+    after any exit) or lives on: the next call goes to a new one, and the old one is killed."""
+    first, second = shared
+    assert first.call_many("answer", {"a": ["a"]}, timeout=30.0)["a"].values == ("a",)
+    muted = first.helper_pid
+    assert muted is not None
+    assert first.call_many("answer", {"m": ["mute"]}, timeout=30.0)["m"].error == "helper process exited"
+    assert second.call_many("answer", {"b": ["b"]}, timeout=30.0)["b"].values == ("b",)
+    assert first.call_many("answer", {"a": ["a"]}, timeout=30.0)["a"].values == ("a",)
+    assert first.helper_pid is not None and first.helper_pid == second.helper_pid != muted
+    with pytest.raises(ProcessLookupError):
+        os.kill(muted, 0)  # killed and reaped when the new one started

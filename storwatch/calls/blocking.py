@@ -102,6 +102,8 @@ class Helper:
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._ended: subprocess.Popen[bytes] | None = None
+        """The last process whose output ended: it is exiting, whether or not the kernel has reaped it yet."""
         self._pools: dict[str, BlockingCalls] = {}
         self._tags = itertools.count(1)
 
@@ -133,10 +135,13 @@ class Helper:
         runs."""
         with self._lock:
             proc = self._proc
-            if proc is not None and proc.poll() is None:
+            # A process whose output ended is gone even before it can be reaped (poll() says None a moment longer):
+            # a call sent to it would fail.
+            if proc is not None and proc is not self._ended and proc.poll() is None:
                 return proc
             if proc is not None:
-                log.warning("blocking-call helper exited with %s; starting a new one", proc.returncode)
+                log.warning("blocking-call helper exited (%s); starting a new one", proc.poll() or "its output ended")
+                _stop(proc)  # whatever is left of it can answer nothing: killed, and reaped
             proc = subprocess.Popen(
                 self.command,
                 stdin=subprocess.PIPE,
@@ -180,6 +185,7 @@ class Helper:
         finally:
             ready.set()  # a helper that exited before it was ready: nobody waits on it any longer
             with self._lock:
+                self._ended = proc
                 pools = list(self._pools.values())
             for pool in pools:
                 pool._helper_gone(proc)
