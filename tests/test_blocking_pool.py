@@ -285,3 +285,11 @@ def test_a_helper_whose_output_ended_is_replaced_though_it_lives_on(
     assert first.helper_pid is not None and first.helper_pid == second.helper_pid != muted
     with pytest.raises(ProcessLookupError):
         os.kill(muted, 0)  # killed and reaped when the new one started
+
+
+def test_a_word_that_is_not_utf8_goes_out_escaped_and_never_raises(pool: BlockingCalls) -> None:
+    """A request's words after its path may come from disk (a name holding undecodable bytes, as surrogates): they go
+    out escaped, and the helper answers for that call alone (here an error: the operation takes one word)."""
+    out = pool.call_many("answer", {"odd": ["ok", "caf\udce9"], "plain": ["ok"]}, timeout=30.0)
+    assert out["odd"].error is not None and out["odd"].values is None, out["odd"]
+    assert out["plain"].values == ("ok",)

@@ -424,7 +424,7 @@ class BlockingCalls:
             self._pending[req_id] = _Pending(key, now, now + timeout)
             self._by_key[key] = req_id
         try:
-            self._helper.write(proc, "".join(lines).encode())
+            self._helper.write(proc, "".join(lines).encode("utf-8", "surrogateescape"))
         except OSError as err:
             self._fail_all(f"helper process unreachable: {err}")
         if self._gone is proc:  # it exited after it was started (or ready), before these calls were written
