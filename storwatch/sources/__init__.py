@@ -34,7 +34,9 @@ class Source(Protocol[F_co]):
     ``collect()`` raising: the collection failed (``storwatch_collector_success`` 0, the exception as the error); the
     facts of the last good collection are kept. Facts with a ``failure`` that is not None (a stuck NVML call): it
     answered, but failed; the facts are kept. What else a source may offer is declared below, each on its own
-    (``Configurable``, ``MayBeOff``, ``CountsParseErrors``), and the agent asks for it by that declaration.
+    (``Configurable``, ``MayBeOff``, ``KeepsPace``, ``CountsParseErrors``), and the agent asks for it by that
+    declaration: by its attribute's name after each collection (storwatch/agent/collectors.py), which is cheaper than a
+    runtime Protocol check.
     """
 
     name: str
