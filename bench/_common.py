@@ -167,6 +167,29 @@ def family(pid: int) -> dict[int, ProcessSample]:
     return out
 
 
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """Each of a process's threads' CPU seconds so far, by the name the thread gave the OS (the agent names its threads
+    after their parts: storwatch/threadname.py), threads of one name summed, and a thread that has ended no longer
+    there; empty when the process is gone. The kernel scales each thread's utime and stime to its exact runtime, so
+    the figures add up to the process's own."""
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().rstrip("\n")
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue  # ended between the listing and the read
+        utime, stime = (int(v) / CLK_TCK for v in data[data.rindex(")") + 2 :].split()[11:13])
+        out[name] = out.get(name, 0.0) + utime + stime
+    return out
+
+
 def family_cpu_seconds(samples: dict[int, ProcessSample]) -> float:
     return sum(s.cpu_seconds + s.ended_children_cpu_seconds for s in samples.values())
 
@@ -362,7 +385,8 @@ def measure_agent(
     bench with a large tree waits for its first full walk), wait ``warmup`` seconds, scrape once unmeasured (the
     first scrape writes everything once: not the steady state), then for ``seconds`` scrape every
     ``scrape_interval`` seconds (0: never) and measure the CPU of the agent and of its helper processes
-    (:func:`family`, helpers that ended included) as a share of one core, in all and by process name. The RSS of
+    (:func:`family`, helpers that ended included) as a share of one core, in all, by process name and by the agent's
+    thread (:func:`thread_cpu_seconds`). The RSS of
     the agent and its helpers together is sampled twice a second from the start, so its maximum covers start-up
     too (and the maximum of each process name's). Returns the figures and the body of a last scrape, taken after
     the window."""
@@ -424,10 +448,12 @@ def measure_agent(
             get(f"{url}/metrics")
         threads[2].start()
         s0 = steal_ticks()
+        threads_before = thread_cpu_seconds(proc.pid)
         before, w0, start_unix = family(proc.pid), time.monotonic(), time.time()
         window_from = w0 - t_start
         time.sleep(seconds)
         after, w1, end_unix = family(proc.pid), time.monotonic(), time.time()
+        threads_after = thread_cpu_seconds(proc.pid)
         s1 = steal_ticks()
         if proc.poll() is not None:
             raise HarnessError(f"the agent exited ({proc.returncode}) during the measurement")
@@ -458,6 +484,10 @@ def measure_agent(
         "processes": {
             name: {"cpu_share": cpu / wall, "rss_max_bytes": rss_max_by_name.get(name, 0) * 1024}
             for name, cpu in sorted(by_name.items())
+        },
+        "agent_threads": {
+            name: (cpu - threads_before.get(name, 0.0)) / wall
+            for name, cpu in sorted(threads_after.items(), key=lambda kv: threads_before.get(kv[0], 0.0) - kv[1])
         },
         "seconds": wall,
         "window_unix": [start_unix, end_unix],

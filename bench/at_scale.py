@@ -539,6 +539,10 @@ def pace_of(body: str) -> dict[str, float | None]:
     return {key: values.get(name) for key, name in PACE_GAUGES.items()}
 
 
+THREADS_SHOWN = 8
+"""The agent's threads named in the report, the busiest first (all of them are in --json)."""
+
+
 def report(
     node: Node,
     args: argparse.Namespace,
@@ -593,6 +597,9 @@ def report(
         print(
             f"      {name:28} {proc['cpu_share'] * 100:6.2f} % of a core, RSS max {proc['rss_max_bytes'] / 1e6:6.1f} MB"
         )
+    busiest = [(name, share) for name, share in figures["agent_threads"].items() if share > 0][:THREADS_SHOWN]
+    if busiest:
+        print("      the agent's busiest threads: " + ", ".join(f"{n} {share * 100:.2f} %" for n, share in busiest))
     ref, steal = reference_cpu_ms(), figures["steal_share"]
     print(
         f"machine: a reference loop took {ref:.1f} ms of CPU; steal "

@@ -36,6 +36,7 @@ from storwatch.actions.log import describe
 from storwatch.calls.deadline import DeadlineWorker
 from storwatch.pace import Buckets, TokenBucket, take_all
 from storwatch.printable import printable
+from storwatch.threadname import name_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -333,6 +334,7 @@ class ActionRunner:
         lane.worker.stop()
 
     def _serve(self, slot: _Slot, lane: _Lane) -> None:
+        name_this_thread()
         while True:
             item = lane.queue.get()
             if item is None:

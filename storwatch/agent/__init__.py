@@ -47,6 +47,7 @@ from storwatch.snapshot import Snapshot
 from storwatch.sources import FactsKey, Source
 from storwatch.sources.gpu import GPUS, GPUFacts
 from storwatch.sources.kubevolumes import KubeVolumeEvidence
+from storwatch.threadname import name_this_thread
 from storwatch.vocabulary import CollectorStatus, Platform
 from storwatch.web import NotCached, StatusHTTPServer
 from storwatch.web.alertmanager import PATH as ALERTMANAGER_PATH
@@ -365,6 +366,7 @@ class Agent:
                 log.info("full pace again (a GPU process or a reload): ticking every %.1f s", self.config.tick_seconds)
 
     def _run_ticker(self) -> None:
+        name_this_thread()
         started = time.monotonic()
         frozen = False
         while not self._stop.is_set():

@@ -24,6 +24,7 @@ from storwatch.pace import Backoff
 from storwatch.registry import BY_NAME, SOURCES, SourceContext, SourceSpec
 from storwatch.sources import Configurable, FactsKey, Source
 from storwatch.sources.fileevents import FILE_EVENTS
+from storwatch.threadname import name_this_thread
 from storwatch.vocabulary import CollectorStatus
 
 log = logging.getLogger(__name__)
@@ -208,6 +209,7 @@ class Collectors:
         Whatever the source or this loop raises (BaseException included: a SystemExit would end a thread silently)
         becomes that collector's failure and the loop goes on, so a worker never ends while its collector still
         shows its last success."""
+        name_this_thread()
         try:
             while not self.stop.is_set():
                 try:

@@ -32,6 +32,7 @@ from storwatch.policy.engine import Engine
 from storwatch.policy.load import PolicyError, load_policy
 from storwatch.policy.schema import entities
 from storwatch.printable import Lines, printable
+from storwatch.threadname import name_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ class PolicyWorker:
         return self._thread
 
     def _run(self) -> None:
+        name_this_thread()
         while not self.stop.is_set() and not self._closed:
             self._wake.wait()  # each View offered, and close(), wake it
             self._wake.clear()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from storwatch.classify import resolve_platform
 from storwatch.config import Config, ConfigError
 from storwatch.registry import load_config
+from storwatch.threadname import name_this_thread
 from storwatch.vocabulary import Platform
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class Reloader:
         self._asked.set()
 
     def _run(self) -> None:
+        name_this_thread()
         while True:
             self._asked.wait()
             if self._closed:

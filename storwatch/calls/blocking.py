@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from storwatch.threadname import name_this_thread
+
 log = logging.getLogger(__name__)
 
 _TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -168,6 +170,7 @@ class Helper:
             proc.stdin.flush()
 
     def _read_replies(self, proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
+        name_this_thread()
         assert proc.stdout is not None
         try:
             for raw in proc.stdout:

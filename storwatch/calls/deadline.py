@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from storwatch.threadname import name_this_thread
+
 T = TypeVar("T")
 
 Outcome = tuple[Any, Exception | None]
@@ -77,6 +79,7 @@ class DeadlineWorker:
             self._cond.notify_all()
 
     def _loop(self) -> None:
+        name_this_thread()
         while True:
             with self._cond:
                 while self._job is None and not self._stopping:

@@ -47,6 +47,7 @@ from storwatch.procfs.inotify import (
 )
 from storwatch.sources import Context, FactsKey
 from storwatch.sources.checkpoint_key import CHECKPOINTS
+from storwatch.threadname import name_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,7 @@ class _Helper:
             self.unavailable = self.unavailable or f"its helper did not start within {START_SECONDS:g} s"
 
     def _read(self) -> None:
+        name_this_thread()
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:
             line = raw.decode("ascii", "replace").rstrip("\n")

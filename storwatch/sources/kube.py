@@ -42,6 +42,7 @@ from storwatch.sources.kubevolumes import (
     VolumeInfo,
     is_removal_taint,
 )
+from storwatch.threadname import name_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,7 @@ class _Watcher:
             resp.release_conn()
 
     def _run(self) -> None:
+        name_this_thread()
         backoff = Backoff(self.source.backoff_initial, self.source.backoff_max)
         stop = self.source._stop
         while not stop.is_set():

@@ -32,6 +32,7 @@ from storwatch.analysis.view import View
 from storwatch.config import ConfigError, TLSConfig, parse_listen
 from storwatch.paths import OWN_SOMAXCONN
 from storwatch.report import strict_json, view_to_dict
+from storwatch.threadname import name_this_thread
 from storwatch.web.page import render_status_page
 
 log = logging.getLogger(__name__)
@@ -490,6 +491,7 @@ class StatusHTTPServer:
                 self._backlog.append(job)
 
     def _work(self, index: int) -> None:
+        name_this_thread()
         inbox = self._inboxes[index]
         job = inbox.get()
         while job is not None:
@@ -519,6 +521,7 @@ class StatusHTTPServer:
             self._wake_w.send(b"\0")
 
     def _serve(self) -> None:
+        name_this_thread()
         try:
             while not self._stopping:
                 now = time.monotonic()
