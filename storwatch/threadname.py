@@ -41,8 +41,9 @@ def _prctl() -> Callable[..., Any] | None:
 
 
 def name_this_thread() -> bool:
-    """Give the calling thread its Python name (:func:`os_name`) as its OS name; False where that cannot be done."""
+    """Give the calling thread its Python name (:func:`os_name`) as its OS name; False where that cannot be done, and
+    on the main thread, whose name is the process's own (``ps``, ``pgrep``) and stays so."""
     prctl = _prctl()
-    if prctl is None:
+    if prctl is None or threading.current_thread() is threading.main_thread():
         return False
     return bool(prctl(PR_SET_NAME, ctypes.c_char_p(os_name(threading.current_thread().name)), 0, 0, 0) == 0)

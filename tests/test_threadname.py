@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -46,6 +48,22 @@ def test_a_thread_that_names_itself_shows_that_name_in_proc() -> None:
     finally:
         done.set()
         t.join(10.0)
+
+
+def test_the_main_thread_keeps_the_process_name() -> None:
+    """A part run on a process's main thread must not rename the process (``ps`` and ``pgrep`` show the main
+    thread's name)."""
+    script = (
+        "import threading\n"
+        "from storwatch.threadname import name_this_thread\n"
+        "comm = lambda: open('/proc/self/comm').read().strip()\n"
+        "before = comm()\n"
+        "threading.current_thread().name = 'source-nfs'\n"
+        "print(before, name_this_thread(), comm())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    before, named, after = out.stdout.split()
+    assert (named, after) == ("False", before), out
 
 
 class _Source:
