@@ -130,19 +130,26 @@ class Helper:
     def pid(self) -> int | None:
         """The process's PID while one runs."""
         proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
+        return proc.pid if proc is not None and self._alive(proc) else None
+
+    def _alive(self, proc: subprocess.Popen[bytes]) -> bool:
+        """Whether ``proc`` can still answer: not exited, and its output not ended (a process whose output ended is
+        gone even before the kernel reaps it, while poll() still says None)."""
+        return proc is not self._ended and proc.poll() is None
 
     def running(self) -> subprocess.Popen[bytes]:
         """The process, started (and waited for until it reads requests, at most HELPER_START_SECONDS) when none
         runs."""
         with self._lock:
             proc = self._proc
-            # A process whose output ended is gone even before it can be reaped (poll() says None a moment longer):
-            # a call sent to it would fail.
-            if proc is not None and proc is not self._ended and proc.poll() is None:
+            if proc is not None and self._alive(proc):
                 return proc
             if proc is not None:
-                log.warning("blocking-call helper exited (%s); starting a new one", proc.poll() or "its output ended")
+                code = proc.poll()
+                log.warning(
+                    "blocking-call helper exited (%s); starting a new one",
+                    "its output ended" if code is None else f"status {code}",
+                )
                 _stop(proc)  # whatever is left of it can answer nothing: killed, and reaped
             proc = subprocess.Popen(
                 self.command,
