@@ -9,8 +9,8 @@ rounds and past ``quiet_after_seconds``, 60 s: an idle node is a quiet one, stor
 Measured over that window for each process and its children (the agent's helper processes):
 time on a CPU from ``/proc/PID/task/TID/schedstat`` (nanoseconds, finer than the 10 ms clock tick of
 ``/proc/PID/stat``, which matters at a few hundredths of a percent) as a share of one core, and wake-ups per second
-(voluntary context switches: each a thread leaving a sleep). For the agent, per thread, named by ``py-spy dump``
-where py-spy is installed, so that the threads that wake without work show.
+(voluntary context switches: each a thread leaving a sleep). For the agent, per thread, by the name each thread gave
+the OS (storwatch/threadname.py), so that the threads that wake without work show.
 
 ``--baseline DIR`` also runs the agent of another checkout (``git archive COMMIT | tar -x -C DIR``) in the same run,
 so that a change is measured against what it changes on the same machine at the same time.
@@ -26,25 +26,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (
     HarnessError,
+    ThreadSample,
     children,
     free_port,
     machine_info,
     quiet_machine_warnings,
     terminate,
+    threads,
     verdict,
     write_json,
 )
@@ -52,12 +53,16 @@ from _common import (
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def thread_usage(pids: list[int]) -> dict[tuple[int, int], ThreadSample]:
+    """Every thread of these processes, by (pid, tid)."""
+    return {(pid, tid): t for pid in pids for tid, t in threads(pid).items()}
+
+
 @dataclass
 class Server:
     name: str
     proc: subprocess.Popen[bytes]
     port: int
-    thread_names: dict[int, str] = field(default_factory=dict)
 
     def pids(self) -> list[int]:
         """The process and its descendants (the agent's helper processes)."""
@@ -67,30 +72,6 @@ class Server:
             out.append(pid)
             todo.extend(children(pid))
         return out
-
-
-def thread_usage(pids: list[int]) -> dict[tuple[int, int], tuple[int, int]]:
-    """(pid, tid) -> (nanoseconds on a CPU, voluntary context switches) for every thread of these processes."""
-    out = {}
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                        ns = int(f.read().split()[0])
-                    with open(f"/proc/{pid}/task/{tid}/status") as f:
-                        switches = next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt"))
-                    out[(pid, int(tid))] = (ns, switches)
-    return out
-
-
-def py_spy_names(pid: int) -> dict[int, str]:
-    """Native thread id -> Python thread name, from ``py-spy dump`` (empty without py-spy)."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not os.access(spy, os.X_OK):
-        return {}
-    done = subprocess.run([spy, "dump", "--nonblocking", "-p", str(pid)], capture_output=True, text=True, timeout=30)
-    return {int(m[0]): m[1] for m in re.findall(r'^Thread (\d+) \(\w+\): "(.*)"$', done.stdout, re.M)}
 
 
 def wait_ready(server: Server, path: str, seconds: float) -> None:
@@ -160,9 +141,6 @@ def main() -> int:
                 wait_ready(s, "/readyz" if s.name != "node_exporter" else "/metrics", 60)
             series = {s.name: scrape(s) for s in servers}
             time.sleep(args.warmup)
-            for s in servers:
-                if s.name != "node_exporter":
-                    s.thread_names = py_spy_names(s.proc.pid)
             before = {s.name: thread_usage(s.pids()) for s in servers}
             started = time.monotonic()
             scrapes = 0
@@ -180,27 +158,25 @@ def main() -> int:
     results: dict[str, Any] = {"machine": machine_info(), "seconds": elapsed, "scrapes": scrapes, "servers": {}}
     print(f"{elapsed:.0f} s, {scrapes} scrapes each, every {args.scrape_interval:g} s")
     for s in servers:
-        rows = []
-        for key, (ns, switches) in after[s.name].items():
-            ns0, switches0 = before[s.name].get(key, (0, 0))
-            rows.append((key, (ns - ns0) / 1e9, switches - switches0))
-        cpu = sum(r[1] for r in rows) / elapsed
-        wakeups = sum(r[2] for r in rows) / elapsed
+        rows = []  # ((pid, tid), name, CPU seconds, wake-ups) in the window
+        for (pid, tid), t in after[s.name].items():
+            t0 = before[s.name].get((pid, tid))
+            name = t.name if pid == s.proc.pid else f"helper {pid}: {t.name}"
+            cpu0, wakeups0 = (t0.cpu_seconds, t0.wakeups) if t0 is not None else (0.0, 0)
+            rows.append(((pid, tid), f"{name} ({tid})", t.cpu_seconds - cpu0, t.wakeups - wakeups0))
+        cpu = sum(r[2] for r in rows) / elapsed
+        wakeups = sum(r[3] for r in rows) / elapsed
         results["servers"][s.name] = {
             "cpu_share_of_core": cpu,
             "wakeups_per_second": wakeups,
             "series": series[s.name],
-            "threads": {
-                s.thread_names.get(tid, f"{pid}/{tid}"): {"cpu_seconds": c, "wakeups_per_second": w / elapsed}
-                for (pid, tid), c, w in rows
-            },
+            "threads": {name: {"cpu_seconds": c, "wakeups_per_second": w / elapsed} for _, name, c, w in rows},
         }
         print(f"{s.name:14} {cpu * 100:7.3f} % of a core  {wakeups:6.1f} wake-ups/s  {series[s.name]:6} series")
         if s.name != "node_exporter":
-            for (pid, tid), c, w in sorted(rows, key=lambda r: -r[1]):
+            for _, name, c, w in sorted(rows, key=lambda r: -r[2]):
                 if c > 0 or w > 0:
-                    name = s.thread_names.get(tid, "helper" if pid != s.proc.pid else f"thread {tid}")
-                    print(f"    {name:22} {c / elapsed * 100:7.3f} %  {w / elapsed:6.2f} wake-ups/s")
+                    print(f"    {name:30} {c / elapsed * 100:7.3f} %  {w / elapsed:6.2f} wake-ups/s")
     ne_cpu = results["servers"]["node_exporter"]["cpu_share_of_core"]
     for name in ("storwatch", "baseline"):
         if name in results["servers"] and ne_cpu > 0:
