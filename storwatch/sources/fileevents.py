@@ -220,7 +220,8 @@ class FileEventSource:
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``wanted``: the directories to watch, each with whether it is a run directory (its new subdirectories are
-        watched too): the checkpoint scan's runs and roots."""
+        watched too): the checkpoint scan's runs and roots. It is called every collection; the object it returned
+        the last time stands for the same directories (a new scan's are a new object)."""
         self.wanted = wanted
         self.clock = clock
         self._helper: _Helper | None = None
@@ -254,6 +255,8 @@ class FileEventSource:
         self._pending_auto: dict[int, int] = {}
         """A watched directory -> the watch the helper just added on a directory made in it (its event follows)."""
         self._spans: collections.deque[FileSpan] = collections.deque()
+        self._given: object = None
+        """What ``wanted`` returned at the last look."""
         self._wanted: dict[str, bool] = {}
         """The directories wanted at the last look, as ``wanted`` gave them."""
         self._keep: dict[str, bool] = {}
@@ -288,12 +291,15 @@ class FileEventSource:
         """Watch every wanted directory, and stop watching those neither wanted nor below one that is. This comes
         every second, and a node has thousands of watches: the watches are gone through only when they or the wanted
         directories (which change with a checkpoint scan) changed since the last time."""
-        wanted = dict(self.wanted())
-        if wanted != self._wanted:
-            self._wanted = wanted
-            self._keep = {os.path.normpath(p): is_run for p, is_run in wanted.items()}
-            self._checked = -1
-            self._missing.clear()  # a new scan: what was not there may be now
+        given = self.wanted()
+        if given is not self._given:  # the same object is the same directories: not gone through again
+            self._given = given
+            wanted = dict(given)
+            if wanted != self._wanted:
+                self._wanted = wanted
+                self._keep = {os.path.normpath(p): is_run for p, is_run in wanted.items()}
+                self._checked = -1
+                self._missing.clear()  # a new scan: what was not there may be now
         keep = self._keep
         for path, is_run in keep.items():
             self._watch(path, 0, MAX_SUBDIR_DEPTH if is_run else ROOT_DEPTH)
@@ -569,14 +575,24 @@ def _below(path: str, directories: Container[str]) -> bool:
     return True
 
 
-def _wanted(ctx: Context) -> Iterable[tuple[str, bool]]:
-    facts = ctx.latest(CHECKPOINTS)
-    if facts is None:
-        return []
-    out = [(r.path, True) for r in facts.runs]
-    out += [(root, False) for root in facts.roots]
-    return out
+class _Wanted:
+    """The checkpoint scan's runs and roots as the directories to watch: one tuple for each facts the scan gave, the
+    same object until the next scan's (so the source knows them unchanged without going through them)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._facts: object = None
+        self._wanted: tuple[tuple[str, bool], ...] = ()
+
+    def __call__(self) -> tuple[tuple[str, bool], ...]:
+        facts = self.ctx.latest(CHECKPOINTS)
+        if facts is not self._facts:
+            self._facts = facts
+            self._wanted = (
+                () if facts is None else (*((r.path, True) for r in facts.runs), *((r, False) for r in facts.roots))
+            )
+        return self._wanted
 
 
 def make(ctx: Context, section: FileEventsConfig) -> FileEventSource:
-    return FileEventSource(section, lambda: _wanted(ctx), ctx.clock)
+    return FileEventSource(section, _Wanted(ctx), ctx.clock)
