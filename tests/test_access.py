@@ -26,7 +26,16 @@ from storwatch.procfs.pidio import access_mode, parse_children, parse_io
 from storwatch.report import view_to_dict
 from storwatch.snapshot import Snapshot
 from storwatch.sources import read_bounded
-from storwatch.sources.access import ACCESS, WATCH_SECONDS, AccessConfig, AccessFacts, AccessSource, WorkloadAccess
+from storwatch.sources.access import (
+    ACCESS,
+    IDLE_WATCH_SECONDS,
+    QUIET_SECONDS,
+    WATCH_SECONDS,
+    AccessConfig,
+    AccessFacts,
+    AccessSource,
+    WorkloadAccess,
+)
 from storwatch.vocabulary import Platform
 from tests.builders import host_mounts
 from tests.realmounts import tmpfs_mount
@@ -277,6 +286,45 @@ def test_the_looks_keep_their_pace_while_a_saves_file_is_open(tmp_path: Path) ->
         source.collect()  # the look that finds it closed
         assert not source.keeps_pace
         assert [f.closed_by is not None for f in source.collect().workloads[proc.pid].written] == [True]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.realpart
+def test_the_looks_slow_while_the_workloads_write_nothing_and_quicken_once_they_write(tmp_path: Path) -> None:
+    """Between passes the source looks every IDLE_WATCH_SECONDS while its workloads' write counters stand still (a
+    job computing between saves), every WATCH_SECONDS from the look that finds one moved or a file it writes open,
+    and slows again once the counters have stood still for QUIET_SECONDS."""
+    target = tmp_path / "step-1.pt"
+    proc, step = _stepped(HOLD_THEN_CLOSE, target)
+    assert proc.stdout is not None
+    now = [1000.0]
+
+    def look() -> AccessFacts:
+        """A look when the agent would make it: the source's interval after the last, on its clock."""
+        now[0] += source.interval_seconds
+        return source.collect()
+
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        source = AccessSource(HostPaths(), AccessConfig(), lambda: [proc.pid], host_mounts, lambda: now[0], paced=True)
+        source.collect()  # the pass
+        assert source.interval_seconds == IDLE_WATCH_SECONDS
+        look()
+        assert source.interval_seconds == IDLE_WATCH_SECONDS  # still nothing written
+        step("open")
+        look()  # the counter moved 2 MiB: this look reads its open files
+        assert source.keeps_pace and source.interval_seconds == WATCH_SECONDS
+        step("closed")
+        look()  # finds the file closed; the counter moved (the word it printed)
+        assert not source.keeps_pace and source.interval_seconds == WATCH_SECONDS
+        moved = now[0]
+        while now[0] + WATCH_SECONDS - moved <= QUIET_SECONDS:
+            look()
+            assert source.interval_seconds == WATCH_SECONDS, now[0] - moved
+        look()
+        assert now[0] - moved > QUIET_SECONDS and source.interval_seconds == IDLE_WATCH_SECONDS
     finally:
         proc.kill()
         proc.wait()

@@ -18,7 +18,14 @@ from storwatch.analysis.writes import SPAN_TOLERANCE, run_writes, timed_by_open_
 from storwatch.checkpoints.record import Checkpoint, RunId
 from storwatch.paths import HostPaths
 from storwatch.procfs.pidio import ProcessIO
-from storwatch.sources.access import AccessConfig, AccessFacts, AccessSource, WorkloadAccess, WrittenFile
+from storwatch.sources.access import (
+    IDLE_WATCH_SECONDS,
+    AccessConfig,
+    AccessFacts,
+    AccessSource,
+    WorkloadAccess,
+    WrittenFile,
+)
 from storwatch.sources.fileevents import FileSpan
 from tests.builders import host_mounts
 
@@ -74,7 +81,8 @@ def test_a_save_begun_between_passes_is_seen_open_and_its_close_is_timed(writer:
     )
     first = source.collect().workloads[pid]
     assert first.written == ()
-    assert source.interval_seconds < 1.0  # a GPU workload: looked at between passes
+    # A GPU workload: looked at between passes (every IDLE_WATCH_SECONDS while its write counters stand still)
+    assert source.interval_seconds == IDLE_WATCH_SECONDS
     path = tmp_path / "step-1.pt"
     writer.do(f"open {path}")
     writer.do(f"write {2 << 20}")

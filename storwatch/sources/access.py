@@ -60,7 +60,14 @@ WATCH_SECONDS = 0.25
 """Between passes, paced as the agent runs it, the source looks this often at two things: each open file a workload
 writes (its one fd link), so the moment it closes (a save's end) is known to within this whatever
 ``interval_seconds`` is; and each GPU process's and known writer's write counter, so a save that begins between
-passes is seen open while it goes on."""
+passes is seen open while it goes on. Every IDLE_WATCH_SECONDS instead while the workloads are still."""
+IDLE_WATCH_SECONDS = 1.0
+"""The looks' interval while the workloads are still: no write counter moved for QUIET_SECONDS and no file they
+write is open. A save then begins between two looks at most this far apart; its first look (the counter moved)
+reads its open files, and the looks come every WATCH_SECONDS again. Most GPU workloads compute for minutes between
+saves: four looks a second at counters that stand still were a fifth of the agent's CPU on bench/at_scale.py's node."""
+QUIET_SECONDS = 10.0
+"""How long the write counters must stand still before the looks slow to IDLE_WATCH_SECONDS."""
 WRITE_TRIGGER_BYTES = 1 << 20
 """Bytes a process passed to write calls since the last look that found its counter still (however many looks that
 spans) that make a burst, and make the look read its open files."""
@@ -405,6 +412,11 @@ class AccessSource:
         self._wchar: dict[int, int] = {}
         self._wchar_at: dict[int, float] = {}
         """When each write counter in ``_wchar`` was read."""
+        self._wchar_read: dict[int, int] = {}
+        """Each watched process's write counter as last read (``_wchar`` holds a burst's start until it adds up)."""
+        self._moved_at = -math.inf
+        """When a look or a pass last found a watched process's write counter moved since its last read
+        (QUIET_SECONDS)."""
         """Each watched process's write counter at the last look between passes."""
         self.parse_errors = 0
         self._bad = OnceLog(log)
@@ -423,9 +435,13 @@ class AccessSource:
 
     @property
     def interval_seconds(self) -> float:
-        """The configured interval between passes, or, paced, WATCH_SECONDS while there is a GPU workload (the looks
-        between passes)."""
-        return min(self.pass_seconds, WATCH_SECONDS) if self.paced and self._workloads else self.pass_seconds
+        """The configured interval between passes, or, paced, while there is a GPU workload, the looks' between
+        passes: WATCH_SECONDS while its write counters move or a file it writes is open, IDLE_WATCH_SECONDS once
+        they have stood still for QUIET_SECONDS."""
+        if not (self.paced and self._workloads):
+            return self.pass_seconds
+        still = self.clock() - self._moved_at > QUIET_SECONDS and not self.keeps_pace
+        return min(self.pass_seconds, IDLE_WATCH_SECONDS if still else WATCH_SECONDS)
 
     @property
     def keeps_pace(self) -> bool:
@@ -663,6 +679,7 @@ class AccessSource:
             if burst is not None:
                 w.bursts.append(burst)
         self._wchar = {p: self._wchar[p] for p in fresh}
+        self._wchar_read = {p: self._wchar_read[p] for p in fresh}
         self._wchar_at = {p: self._wchar_at[p] for p in fresh}
         self._facts = AccessFacts(
             now,
@@ -788,6 +805,10 @@ class AccessSource:
         dropped: a writer the device holds back (dirty pages throttled, a slow network filesystem) passes less than
         that to write calls between two looks all through its save, and would otherwise never be seen writing. A
         counter that did not move moves the burst's start to now."""
+        last = self._wchar_read.get(pid)
+        if last is not None and wchar != last:
+            self._moved_at = now
+        self._wchar_read[pid] = wchar
         before, at = self._wchar.get(pid), self._wchar_at.get(pid)
         if before is None or at is None or wchar <= before:
             self._wchar[pid], self._wchar_at[pid] = wchar, now
@@ -818,6 +839,7 @@ class AccessSource:
                 counters = parse_io(data)[0] if data is not None else None
                 if counters is None:
                     self._wchar.pop(pid, None)
+                    self._wchar_read.pop(pid, None)
                     continue
                 burst = self._burst(pid, counters.wchar, self.clock())
                 if burst is not None:
