@@ -400,7 +400,7 @@ class Config:
     log_level: str = "info"
     tick_seconds: float = number(1.0, 0.1, 3600)
     """How often the newest facts are taken, kept in History and fed to the latency windows and the stall tracker."""
-    tick_cpu_share: float = number(0.0015, 0.0, 1.0)
+    tick_cpu_share: float = number(0.004, 0.0, 1.0)
     """The share of one core the second-by-second work may take: a tick, and the reads of the paced sources that
     come every tick (diskstats, NFS, NVML, the GPU processes' cgroups). Where one round of it costs more than this over
     ``tick_seconds`` (a node with a hundred busy mounts and devices), ticks and those reads come that much less often,
