@@ -65,7 +65,7 @@ IDLE_WATCH_SECONDS = 1.0
 """The looks' interval while the workloads are still: no write counter moved for QUIET_SECONDS and no file they
 write is open. A save then begins between two looks at most this far apart; its first look (the counter moved)
 reads its open files, and the looks come every WATCH_SECONDS again. Most GPU workloads compute for minutes between
-saves: four looks a second at counters that stand still were a fifth of the agent's CPU on bench/at_scale.py's node."""
+saves: four looks a second at counters standing still were a seventh of the agent's CPU on bench/at_scale.py's node."""
 QUIET_SECONDS = 10.0
 """How long the write counters must stand still before the looks slow to IDLE_WATCH_SECONDS."""
 WRITE_TRIGGER_BYTES = 1 << 20
@@ -410,14 +410,14 @@ class AccessSource:
         self._ended: deque[tuple[float, WrittenFile]] = deque()
         """What ended workloads wrote, with when each ended."""
         self._wchar: dict[int, int] = {}
+        """Each watched process's write counter where its next burst starts (``_burst``)."""
         self._wchar_at: dict[int, float] = {}
         """When each write counter in ``_wchar`` was read."""
         self._wchar_read: dict[int, int] = {}
-        """Each watched process's write counter as last read (``_wchar`` holds a burst's start until it adds up)."""
+        """Each watched process's write counter as last read."""
         self._moved_at = -math.inf
         """When a look or a pass last found a watched process's write counter moved since its last read
         (QUIET_SECONDS)."""
-        """Each watched process's write counter at the last look between passes."""
         self.parse_errors = 0
         self._bad = OnceLog(log)
         self.off_reason: str | None = None
