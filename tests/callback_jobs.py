@@ -222,15 +222,22 @@ def main() -> None:
     JOBS[args.framework](args.out, args)
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        # As a well-made training script ends: every process at the barrier, then the process group let go. Left to
-        # the interpreter's exit, gloo's threads were torn down under it now and then (a rank aborted with
-        # "terminate called without an active exception" after its job was done).
+    distributed = dist.is_available() and dist.is_initialized()
+    if distributed:
+        # As a well-made training script ends: every process at the barrier, then the process group let go.
         dist.barrier()
         dist.destroy_process_group()
     agent = sorted(m for m in sys.modules if m == "storwatch" or m.startswith("storwatch."))
     if rank() == 0:
         print(json.dumps({"done": True, "agent_imported": agent}), flush=True)
+    if distributed:
+        # Done, and the job's files written: each process leaves without the interpreter's finalization. There gloo's
+        # worker threads were still torn down under it now and then, destroy_process_group or not (a rank aborted
+        # with "terminate called without an active exception" after the job was done, in two full runs under mount
+        # churn; pytorch/pytorch#179291 describes the teardown), and the launcher then failed the job.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
